@@ -1,0 +1,185 @@
+"""Every collective the optimizers run goes through ``Comm``, which also keeps the communication ledger.
+
+Why one wrapper:
+
+* **Counting.** Each call is recorded (op, group, dtype, elements, phase, step) with the bytes
+  one rank sends and receives *as a ring algorithm moves them*: an all-gather or a
+  reduce-scatter over ``n`` ranks of a shard of ``s`` elements sends and receives
+  ``(n-1)*s`` elements per rank; an all-reduce twice that. Gloo has no reduce-scatter and
+  runs an all-reduce of the whole input instead (so it really moves about twice the bytes);
+  the ledger counts the algorithm NCCL would run, which is what the paper's (1, 1.25] claim is
+  about, and ``Ledger.summary`` says so.
+* **Errors that say which collective.** A failure or a timeout is re-raised as
+  ``CollectiveError`` naming the op, group, dtype, size, phase, step and rank. A watchdog thread
+  also ends the process with that message if a collective outlives its timeout by more than a
+  few seconds without the backend raising (a hung NCCL kernel, say).
+* **Torch versions.** torch 2.13 renamed ``all_gather_into_tensor``/``reduce_scatter_tensor`` to
+  ``all_gather_single``/``reduce_scatter_single``; Colab may run an older torch with only the old names.
+
+A group of one rank moves nothing and records zero bytes, so a 1 x 1 grid needs no process group.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+# The four phases of a ZeRO-1 step, in order; a summary lists them in this order.
+PHASES = ("grad_reduce_scatter", "ns_gather_dp", "ns_gather_tp", "param_all_gather")
+RING_NOTE = ("bytes are per rank as a ring algorithm moves them; gloo runs reduce-scatter as an "
+             "all-reduce of the whole input, which really moves about twice that")
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed or timed out; the message says which one."""
+
+
+@dataclass
+class Record:
+    step: int
+    phase: str
+    op: str
+    group: str
+    group_size: int
+    dtype: str
+    numel: int        # elements of this rank's shard (all-gather input, reduce-scatter output)
+    bytes_sent: int
+    bytes_recv: int
+
+
+def ring_bytes(op: str, group_size: int, shard_numel: int, element_size: int) -> int:
+    """Bytes one rank sends (and receives) in a ring ``op`` over ``group_size`` ranks."""
+    hops = group_size - 1
+    if op in ("all_gather", "reduce_scatter"):
+        return hops * shard_numel * element_size
+    if op == "all_reduce":
+        return 2 * hops * shard_numel * element_size
+    raise ValueError(f"no ring model for {op!r}")
+
+
+class Ledger:
+    """The list of collectives one rank ran, with per-step summaries by phase."""
+
+    def __init__(self):
+        self.records: list[Record] = []
+        self.step = 0
+
+    def summary(self, step: int | None = None) -> dict:
+        """Calls, elements and bytes per phase for one step (default: the last recorded step)."""
+        steps = sorted({r.step for r in self.records if r.phase in PHASES})
+        step = step if step is not None else (steps[-1] if steps else 0)
+        phases: dict = {}
+        for r in self.records:
+            if r.step != step or r.phase not in PHASES:
+                continue
+            p = phases.setdefault(r.phase, dict(calls=0, numel=0, bytes_sent=0, bytes_recv=0,
+                                                 group=r.group, dtype=r.dtype))
+            p["calls"] += 1
+            p["numel"] += r.numel
+            p["bytes_sent"] += r.bytes_sent
+            p["bytes_recv"] += r.bytes_recv
+        ordered = {k: phases[k] for k in PHASES if k in phases}
+        return dict(step=step, phases=ordered,
+                    bytes_sent=sum(p["bytes_sent"] for p in ordered.values()),
+                    bytes_recv=sum(p["bytes_recv"] for p in ordered.values()), note=RING_NOTE)
+
+    def table(self, step: int | None = None) -> str:
+        s = self.summary(step)
+        lines = [f"{'phase':<22}{'group':>6}{'dtype':>10}{'calls':>7}{'elements':>12}{'bytes sent':>14}"]
+        for name, p in s["phases"].items():
+            lines.append(f"{name:<22}{p['group']:>6}{p['dtype']:>10}{p['calls']:>7}{p['numel']:>12}"
+                         f"{p['bytes_sent']:>14}")
+        lines.append(f"{'total per rank per step':<57}{s['bytes_sent']:>14}")
+        return "\n".join(lines)
+
+
+class Comm:
+    """Collectives over a grid's "dp" and "tp" groups, recorded in ``self.ledger``."""
+
+    def __init__(self, grid, timeout_s: float | None = None, ledger: Ledger | None = None):
+        self.grid = grid
+        self.ledger = ledger or Ledger()
+        self.timeout_s = timeout_s
+        self._inflight: tuple[float, str] | None = None
+        if timeout_s and grid.dp * grid.tp > 1:
+            threading.Thread(target=self._watchdog, daemon=True, name="dmuon-watchdog").start()
+
+    def _group(self, name: str):
+        if name == "dp":
+            return self.grid.dp_group, self.grid.dp
+        if name == "tp":
+            return self.grid.tp_group, self.grid.tp
+        raise ValueError(f"unknown group {name!r} (use 'dp' or 'tp')")
+
+    def all_gather(self, shard: torch.Tensor, group: str, phase: str) -> torch.Tensor:
+        """Gather equal flat shards from every rank of ``group``: returns ``size * shard.numel()`` elements."""
+        pg, size = self._group(group)
+        shard = shard.contiguous().view(-1)
+        self._record("all_gather", group, size, shard.numel(), shard.dtype, phase)
+        if size == 1:
+            return shard.clone()
+        out = torch.empty(size * shard.numel(), dtype=shard.dtype, device=shard.device)
+        self._run("all_gather", group, shard, phase, lambda: _all_gather_flat(out, shard, group=pg))
+        return out
+
+    def reduce_scatter_sum(self, full: torch.Tensor, group: str, phase: str) -> torch.Tensor:
+        """Sum ``full`` over ``group`` and return this rank's 1/size of the sum (flat)."""
+        pg, size = self._group(group)
+        full = full.contiguous().view(-1)
+        if full.numel() % size:
+            raise ValueError(f"reduce-scatter of {full.numel()} elements over {size} ranks: pad to a multiple")
+        shard = torch.empty(full.numel() // size, dtype=full.dtype, device=full.device)
+        self._record("reduce_scatter", group, size, shard.numel(), shard.dtype, phase)
+        if size == 1:
+            return full.clone()
+        self._run("reduce_scatter", group, shard, phase,
+                  lambda: _reduce_scatter_flat(shard, full, op=dist.ReduceOp.SUM, group=pg))
+        return shard
+
+    def all_reduce(self, tensor: torch.Tensor, group: str, phase: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        """All-reduce in place (used for checks, not by the optimizer step)."""
+        pg, size = self._group(group)
+        self._record("all_reduce", group, size, -(-tensor.numel() // size), tensor.dtype, phase)
+        if size > 1:
+            self._run("all_reduce", group, tensor, phase, lambda: dist.all_reduce(tensor, op=op, group=pg))
+        return tensor
+
+    def _record(self, op, group, size, shard_numel, dtype, phase):
+        sent = ring_bytes(op, size, shard_numel, dtype.itemsize)
+        self.ledger.records.append(Record(self.ledger.step, phase, op, group, size,
+                                          str(dtype).replace("torch.", ""), shard_numel, sent, sent))
+
+    def _describe(self, op, group, tensor, phase) -> str:
+        return (f"{op} over the {group} group ({str(tensor.dtype).replace('torch.', '')}, "
+                f"{tensor.numel()} elements per rank, phase {phase}, step {self.ledger.step}) "
+                f"on rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank})")
+
+    def _run(self, op, group, tensor, phase, call):
+        what = self._describe(op, group, tensor, phase)
+        self._inflight = (time.monotonic(), what)
+        try:
+            call()
+        except Exception as e:  # gloo raises on timeouts and on dead peers
+            kind = "timed out" if "imeout" in str(e) or "imed out" in str(e) else "failed"
+            raise CollectiveError(f"{what} {kind}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        finally:
+            self._inflight = None
+
+    def _watchdog(self):
+        grace = 5.0
+        while True:
+            time.sleep(0.5)
+            inflight = self._inflight
+            if inflight and time.monotonic() - inflight[0] > self.timeout_s + grace:
+                print(f"[dmuon watchdog] {inflight[1]} has not finished after {self.timeout_s:.0f} s "
+                      f"(timeout) + {grace:.0f} s; ending this rank", file=sys.stderr, flush=True)
+                os._exit(3)

@@ -1,0 +1,183 @@
+"""Distributed Muon and Distributed AdamW: ZeRO-1 over DP, aware of TP, with the Moonshot flow.
+
+Each rank holds its TP-local parameters and their gradients (a TP-parallel model's own
+shards) and, thanks to ZeRO-1, optimizer state for only its DP shard of every bucket (see
+``plan.py``). One step, bucket by bucket:
+
+    1. gradients   pack -> reduce-scatter over DP (fp32, sum / dp)          -> my grad shard
+    2. Muon groups momentum on my shard (fp32)
+                   -> cast to bf16, all-gather over DP (the whole bucket)    "DP gather"
+                   -> per matrix: all-gather over TP along tp_split_dim     "TP gather"
+                   -> Newton-Schulz on the whole matrix
+                   -> keep my TP slice, then my DP part of it               "TP shard", "DP shard"
+                   -> update my fp32 master shard (decay, scaled lr)
+       AdamW groups AdamW on my shard, elementwise, into the master shard
+    3. parameters  all-gather the master shards over DP -> unpack into the parameters
+
+This is the proof of concept's layout: every DP rank gathers whole buckets and every rank
+orthogonalises every matrix, which costs the paper's 1.25x upper bound in bytes on a DP-only
+grid and repeats Newton-Schulz dp*tp times. The math is in ``updates.py`` and
+``newton_schulz.py``, the geometry in ``plan.py``, the tensor moves in ``sharding.py`` and every
+collective in ``comm.py``; this file only orders them.
+
+Run it: ``python scripts/verify.py --dp 2 --tp 2`` (or under ``torchrun``).
+"""
+from __future__ import annotations
+
+import torch
+
+from .comm import Comm
+from .newton_schulz import zeropower_ns5
+from .optim import DEFAULTS, check_group, param_names
+from .plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
+from .sharding import bucket_matrix, dp_shard_of, local_shard, pack_bucket, tp_shard, tp_unshard, unpack_bucket
+from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
+
+
+class ZeroOneOptimizer:
+    """The engine: ZeRO-1 sharded state, Muon or AdamW per group. Use the two classes below."""
+
+    def __init__(self, params, grid, comm: Comm | None = None, bucket_numel: int | None = DEFAULT_BUCKET_NUMEL,
+                 use_muon: bool = True, check_finite: bool = True, **hyper):
+        unknown = set(hyper) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        self.grid = grid
+        self.comm = comm or Comm(grid)
+        self.check_finite = check_finite
+        groups = list(params)
+        if groups and isinstance(groups[0], torch.Tensor):
+            groups = [{"params": groups}]
+        self.param_groups = []
+        for g_idx, group in enumerate(groups):
+            group = {**DEFAULTS, "use_muon": use_muon, **hyper, **group}
+            group["params"] = list(group["params"])
+            group["names"] = param_names(group, g_idx)
+            group["tp_split_dims"] = list(group.get("tp_split_dims") or [-1] * len(group["params"]))
+            check_group(group, g_idx)
+            self.param_groups.append(group)
+        specs = [[ParamSpec(n, self._full_shape(p, d), d)
+                  for n, p, d in zip(g["names"], g["params"], g["tp_split_dims"])] for g in self.param_groups]
+        self.plan = build_plan(specs, grid.dp, grid.dp_rank, grid.tp, bucket_numel)
+        self.state = [[self._init_state(g, b) for b in buckets] for g, buckets in enumerate(self.plan.buckets)]
+        self.steps_taken = 0
+
+    def _full_shape(self, p: torch.Tensor, tp_split_dim: int) -> tuple[int, ...]:
+        shape = list(p.shape)
+        if tp_split_dim != -1:
+            if not 0 <= tp_split_dim < len(shape):
+                raise ValueError(f"tp_split_dim {tp_split_dim} is not a dimension of a {tuple(shape)} parameter")
+            shape[tp_split_dim] *= self.grid.tp
+        return tuple(shape)
+
+    def _init_state(self, g: int, bucket) -> dict:
+        """The fp32 master shard of the bucket's parameters, and Muon's or AdamW's state for it."""
+        flat = pack_bucket([p.detach() for p in self.param_groups[g]["params"]], bucket, torch.float32)
+        lo = bucket.shard_numel * self.grid.dp_rank
+        state = {"master": flat[lo: lo + bucket.shard_numel].clone()}
+        if self.param_groups[g]["use_muon"]:
+            state["momentum"] = torch.zeros_like(state["master"])
+        else:
+            state["exp_avg"] = torch.zeros_like(state["master"])
+            state["exp_avg_sq"] = torch.zeros_like(state["master"])
+        return state
+
+    def _params_of(self, g: int) -> list[torch.Tensor]:
+        """The parameters of group ``g``. (The proof of concept's first bug lived here: see poc_bugs.py.)"""
+        return self.param_groups[g]["params"]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self._check_grads()
+        self.steps_taken += 1
+        self.comm.ledger.step = self.steps_taken
+        for g, group in enumerate(self.param_groups):
+            params = self._params_of(g)
+            for bucket in self.plan.buckets[g]:
+                state = self.state[g][bucket.bucket_idx]
+                grad_shard = self._reduce_scatter_grads(params, bucket)
+                if group["use_muon"]:
+                    self._muon_bucket(group, bucket, state, grad_shard)
+                else:
+                    adamw_step_(state["master"], grad_shard, state["exp_avg"], state["exp_avg_sq"],
+                                self.steps_taken, group["lr"], group["betas"], group["eps"], group["weight_decay"])
+                self._all_gather_params(params, bucket, state["master"])
+
+    def _reduce_scatter_grads(self, params, bucket) -> torch.Tensor:
+        flat = pack_bucket([p.grad for p in params], bucket, torch.float32)
+        return self.comm.reduce_scatter_sum(flat, "dp", "grad_reduce_scatter").div_(self.grid.dp)
+
+    def _muon_bucket(self, group: dict, bucket, state: dict, grad_shard: torch.Tensor) -> None:
+        update = muon_momentum_(state["momentum"], grad_shard, group["momentum"], group["nesterov"])
+        bucket_update = self.comm.all_gather(update.to(torch.bfloat16), "dp", "ns_gather_dp")   # DP gather
+        metas = self.plan.metas[bucket.buffer_idx]
+        for i in bucket.param_indices:
+            meta = metas[i]
+            matrix = self._unpack_ns_input(bucket_update, bucket, meta)
+            if meta.tp_split_dim != -1 and self.grid.tp > 1:                                     # TP gather
+                matrix = tp_unshard(self.comm.all_gather(matrix, "tp", "ns_gather_tp"), meta, self.grid.tp)
+            ortho = zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["ns_eps"])
+            mine = dp_shard_of(tp_shard(ortho, meta.tp_split_dim, self.grid.tp, self.grid.tp_rank, meta.name),
+                               meta)                                                             # TP, DP shard
+            lr = group["lr"]
+            apply_update_(local_shard(state["master"], self.plan, meta), mine, lr, group["weight_decay"],
+                          adjust_lr(lr, meta.full_shape, group["adjust_lr"]))
+
+    def _unpack_ns_input(self, bucket_update, bucket, meta) -> torch.Tensor:
+        """A matrix's TP-local block of the gathered bucket. (The PoC's second bug: see poc_bugs.py.)"""
+        return bucket_matrix(bucket_update, bucket, meta)
+
+    def _all_gather_params(self, params, bucket, master: torch.Tensor) -> None:
+        dtype = params[bucket.param_indices[0]].dtype
+        full = self.comm.all_gather(master.to(dtype), "dp", "param_all_gather")
+        unpack_bucket(full, bucket, self.plan.metas[bucket.buffer_idx], [p.data for p in params])
+
+    def _check_grads(self) -> None:
+        """Fail on this rank, before any collective, with a message naming the parameter."""
+        where = f"rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank}), step {self.steps_taken + 1}"
+        for group in self.param_groups:
+            for name, p in zip(group["names"], group["params"]):
+                if p.grad is None:
+                    raise ValueError(f"parameter {name!r} has no gradient on {where}. ZeRO-1 reduces every "
+                                     "parameter's gradient on every rank, so every rank must have one: "
+                                     "use zeros, or leave frozen parameters out of the optimizer")
+                if p.grad.shape != p.shape:
+                    raise ValueError(f"parameter {name!r}: gradient shape {tuple(p.grad.shape)} differs from "
+                                     f"parameter shape {tuple(p.shape)} on {where}")
+                if self.check_finite and not torch.isfinite(p.grad).all():
+                    bad = (~torch.isfinite(p.grad)).sum().item()
+                    raise FloatingPointError(f"gradient of parameter {name!r} has {bad} NaN/Inf value(s) on "
+                                             f"{where}; the step was not taken and nothing was changed")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.zero_()
+
+    def state_bytes(self) -> dict:
+        """Bytes of optimizer state on this rank, by kind (the master shard is listed apart)."""
+        out: dict = {}
+        for buckets in self.state:
+            for st in buckets:
+                for k, t in st.items():
+                    out[k] = out.get(k, 0) + t.numel() * t.element_size()
+        return out
+
+
+class DistributedMuon(ZeroOneOptimizer):
+    """Muon under ZeRO-1 x TP; groups with ``use_muon=False`` run AdamW on the same plan (the hybrid)."""
+
+    def __init__(self, params, grid, **kwargs):
+        super().__init__(params, grid, use_muon=kwargs.pop("use_muon", True), **kwargs)
+
+
+class DistributedAdamW(ZeroOneOptimizer):
+    """AdamW under ZeRO-1: the baseline, with the same plan, buckets and ledger as Distributed Muon."""
+
+    def __init__(self, params, grid, **kwargs):
+        super().__init__(params, grid, use_muon=False, **kwargs)
+        if any(g["use_muon"] for g in self.param_groups):
+            raise ValueError("DistributedAdamW runs AdamW on every group; use DistributedMuon for Muon groups")

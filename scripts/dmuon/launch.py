@@ -1,0 +1,184 @@
+"""Run a worker function on every rank of a DP x TP grid, from one entry point, two ways.
+
+* ``python scripts/verify.py --dp 2 --tp 2``: spawns dp*tp local processes on gloo (a laptop,
+  Colab, CI). The parent hosts the rendezvous store on a free port, so parallel runs never
+  collide, and splits the CPU cores between the ranks.
+* ``torchrun --standalone --nproc-per-node 4 scripts/verify.py --dp 2 --tp 2`` (or multi-node with
+  ``--nnodes``/``--rdzv-endpoint``): each process is one rank; NCCL on ``cuda:LOCAL_RANK`` when CUDA
+  is there, gloo otherwise.
+
+Failure handling, the part that makes distributed code debuggable:
+
+* A rank that raises writes its traceback; the parent stops every other rank at once, prints the
+  first failure's traceback (the root cause: later ones are usually peers losing their
+  connection) and one line per other failed rank, and returns exit code 1. Children die with
+  the parent too (``PR_SET_PDEATHSIG``), so nothing is left behind even if the parent is killed.
+* Every collective has a timeout (``--timeout``, seconds); ``comm.Comm`` turns a timeout into an
+  error naming the collective.
+
+A worker is ``worker(grid, comm, args) -> int | None`` (the exit code), defined at module level
+so that spawned processes can import it.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .comm import Comm
+from .grid import Grid, check_grid
+
+
+def add_launch_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel size (ZeRO-1 shards)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds any collective may take before the run fails (default 120)")
+    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                        help="auto: nccl under torchrun with CUDA, gloo otherwise")
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def launch(worker, args) -> int:
+    """Run ``worker`` on dp*tp ranks (spawned here, or this process under torchrun); return an exit code."""
+    check_grid(args.dp, args.tp)
+    if under_torchrun():
+        check_grid(args.dp, args.tp, int(os.environ["WORLD_SIZE"]))
+        from torch.distributed.elastic.multiprocessing.errors import record
+        return record(_run_rank)(worker, args, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None)
+    return _spawn(worker, args)
+
+
+def _backend(args) -> str:
+    if args.backend != "auto":
+        return args.backend
+    return "nccl" if under_torchrun() and torch.cuda.is_available() else "gloo"
+
+
+def _run_rank(worker, args, rank: int, world: int, store) -> int:
+    backend = _backend(args)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=args.timeout)
+    if store is None:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    try:
+        grid = Grid.build(args.dp, args.tp, device)
+        code = worker(grid, Comm(grid, timeout_s=args.timeout), args)
+        return int(code or 0)
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- local spawning -------------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the parent's finally-block still cleans up
+        pass
+
+
+def _child(rank, world, port, worker, args, threads, err_dir) -> None:
+    _die_with_parent()
+    torch.set_num_threads(threads)
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
+                              timeout=datetime.timedelta(seconds=args.timeout))
+        code = _run_rank(worker, args, rank, world, store)
+    except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit
+        if isinstance(e, SystemExit) and not e.code:
+            sys.exit(0)
+        Path(err_dir, f"rank{rank}.txt").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+        sys.exit(1)
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+def _spawn(worker, args) -> int:
+    world = args.dp * args.tp
+    threads = max(1, (os.cpu_count() or 1) // world)
+    os.environ.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=args.timeout))
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="dmuon-") as err_dir:
+        procs = [ctx.Process(target=_child, args=(r, world, store.port, worker, args, threads, err_dir),
+                             name=f"rank{r}") for r in range(world)]
+        previous = signal.signal(signal.SIGTERM, _raise_exit)
+        try:
+            for p in procs:
+                p.start()
+            return _wait(procs, err_dir, args)
+        finally:
+            _stop(procs)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _wait(procs, err_dir, args) -> int:
+    alive = list(procs)
+    while alive:
+        multiprocessing.connection.wait([p.sentinel for p in alive])
+        for p in [p for p in alive if p.exitcode is not None]:
+            alive.remove(p)
+            if p.exitcode != 0:
+                _stop(alive)
+                _report(procs, err_dir, args)
+                return 1
+    return 0
+
+
+def _stop(procs, grace: float = 3.0) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _report(procs, err_dir, args) -> None:
+    """Print the first failure in full and one line for every other rank that failed."""
+    errors = []
+    for r, p in enumerate(procs):
+        f = Path(err_dir, f"rank{r}.txt")
+        if f.exists():
+            when, tb = f.read_text().split("\n", 1)
+            errors.append((float(when), r, tb))
+        elif p.exitcode not in (0, -signal.SIGTERM, -signal.SIGKILL):
+            errors.append((float("inf"), r, f"exited with code {p.exitcode} and no Python traceback\n"))
+    if not errors:
+        errors = [(0.0, r, f"exited with code {p.exitcode}\n") for r, p in enumerate(procs) if p.exitcode]
+    errors.sort()
+    _, first, tb = errors[0]
+    where = lambda r: f"rank {r} (dp {r // args.tp}, tp {r % args.tp})"  # noqa: E731
+    print(f"\n=== {where(first)} failed first; its traceback: ===\n{tb}", file=sys.stderr, end="")
+    for _, r, tb in errors[1:]:
+        print(f"--- then {where(r)}: {tb.strip().splitlines()[-1]}", file=sys.stderr)
+    print(f"=== the run was stopped: all {len(procs)} ranks ended, exit code 1 ===", file=sys.stderr, flush=True)

@@ -1,0 +1,112 @@
+"""Newton-Schulz orthogonalisation (NS5), the heart of Muon, as pure functions.
+
+Muon replaces a momentum matrix ``G = U S V^T`` by something close to ``U V^T``: every
+singular value pushed towards 1, the singular vectors kept. An SVD would do it exactly but
+is slow and serial on accelerators; a few steps of an odd matrix polynomial do it with
+nothing but matmuls. Each step maps every singular value ``s`` to
+``a*s + b*s**3 + c*s**5``, so after scaling ``G`` to spectral norm <= 1 (we divide by the
+Frobenius norm, which bounds it), five steps with Keller Jordan's coefficients
+``(3.4445, -4.7750, 2.0315)`` drive every singular value into roughly [0.7, 1.2]. The
+coefficients trade exact convergence for a steep slope at zero, so tiny singular values are
+lifted quickly.
+
+The iteration runs in bfloat16 by default: the result only needs to be roughly orthogonal,
+and bf16 matmuls are several times faster than fp32 on GPUs and on CPUs with AVX-512/AMX.
+A CPU without them (AVX2 only) has no fast bf16 GEMM: torch falls back to a scalar loop that
+runs at a few GFLOP/s. There we *emulate* a bf16 GEMM exactly where its rounding happens:
+bf16 inputs (products of bf16 numbers are exact in fp32), fp32 accumulation, output rounded to
+bf16. That is what bf16 tensor cores do, so the numerics are bf16's; only the order of the
+fp32 additions may differ, which moves an occasional element by one bf16 ulp.
+
+Run ``python scripts/dmuon/newton_schulz.py`` to see the singular values before and after.
+"""
+from __future__ import annotations
+
+import torch
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+NS_EPS = 1e-7
+
+
+def native_bf16_matmul(device: torch.device) -> bool:
+    """Whether bf16 matmuls on ``device`` run on fast hardware paths (always on GPUs)."""
+    if device.type != "cpu":
+        return True
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # an older torch without the query: assume it is fast
+        return True
+
+
+def zeropower_ns5(
+    G: torch.Tensor,
+    steps: int = NS_STEPS,
+    coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
+    eps: float = NS_EPS,
+    dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """Return an approximately orthogonal matrix with the singular vectors of ``G``.
+
+    ``G`` must be 2-D. The work happens on the wide orientation (rows <= columns), so the Gram
+    matrix ``X X^T`` is the smaller square. The result has ``G``'s shape and ``dtype``. With
+    ``dtype=bfloat16`` on a CPU without a fast bf16 GEMM, each matmul is done in fp32 on bf16
+    values and rounded to bf16 (see the module docstring).
+    """
+    if G.ndim != 2:
+        raise ValueError(
+            f"Newton-Schulz needs a 2-D matrix, got a tensor of shape {tuple(G.shape)}; "
+            "a flattened shard must be viewed back to its matrix shape first"
+        )
+    a, b, c = coefficients
+    if dtype == torch.bfloat16 and not native_bf16_matmul(G.device):
+        def r(t):  # round to bf16, keep computing in fp32
+            return t.to(dtype).to(torch.float32)
+    else:
+        def r(t):
+            return t
+    X = r(G.to(dtype))
+    tall = G.size(0) > G.size(1)
+    if tall:
+        X = X.T
+    X = r(X / r(X.norm()).clamp(min=eps))  # Frobenius norm >= spectral norm, so ||X||_2 <= 1
+    for _ in range(steps):
+        A = r(X @ X.T)                                 # Gram matrix, m x m
+        B = r(torch.addmm(A, A, A, beta=b, alpha=c))   # b*A + c*A^2
+        X = r(torch.addmm(X, B, X, beta=a))            # a*X + B X
+    X = X.to(dtype)
+    return X.T if tall else X
+
+
+def singular_value_map(s: torch.Tensor, steps: int = NS_STEPS,
+                       coefficients: tuple[float, float, float] = NS_COEFFICIENTS) -> torch.Tensor:
+    """Apply the NS polynomial to singular values directly (in float64): what NS does to each one.
+
+    Useful for plotting: ``zeropower_ns5`` acts on a matrix exactly as this acts on its
+    (normalised) singular values, up to the rounding of the matrix arithmetic.
+    """
+    a, b, c = coefficients
+    x = s.to(torch.float64)
+    for _ in range(steps):
+        x = a * x + b * x**3 + c * x**5
+    return x
+
+
+def ns5_flops(rows: int, cols: int, steps: int = NS_STEPS) -> int:
+    """Floating-point operations of ``zeropower_ns5`` on a rows x cols matrix (multiply-adds count 2).
+
+    With m = min(rows, cols) and n = max(rows, cols), one step costs
+    X X^T (2 m^2 n) + A A (2 m^3) + B X (2 m^2 n) = 4 m^2 n + 2 m^3.
+    """
+    m, n = min(rows, cols), max(rows, cols)
+    return steps * (4 * m * m * n + 2 * m**3)
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    G = torch.randn(64, 32) @ torch.diag(torch.logspace(0, -3, 32))  # skewed spectrum
+    before = torch.linalg.svdvals(G)
+    after = torch.linalg.svdvals(zeropower_ns5(G).float())
+    print("singular values before (max, min):", f"{before.max():.3g}", f"{before.min():.3g}")
+    print("singular values after  (max, min):", f"{after.max():.3g}", f"{after.min():.3g}")
+    print("NS5 FLOPs for 1024x1024:", f"{ns5_flops(1024, 1024):.3g}")

@@ -1,0 +1,147 @@
+"""Single-device Muon, AdamW and the hybrid MuonW: the references every distributed run is checked against.
+
+One optimizer class, ``MuonW``, runs each parameter group with Muon (``use_muon=True``) or
+AdamW (``use_muon=False``); ``Muon`` and ``AdamW`` are the same class with every group of one
+kind. The math lives in ``updates.py`` and ``newton_schulz.py``; this file only loops over groups.
+
+The hybrid routing rule (which parameter gets Muon) is ``routes_to_muon`` below, and nowhere else.
+
+    >>> groups = hybrid_param_groups(model.named_parameters(), muon={"lr": 0.02}, adamw={"lr": 3e-3})
+    >>> opt = MuonW(groups)
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from .newton_schulz import NS_COEFFICIENTS, NS_EPS, NS_STEPS, zeropower_ns5
+from .updates import LR_ADJUSTMENTS, adamw_step_, adjust_lr, apply_update_, muon_momentum_
+
+# Hyperparameters of both kinds of group. Muon's defaults are torch.optim.Muon's except the lr
+# adjustment, which is Moonshot's; AdamW's are torch.optim.AdamW's except weight decay, which
+# is shared with Muon (0.1, as in Moonshot's recipe).
+DEFAULTS = dict(
+    lr=1e-3, weight_decay=0.1,
+    momentum=0.95, nesterov=True, ns_steps=NS_STEPS, ns_coefficients=NS_COEFFICIENTS,
+    ns_eps=NS_EPS, adjust_lr="match_rms_adamw",          # Muon groups
+    betas=(0.9, 0.999), eps=1e-8,                         # AdamW groups
+)
+
+# Module names whose matrices are not "hidden layers": token/position embeddings and output heads.
+NOT_MUON_MODULES = {"embed", "embedding", "embeddings", "tok_embeddings", "wte", "wpe",
+                    "lm_head", "head", "output", "classifier"}
+
+
+def routes_to_muon(name: str, param: torch.Tensor) -> bool:
+    """The hybrid rule: Muon for 2-D hidden-layer matrices, AdamW for everything else.
+
+    AdamW gets every parameter that is not 2-D (biases, norm gains) and every matrix whose
+    module name marks it as an embedding or output head (one of ``NOT_MUON_MODULES`` appears as
+    a dotted component of ``name``, e.g. ``transformer.wte.weight`` or ``lm_head.weight``).
+    Embeddings are lookups, not linear maps of the layer's input, and the head's update is best
+    left per-logit; Moonshot and Keller Jordan both route them to AdamW.
+    """
+    return param.ndim == 2 and not (set(name.lower().split(".")) & NOT_MUON_MODULES)
+
+
+def check_muon_shape(name: str, shape: tuple[int, ...]) -> None:
+    """Raise a clear error when a parameter that is not 2-D is put in a Muon group."""
+    if len(shape) != 2:
+        raise ValueError(
+            f"parameter {name!r} has shape {tuple(shape)} but Muon orthogonalises 2-D matrices only; "
+            "put it in a group with use_muon=False (AdamW), or build groups with hybrid_param_groups()"
+        )
+
+
+def hybrid_param_groups(named_params: Iterable[tuple[str, torch.Tensor]], muon: dict | None = None,
+                        adamw: dict | None = None) -> list[dict]:
+    """Split named parameters into a Muon group and an AdamW group by ``routes_to_muon``.
+
+    Each group carries ``names`` so errors and reports can name parameters.
+    """
+    groups = {True: dict(muon or {}, use_muon=True, params=[], names=[]),
+              False: dict(adamw or {}, use_muon=False, params=[], names=[])}
+    for name, p in named_params:
+        g = groups[routes_to_muon(name, p)]
+        g["params"].append(p)
+        g["names"].append(name)
+    return [g for g in groups.values() if g["params"]]
+
+
+def param_names(group: dict, group_idx: int) -> list[str]:
+    """The group's parameter names, or ``group{g}.param{i}`` where none were given."""
+    names = group.get("names") or [f"group{group_idx}.param{i}" for i in range(len(group["params"]))]
+    if len(names) != len(group["params"]):
+        raise ValueError(f"group {group_idx}: {len(names)} names for {len(group['params'])} parameters")
+    return list(names)
+
+
+def check_group(group: dict, group_idx: int) -> None:
+    """Validate one filled-in parameter group (shared by single-device and distributed optimizers)."""
+    if group["adjust_lr"] not in LR_ADJUSTMENTS:
+        raise ValueError(f"group {group_idx}: adjust_lr must be one of {LR_ADJUSTMENTS}, got {group['adjust_lr']!r}")
+    if group["use_muon"]:
+        for name, p in zip(param_names(group, group_idx), group["params"]):
+            check_muon_shape(name, tuple(p.shape))
+
+
+class MuonW(torch.optim.Optimizer):
+    """Muon on groups with ``use_muon=True``, AdamW on the others; one process, no communication."""
+
+    def __init__(self, params, use_muon: bool = True, **hyper):
+        unknown = set(hyper) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **hyper))
+        for g_idx, group in enumerate(self.param_groups):
+            check_group(group, g_idx)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if group["use_muon"]:
+                    self._muon(p, group)
+                else:
+                    self._adamw(p, group)
+        return loss
+
+    def _muon(self, p: torch.Tensor, group: dict) -> None:
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p.grad)
+        update = muon_momentum_(state["momentum_buffer"], p.grad, group["momentum"], group["nesterov"])
+        ortho = zeropower_ns5(update, group["ns_steps"], group["ns_coefficients"], group["ns_eps"])
+        lr = group["lr"]
+        apply_update_(p, ortho, lr, group["weight_decay"], adjust_lr(lr, p.shape, group["adjust_lr"]))
+
+    def _adamw(self, p: torch.Tensor, group: dict) -> None:
+        state = self.state[p]
+        if "step" not in state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        state["step"] += 1
+        adamw_step_(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], group["lr"],
+                    group["betas"], group["eps"], group["weight_decay"])
+
+
+class Muon(MuonW):
+    """Single-device Muon: every group uses Muon unless it says ``use_muon=False``."""
+
+    def __init__(self, params, **hyper):
+        super().__init__(params, use_muon=True, **hyper)
+
+
+class AdamW(MuonW):
+    """Single-device AdamW with the same math the ZeRO-1 AdamW runs on shards."""
+
+    def __init__(self, params, **hyper):
+        super().__init__(params, use_muon=False, **hyper)

@@ -1,0 +1,176 @@
+"""The ZeRO-1 plan: where every parameter lives in a virtual flat buffer and which DP rank owns which part.
+
+Pure geometry, no tensors and no processes, so the book can draw the plan of any grid.
+
+Per parameter group (``buffer_idx``) the TP-local parameters are laid end to end, in order,
+in one *virtual* flat buffer (nothing is allocated for it). The buffer is cut into buckets
+(``bucket_idx``) on parameter boundaries: a bucket is the unit of one collective. Each bucket
+is padded to a multiple of ``dp`` and split into ``dp`` equal shards; DP rank ``r`` owns shard
+``r`` of every bucket and keeps optimizer state only for it (ZeRO-1).
+``global_buffer_size`` is the padded length of the whole buffer.
+
+Per parameter, ``DistMeta`` (the proof of concept's ``dist_meta``) says:
+
+* ``shape``: the TP-local shape, what this rank holds and what the buffer stores;
+* ``full_shape``: the whole matrix after the TP gather (what Newton-Schulz and ``adjust_lr`` see);
+* ``global_range``: [start, end) of the parameter in the buffer;
+* ``local_range``: the part of ``global_range`` inside this DP rank's shard of the bucket
+  (empty, ``start == end``, when the rank owns none of it); a parameter that *straddles* a
+  shard boundary is owned piecewise by several DP ranks, which is normal;
+* ``tp_split_dim``: the dimension split over TP (0: rows, 1: columns), or -1 if replicated.
+
+    >>> plan = build_plan([[ParamSpec("w", (100, 100), 0)]], dp=3, dp_rank=1, tp=2)
+    >>> plan.metas[0][0]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_BUCKET_NUMEL = 2**20  # 4 MiB of fp32 per bucket
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A parameter as the plan needs it: a name, its full (un-TP-split) shape and its TP split dim."""
+
+    name: str
+    full_shape: tuple[int, ...]
+    tp_split_dim: int = -1
+
+
+@dataclass(frozen=True)
+class DistMeta:
+    name: str
+    buffer_idx: int
+    bucket_idx: int
+    shape: tuple[int, ...]
+    full_shape: tuple[int, ...]
+    global_range: tuple[int, int]
+    local_range: tuple[int, int]
+    tp_split_dim: int
+
+    @property
+    def numel(self) -> int:
+        return self.global_range[1] - self.global_range[0]
+
+    @property
+    def local_numel(self) -> int:
+        return self.local_range[1] - self.local_range[0]
+
+    @property
+    def param_slice(self) -> slice:
+        """The elements of the flattened TP-local parameter that this DP rank owns."""
+        return slice(self.local_range[0] - self.global_range[0], self.local_range[1] - self.global_range[0])
+
+
+@dataclass(frozen=True)
+class Bucket:
+    buffer_idx: int
+    bucket_idx: int
+    start: int                      # offset of the bucket in its buffer
+    numel: int                      # parameter elements (before padding)
+    padded_numel: int               # a multiple of dp
+    param_indices: tuple[int, ...]  # which parameters of the group it holds
+    dp: int
+
+    @property
+    def shard_numel(self) -> int:
+        return self.padded_numel // self.dp
+
+    def shard_range(self, dp_rank: int) -> tuple[int, int]:
+        """[start, end) in buffer coordinates of the shard DP rank ``dp_rank`` owns."""
+        lo = self.start + dp_rank * self.shard_numel
+        return lo, lo + self.shard_numel
+
+
+@dataclass(frozen=True)
+class Plan:
+    dp: int
+    dp_rank: int
+    tp: int
+    buckets: list[list[Bucket]]          # per buffer (= parameter group)
+    metas: list[list[DistMeta]]          # per buffer, one per parameter, in group order
+    global_buffer_size: list[int] = field(default_factory=list)  # per buffer, padded
+
+    def bucket_of(self, meta: DistMeta) -> Bucket:
+        return self.buckets[meta.buffer_idx][meta.bucket_idx]
+
+    def shard_slice(self, meta: DistMeta) -> slice:
+        """Where ``meta.local_range`` sits inside this rank's shard of its bucket."""
+        lo = self.bucket_of(meta).shard_range(self.dp_rank)[0]
+        return slice(meta.local_range[0] - lo, meta.local_range[1] - lo)
+
+    def local_state_numel(self) -> int:
+        """Elements of optimizer state this DP rank keeps per state tensor (its shards, padding included)."""
+        return sum(b.shard_numel for buf in self.buckets for b in buf)
+
+
+def tp_local_shape(name: str, full_shape: tuple[int, ...], tp_split_dim: int, tp: int) -> tuple[int, ...]:
+    """The shape one TP rank holds; a clear error when the split dim does not divide by ``tp``."""
+    full_shape = tuple(full_shape)
+    if tp_split_dim == -1 or tp == 1:
+        return full_shape
+    if not 0 <= tp_split_dim < len(full_shape):
+        raise ValueError(f"parameter {name!r} of shape {full_shape}: tp_split_dim {tp_split_dim} is not "
+                         f"a dimension (use -1 for a parameter replicated over TP)")
+    if full_shape[tp_split_dim] % tp:
+        raise ValueError(f"parameter {name!r} of shape {full_shape}: dimension {tp_split_dim} has size "
+                         f"{full_shape[tp_split_dim]}, which does not divide by tp={tp}; choose another "
+                         f"tp_split_dim, another --tp, or -1 (replicated)")
+    local = list(full_shape)
+    local[tp_split_dim] //= tp
+    return tuple(local)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def split_into_buckets(numels: list[int], bucket_numel: int | None) -> list[list[int]]:
+    """Group consecutive parameters into buckets of at most ``bucket_numel`` elements.
+
+    A parameter larger than the limit gets a bucket of its own; ``None`` means one bucket.
+    """
+    buckets: list[list[int]] = []
+    size = 0
+    for i, n in enumerate(numels):
+        if not buckets or (bucket_numel is not None and size + n > bucket_numel and size > 0):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += n
+    return buckets
+
+
+def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1,
+               bucket_numel: int | None = DEFAULT_BUCKET_NUMEL) -> Plan:
+    """Lay out every group's TP-local parameters in buffers and buckets, and shard them over ``dp``."""
+    if not 0 <= dp_rank < dp:
+        raise ValueError(f"dp_rank {dp_rank} outside 0..{dp - 1}")
+    all_buckets, all_metas, sizes = [], [], []
+    for buffer_idx, specs in enumerate(groups):
+        shapes = [tp_local_shape(s.name, s.full_shape, s.tp_split_dim, tp) for s in specs]
+        numels = [_numel(sh) for sh in shapes]
+        buckets, metas = [], [None] * len(specs)
+        offset = 0
+        for bucket_idx, members in enumerate(split_into_buckets(numels, bucket_numel)):
+            numel = sum(numels[i] for i in members)
+            bucket = Bucket(buffer_idx, bucket_idx, offset, numel, -(-numel // dp) * dp, tuple(members), dp)
+            shard_lo, shard_hi = bucket.shard_range(dp_rank)
+            start = offset
+            for i in members:
+                end = start + numels[i]
+                lo, hi = max(start, shard_lo), min(end, shard_hi)
+                local = (lo, hi) if lo < hi else (shard_lo, shard_lo)  # empty: anchored in our shard
+                metas[i] = DistMeta(specs[i].name, buffer_idx, bucket_idx, shapes[i], tuple(specs[i].full_shape),
+                                    (start, end), local, specs[i].tp_split_dim)
+                start = end
+            buckets.append(bucket)
+            offset += bucket.padded_numel
+        all_buckets.append(buckets)
+        all_metas.append(metas)
+        sizes.append(offset)
+    return Plan(dp, dp_rank, tp, all_buckets, all_metas, sizes)

@@ -1,0 +1,64 @@
+"""Moving tensors according to a plan: TP shard/unshard, packing buckets, and taking a rank's DP shard.
+
+Every function here has its mirror image, so the data flow reads symmetrically:
+
+    tp_shard      <->  tp_unshard        (a matrix <-> this TP rank's slice along tp_split_dim)
+    pack_bucket   <->  unpack_bucket     (the bucket's parameters <-> one flat padded tensor)
+    bucket_matrix                        (one parameter's rows of a gathered flat bucket, as a matrix)
+    dp_shard_of                          (the part of a TP-local matrix this DP rank owns, flat)
+
+Shapes are always restored with ``.view(meta.shape)``: the proof of concept's second bug was a
+flat ``.view(-1)`` reaching Newton-Schulz.
+"""
+from __future__ import annotations
+
+import torch
+
+from .plan import Bucket, DistMeta, Plan, tp_local_shape
+
+
+def tp_shard(full: torch.Tensor, tp_split_dim: int, tp: int, tp_rank: int, name: str = "tensor") -> torch.Tensor:
+    """This TP rank's contiguous slice of ``full`` along ``tp_split_dim`` (-1: the whole tensor)."""
+    tp_local_shape(name, tuple(full.shape), tp_split_dim, tp)  # validates divisibility
+    if tp_split_dim == -1 or tp == 1:
+        return full.clone()
+    return full.chunk(tp, dim=tp_split_dim)[tp_rank].contiguous()
+
+
+def tp_unshard(gathered: torch.Tensor, meta: DistMeta, tp: int) -> torch.Tensor:
+    """Rebuild the full matrix from a TP all-gather: ``tp`` flat shards of ``meta.shape``, joined on the split dim."""
+    return torch.cat(gathered.view(tp, *meta.shape).unbind(0), dim=meta.tp_split_dim)
+
+
+def pack_bucket(tensors: list[torch.Tensor], bucket: Bucket, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Lay the bucket's tensors end to end in a zero-padded flat tensor of ``bucket.padded_numel``."""
+    first = tensors[bucket.param_indices[0]]
+    flat = torch.zeros(bucket.padded_numel, dtype=dtype or first.dtype, device=first.device)
+    offset = 0
+    for i in bucket.param_indices:
+        t = tensors[i].reshape(-1)
+        flat[offset: offset + t.numel()] = t
+        offset += t.numel()
+    return flat
+
+
+def unpack_bucket(flat: torch.Tensor, bucket: Bucket, metas: list[DistMeta], tensors: list[torch.Tensor]) -> None:
+    """Copy a full flat bucket back into the tensors it holds (casting to each tensor's dtype)."""
+    for i in bucket.param_indices:
+        tensors[i].copy_(bucket_matrix(flat, bucket, metas[i]))
+
+
+def bucket_matrix(flat: torch.Tensor, bucket: Bucket, meta: DistMeta) -> torch.Tensor:
+    """One parameter's elements of a full flat bucket, viewed as its TP-local matrix."""
+    lo = meta.global_range[0] - bucket.start
+    return flat[lo: lo + meta.numel].view(meta.shape)
+
+
+def dp_shard_of(matrix: torch.Tensor, meta: DistMeta) -> torch.Tensor:
+    """The flat part of a TP-local matrix that this DP rank owns (``meta.local_range``)."""
+    return matrix.reshape(-1)[meta.param_slice]
+
+
+def local_shard(flat_shard: torch.Tensor, plan: Plan, meta: DistMeta) -> torch.Tensor:
+    """The view of a rank's bucket shard that holds ``meta``'s owned elements."""
+    return flat_shard[plan.shard_slice(meta)]

@@ -1,0 +1,69 @@
+"""The optimizer math as pure, in-place tensor functions, shared by every optimizer class.
+
+Single-device and distributed optimizers call exactly these functions, on whole tensors or
+on shards, so "distributed gives the same answer" reduces to "the same elementwise ops ran on
+the same numbers". Nothing here knows about process groups.
+
+Conventions (they match ``torch.optim.Muon`` and ``torch.optim.AdamW`` in torch 2.13):
+
+* Muon momentum is the EMA form ``buf = mu*buf + (1-mu)*g``; Nesterov uses
+  ``(1-mu)*g + mu*buf``. Moonshot's paper writes the sum form ``buf = mu*buf + g``, which is
+  the EMA form times ``1/(1-mu)``: Newton-Schulz divides by the norm first, so both give the
+  same orthogonalised update (up to rounding). We keep torch's form so the two agree bit for bit.
+* Weight decay is decoupled and uses the *unadjusted* lr: ``p *= 1 - lr*wd``.
+* Muon's lr is rescaled per matrix by ``adjust_lr``; "match_rms_adamw" (Moonshot's default)
+  makes the update RMS about 0.2, like AdamW's, so AdamW's lr and wd can be reused.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+LR_ADJUSTMENTS = ("match_rms_adamw", "original", "none")
+
+
+def adjust_lr(lr: float, shape: tuple[int, ...], mode: str = "match_rms_adamw") -> float:
+    """Per-matrix Muon learning rate for a matrix of full (unsharded) ``shape`` = (A, B).
+
+    "match_rms_adamw": lr * 0.2 * sqrt(max(A, B)) (Moonshot). "original": lr * sqrt(max(1, A/B))
+    (Keller Jordan). "none": lr unchanged.
+    """
+    A, B = shape[0], shape[1]
+    if mode == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(A, B))
+    if mode == "original":
+        return lr * math.sqrt(max(1.0, A / B))
+    if mode == "none":
+        return lr
+    raise ValueError(f"unknown lr adjustment {mode!r}; choose one of {LR_ADJUSTMENTS}")
+
+
+def muon_momentum_(buf: torch.Tensor, grad: torch.Tensor, momentum: float, nesterov: bool) -> torch.Tensor:
+    """Update the momentum buffer in place and return the matrix to orthogonalise.
+
+    Elementwise, so it runs unchanged on a whole matrix or on any flat shard of it.
+    """
+    buf.lerp_(grad, 1 - momentum)
+    return grad.lerp(buf, momentum) if nesterov else buf
+
+
+def apply_update_(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float,
+                  scaled_lr: float) -> None:
+    """Decoupled weight decay with ``lr``, then ``param -= scaled_lr * update`` (in place)."""
+    param.mul_(1 - lr * weight_decay)
+    param.add_(update, alpha=-scaled_lr)
+
+
+def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+                exp_avg_sq: torch.Tensor, step: int, lr: float, betas: tuple[float, float],
+                eps: float, weight_decay: float) -> None:
+    """One AdamW step (``step`` counts from 1), in place, elementwise: whole tensor or shard."""
+    beta1, beta2 = betas
+    param.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
