@@ -6,9 +6,9 @@
     torchrun --standalone --nproc-per-node 4 scripts/verify.py --dp 2 --tp 2   # NCCL when CUDA is there
 
 Every rank builds the same seeded problem, takes its TP shard of each parameter, and runs the
-distributed optimizer on gradients that differ per DP rank. Beside it, every rank runs the
-single-device reference on the whole parameters with the DP-averaged gradients, and after each
-step compares its own parameters with its TP shard of the reference. The largest difference
+distributed optimizer on gradients that differ per DP rank. Beside it, rank 0 runs the
+single-device reference on the whole parameters with the DP-averaged gradients and broadcasts
+the result; after each step every rank compares its own parameters with its TP shard of it. The largest difference
 over all ranks is printed per step, then the communication ledger, then one JSON line:
 ``{"ok": ..., "max_abs_diff": ..., "dp": ..., "tp": ..., "ledger": {...}, ...}``. Exit code 0 iff ok.
 
@@ -29,9 +29,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from dmuon.distributed import DistributedMuon  # noqa: E402
-from dmuon.launch import add_launch_args, launch  # noqa: E402
+from dmuon.launch import add_launch_args, arg_type, check_launch_args, launch  # noqa: E402
 from dmuon.optim import MuonW  # noqa: E402
 from dmuon.plan import DEFAULT_BUCKET_NUMEL  # noqa: E402
+from dmuon.poc_bugs import POC_BUGS  # noqa: E402
 from dmuon.sharding import tp_shard  # noqa: E402
 from dmuon.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, OPTIMIZERS, build_problem, parse_shapes, parse_tp_dims  # noqa: E402,E501
 
@@ -39,8 +40,8 @@ from dmuon.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, OPTIMIZERS, build_p
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_launch_args(p)
-    p.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES, help="e.g. 100x100,124x324")
-    p.add_argument("--tp-dims", type=parse_tp_dims, default=None,
+    p.add_argument("--shapes", type=arg_type(parse_shapes), default=DEFAULT_SHAPES, help="e.g. 100x100,124x324")
+    p.add_argument("--tp-dims", type=arg_type(parse_tp_dims), default=None,
                    help="TP split dim per shape: 0, 1 or none (default: 0,1,none,1,0)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="muon")
@@ -48,15 +49,28 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bucket-numel", type=int, default=DEFAULT_BUCKET_NUMEL, help="elements per bucket")
     p.add_argument("--atol", type=float, default=0.0, help="largest allowed |param - reference| (default 0)")
+    p.add_argument("--poc-bug", choices=sorted(POC_BUGS), default=None,
+                   help="put one of the proof of concept's bugs back, to see this check catch it")
     args = p.parse_args(argv)
+    check_launch_args(p, args)
     if args.tp_dims is None:
         args.tp_dims = DEFAULT_TP_DIMS[: len(args.shapes)] if len(args.shapes) <= len(DEFAULT_TP_DIMS) \
             else [-1] * len(args.shapes)
     if args.steps < 1:
         p.error("--steps must be at least 1")
-    # Build the problem once here so bad shapes or TP dims fail before any process starts.
-    build_problem(args.optimizer, args.shapes, args.tp_dims, args.groups, args.seed, args.tp).param_groups(args.tp, 0)
+    try:  # build the problem once here so bad shapes or TP dims fail before any process starts
+        build_problem(args.optimizer, args.shapes, args.tp_dims, args.groups, args.seed, args.tp).param_groups(args.tp)
+    except ValueError as e:
+        p.error(str(e))
     return args
+
+
+def reference_optimizer(problem, params: dict) -> MuonW:
+    """The single-device optimizer over whole parameters; ``params`` (name -> tensor) become Parameters."""
+    for n in params:
+        params[n] = torch.nn.Parameter(params[n])
+    return MuonW([dict(g["hyper"], params=[params[n] for n in g["names"]], names=g["names"], use_muon=g["use_muon"])
+                  for g in problem.groups])
 
 
 def worker(grid, comm, args) -> int:
@@ -65,30 +79,29 @@ def worker(grid, comm, args) -> int:
     local = problem.param_groups(grid.tp, grid.tp_rank)
     for g in local:
         g["params"] = [torch.nn.Parameter(p.data.to(dev)) for p in g["params"]]
-    opt = DistributedMuon(local, grid, comm=comm, bucket_numel=args.bucket_numel)
-    ref_groups = problem.param_groups()
-    for g in ref_groups:
-        g["params"] = [torch.nn.Parameter(p.data.to(dev)) for p in g["params"]]
-        g.pop("tp_split_dims")
-    ref = MuonW(ref_groups)
+    optimizer_class = POC_BUGS[args.poc_bug] if args.poc_bug else DistributedMuon
+    opt = optimizer_class(local, grid, comm=comm, bucket_numel=args.bucket_numel)
+    # The reference runs once, on rank 0, and is broadcast: every rank then checks its own shard.
+    ref_params = {n: t.to(dev).clone() for n, t in problem.full.items()}
+    ref = reference_optimizer(problem, ref_params) if grid.rank == 0 else None
 
     diffs = []
     for step in range(1, args.steps + 1):
         mine = problem.grads(step, grid.dp_rank)
-        mean = problem.mean_grads(step, grid.dp)
-        for g, rg in zip(opt.param_groups, ref.param_groups):
-            for n, d, p, rp in zip(g["names"], g["tp_split_dims"], g["params"], rg["params"]):
+        for g in opt.param_groups:
+            for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
                 p.grad = tp_shard(mine[n], d, grid.tp, grid.tp_rank, n).to(dev)
-                rp.grad = mean[n].to(dev)
         opt.step()
-        ref.step()
+        if ref is not None:
+            for n, g in problem.mean_grads(step, grid.dp).items():
+                ref_params[n].grad = g.to(dev)
+            ref.step()
         diff = torch.zeros((), dtype=torch.float64, device=dev)
-        for g, rg in zip(opt.param_groups, ref.param_groups):
-            for n, d, p, rp in zip(g["names"], g["tp_split_dims"], g["params"], rg["params"]):
-                expect = tp_shard(rp.detach(), d, grid.tp, grid.tp_rank, n)
+        for g in opt.param_groups:
+            for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
+                expect = tp_shard(comm.broadcast(ref_params[n].data, "world", "verify"), d, grid.tp, grid.tp_rank, n)
                 diff = torch.maximum(diff, (p.detach().double() - expect.double()).abs().max())
-        for group in ("dp", "tp"):
-            comm.all_reduce(diff, group, "verify", op=dist.ReduceOp.MAX)
+        comm.all_reduce(diff, "world", "verify", op=dist.ReduceOp.MAX)
         diffs.append(diff.item())
         if grid.rank == 0:
             print(f"step {step}: max |param - reference| over all ranks = {diffs[-1]:.3e}", flush=True)
@@ -102,14 +115,10 @@ def worker(grid, comm, args) -> int:
             ok=ok, max_abs_diff=max(diffs), per_step_max_abs_diff=diffs, dp=grid.dp, tp=grid.tp,
             world_size=grid.dp * grid.tp, optimizer=args.optimizer, steps=args.steps, seed=args.seed,
             shapes=[list(s) for s in args.shapes], tp_dims=args.tp_dims, bucket_numel=args.bucket_numel,
-            atol=args.atol, backend=dist.get_backend(), device=str(dev),
+            atol=args.atol, poc_bug=args.poc_bug, backend=dist.get_backend(), device=str(dev),
             state_bytes=opt.state_bytes(), ledger=comm.ledger.summary())), flush=True)
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    try:
-        arguments = parse_args()
-    except ValueError as e:
-        sys.exit(f"verify.py: error: {e}")
-    sys.exit(launch(worker, arguments))
+    sys.exit(launch(worker, parse_args()))

@@ -63,6 +63,8 @@ def ring_bytes(op: str, group_size: int, shard_numel: int, element_size: int) ->
         return hops * shard_numel * element_size
     if op == "all_reduce":
         return 2 * hops * shard_numel * element_size
+    if op == "broadcast":  # a pipelined ring: every rank but the last forwards the whole tensor
+        return (1 if hops else 0) * shard_numel * element_size
     raise ValueError(f"no ring model for {op!r}")
 
 
@@ -110,15 +112,27 @@ class Comm:
         self.ledger = ledger or Ledger()
         self.timeout_s = timeout_s
         self._inflight: tuple[float, str] | None = None
+        self._stop = threading.Event()
+        self._thread = None
         if timeout_s and grid.dp * grid.tp > 1:
-            threading.Thread(target=self._watchdog, daemon=True, name="dmuon-watchdog").start()
+            self._thread = threading.Thread(target=self._watchdog, daemon=True, name="dmuon-watchdog")
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the watchdog thread (it holds this object and, through it, the process groups)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
     def _group(self, name: str):
+        if name == "world":
+            return None, self.grid.dp * self.grid.tp
         if name == "dp":
             return self.grid.dp_group, self.grid.dp
         if name == "tp":
             return self.grid.tp_group, self.grid.tp
-        raise ValueError(f"unknown group {name!r} (use 'dp' or 'tp')")
+        raise ValueError(f"unknown group {name!r} (use 'dp', 'tp' or 'world')")
 
     def all_gather(self, shard: torch.Tensor, group: str, phase: str) -> torch.Tensor:
         """Gather equal flat shards from every rank of ``group``: returns ``size * shard.numel()`` elements."""
@@ -153,6 +167,14 @@ class Comm:
             self._run("all_reduce", group, tensor, phase, lambda: dist.all_reduce(tensor, op=op, group=pg))
         return tensor
 
+    def broadcast(self, tensor: torch.Tensor, group: str, phase: str, src: int = 0) -> torch.Tensor:
+        """Broadcast ``tensor`` in place from global rank ``src`` (used for checks, not by the optimizer)."""
+        pg, size = self._group(group)
+        self._record("broadcast", group, size, tensor.numel(), tensor.dtype, phase)
+        if size > 1:
+            self._run("broadcast", group, tensor, phase, lambda: dist.broadcast(tensor, src, group=pg))
+        return tensor
+
     def _record(self, op, group, size, shard_numel, dtype, phase):
         sent = ring_bytes(op, size, shard_numel, dtype.itemsize)
         self.ledger.records.append(Record(self.ledger.step, phase, op, group, size,
@@ -176,8 +198,7 @@ class Comm:
 
     def _watchdog(self):
         grace = 5.0
-        while True:
-            time.sleep(0.5)
+        while not self._stop.wait(0.5):
             inflight = self._inflight
             if inflight and time.monotonic() - inflight[0] > self.timeout_s + grace:
                 print(f"[dmuon watchdog] {inflight[1]} has not finished after {self.timeout_s:.0f} s "

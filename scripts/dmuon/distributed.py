@@ -4,6 +4,7 @@ Each rank holds its TP-local parameters and their gradients (a TP-parallel model
 shards) and, thanks to ZeRO-1, optimizer state for only its DP shard of every bucket (see
 ``plan.py``). One step, bucket by bucket:
 
+  pass 1, per bucket:
     1. gradients   pack -> reduce-scatter over DP (fp32, sum / dp)          -> my grad shard
     2. Muon groups momentum on my shard (fp32)
                    -> cast to bf16, all-gather over DP (the whole bucket)    "DP gather"
@@ -12,6 +13,7 @@ shards) and, thanks to ZeRO-1, optimizer state for only its DP shard of every bu
                    -> keep my TP slice, then my DP part of it               "TP shard", "DP shard"
                    -> update my fp32 master shard (decay, scaled lr)
        AdamW groups AdamW on my shard, elementwise, into the master shard
+  pass 2, per bucket:
     3. parameters  all-gather the master shards over DP -> unpack into the parameters
 
 This is the proof of concept's layout: every DP rank gathers whole buckets and every rank
@@ -82,17 +84,18 @@ class ZeroOneOptimizer:
             state["exp_avg_sq"] = torch.zeros_like(state["master"])
         return state
 
-    def _params_of(self, g: int) -> list[torch.Tensor]:
-        """The parameters of group ``g``. (The proof of concept's first bug lived here: see poc_bugs.py.)"""
-        return self.param_groups[g]["params"]
-
     @torch.no_grad()
     def step(self) -> None:
         self._check_grads()
         self.steps_taken += 1
         self.comm.ledger.step = self.steps_taken
+        self._update_master_shards()
+        self._gather_params()
+
+    def _update_master_shards(self) -> None:
+        """Pass 1: reduce-scatter the gradients and update this rank's fp32 master shard of every bucket."""
         for g, group in enumerate(self.param_groups):
-            params = self._params_of(g)
+            params = group["params"]
             for bucket in self.plan.buckets[g]:
                 state = self.state[g][bucket.bucket_idx]
                 grad_shard = self._reduce_scatter_grads(params, bucket)
@@ -101,7 +104,13 @@ class ZeroOneOptimizer:
                 else:
                     adamw_step_(state["master"], grad_shard, state["exp_avg"], state["exp_avg_sq"],
                                 self.steps_taken, group["lr"], group["betas"], group["eps"], group["weight_decay"])
-                self._all_gather_params(params, bucket, state["master"])
+
+    def _gather_params(self) -> None:
+        """Pass 2: all-gather the master shards into every rank's parameters."""
+        for g, group in enumerate(self.param_groups):
+            params = group["params"]  # the proof of concept's second loop lacked this line (bug #1)
+            for bucket in self.plan.buckets[g]:
+                self._all_gather_params(params, bucket, self.state[g][bucket.bucket_idx]["master"])
 
     def _reduce_scatter_grads(self, params, bucket) -> torch.Tensor:
         flat = pack_bucket([p.grad for p in params], bucket, torch.float32)
@@ -124,7 +133,7 @@ class ZeroOneOptimizer:
                           adjust_lr(lr, meta.full_shape, group["adjust_lr"]))
 
     def _unpack_ns_input(self, bucket_update, bucket, meta) -> torch.Tensor:
-        """A matrix's TP-local block of the gathered bucket. (The PoC's second bug: see poc_bugs.py.)"""
+        """A matrix's TP-local block of the gathered bucket, as a matrix (the PoC's bug #2 was a flat view)."""
         return bucket_matrix(bucket_update, bucket, meta)
 
     def _all_gather_params(self, params, bucket, master: torch.Tensor) -> None:

@@ -50,6 +50,27 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
                         help="auto: nccl under torchrun with CUDA, gloo otherwise")
 
 
+def arg_type(parse):
+    """Wrap a parser function for argparse so its ValueError message reaches the user."""
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def check_launch_args(parser: argparse.ArgumentParser, args) -> None:
+    """Reject an impossible grid as a usage error, before any process starts."""
+    try:
+        check_grid(args.dp, args.tp)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.timeout <= 0:
+        parser.error("--timeout must be positive")
+
+
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
 
@@ -81,12 +102,12 @@ def _run_rank(worker, args, rank: int, world: int, store) -> int:
         dist.init_process_group(backend, timeout=timeout)
     else:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-    try:
-        grid = Grid.build(args.dp, args.tp, device)
-        code = worker(grid, Comm(grid, timeout_s=args.timeout), args)
-        return int(code or 0)
-    finally:
-        dist.destroy_process_group()
+    grid = Grid.build(args.dp, args.tp, device)
+    comm = Comm(grid, timeout_s=args.timeout)
+    code = worker(grid, comm, args)  # on an exception, skip the teardown: peers may be mid-collective
+    comm.close()
+    dist.destroy_process_group()
+    return int(code or 0)
 
 
 # ---- local spawning -------------------------------------------------------------------------
@@ -109,7 +130,11 @@ def _child(rank, world, port, worker, args, threads, err_dir) -> None:
         if isinstance(e, SystemExit) and not e.code:
             sys.exit(0)
         Path(err_dir, f"rank{rank}.txt").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
-        sys.exit(1)
+        # Leave at once: a normal interpreter exit would tear down process groups whose peers may
+        # still be mid-collective, which can hang or abort instead of reporting this failure.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     sys.stdout.flush()
     sys.exit(code)
 

@@ -1,0 +1,89 @@
+"""Bad input and failing ranks: a clear error, a non-zero exit, the root cause's traceback, no orphans."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import ROOT, SCRIPTS, processes_with_tag, run, script
+
+
+def assert_no_orphans(tag):
+    deadline = time.monotonic() + 5
+    while processes_with_tag(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with_tag(tag) == []
+
+
+def test_rank_that_raises_mid_step_ends_the_run_with_its_traceback(tag):
+    proc = script("faults.py", "--dp", "2", "--tp", "2", "--fault", "raise", "--rank", "3", "--step", "2", tag=tag)
+    assert proc.returncode == 1
+    assert "step 1 done" in proc.stdout and "step 2 done" not in proc.stdout
+    assert "rank 3 (dp 1, tp 1) failed first; its traceback:" in proc.stderr
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert "InjectedFault: injected failure on rank 3 at step 2" in proc.stderr
+    assert_no_orphans(tag)
+
+
+def test_hung_collective_times_out_naming_the_collective(tag):
+    start = time.monotonic()
+    proc = script("faults.py", "--dp", "2", "--fault", "hang", "--rank", "1", "--timeout", "4", tag=tag)
+    assert proc.returncode == 1
+    assert "reduce_scatter over the dp group" in proc.stderr and "timed out" in proc.stderr
+    assert "phase grad_reduce_scatter, step 2" in proc.stderr
+    assert time.monotonic() - start < 90
+    assert_no_orphans(tag)
+
+
+def test_nan_gradient_is_a_clear_error(tag):
+    proc = script("faults.py", "--dp", "2", "--tp", "2", "--fault", "nan", "--rank", "2", tag=tag)
+    assert proc.returncode == 1
+    assert "gradient of parameter 'w0' has 1 NaN/Inf value(s) on rank 2 (dp 1, tp 0), step 2" in proc.stderr
+    assert_no_orphans(tag)
+
+
+def test_missing_gradient_on_one_rank_is_a_clear_error(tag):
+    proc = script("faults.py", "--dp", "2", "--fault", "missing-grad", "--rank", "1", tag=tag)
+    assert proc.returncode == 1
+    assert "parameter 'w0' has no gradient on rank 1 (dp 1, tp 0), step 2" in proc.stderr
+    assert_no_orphans(tag)
+
+
+def test_wrong_world_size_under_torchrun(tag):
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+                "scripts/verify.py", "--dp", "2", "--tp", "2", "--shapes", "8x8"], tag=tag)
+    assert proc.returncode != 0
+    assert "world size 3 does not equal dp*tp = 2*2 = 4" in proc.stderr
+    assert_no_orphans(tag)
+
+
+def test_tp_dim_that_does_not_divide_fails_before_launching():
+    proc = script("verify.py", "--tp", "3", "--shapes", "100x100", "--tp-dims", "0")
+    assert proc.returncode != 0
+    assert "dimension 0 has size 100, which does not divide by tp=3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_shapes_and_grid_arguments_are_clear_errors():
+    proc = script("verify.py", "--shapes", "100xabc")
+    assert proc.returncode != 0 and "cannot read shapes '100xabc'" in proc.stderr
+    proc = script("verify.py", "--shapes", "10x10,12x12", "--tp-dims", "0")
+    assert proc.returncode != 0 and "2 shapes but 1 TP split dims" in proc.stderr
+    proc = script("verify.py", "--dp", "0")
+    assert proc.returncode != 0 and "--dp and --tp must be at least 1" in proc.stderr
+
+
+def test_killing_the_launcher_leaves_no_rank_behind(tag):
+    env = dict(os.environ, DMUON_TEST_TAG=tag, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "faults.py"), "--dp", "2", "--fault", "hang", "--rank", "1",
+                             "--timeout", "300"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        if "hanging" in line or time.monotonic() > deadline:
+            break
+    assert len(processes_with_tag(tag)) >= 3  # the launcher and its two ranks
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert_no_orphans(tag)

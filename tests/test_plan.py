@@ -1,0 +1,136 @@
+"""The ZeRO-1 plan, the tensor moves that follow it, the grid layout and the closed-form byte count."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dmuon.costmodel import bytes_ratio, step_bytes
+from dmuon.grid import check_grid, grid_layout
+from dmuon.plan import ParamSpec, build_plan, split_into_buckets, tp_local_shape
+from dmuon.sharding import bucket_matrix, dp_shard_of, pack_bucket, tp_shard, tp_unshard, unpack_bucket
+from dmuon.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, build_problem
+
+
+def random_cases(n=60, seed=0):
+    rng = random.Random(seed)
+    for _ in range(n):
+        tp = rng.choice([1, 2, 4])
+        dp = rng.choice([1, 2, 3, 4, 5, 8])
+        groups = []
+        for _ in range(rng.randint(1, 3)):
+            specs = []
+            for i in range(rng.randint(1, 5)):
+                dim = rng.choice([-1, 0, 1])
+                shape = [rng.randint(1, 40), rng.randint(1, 40)]
+                if dim >= 0:
+                    shape[dim] *= tp
+                specs.append(ParamSpec(f"p{len(groups)}.{i}", tuple(shape), dim))
+            groups.append(specs)
+        yield groups, dp, tp, rng.choice([None, 50, 300, 2000])
+
+
+@pytest.mark.parametrize("case", list(random_cases()), ids=lambda c: f"dp{c[1]}-tp{c[2]}-b{c[3]}")
+def test_every_element_is_owned_by_exactly_one_dp_rank(case):
+    groups, dp, tp, bucket_numel = case
+    plans = [build_plan(groups, dp, r, tp, bucket_numel) for r in range(dp)]
+    for b_idx, specs in enumerate(groups):
+        buckets = plans[0].buckets[b_idx]
+        # Buckets tile the buffer in order, each padded to a multiple of dp by less than dp.
+        assert buckets[0].start == 0
+        for prev, nxt in zip(buckets, buckets[1:]):
+            assert nxt.start == prev.start + prev.padded_numel
+        assert plans[0].global_buffer_size[b_idx] == sum(b.padded_numel for b in buckets)
+        for b in buckets:
+            assert b.padded_numel % dp == 0 and 0 <= b.padded_numel - b.numel < dp
+        for i, spec in enumerate(specs):
+            metas = [p.metas[b_idx][i] for p in plans]
+            assert len({(m.global_range, m.shape, m.bucket_idx) for m in metas}) == 1  # same on every rank
+            owned = sorted((m.local_range for m in metas if m.local_numel), key=lambda r: r[0])
+            # The owned pieces are disjoint and cover the parameter exactly.
+            assert owned[0][0] == metas[0].global_range[0] and owned[-1][1] == metas[0].global_range[1]
+            for a, b in zip(owned, owned[1:]):
+                assert a[1] == b[0]
+            for r, m in enumerate(metas):
+                lo, hi = plans[r].bucket_of(m).shard_range(r)
+                assert lo <= m.local_range[0] <= m.local_range[1] <= hi
+            assert metas[0].shape == tp_local_shape(spec.name, spec.full_shape, spec.tp_split_dim, tp)
+
+
+def test_default_shapes_straddle_shard_boundaries_and_need_padding():
+    specs = [[ParamSpec(f"w{i}", s, d) for i, (s, d) in enumerate(zip(DEFAULT_SHAPES, DEFAULT_TP_DIMS))]]
+    plans = [build_plan(specs, 3, r, 1, None) for r in range(3)]
+    owners = [sum(p.metas[0][i].local_numel > 0 for p in plans) for i in range(len(DEFAULT_SHAPES))]
+    assert max(owners) > 1                                 # some matrix is split between DP ranks
+    bucket = plans[0].buckets[0][0]
+    assert bucket.numel == sum(a * b for a, b in DEFAULT_SHAPES) == 715280
+    assert bucket.padded_numel == 715281                   # 715280 does not divide by 3
+
+
+def test_buckets_break_on_parameter_boundaries():
+    assert split_into_buckets([10, 10, 10], 25) == [[0, 1], [2]]
+    assert split_into_buckets([30, 5, 5], 25) == [[0], [1, 2]]   # too big for a bucket: alone
+    assert split_into_buckets([30, 5, 5], None) == [[0, 1, 2]]
+
+
+def test_tp_split_that_does_not_divide_is_a_clear_error():
+    with pytest.raises(ValueError, match="'w'.*dimension 1 has size 30, which does not divide by tp=4"):
+        tp_local_shape("w", (100, 30), 1, 4)
+    with pytest.raises(ValueError, match="not a dimension"):
+        tp_local_shape("w", (100, 32), 2, 4)
+    with pytest.raises(ValueError, match="does not divide"):
+        tp_shard(torch.zeros(100, 30), 1, 4, 0, "w")
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_tp_shard_and_unshard_are_inverse(dim):
+    full = torch.arange(8 * 12, dtype=torch.float32).view(8, 12)
+    meta = build_plan([[ParamSpec("w", (8, 12), dim)]], 1, 0, 4).metas[0][0]
+    shards = [tp_shard(full, dim, 4, r) for r in range(4)]
+    assert all(s.shape == meta.shape for s in shards)
+    assert torch.equal(tp_unshard(torch.cat([s.view(-1) for s in shards]), meta, 4), full)
+
+
+def test_pack_unpack_and_dp_pieces_reassemble_every_parameter():
+    specs = [[ParamSpec("a", (7, 5)), ParamSpec("b", (3, 11)), ParamSpec("c", (13,))]]
+    dp = 4
+    tensors = [torch.randn(s.full_shape) for s in specs[0]]
+    plans = [build_plan(specs, dp, r, 1, None) for r in range(dp)]
+    bucket = plans[0].buckets[0][0]
+    flat = pack_bucket(tensors, bucket)
+    assert flat.numel() == bucket.padded_numel and torch.equal(flat[bucket.numel:], torch.zeros(bucket.padded_numel - bucket.numel))
+    for i, t in enumerate(tensors):
+        assert torch.equal(bucket_matrix(flat, bucket, plans[0].metas[0][i]), t)
+        pieces = torch.cat([dp_shard_of(t, p.metas[0][i]) for p in plans])
+        assert torch.equal(pieces, t.reshape(-1))
+    out = [torch.zeros_like(t) for t in tensors]
+    unpack_bucket(flat, bucket, plans[0].metas[0], out)
+    assert all(torch.equal(a, b) for a, b in zip(out, tensors))
+
+
+def test_grid_layout_is_tp_fastest():
+    layout = grid_layout(2, 4)
+    assert [r["tp_group"] for r in layout[:4]] == [[0, 1, 2, 3]] * 4
+    assert layout[5]["dp_group"] == [1, 5] and (layout[5]["dp_rank"], layout[5]["tp_rank"]) == (1, 1)
+    with pytest.raises(ValueError, match="world size 3 does not equal dp\\*tp = 2\\*2 = 4"):
+        check_grid(2, 2, 3)
+    with pytest.raises(ValueError, match="at least 1"):
+        check_grid(0, 2)
+
+
+@pytest.mark.parametrize("dp", [2, 3, 4, 8])
+@pytest.mark.parametrize("bucket_numel", [None, 50_000, 2**20])
+def test_closed_form_ratio_is_the_papers_upper_bound_on_dp_only_grids(dp, bucket_numel):
+    groups = build_problem("muon").groups
+    assert bytes_ratio(groups, dp, 1, bucket_numel) == 1.25          # (4 + 2 + 4) / (4 + 4), exactly
+    assert bytes_ratio(build_problem("adamw").groups, dp, 1, bucket_numel) == 1.0
+    assert 1.0 < bytes_ratio(build_problem("hybrid").groups, dp, 1, bucket_numel) < 1.25
+
+
+def test_closed_form_tp_gathers_come_on_top():
+    groups = build_problem("muon").groups
+    with_tp = step_bytes(groups, 2, 2, None)
+    assert with_tp["ns_gather_tp"] > 0 and bytes_ratio(groups, 2, 2, None) > 1.25
+    assert step_bytes(groups, 2, 2, None, muon=False)["ns_gather_tp"] == 0
+    assert bytes_ratio(groups, 1, 4, None) is None                   # AdamW moves nothing at dp = 1
