@@ -26,7 +26,7 @@ $(STAMP): requirements.txt
 setup: $(STAMP)
 
 book: $(STAMP)
-	$(BIN)/python -m jupyter_book build . --warningiserror --nitpick --keep-going
+	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

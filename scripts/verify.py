@@ -29,39 +29,28 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from dmuon.distributed import DistributedMuon  # noqa: E402
-from dmuon.launch import add_launch_args, arg_type, check_launch_args, launch  # noqa: E402
+from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
 from dmuon.optim import MuonW  # noqa: E402
-from dmuon.plan import DEFAULT_BUCKET_NUMEL  # noqa: E402
 from dmuon.poc_bugs import POC_BUGS  # noqa: E402
 from dmuon.sharding import tp_shard  # noqa: E402
-from dmuon.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, OPTIMIZERS, build_problem, parse_shapes, parse_tp_dims  # noqa: E402,E501
+from dmuon.synthetic import OPTIMIZERS, add_problem_args, build_problem, check_problem_args  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_launch_args(p)
-    p.add_argument("--shapes", type=arg_type(parse_shapes), default=DEFAULT_SHAPES, help="e.g. 100x100,124x324")
-    p.add_argument("--tp-dims", type=arg_type(parse_tp_dims), default=None,
-                   help="TP split dim per shape: 0, 1 or none (default: 0,1,none,1,0)")
+    add_problem_args(p)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="muon")
     p.add_argument("--groups", type=int, default=2, help="parameter groups for muon/adamw (default 2)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bucket-numel", type=int, default=DEFAULT_BUCKET_NUMEL, help="elements per bucket")
     p.add_argument("--atol", type=float, default=0.0, help="largest allowed |param - reference| (default 0)")
     p.add_argument("--poc-bug", choices=sorted(POC_BUGS), default=None,
                    help="put one of the proof of concept's bugs back, to see this check catch it")
     args = p.parse_args(argv)
     check_launch_args(p, args)
-    if args.tp_dims is None:
-        args.tp_dims = DEFAULT_TP_DIMS[: len(args.shapes)] if len(args.shapes) <= len(DEFAULT_TP_DIMS) \
-            else [-1] * len(args.shapes)
     if args.steps < 1:
         p.error("--steps must be at least 1")
-    try:  # build the problem once here so bad shapes or TP dims fail before any process starts
-        build_problem(args.optimizer, args.shapes, args.tp_dims, args.groups, args.seed, args.tp).param_groups(args.tp)
-    except ValueError as e:
-        p.error(str(e))
+    check_problem_args(p, args, args.optimizer, args.groups)
     return args
 
 

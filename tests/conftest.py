@@ -54,3 +54,67 @@ def processes_with_tag(tag: str) -> list[int]:
 @pytest.fixture
 def tag():
     return uuid.uuid4().hex
+
+
+# ---- the built book, shared by the book and browser tests ---------------------------------------
+
+BUILD = ROOT / "_build"
+
+
+def executed_notebook(name: str) -> Path:
+    """``_build/executed/<name>.ipynb``, executing the chapter first if no current copy exists."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    out = BUILD / "executed" / f"{name}.ipynb"
+    source = ROOT / "notebooks" / f"{name}.ipynb"
+    if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
+        nb = nbformat.read(source, as_version=4)
+        NotebookClient(nb, timeout=900, kernel_name="python3",
+                       resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, out)
+    return out
+
+
+def stage_book(dest: Path, toc: str | None = None, executed: bool = True) -> Path:
+    """Copy what the book needs into ``dest``; with ``executed``, the chapters are the executed .ipynb
+    and execution is off, so the build only renders (the chapters already ran in test_notebooks)."""
+    import shutil
+
+    from booktools import chapters
+
+    shutil.copytree(ROOT / "book", dest / "book", ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / "notebooks").mkdir()
+    config = (ROOT / "_config.yml").read_text()
+    if executed:
+        for path in chapters():
+            shutil.copy(executed_notebook(path.stem), dest / "notebooks" / f"{path.stem}.ipynb")
+        config = config.replace("execute_notebooks: force", 'execute_notebooks: "off"')
+        config = config.replace('"notebooks/*.ipynb"', '"notebooks/*.py"')
+    else:
+        shutil.copytree(ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+        for path in chapters():
+            shutil.copy(path, dest / "notebooks")
+    (dest / "_config.yml").write_text(config)
+    (dest / "_toc.yml").write_text(toc or (ROOT / "_toc.yml").read_text())
+    return dest
+
+
+def build_book(src: Path, timeout: float = 1200) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DMUON_OFFLINE="require")
+    return subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", str(src), "--warningiserror", "--nitpick",
+                           "--keep-going"], cwd=src, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def built_book(tmp_path_factory) -> Path:
+    """The whole book, built from the executed chapters; returns its html folder."""
+    src = stage_book(tmp_path_factory.mktemp("book"))
+    proc = build_book(src)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    html = src / "_build" / "html"
+    import shutil
+    shutil.rmtree(BUILD / "html-tested", ignore_errors=True)
+    shutil.copytree(html, BUILD / "html-tested")  # kept as an artifact beside the screenshots
+    return html

@@ -84,8 +84,9 @@ def configure(app, config) -> None:
     config.mathjax_path = "../offline/mathjax/tex-chtml.js"
     config.nb_ipywidgets_js = {
         "../offline/require.js": {},
-        "../offline/html-manager/embed-amd.js": {"data-jupyter-widgets-cdn": "https://cdn.jsdelivr.net/npm/",
-                                                 "crossorigin": "anonymous"},
+        # No crossorigin attribute: it makes browsers refuse the script when the page is opened from
+        # file://, which is how an offline reader opens a local build.
+        "../offline/html-manager/embed-amd.js": {"data-jupyter-widgets-cdn": "https://cdn.jsdelivr.net/npm/"},
     }
 
 

@@ -21,6 +21,7 @@ A group of one rank moves nothing and records zero bytes, so a 1 x 1 grid needs 
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import threading
 import time
@@ -174,6 +175,18 @@ class Comm:
         if size > 1:
             self._run("broadcast", group, tensor, phase, lambda: dist.broadcast(tensor, src, group=pg))
         return tensor
+
+    def gather_objects(self, obj, phase: str) -> list:
+        """Every rank's picklable ``obj``, in rank order, on every rank (for reports, not the optimizer)."""
+        world = self.grid.dp * self.grid.tp
+        size = len(pickle.dumps(obj))
+        self._record("all_gather", "world", world, size, torch.uint8, phase)
+        if world == 1:
+            return [obj]
+        out = [None] * world
+        holder = torch.empty(size, dtype=torch.uint8)
+        self._run("all_gather_object", "world", holder, phase, lambda: dist.all_gather_object(out, obj))
+        return out
 
     def _record(self, op, group, size, shard_numel, dtype, phase):
         sent = ring_bytes(op, size, shard_numel, dtype.itemsize)

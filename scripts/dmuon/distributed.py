@@ -63,6 +63,7 @@ class ZeroOneOptimizer:
         self.plan = build_plan(specs, grid.dp, grid.dp_rank, grid.tp, bucket_numel)
         self.state = [[self._init_state(g, b) for b in buckets] for g, buckets in enumerate(self.plan.buckets)]
         self.steps_taken = 0
+        self.trace = None  # optional callable(stage, name, tensor), called at each stage (see trace_step.py)
 
     def _full_shape(self, p: torch.Tensor, tp_split_dim: int) -> tuple[int, ...]:
         shape = list(p.shape)
@@ -112,22 +113,34 @@ class ZeroOneOptimizer:
             for bucket in self.plan.buckets[g]:
                 self._all_gather_params(params, bucket, self.state[g][bucket.bucket_idx]["master"])
 
+    def _trace(self, stage: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if self.trace is not None:
+            self.trace(stage, name, tensor)
+        return tensor
+
     def _reduce_scatter_grads(self, params, bucket) -> torch.Tensor:
         flat = pack_bucket([p.grad for p in params], bucket, torch.float32)
-        return self.comm.reduce_scatter_sum(flat, "dp", "grad_reduce_scatter").div_(self.grid.dp)
+        shard = self.comm.reduce_scatter_sum(flat, "dp", "grad_reduce_scatter").div_(self.grid.dp)
+        return self._trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", shard)
 
     def _muon_bucket(self, group: dict, bucket, state: dict, grad_shard: torch.Tensor) -> None:
+        where = f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}"
         update = muon_momentum_(state["momentum"], grad_shard, group["momentum"], group["nesterov"])
+        self._trace("momentum_shard", where, update)
         bucket_update = self.comm.all_gather(update.to(torch.bfloat16), "dp", "ns_gather_dp")   # DP gather
+        self._trace("dp_gathered", where, bucket_update)
         metas = self.plan.metas[bucket.buffer_idx]
         for i in bucket.param_indices:
             meta = metas[i]
-            matrix = self._unpack_ns_input(bucket_update, bucket, meta)
+            matrix = self._trace("ns_input", meta.name, self._unpack_ns_input(bucket_update, bucket, meta))
             if meta.tp_split_dim != -1 and self.grid.tp > 1:                                     # TP gather
                 matrix = tp_unshard(self.comm.all_gather(matrix, "tp", "ns_gather_tp"), meta, self.grid.tp)
+                self._trace("tp_gathered", meta.name, matrix)
             ortho = zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["ns_eps"])
-            mine = dp_shard_of(tp_shard(ortho, meta.tp_split_dim, self.grid.tp, self.grid.tp_rank, meta.name),
-                               meta)                                                             # TP, DP shard
+            self._trace("orthogonalised", meta.name, ortho)
+            tp_part = self._trace("tp_shard", meta.name,                                          # TP shard
+                                  tp_shard(ortho, meta.tp_split_dim, self.grid.tp, self.grid.tp_rank, meta.name))
+            mine = self._trace("dp_shard", meta.name, dp_shard_of(tp_part, meta))                 # DP shard
             lr = group["lr"]
             apply_update_(local_shard(state["master"], self.plan, meta), mine, lr, group["weight_decay"],
                           adjust_lr(lr, meta.full_shape, group["adjust_lr"]))

@@ -11,8 +11,10 @@ Failure handling, the part that makes distributed code debuggable:
 
 * A rank that raises writes its traceback; the parent stops every other rank at once, prints the
   first failure's traceback (the root cause: later ones are usually peers losing their
-  connection) and one line per other failed rank, and returns exit code 1. Children die with
-  the parent too (``PR_SET_PDEATHSIG``), so nothing is left behind even if the parent is killed.
+  connection) and one line per other failed rank, and returns exit code 1. A rank killed by a
+  signal counts the same. A worker that *returns* a non-zero code (a check that failed) is not a
+  crash: the others finish, and the run exits with the largest code. Children die with the
+  parent too (``PR_SET_PDEATHSIG``), so nothing is left behind even if the parent is killed.
 * Every collective has a timeout (``--timeout``, seconds); ``comm.Comm`` turns a timeout into an
   error naming the collective.
 
@@ -164,16 +166,25 @@ def _raise_exit(signum, frame):
 
 
 def _wait(procs, err_dir, args) -> int:
-    alive = list(procs)
+    """Wait for every rank. A rank that raised or died stops the run at once; a rank that returned a
+    non-zero code (a check that failed, say) lets the others finish, and the largest code is returned."""
+    alive, returned = list(procs), {}
     while alive:
         multiprocessing.connection.wait([p.sentinel for p in alive])
         for p in [p for p in alive if p.exitcode is not None]:
             alive.remove(p)
-            if p.exitcode != 0:
+            rank = procs.index(p)
+            crashed = p.exitcode < 0 or Path(err_dir, f"rank{rank}.txt").exists()
+            if crashed:
                 _stop(alive)
                 _report(procs, err_dir, args)
                 return 1
-    return 0
+            if p.exitcode:
+                returned[rank] = p.exitcode
+    if returned:
+        codes = ", ".join(f"rank {r}: {c}" for r, c in sorted(returned.items()))
+        print(f"=== no rank raised; the worker returned non-zero exit codes ({codes}) ===", file=sys.stderr, flush=True)
+    return max(returned.values(), default=0)
 
 
 def _stop(procs, grace: float = 3.0) -> None:

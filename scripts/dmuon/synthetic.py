@@ -26,6 +26,11 @@ REPORT_TP_DIMS = [0, 1, -1, 1, 0]
 OPTIMIZERS = ("muon", "adamw", "hybrid")
 
 
+def default_tp_dims(n: int) -> list[int]:
+    """The proof of concept's TP split dims for the first five shapes, -1 (not split) after that."""
+    return (DEFAULT_TP_DIMS + [-1] * n)[:n]
+
+
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
     """'100x100,124x324,64' -> [(100, 100), (124, 324), (64,)]."""
     try:
@@ -44,6 +49,31 @@ def parse_tp_dims(text: str) -> list[int]:
         item = item.strip().lower()
         dims.append(-1 if item in ("none", "-1", "") else int(item))
     return dims
+
+
+def add_problem_args(parser) -> None:
+    """The command-line arguments that describe a synthetic problem (shapes, TP dims, buckets, seed)."""
+    from .launch import arg_type
+    from .plan import DEFAULT_BUCKET_NUMEL
+
+    parser.add_argument("--shapes", type=arg_type(parse_shapes), default=DEFAULT_SHAPES,
+                        help="matrix shapes, e.g. 100x100,124x324 (default: the proof of concept's five)")
+    parser.add_argument("--tp-dims", type=arg_type(parse_tp_dims), default=None,
+                        help="TP split dim per shape: 0, 1 or none (default: 0,1,none,1,0)")
+    parser.add_argument("--bucket-numel", type=int, default=DEFAULT_BUCKET_NUMEL, help="elements per bucket")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def check_problem_args(parser, args, optimizer: str = "muon", n_groups: int = 1) -> None:
+    """Fill in default TP dims and build the problem once, so bad input fails before any process starts."""
+    if args.tp_dims is None:
+        args.tp_dims = default_tp_dims(len(args.shapes))
+    if args.bucket_numel < 1:
+        parser.error("--bucket-numel must be at least 1")
+    try:
+        build_problem(optimizer, args.shapes, args.tp_dims, n_groups, args.seed, args.tp).param_groups(args.tp)
+    except ValueError as e:
+        parser.error(str(e))
 
 
 @dataclass
@@ -90,7 +120,7 @@ def build_problem(optimizer: str, shapes=None, tp_dims=None, n_groups: int = 2, 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}")
     shapes = list(shapes or DEFAULT_SHAPES)
-    tp_dims = list(tp_dims if tp_dims is not None else DEFAULT_TP_DIMS[: len(shapes)])
+    tp_dims = list(tp_dims if tp_dims is not None else default_tp_dims(len(shapes)))
     if len(tp_dims) != len(shapes):
         raise ValueError(f"{len(shapes)} shapes but {len(tp_dims)} TP split dims; give one per shape")
     gen = torch.Generator().manual_seed(seed)

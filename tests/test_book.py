@@ -1,0 +1,75 @@
+"""The built book: every page there, Colab links of the right form, local assets, and the real build
+path failing when a script that a chapter launches is broken."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from booktools import chapters, repository_url
+from conftest import ROOT, build_book, stage_book
+
+
+def toc_files():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
+        files += [c["file"] for c in part["chapters"]]
+    return files
+
+
+def test_every_page_of_the_toc_is_built(built_book):
+    for f in toc_files():
+        page = built_book / f"{f}.html"
+        assert page.exists() and page.stat().st_size > 5000, f
+    assert "Distributed Muon" in (built_book / "index.html").read_text() or (built_book / "book/index.html").exists()
+
+
+@pytest.mark.parametrize("name", [p.stem for p in chapters()])
+def test_chapter_page_has_outputs_and_a_colab_link(built_book, name):
+    html = (built_book / "notebooks" / f"{name}.html").read_text()
+    org_repo = repository_url().split("github.com/")[1]
+    branch = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["branch"]
+    link = f"https://colab.research.google.com/github/{org_repo}/blob/{branch}/notebooks/{name}.ipynb"
+    assert link in html, f"no Colab link {link}"
+    assert (ROOT / "notebooks" / f"{name}.ipynb").exists()  # what the link opens is in the repository
+    assert "cell_output" in html
+    assert "output traceback" not in html and "output error" not in html
+
+
+def test_pages_load_math_and_widgets_from_the_book_itself(built_book):
+    assert (built_book / "offline" / "mathjax" / "tex-chtml.js").exists()
+    assert (built_book / "offline" / "html-manager" / "embed-amd.js").exists()
+    for page in built_book.rglob("*.html"):
+        scripts = re.findall(r'<script[^>]+src="([^"]+)"', page.read_text())
+        remote = [s for s in scripts if s.startswith(("http:", "https:", "//"))]
+        assert not remote, f"{page.relative_to(built_book)} loads {remote}"
+    muon = (built_book / "notebooks" / "01_muon.html").read_text()
+    assert "offline/mathjax/tex-chtml.js" in muon and "offline/html-manager/embed-amd.js" in muon
+    assert "application/vnd.jupyter.widget-state+json" in muon
+
+
+MINI_TOC = """format: jb-book
+root: notebooks/00_start_here
+chapters:
+  - file: book/troubleshooting
+  - file: book/references
+"""
+
+
+def test_real_build_executes_chapters_and_fails_when_a_script_breaks(tmp_path):
+    """The build `make book` runs (Jupytext sources, execution forced) on chapter 0: it passes, and it
+    fails once the script that chapter launches is broken."""
+    good = stage_book(tmp_path / "good", toc=MINI_TOC, executed=False)
+    proc = build_book(good)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "largest |distributed - single process|" in (good / "_build/html/notebooks/00_start_here.html").read_text()
+
+    broken = stage_book(tmp_path / "broken", toc=MINI_TOC, executed=False)
+    verify = broken / "scripts" / "verify.py"
+    verify.write_text(verify.read_text().replace("def worker(grid, comm, args) -> int:\n",
+                                                 "def worker(grid, comm, args) -> int:\n    raise RuntimeError('broken on purpose')\n"))
+    proc = build_book(broken)
+    assert proc.returncode != 0
+    assert "broken on purpose" in proc.stdout + proc.stderr

@@ -1,0 +1,83 @@
+"""The chapters: paired sources in sync, set-up cells current, every chapter executes with nbclient,
+and a chapter whose launched script fails, fails.
+
+Executed copies are written to ``_build/executed/`` for the book and browser tests to reuse, so the
+suite executes each chapter once.
+"""
+from __future__ import annotations
+
+import json
+
+import jupytext
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from booktools import SETUP_MARKER, chapters, repository_url, sync
+from conftest import ROOT
+
+NOTEBOOKS = ROOT / "notebooks"
+EXECUTED = ROOT / "_build" / "executed"
+CHAPTERS = [p.stem for p in chapters()]
+
+
+def execute(nb, timeout=900):
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    return nb
+
+
+def test_there_are_chapters_0_to_5():
+    assert [c[:2] for c in CHAPTERS][:6] == ["00", "01", "02", "03", "04", "05"]
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_pair_is_in_sync_and_ipynb_has_no_outputs(name):
+    py = jupytext.read(NOTEBOOKS / f"{name}.py")
+    ipynb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    assert [(c.cell_type, c.source) for c in py.cells] == [(c.cell_type, c.source) for c in ipynb.cells], \
+        f"{name}.py and {name}.ipynb differ: run `jupytext --sync notebooks/{name}.py`"
+    assert all(not c.get("outputs") and not c.get("execution_count") for c in ipynb.cells if c.cell_type == "code")
+    assert ipynb.metadata.get("kernelspec", {}).get("name") == "python3"
+
+
+def test_setup_cells_are_generated_from_the_one_repository_url():
+    assert sync(check_only=True) == [], "run `python scripts/booktools.py sync`"
+    url = repository_url()
+    assert url.startswith("https://github.com/")
+    for name in CHAPTERS:
+        first = next(c for c in nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4).cells if c.cell_type == "code")
+        assert SETUP_MARKER in first.source and f'REPOSITORY = "{url}"' in first.source
+        assert "hide-cell" in first.metadata.get("tags", [])
+        assert "torch" not in first.source.split("missing = ")[1].split("\n")[0]  # never installs torch
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_chapter_executes(name):
+    nb = execute(nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4))
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, EXECUTED / f"{name}.ipynb")
+
+
+def test_a_failing_script_fails_the_notebook(tmp_path):
+    """`!python script.py` would not raise; booktools.run must, so a broken script breaks the build."""
+    setup = next(c for c in nbformat.read(NOTEBOOKS / f"{CHAPTERS[0]}.ipynb", as_version=4).cells if c.cell_type == "code")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(setup.source),
+        nbformat.v4.new_code_cell('from booktools import run\nrun("verify.py", "--dp", 0)'),
+        nbformat.v4.new_code_cell('print("this cell must never run")'),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    with pytest.raises(CellExecutionError, match="exited with code 2"):
+        execute(nb, timeout=120)
+    assert not nb.cells[2].get("outputs")
+
+
+def test_expected_failure_that_succeeds_also_fails(tmp_path):
+    import booktools
+
+    with pytest.raises(booktools.ScriptFailed, match="expected to fail"):
+        booktools.run("verify.py", "--shapes", "8x8", "--steps", "1", expect_failure=True)
+    assert json.loads(booktools.run("verify.py", "--shapes", "8x8", "--steps", "1").strip().splitlines()[-1])["ok"]
