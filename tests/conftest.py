@@ -61,20 +61,25 @@ def tag():
 BUILD = ROOT / "_build"
 
 
+_EXECUTED: dict[str, Path] = {}
+
+
 def executed_notebook(name: str) -> Path:
-    """``_build/executed/<name>.ipynb``, executing the chapter first if no current copy exists."""
+    """Execute chapter ``name`` with nbclient (in notebooks/), once per test session, and return the
+    executed copy in ``_build/executed/``. Copies from earlier sessions are never reused: they may
+    predate a change in scripts/."""
     import nbformat
     from nbclient import NotebookClient
 
-    out = BUILD / "executed" / f"{name}.ipynb"
-    source = ROOT / "notebooks" / f"{name}.ipynb"
-    if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
-        nb = nbformat.read(source, as_version=4)
+    if name not in _EXECUTED:
+        nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
         NotebookClient(nb, timeout=900, kernel_name="python3",
                        resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+        out = BUILD / "executed" / f"{name}.ipynb"
         out.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out)
-    return out
+        _EXECUTED[name] = out
+    return _EXECUTED[name]
 
 
 def stage_book(dest: Path, toc: str | None = None, executed: bool = True) -> Path:

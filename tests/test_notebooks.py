@@ -1,8 +1,8 @@
 """The chapters: paired sources in sync, set-up cells current, every chapter executes with nbclient,
 and a chapter whose launched script fails, fails.
 
-Executed copies are written to ``_build/executed/`` for the book and browser tests to reuse, so the
-suite executes each chapter once.
+Each chapter is executed once per test session (``conftest.executed_notebook``); the book and
+browser tests render those executed copies.
 """
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from booktools import SETUP_MARKER, chapters, repository_url, sync
-from conftest import ROOT
+from conftest import ROOT, executed_notebook
 
 NOTEBOOKS = ROOT / "notebooks"
-EXECUTED = ROOT / "_build" / "executed"
 CHAPTERS = [p.stem for p in chapters()]
 
 
@@ -54,11 +53,10 @@ def test_setup_cells_are_generated_from_the_one_repository_url():
 
 @pytest.mark.parametrize("name", CHAPTERS)
 def test_chapter_executes(name):
-    nb = execute(nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4))
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    assert not [o for o in outputs if o.get("output_type") == "error"]
-    EXECUTED.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, EXECUTED / f"{name}.ipynb")
+    nb = nbformat.read(executed_notebook(name), as_version=4)  # raises CellExecutionError on any failure
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code), "some cells did not run"
+    assert not [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
 def test_a_failing_script_fails_the_notebook(tmp_path):
