@@ -53,7 +53,8 @@ def run(script: str, *args, expect_failure: bool = False, timeout: float = 900, 
     try:
         for line in proc.stdout:
             lines.append(line)
-            if echo_json or not line.startswith("{"):
+            # torch 2.13's profiler (kineto) prints "USDT: ... profiler_start/stop" on every use, unconditionally
+            if (echo_json or not line.startswith("{")) and not line.startswith("USDT:"):
                 print(line, end="", flush=True)
         code = proc.wait(timeout=timeout)
     except BaseException:

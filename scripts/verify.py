@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dmuon.distributed import DistributedMuon  # noqa: E402
+from dmuon.distributed import OVERLAP_MODES, DistributedMuon  # noqa: E402
 from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
 from dmuon.optim import MuonW  # noqa: E402
 from dmuon.poc_bugs import POC_BUGS  # noqa: E402
@@ -44,6 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="muon")
     p.add_argument("--groups", type=int, default=2, help="parameter groups for muon/adamw (default 2)")
     p.add_argument("--atol", type=float, default=0.0, help="largest allowed |param - reference| (default 0)")
+    p.add_argument("--overlap", choices=OVERLAP_MODES, default="none",
+                   help="how collectives overlap compute (see dmuon/distributed.py)")
     p.add_argument("--poc-bug", choices=sorted(POC_BUGS), default=None,
                    help="put one of the proof of concept's bugs back, to see this check catch it")
     args = p.parse_args(argv)
@@ -69,7 +71,7 @@ def worker(grid, comm, args) -> int:
     for g in local:
         g["params"] = [torch.nn.Parameter(p.data.to(dev)) for p in g["params"]]
     optimizer_class = POC_BUGS[args.poc_bug] if args.poc_bug else DistributedMuon
-    opt = optimizer_class(local, grid, comm=comm, bucket_numel=args.bucket_numel)
+    opt = optimizer_class(local, grid, comm=comm, bucket_numel=args.bucket_numel, overlap=args.overlap)
     # The reference runs once, on rank 0, and is broadcast: every rank then checks its own shard.
     ref_params = {n: t.to(dev).clone() for n, t in problem.full.items()}
     ref = reference_optimizer(problem, ref_params) if grid.rank == 0 else None
@@ -104,7 +106,7 @@ def worker(grid, comm, args) -> int:
             ok=ok, max_abs_diff=max(diffs), per_step_max_abs_diff=diffs, dp=grid.dp, tp=grid.tp,
             world_size=grid.dp * grid.tp, optimizer=args.optimizer, steps=args.steps, seed=args.seed,
             shapes=[list(s) for s in args.shapes], tp_dims=args.tp_dims, bucket_numel=args.bucket_numel,
-            atol=args.atol, poc_bug=args.poc_bug, backend=dist.get_backend(), device=str(dev),
+            atol=args.atol, poc_bug=args.poc_bug, overlap=args.overlap, backend=dist.get_backend(), device=str(dev),
             state_bytes=opt.state_bytes(), ledger=comm.ledger.summary())), flush=True)
     return 0 if ok else 1
 

@@ -17,21 +17,22 @@ from dmuon.costmodel import step_bytes
 from dmuon.synthetic import build_problem, parse_shapes, parse_tp_dims
 
 GRIDS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (3, 1), (2, 4)]
-CASES = ([("muon", dp, tp) for dp, tp in GRIDS]
-         + [("hybrid", dp, tp) for dp, tp in [(2, 1), (2, 2), (3, 1), (1, 4), (2, 4)]]
-         + [("adamw", dp, tp) for dp, tp in [(2, 2), (4, 1), (3, 1)]])
+CASES = ([("muon", dp, tp, "none") for dp, tp in GRIDS]
+         + [("hybrid", dp, tp, "none") for dp, tp in [(2, 1), (2, 2), (3, 1), (1, 4), (2, 4)]]
+         + [("adamw", dp, tp, "none") for dp, tp in [(2, 2), (4, 1), (3, 1)]]
+         + [("muon", 2, 2, "prefetch"), ("hybrid", 3, 1, "naive")])  # overlap must not change a bit
 BUCKET = "1500"
 
 
-def verify_args(optimizer, dp, tp, *extra):
-    return ["--dp", str(dp), "--tp", str(tp), "--optimizer", optimizer, "--shapes", ODD_SHAPES,
+def verify_args(optimizer, dp, tp, *extra, overlap="none"):
+    return ["--dp", str(dp), "--tp", str(tp), "--optimizer", optimizer, "--overlap", overlap, "--shapes", ODD_SHAPES,
             "--tp-dims", ODD_TP_DIMS, "--bucket-numel", BUCKET, "--steps", "3", *extra]
 
 
 @functools.lru_cache(maxsize=None)
-def verify_run(optimizer, dp, tp):
+def verify_run(optimizer, dp, tp, overlap="none"):
     """One verify.py run per case, shared by the tests that read it."""
-    return script("verify.py", *verify_args(optimizer, dp, tp))
+    return script("verify.py", *verify_args(optimizer, dp, tp, overlap=overlap))
 
 
 def assert_ledger_is_closed_form(result, optimizer, dp, tp):
@@ -43,9 +44,10 @@ def assert_ledger_is_closed_form(result, optimizer, dp, tp):
     assert result["ledger"]["bytes_sent"] == expected["total"]
 
 
-@pytest.mark.parametrize("optimizer,dp,tp", CASES, ids=[f"{o}-{d}x{t}" for o, d, t in CASES])
-def test_verify_matches_reference_bit_for_bit(optimizer, dp, tp):
-    proc = verify_run(optimizer, dp, tp)
+@pytest.mark.parametrize("optimizer,dp,tp,overlap", CASES,
+                         ids=[f"{o}-{d}x{t}" + ("" if v == "none" else f"-{v}") for o, d, t, v in CASES])
+def test_verify_matches_reference_bit_for_bit(optimizer, dp, tp, overlap):
+    proc = verify_run(optimizer, dp, tp, overlap)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = last_json(proc.stdout)
     assert result["ok"] is True and result["max_abs_diff"] == 0.0

@@ -13,6 +13,9 @@ Why one wrapper:
   ``CollectiveError`` naming the op, group, dtype, size, phase, step and rank. A watchdog thread
   also ends the process with that message if a collective outlives its timeout by more than a
   few seconds without the backend raising (a hung NCCL kernel, say).
+* **Profiling.** Every collective runs inside a profiler range named ``comm:<phase>`` (and the
+  wait of an asynchronous one in ``comm_wait:<phase>``), so a trace can be split into
+  communication and compute (``traces.py``).
 * **Torch versions.** torch 2.13 renamed ``all_gather_into_tensor``/``reduce_scatter_tensor`` to
   ``all_gather_single``/``reduce_scatter_single``; Colab may run an older torch with only the old names.
 
@@ -30,6 +33,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -44,6 +48,19 @@ class CollectiveError(RuntimeError):
     """A collective failed or timed out; the message says which one."""
 
 
+class Pending:
+    """An all-gather in flight: ``wait()`` returns its output (at once, if it ran synchronously)."""
+
+    def __init__(self, out: torch.Tensor, finish=None):
+        self._out, self._finish = out, finish
+
+    def wait(self) -> torch.Tensor:
+        if self._finish is not None:
+            self._finish()
+            self._finish = None
+        return self._out
+
+
 @dataclass
 class Record:
     step: int
@@ -55,6 +72,7 @@ class Record:
     numel: int        # elements of this rank's shard (all-gather input, reduce-scatter output)
     bytes_sent: int
     bytes_recv: int
+    seconds: float = 0.0  # wall time this rank spent in the call (and in waiting for it, if asynchronous)
 
 
 def ring_bytes(op: str, group_size: int, shard_numel: int, element_size: int) -> int:
@@ -84,16 +102,18 @@ class Ledger:
         for r in self.records:
             if r.step != step or r.phase not in PHASES:
                 continue
-            p = phases.setdefault(r.phase, dict(calls=0, numel=0, bytes_sent=0, bytes_recv=0,
+            p = phases.setdefault(r.phase, dict(calls=0, numel=0, bytes_sent=0, bytes_recv=0, seconds=0.0,
                                                  group=r.group, dtype=r.dtype))
             p["calls"] += 1
+            p["seconds"] += r.seconds
             p["numel"] += r.numel
             p["bytes_sent"] += r.bytes_sent
             p["bytes_recv"] += r.bytes_recv
         ordered = {k: phases[k] for k in PHASES if k in phases}
         return dict(step=step, phases=ordered,
                     bytes_sent=sum(p["bytes_sent"] for p in ordered.values()),
-                    bytes_recv=sum(p["bytes_recv"] for p in ordered.values()), note=RING_NOTE)
+                    bytes_recv=sum(p["bytes_recv"] for p in ordered.values()),
+                    seconds=sum(p["seconds"] for p in ordered.values()), note=RING_NOTE)
 
     def table(self, step: int | None = None) -> str:
         s = self.summary(step)
@@ -113,6 +133,7 @@ class Comm:
         self.ledger = ledger or Ledger()
         self.timeout_s = timeout_s
         self._inflight: tuple[float, str] | None = None
+        self.naive_async = False
         self._stop = threading.Event()
         self._thread = None
         if timeout_s and grid.dp * grid.tp > 1:
@@ -137,14 +158,21 @@ class Comm:
 
     def all_gather(self, shard: torch.Tensor, group: str, phase: str) -> torch.Tensor:
         """Gather equal flat shards from every rank of ``group``: returns ``size * shard.numel()`` elements."""
+        return self.all_gather_async(shard, group, phase, wait_now=True).wait()
+
+    def all_gather_async(self, shard: torch.Tensor, group: str, phase: str, wait_now: bool = False) -> Pending:
+        """Start an all-gather and return at once; ``.wait()`` on the result blocks until it is done.
+
+        With ``wait_now`` the collective completes before this returns (the normal path).
+        """
         pg, size = self._group(group)
         shard = shard.contiguous().view(-1)
-        self._record("all_gather", group, size, shard.numel(), shard.dtype, phase)
+        rec = self._record("all_gather", group, size, shard.numel(), shard.dtype, phase)
         if size == 1:
-            return shard.clone()
+            return Pending(shard.clone())
         out = torch.empty(size * shard.numel(), dtype=shard.dtype, device=shard.device)
-        self._run("all_gather", group, shard, phase, lambda: _all_gather_flat(out, shard, group=pg))
-        return out
+        work = self._collective(rec, lambda a: _all_gather_flat(out, shard, group=pg, async_op=a), wait=wait_now)
+        return Pending(out, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
 
     def reduce_scatter_sum(self, full: torch.Tensor, group: str, phase: str) -> torch.Tensor:
         """Sum ``full`` over ``group`` and return this rank's 1/size of the sum (flat)."""
@@ -153,61 +181,82 @@ class Comm:
         if full.numel() % size:
             raise ValueError(f"reduce-scatter of {full.numel()} elements over {size} ranks: pad to a multiple")
         shard = torch.empty(full.numel() // size, dtype=full.dtype, device=full.device)
-        self._record("reduce_scatter", group, size, shard.numel(), shard.dtype, phase)
+        rec = self._record("reduce_scatter", group, size, shard.numel(), shard.dtype, phase)
         if size == 1:
             return full.clone()
-        self._run("reduce_scatter", group, shard, phase,
-                  lambda: _reduce_scatter_flat(shard, full, op=dist.ReduceOp.SUM, group=pg))
+        self._collective(rec, lambda a: _reduce_scatter_flat(shard, full, op=dist.ReduceOp.SUM, group=pg,
+                                                                    async_op=a))
         return shard
 
     def all_reduce(self, tensor: torch.Tensor, group: str, phase: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
         """All-reduce in place (used for checks, not by the optimizer step)."""
         pg, size = self._group(group)
-        self._record("all_reduce", group, size, -(-tensor.numel() // size), tensor.dtype, phase)
+        rec = self._record("all_reduce", group, size, -(-tensor.numel() // size), tensor.dtype, phase)
         if size > 1:
-            self._run("all_reduce", group, tensor, phase, lambda: dist.all_reduce(tensor, op=op, group=pg))
+            self._collective(rec, lambda a: dist.all_reduce(tensor, op=op, group=pg, async_op=a))
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, group: str, phase: str, src: int = 0) -> torch.Tensor:
         """Broadcast ``tensor`` in place from global rank ``src`` (used for checks, not by the optimizer)."""
         pg, size = self._group(group)
-        self._record("broadcast", group, size, tensor.numel(), tensor.dtype, phase)
+        rec = self._record("broadcast", group, size, tensor.numel(), tensor.dtype, phase)
         if size > 1:
-            self._run("broadcast", group, tensor, phase, lambda: dist.broadcast(tensor, src, group=pg))
+            self._collective(rec, lambda a: dist.broadcast(tensor, src, group=pg, async_op=a))
         return tensor
 
     def gather_objects(self, obj, phase: str) -> list:
         """Every rank's picklable ``obj``, in rank order, on every rank (for reports, not the optimizer)."""
         world = self.grid.dp * self.grid.tp
         size = len(pickle.dumps(obj))
-        self._record("all_gather", "world", world, size, torch.uint8, phase)
+        rec = self._record("all_gather", "world", world, size, torch.uint8, phase)
         if world == 1:
             return [obj]
         out = [None] * world
-        holder = torch.empty(size, dtype=torch.uint8)
-        self._run("all_gather_object", "world", holder, phase, lambda: dist.all_gather_object(out, obj))
+        self._run(rec, lambda: dist.all_gather_object(out, obj))
         return out
 
-    def _record(self, op, group, size, shard_numel, dtype, phase):
+    def _record(self, op, group, size, shard_numel, dtype, phase) -> Record:
         sent = ring_bytes(op, size, shard_numel, dtype.itemsize)
-        self.ledger.records.append(Record(self.ledger.step, phase, op, group, size,
-                                          str(dtype).replace("torch.", ""), shard_numel, sent, sent))
+        rec = Record(self.ledger.step, phase, op, group, size, str(dtype).replace("torch.", ""), shard_numel, sent, sent)
+        self.ledger.records.append(rec)
+        return rec
 
-    def _describe(self, op, group, tensor, phase) -> str:
-        return (f"{op} over the {group} group ({str(tensor.dtype).replace('torch.', '')}, "
-                f"{tensor.numel()} elements per rank, phase {phase}, step {self.ledger.step}) "
-                f"on rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank})")
+    def _describe(self, rec: Record) -> str:
+        return (f"{rec.op} over the {rec.group} group ({rec.dtype}, {rec.numel} elements per rank, phase {rec.phase}, "
+                f"step {rec.step}) on rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank})")
 
-    def _run(self, op, group, tensor, phase, call):
-        what = self._describe(op, group, tensor, phase)
-        self._inflight = (time.monotonic(), what)
+    def _collective(self, rec: Record, launch, wait: bool = True):
+        """Run ``launch(async_op)``. With ``wait``, return once it is done (None); else return its Work.
+
+        ``naive_async`` reproduces the community report's experiment: every collective is issued
+        with ``async_op=True`` and waited for at once, which can only add overhead.
+        """
+        if wait and not self.naive_async:
+            self._run(rec, lambda: launch(False))
+            return None
+        work = self._run(rec, lambda: launch(True), waiting=False)
+        if wait:
+            self._run(rec, work.wait, name="comm_wait")
+            return None
+        return work
+
+    def _run(self, rec: Record, call, waiting: bool = True, name: str = "comm"):
+        """Run ``call`` inside a profiler range ``<name>:<phase>``, timing it into ``rec`` and turning
+        failures into CollectiveError."""
+        what = self._describe(rec)
+        if waiting:
+            self._inflight = (time.monotonic(), what)
+        start = time.perf_counter()
         try:
-            call()
+            with record_function(f"{name}:{rec.phase}"):
+                return call()
         except Exception as e:  # gloo raises on timeouts and on dead peers
             kind = "timed out" if "imeout" in str(e) or "imed out" in str(e) else "failed"
             raise CollectiveError(f"{what} {kind}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
         finally:
-            self._inflight = None
+            rec.seconds += time.perf_counter() - start
+            if waiting:
+                self._inflight = None
 
     def _watchdog(self):
         grace = 5.0

@@ -22,13 +22,20 @@ grid and repeats Newton-Schulz dp*tp times. The math is in ``updates.py`` and
 ``newton_schulz.py``, the geometry in ``plan.py``, the tensor moves in ``sharding.py`` and every
 collective in ``comm.py``; this file only orders them.
 
+``overlap`` picks how collectives meet compute: "none" (each bucket finished in turn), "naive"
+(every collective issued with ``async_op=True`` and waited for at once, the community report's
+experiment) or "prefetch" (start every bucket's DP gather, and every matrix's TP gather, before
+orthogonalising, so later transfers travel while Newton-Schulz runs). All three give the same
+parameters, bit for bit.
+
 Run it: ``python scripts/verify.py --dp 2 --tp 2`` (or under ``torchrun``).
 """
 from __future__ import annotations
 
 import torch
+from torch.profiler import record_function
 
-from .comm import Comm
+from .comm import Comm, Pending
 from .newton_schulz import zeropower_ns5
 from .optim import DEFAULTS, check_group, param_names
 from .plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
@@ -36,16 +43,23 @@ from .sharding import bucket_matrix, dp_shard_of, local_shard, pack_bucket, tp_s
 from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
 
 
+OVERLAP_MODES = ("none", "naive", "prefetch")
+
+
 class ZeroOneOptimizer:
     """The engine: ZeRO-1 sharded state, Muon or AdamW per group. Use the two classes below."""
 
     def __init__(self, params, grid, comm: Comm | None = None, bucket_numel: int | None = DEFAULT_BUCKET_NUMEL,
-                 use_muon: bool = True, check_finite: bool = True, **hyper):
+                 use_muon: bool = True, check_finite: bool = True, overlap: str = "none", **hyper):
         unknown = set(hyper) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        if overlap not in OVERLAP_MODES:
+            raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {overlap!r}")
         self.grid = grid
         self.comm = comm or Comm(grid)
+        self.overlap = overlap
+        self.comm.naive_async = overlap == "naive"
         self.check_finite = check_finite
         groups = list(params)
         if groups and isinstance(groups[0], torch.Tensor):
@@ -90,21 +104,22 @@ class ZeroOneOptimizer:
         self._check_grads()
         self.steps_taken += 1
         self.comm.ledger.step = self.steps_taken
-        self._update_master_shards()
-        self._gather_params()
+        with record_function("optimizer.step"):
+            self._update_master_shards()
+            self._gather_params()
 
     def _update_master_shards(self) -> None:
         """Pass 1: reduce-scatter the gradients and update this rank's fp32 master shard of every bucket."""
         for g, group in enumerate(self.param_groups):
             params = group["params"]
+            if group["use_muon"]:
+                self._muon_group(g, group, params)
+                continue
             for bucket in self.plan.buckets[g]:
                 state = self.state[g][bucket.bucket_idx]
                 grad_shard = self._reduce_scatter_grads(params, bucket)
-                if group["use_muon"]:
-                    self._muon_bucket(group, bucket, state, grad_shard)
-                else:
-                    adamw_step_(state["master"], grad_shard, state["exp_avg"], state["exp_avg_sq"],
-                                self.steps_taken, group["lr"], group["betas"], group["eps"], group["weight_decay"])
+                adamw_step_(state["master"], grad_shard, state["exp_avg"], state["exp_avg_sq"],
+                            self.steps_taken, group["lr"], group["betas"], group["eps"], group["weight_decay"])
 
     def _gather_params(self) -> None:
         """Pass 2: all-gather the master shards into every rank's parameters."""
@@ -123,20 +138,46 @@ class ZeroOneOptimizer:
         shard = self.comm.reduce_scatter_sum(flat, "dp", "grad_reduce_scatter").div_(self.grid.dp)
         return self._trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", shard)
 
-    def _muon_bucket(self, group: dict, bucket, state: dict, grad_shard: torch.Tensor) -> None:
-        where = f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}"
-        update = muon_momentum_(state["momentum"], grad_shard, group["momentum"], group["nesterov"])
-        self._trace("momentum_shard", where, update)
-        bucket_update = self.comm.all_gather(update.to(torch.bfloat16), "dp", "ns_gather_dp")   # DP gather
-        self._trace("dp_gathered", where, bucket_update)
+    def _muon_group(self, g: int, group: dict, params) -> None:
+        """Momentum and DP gather per bucket, then orthogonalise. With ``overlap="prefetch"`` every
+        bucket's DP gather is started before any bucket is orthogonalised, so later gathers travel
+        while Newton-Schulz runs on earlier buckets; otherwise each bucket is finished in turn."""
+        prefetch = self.overlap == "prefetch"
+        in_flight = []
+        for bucket in self.plan.buckets[g]:
+            state = self.state[g][bucket.bucket_idx]
+            where = f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}"
+            update = muon_momentum_(state["momentum"], self._reduce_scatter_grads(params, bucket),
+                                    group["momentum"], group["nesterov"])
+            self._trace("momentum_shard", where, update)
+            gather = self.comm.all_gather_async(update.to(torch.bfloat16), "dp", "ns_gather_dp",  # DP gather
+                                                wait_now=not prefetch)
+            in_flight.append((bucket, state, gather))
+            if not prefetch:
+                self._orthogonalise_bucket(group, *in_flight.pop())
+        for item in in_flight:
+            self._orthogonalise_bucket(group, *item)
+
+    def _orthogonalise_bucket(self, group: dict, bucket, state: dict, gather) -> None:
+        """TP gather, Newton-Schulz, TP shard, DP shard and update, for every matrix of a gathered bucket.
+
+        Every matrix's TP gather is started first, so with ``overlap="prefetch"`` the gathers of later
+        matrices travel while Newton-Schulz runs on earlier ones.
+        """
+        bucket_update = self._trace("dp_gathered", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", gather.wait())
         metas = self.plan.metas[bucket.buffer_idx]
+        matrices = []
         for i in bucket.param_indices:
             meta = metas[i]
             matrix = self._trace("ns_input", meta.name, self._unpack_ns_input(bucket_update, bucket, meta))
             if meta.tp_split_dim != -1 and self.grid.tp > 1:                                     # TP gather
-                matrix = tp_unshard(self.comm.all_gather(matrix, "tp", "ns_gather_tp"), meta, self.grid.tp)
-                self._trace("tp_gathered", meta.name, matrix)
-            ortho = zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["ns_eps"])
+                matrix = self.comm.all_gather_async(matrix, "tp", "ns_gather_tp", wait_now=self.overlap != "prefetch")
+            matrices.append((meta, matrix))
+        for meta, matrix in matrices:
+            if isinstance(matrix, Pending):
+                matrix = self._trace("tp_gathered", meta.name, tp_unshard(matrix.wait(), meta, self.grid.tp))
+            with record_function("muon:newton_schulz"):
+                ortho = zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["ns_eps"])
             self._trace("orthogonalised", meta.name, ortho)
             tp_part = self._trace("tp_shard", meta.name,                                          # TP shard
                                   tp_shard(ortho, meta.tp_split_dim, self.grid.tp, self.grid.tp_rank, meta.name))
@@ -197,9 +238,14 @@ class DistributedMuon(ZeroOneOptimizer):
 
 
 class DistributedAdamW(ZeroOneOptimizer):
-    """AdamW under ZeRO-1: the baseline, with the same plan, buckets and ledger as Distributed Muon."""
+    """AdamW under ZeRO-1: the baseline, with the same plan, buckets and ledger as Distributed Muon.
+
+    Every group runs AdamW, whatever its ``use_muon`` says, so the same parameter groups can be
+    given to both optimizers for a like-for-like comparison.
+    """
 
     def __init__(self, params, grid, **kwargs):
-        super().__init__(params, grid, use_muon=False, **kwargs)
-        if any(g["use_muon"] for g in self.param_groups):
-            raise ValueError("DistributedAdamW runs AdamW on every group; use DistributedMuon for Muon groups")
+        groups = list(params)
+        if groups and isinstance(groups[0], dict):
+            groups = [dict(g, use_muon=False) for g in groups]
+        super().__init__(groups, grid, use_muon=False, **kwargs)

@@ -1,0 +1,200 @@
+"""Distributed Muon vs Distributed AdamW, measured side by side in one run: bytes, time, state, memory.
+
+    python scripts/bench.py --dp 2 --tp 2                      # one grid
+    python scripts/bench.py --sweep                            # DP4, TP4 and DP2xTP2, one after another
+    python scripts/bench.py --sweep --grids 4x1,1x4,2x2,8x1,2x4  # 8-rank grids on request
+    python scripts/bench.py --dp 2 --tp 2 --overlap none,naive,prefetch   # the async experiment
+    python scripts/bench.py --dp 2 --tp 2 --report-shapes      # the report's ~23M parameters (slow on a CPU)
+    torchrun --standalone --nproc-per-node 4 scripts/bench.py --dp 2 --tp 2
+
+Both optimizers get the same seeded parameters and the same gradients, on the same grid, in the
+same processes, and their steps alternate (the order flips every step), so machine noise hits both
+alike. A step's time is the slowest rank's; the table reports medians over the measured steps.
+Bytes come from each optimizer's own ledger and are checked against the closed form
+(``dmuon/costmodel.py``). Optimizer state is counted per rank (momentum vs AdamW's two moments;
+the fp32 master shard, which both keep, separately). Peak memory per rank is the parameters,
+gradients and state plus the largest transient allocation during one step
+(``dmuon/profiling.py``). The last line is JSON with everything, including ``bytes_ratio``,
+``time_ratio`` and ``state_bytes_ratio`` (Muon / AdamW).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from dmuon.comm import PHASES, Comm  # noqa: E402
+from dmuon.costmodel import step_bytes  # noqa: E402
+from dmuon.distributed import OVERLAP_MODES, DistributedAdamW, DistributedMuon  # noqa: E402
+from dmuon.launch import add_launch_args, check_launch_args, launch, under_torchrun  # noqa: E402
+from dmuon.profiling import step_peak_bytes, timed  # noqa: E402
+from dmuon.sharding import tp_shard  # noqa: E402
+from dmuon.synthetic import REPORT_SHAPES, REPORT_TP_DIMS, add_problem_args, build_problem, check_problem_args  # noqa: E402
+
+SWEEP_GRIDS = "4x1,1x4,2x2"
+
+
+def variants(overlaps: list[str]) -> list[tuple[str, str, str]]:
+    """(name, optimizer, overlap) for every variant measured; AdamW has nothing to prefetch."""
+    out = [(f"muon{'' if o == 'none' else '-' + o}", "muon", o) for o in overlaps]
+    out += [(f"adamw{'' if o == 'none' else '-' + o}", "adamw", o) for o in overlaps if o != "prefetch"]
+    return out
+
+
+def worker(grid, comm, args) -> int:
+    dev = grid.device
+    problem = build_problem("muon", args.shapes, args.tp_dims, 1, args.seed, grid.tp)
+    opts, comms = {}, {}
+    for name, kind, overlap in variants(args.overlap):
+        groups = problem.param_groups(grid.tp, grid.tp_rank)
+        for g in groups:
+            g["params"] = [torch.nn.Parameter(p.data.to(dev)) for p in g["params"]]
+        comms[name] = Comm(grid, timeout_s=args.timeout)
+        cls = DistributedMuon if kind == "muon" else DistributedAdamW
+        opts[name] = cls(groups, grid, comm=comms[name], bucket_numel=args.bucket_numel, overlap=overlap)
+
+    def set_grads(opt, grads):
+        for g in opt.param_groups:
+            for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
+                p.grad = tp_shard(grads[n], d, grid.tp, grid.tp_rank, n).to(dev)
+
+    seconds = {name: [] for name in opts}
+    for step in range(1, args.warmup + args.steps + 1):
+        grads = problem.grads(step, grid.dp_rank)
+        order = list(opts) if step % 2 else list(reversed(opts))
+        for name in order:
+            set_grads(opts[name], grads)
+            comm.all_reduce(torch.zeros(1, device=dev), "world", "sync")  # start together
+            t = torch.tensor([timed(opts[name].step, dev)], dtype=torch.float64, device=dev)
+            comm.all_reduce(t, "world", "timing", op=dist.ReduceOp.MAX)  # the slowest rank's time
+            if step > args.warmup:
+                seconds[name].append(t.item())
+
+    measured = range(args.warmup + 1, args.warmup + args.steps + 1)
+    mine = {}
+    for name, opt in opts.items():
+        set_grads(opt, problem.grads(0, grid.dp_rank))
+        transient = step_peak_bytes(opt.step, dev)
+        persistent = sum(2 * p.numel() * p.element_size() for g in opt.param_groups for p in g["params"])  # + grads
+        mine[name] = dict(peak_bytes=persistent + sum(opt.state_bytes().values()) + transient,
+                          transient_bytes=transient, state_bytes=opt.state_bytes())
+    everyone = comm.gather_objects(mine, "report")
+    if grid.rank != 0:
+        return 0
+
+    results = {}
+    for name, opt in opts.items():
+        per_step = [comms[name].ledger.summary(s) for s in measured]
+        last = per_step[-1]
+        state = everyone[0][name]["state_bytes"]
+        results[name] = dict(
+            bytes_per_phase={ph: p["bytes_sent"] for ph, p in last["phases"].items()},
+            bytes=last["bytes_sent"],
+            calls=sum(p["calls"] for p in last["phases"].values()),
+            comm_seconds=statistics.median(s["seconds"] for s in per_step),
+            comm_seconds_per_phase={ph: statistics.median(s["phases"][ph]["seconds"] for s in per_step)
+                                    for ph in last["phases"]},
+            step_seconds=statistics.median(seconds[name]), step_seconds_all=seconds[name],
+            optimizer_state_bytes=sum(v for k, v in state.items() if k != "master"), master_bytes=state["master"],
+            peak_bytes_per_rank=[r[name]["peak_bytes"] for r in everyone],
+            transient_bytes_per_rank=[r[name]["transient_bytes"] for r in everyone])
+    muon, adamw = results["muon"], results["adamw"]
+    closed = {k: step_bytes(problem.groups, grid.dp, grid.tp, args.bucket_numel, muon=k == "muon")["total"]
+              for k in ("muon", "adamw")}
+    ratio = lambda a, b: a / b if b else None  # noqa: E731
+    summary = dict(
+        dp=grid.dp, tp=grid.tp, world_size=grid.dp * grid.tp, backend=dist.get_backend(), device=str(dev),
+        shapes=[list(s) for s in args.shapes], tp_dims=args.tp_dims, bucket_numel=args.bucket_numel,
+        steps=args.steps, warmup=args.warmup, variants=results,
+        bytes_ratio=ratio(muon["bytes"], adamw["bytes"]), time_ratio=ratio(muon["step_seconds"], adamw["step_seconds"]),
+        comm_time_ratio=ratio(muon["comm_seconds"], adamw["comm_seconds"]),
+        state_bytes_ratio=ratio(muon["optimizer_state_bytes"], adamw["optimizer_state_bytes"]),
+        state_with_master_ratio=ratio(muon["optimizer_state_bytes"] + muon["master_bytes"],
+                                      adamw["optimizer_state_bytes"] + adamw["master_bytes"]),
+        peak_bytes_ratio=ratio(max(muon["peak_bytes_per_rank"]), max(adamw["peak_bytes_per_rank"])),
+        closed_form=dict(muon_bytes=closed["muon"], adamw_bytes=closed["adamw"], bytes_ratio=ratio(*closed.values()),
+                         matches_ledger=closed["muon"] == muon["bytes"] and closed["adamw"] == adamw["bytes"]))
+    print_table(summary)
+    print(json.dumps(summary), flush=True)
+    if args.result_file:
+        Path(args.result_file).write_text(json.dumps(summary))
+    return 0
+
+
+def print_table(s: dict) -> None:
+    print(f"\n{s['dp']} x {s['tp']} grid ({s['backend']}), medians of {s['steps']} steps; bytes and times per rank per step")
+    print(f"{'variant':<16}{'step ms':>9}{'comm ms':>9}{'bytes sent':>13}{'calls':>7}{'opt. state':>12}{'peak MB':>9}")
+    for name, v in s["variants"].items():
+        print(f"{name:<16}{v['step_seconds'] * 1e3:>9.1f}{v['comm_seconds'] * 1e3:>9.1f}{v['bytes']:>13,}{v['calls']:>7}"
+              f"{v['optimizer_state_bytes']:>12,}{max(v['peak_bytes_per_rank']) / 1e6:>9.1f}")
+    fmt = lambda x: "n/a (AdamW sends nothing)" if x is None else f"{x:.3f}"  # noqa: E731
+    print(f"Muon / AdamW: bytes {fmt(s['bytes_ratio'])} (closed form {fmt(s['closed_form']['bytes_ratio'])}, "
+          f"{'matches' if s['closed_form']['matches_ledger'] else 'DOES NOT MATCH'} the ledger), "
+          f"step time {fmt(s['time_ratio'])}, comm time {fmt(s['comm_time_ratio'])}, "
+          f"optimizer state {fmt(s['state_bytes_ratio'])}")
+
+
+def parse_grids(text: str) -> list[tuple[int, int]]:
+    try:
+        return [tuple(int(x) for x in g.lower().split("x")) for g in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"grids {text!r}: write them like 4x1,1x4,2x2 (dp x tp)") from None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_launch_args(p)
+    add_problem_args(p)
+    p.add_argument("--steps", type=int, default=5, help="measured steps per variant (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (default 2)")
+    p.add_argument("--overlap", default="none",
+                   help=f"comma-separated modes to compare, from {','.join(OVERLAP_MODES)} (default none)")
+    p.add_argument("--report-shapes", action="store_true", help="the community report's ~23M-parameter shapes")
+    p.add_argument("--sweep", action="store_true", help="run every grid of --grids in turn")
+    p.add_argument("--grids", type=parse_grids, default=parse_grids(SWEEP_GRIDS), help=f"for --sweep (default {SWEEP_GRIDS})")
+    p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.report_shapes:
+        args.shapes, args.tp_dims = REPORT_SHAPES, REPORT_TP_DIMS
+    args.overlap = [o.strip() for o in args.overlap.split(",")]
+    if any(o not in OVERLAP_MODES for o in args.overlap) or "none" not in args.overlap:
+        p.error(f"--overlap takes modes from {OVERLAP_MODES} and must include none (the baseline)")
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps must be at least 1 and --warmup at least 0")
+    if not args.sweep:
+        check_launch_args(p, args)
+        check_problem_args(p, args)
+        return launch(worker, args)
+    if under_torchrun():
+        p.error("--sweep launches one run per grid; under torchrun run one grid at a time with --dp/--tp")
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for dp, tp in args.grids:
+            args.dp, args.tp, args.result_file = dp, tp, os.path.join(tmp, f"{dp}x{tp}.json")
+            check_launch_args(p, args)
+            check_problem_args(p, args)
+            if launch(worker, args):
+                return 1
+            runs.append(json.loads(Path(args.result_file).read_text()))
+    print("\nsweep: median step time (ms) and Muon/AdamW ratios")
+    print(f"{'grid':<8}{'Muon step':>11}{'AdamW step':>12}{'bytes ratio':>13}{'time ratio':>12}{'comm time ratio':>17}")
+    for r in runs:
+        m, a = r["variants"]["muon"], r["variants"]["adamw"]
+        print(f"{r['dp']}x{r['tp']:<6}{m['step_seconds'] * 1e3:>11.1f}{a['step_seconds'] * 1e3:>12.1f}"
+              f"{r['bytes_ratio'] or float('nan'):>13.3f}{r['time_ratio']:>12.3f}{r['comm_time_ratio'] or float('nan'):>17.3f}")
+    fastest = min(runs, key=lambda r: r["variants"]["muon"]["step_seconds"])
+    print(json.dumps(dict(sweep=runs, fastest_muon_grid=f"{fastest['dp']}x{fastest['tp']}")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

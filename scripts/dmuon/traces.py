@@ -1,0 +1,66 @@
+"""Read torch.profiler Chrome traces and split each training step into its parts, per rank.
+
+The training scripts mark their work with ``record_function`` ranges, and ``comm.Comm`` marks
+every collective, so a trace carries these user annotations:
+
+    train_step          one whole step
+    forward_backward    the model's forward and backward pass
+    optimizer.step      the optimizer (gradient reduce-scatter to parameter all-gather)
+    comm:<phase>        a collective (comm_wait:<phase>: waiting for one started earlier)
+    muon:newton_schulz  one Newton-Schulz call
+
+``breakdown`` turns them into milliseconds per step: forward-backward, communication, Newton-Schulz,
+the rest of the optimizer, and the whole step. (HolisticTraceAnalysis reads the same files, but its
+analyses need GPU kernel events; CPU gloo traces have none, so this small parser does the job.)
+Open the JSON files themselves at https://ui.perfetto.dev or chrome://tracing.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+
+def load_events(path: str | Path) -> list[dict]:
+    """The complete events (``"ph": "X"``) of a Chrome trace, sorted by start time."""
+    data = json.loads(Path(path).read_text())
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return sorted((e for e in events if e.get("ph") == "X" and "dur" in e), key=lambda e: e["ts"])
+
+
+def _within(events, start, end):
+    return [e for e in events if start <= e["ts"] and e["ts"] + e["dur"] <= end + 1e-3]
+
+
+def _total(events, match) -> float:
+    """Summed duration (ms) of the outermost events whose name satisfies ``match``."""
+    total, covered_until = 0.0, float("-inf")
+    for e in events:
+        if match(e["name"]) and e["ts"] >= covered_until:
+            total += e["dur"]
+            covered_until = e["ts"] + e["dur"]
+    return total / 1000.0
+
+
+def breakdown(events: list[dict], step_name: str = "train_step") -> list[dict]:
+    """Per step (ms): step, forward_backward, optimizer, communication, newton_schulz, optimizer_compute."""
+    steps = []
+    for step in (e for e in events if e["name"] == step_name and e.get("cat") == "user_annotation"):
+        inner = [e for e in _within(events, step["ts"], step["ts"] + step["dur"]) if e.get("cat") == "user_annotation"]
+        fb = _total(inner, lambda n: n == "forward_backward")
+        opt = _total(inner, lambda n: n == "optimizer.step")
+        comm = _total(inner, lambda n: n.startswith(("comm:", "comm_wait:")))
+        ns = _total(inner, lambda n: n == "muon:newton_schulz")
+        steps.append(dict(step=step["dur"] / 1000.0, forward_backward=fb, optimizer=opt, communication=comm,
+                          newton_schulz=ns, optimizer_compute=opt - comm))
+    return steps
+
+
+def median_breakdown(steps: list[dict]) -> dict:
+    """The median of each part over steps, and the optimizer's share of the step."""
+    if not steps:
+        raise ValueError("no training steps found in the trace (is every step inside record_function('train_step')?)")
+    med = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
+    med["optimizer_share"] = med["optimizer"] / med["step"]
+    med["optimizer_compute_share"] = med["optimizer_compute"] / med["step"]
+    return med

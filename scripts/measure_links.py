@@ -1,0 +1,76 @@
+"""Measure this machine's collective latency and bandwidth and fit the alpha-beta model to them.
+
+    python scripts/measure_links.py --dp 4
+    torchrun --standalone --nproc-per-node 8 scripts/measure_links.py --dp 8   # on a GPU node
+
+Times an all-gather and a reduce-scatter over the DP group for shards from 256 bytes to 4 MiB
+(median of several repetitions, slowest rank), fits ``t = (n-1) * (alpha + shard_bytes / beta)``
+to the all-gathers (``dmuon/costmodel.fit_alpha_beta``), and reports how long a reduce-scatter
+takes relative to an all-gather that moves the same bytes under the ring algorithm. With NCCL
+the two should be close; gloo runs a reduce-scatter as an all-reduce (twice the ring's bytes, plus
+the additions), so expect more. The last line is JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from dmuon.costmodel import collective_seconds, fit_alpha_beta  # noqa: E402
+from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
+from dmuon.profiling import timed  # noqa: E402
+
+
+def worker(grid, comm, args) -> int:
+    n, dev = grid.dp, grid.device
+    rows = []
+    for shard_bytes in [256 * 4**k for k in range(args.points)]:
+        shard = torch.ones(shard_bytes // 4, device=dev)
+        full = torch.ones(n * shard.numel(), device=dev)
+        times = {"all_gather": [], "reduce_scatter": []}
+        for rep in range(args.reps + 1):
+            for op, fn in (("all_gather", lambda: comm.all_gather(shard, "dp", "measure")),
+                           ("reduce_scatter", lambda: comm.reduce_scatter_sum(full, "dp", "measure"))):
+                comm.all_reduce(torch.zeros(1, device=dev), "dp", "sync")
+                t = torch.tensor([timed(fn, dev)], dtype=torch.float64, device=dev)
+                comm.all_reduce(t, "dp", "timing", op=dist.ReduceOp.MAX)
+                if rep:  # the first repetition warms up buffers and connections
+                    times[op].append(t.item())
+        rows.append(dict(shard_bytes=shard_bytes, all_gather_s=statistics.median(times["all_gather"]),
+                         reduce_scatter_s=statistics.median(times["reduce_scatter"])))
+    alpha, beta = fit_alpha_beta([(n, r["shard_bytes"], r["all_gather_s"]) for r in rows])
+    if grid.rank == 0:
+        print(f"{n} ranks over {dist.get_backend()}; medians of {args.reps} repetitions, slowest rank")
+        print(f"{'shard bytes':>12}{'all-gather ms':>15}{'model ms':>10}{'reduce-scatter ms':>19}{'RS / AG':>9}")
+        for r in rows:
+            model = collective_seconds("all_gather", n, r["shard_bytes"], alpha, beta)
+            print(f"{r['shard_bytes']:>12,}{r['all_gather_s'] * 1e3:>15.3f}{model * 1e3:>10.3f}"
+                  f"{r['reduce_scatter_s'] * 1e3:>19.3f}{r['reduce_scatter_s'] / r['all_gather_s']:>9.2f}")
+        big = rows[-1]
+        print(f"fit: alpha = {alpha * 1e6:.1f} us per hop, beta = {beta / 1e9:.3f} GB/s per link")
+        print(json.dumps(dict(ranks=n, backend=dist.get_backend(), device=str(dev), alpha_s=alpha, beta_bytes_per_s=beta,
+                              rs_over_ag_largest=big["reduce_scatter_s"] / big["all_gather_s"], samples=rows)))
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_launch_args(p)
+    p.add_argument("--points", type=int, default=8, help="shard sizes 256 B * 4^k, k < points (default 8: up to 4 MiB)")
+    p.add_argument("--reps", type=int, default=5)
+    args = p.parse_args(argv)
+    check_launch_args(p, args)
+    if args.dp < 2:
+        p.error("--dp must be at least 2: a collective over one rank moves nothing")
+    return launch(worker, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

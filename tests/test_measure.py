@@ -1,0 +1,130 @@
+"""The measurement tools: closed-form model, alpha-beta fit, trace parser, peak memory; and the
+benchmark scripts' results, checked against the closed form."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import last_json, script
+from dmuon.costmodel import (LAYOUTS, collective_seconds, dp_gather_bytes, fit_alpha_beta, step_bytes, step_calls,
+                             step_seconds)
+from dmuon.profiling import step_peak_bytes
+from dmuon.synthetic import build_problem
+from dmuon.traces import breakdown, load_events, median_breakdown
+
+
+@pytest.mark.parametrize("dp,tp", [(2, 1), (3, 1), (4, 2), (2, 4)])
+def test_dp_gather_layouts_are_ordered_and_bucket_is_what_the_engine_moves(dp, tp):
+    groups = build_problem("muon", tp=tp).groups
+    by_layout = {lay: dp_gather_bytes(groups, dp, tp, 2**18, lay) for lay in LAYOUTS}
+    assert by_layout["bucket"] == step_bytes(groups, dp, tp, 2**18)["ns_gather_dp"]
+    assert by_layout["owner"] == 0 <= by_layout["straddlers"] <= by_layout["bucket"]
+
+
+def test_many_equal_layers_straddle_little():
+    """When matrices are small against a shard, few straddle: the gather shrinks towards the lower bound."""
+    groups = [dict(shapes=[(256, 256)] * 48, tp_split_dims=[-1] * 48, use_muon=True)]
+    assert dp_gather_bytes(groups, 4, 1, None, "straddlers") < 0.1 * dp_gather_bytes(groups, 4, 1, None, "bucket")
+
+
+def test_time_model_follows_the_calls():
+    groups = build_problem("muon").groups
+    links = {"dp": (1e-3, 1e9), "tp": (1e-5, 1e11)}
+    t = step_seconds(groups, 4, 1, None, links)
+    calls = list(step_calls(groups, 4, 1, None))
+    assert t["total"] == pytest.approx(sum(3 * (1e-3 + s * b / 1e9) for *_, s, b in calls))
+    gloo = step_seconds(groups, 4, 1, None, links, gloo_reduce_scatter=True)
+    assert gloo["grad_reduce_scatter"] == pytest.approx(2 * t["grad_reduce_scatter"])
+    assert collective_seconds("all_gather", 1, 1e6, 1, 1) == 0.0
+
+
+def test_alpha_beta_fit_recovers_known_constants():
+    alpha, beta = 2e-5, 5e9
+    samples = [(n, b, collective_seconds("all_gather", n, b, alpha, beta)) for n in (2, 4, 8) for b in (1e3, 1e5, 1e7)]
+    fa, fb = fit_alpha_beta(samples)
+    assert fa == pytest.approx(alpha, rel=1e-6) and fb == pytest.approx(beta, rel=1e-6)
+
+
+def _trace(tmp_path, events):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": [dict(ph="X", cat="user_annotation", pid=1, tid=1, **e) for e in events]
+                                + [dict(ph="i", name="marker", ts=0)]}))
+    return path
+
+
+def test_trace_breakdown_on_a_known_trace(tmp_path):
+    # step 1: 100 us; fwd-bwd 60; optimizer 35 containing two collectives (10 + 5) and NS 8
+    events = [dict(name="train_step:muon", ts=1000, dur=100), dict(name="forward_backward", ts=1000, dur=60),
+              dict(name="optimizer.step", ts=1062, dur=35), dict(name="comm:grad_reduce_scatter", ts=1063, dur=10),
+              dict(name="muon:newton_schulz", ts=1075, dur=8), dict(name="comm_wait:param_all_gather", ts=1090, dur=5),
+              dict(name="train_step:muon", ts=2000, dur=200), dict(name="forward_backward", ts=2000, dur=150),
+              dict(name="optimizer.step", ts=2150, dur=50), dict(name="comm:grad_reduce_scatter", ts=2151, dur=20)]
+    steps = breakdown(load_events(_trace(tmp_path, events)), "train_step:muon")
+    assert steps[0] == dict(step=0.1, forward_backward=0.06, optimizer=0.035, communication=0.015,
+                            newton_schulz=0.008, optimizer_compute=pytest.approx(0.02))
+    med = median_breakdown(steps)
+    assert med["step"] == pytest.approx(0.15) and med["optimizer_share"] == pytest.approx(0.0425 / 0.15)
+    with pytest.raises(ValueError, match="no training steps"):
+        median_breakdown(breakdown(load_events(_trace(tmp_path, events)), "train_step:adamw"))
+
+
+def test_peak_bytes_of_known_allocations():
+    def fn():
+        a = torch.empty(1000, 1000)          # 4 MB
+        b = torch.empty(2000, 1000)          # 8 MB, while a is alive: the peak
+        del a
+        c = torch.empty(500, 1000)           # 2 MB
+        return b, c
+    assert step_peak_bytes(fn, torch.device("cpu")) == 12_000_000
+
+
+# ---- the benchmark scripts, end to end ------------------------------------------------------------
+
+SMALL = ["--shapes", "36x57,45x28,33x17,20x44,8x12", "--tp-dims", "0,1,none,1,0", "--bucket-numel", "1500",
+         "--steps", "2", "--warmup", "1"]
+
+
+def test_bench_on_2x2_reports_ratios_that_match_the_closed_form():
+    proc = script("bench.py", "--dp", "2", "--tp", "2", *SMALL, "--overlap", "none,naive,prefetch")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = last_json(proc.stdout)
+    assert set(r["variants"]) == {"muon", "muon-naive", "muon-prefetch", "adamw", "adamw-naive"}
+    groups = build_problem("muon", [(36, 57), (45, 28), (33, 17), (20, 44), (8, 12)], [0, 1, -1, 1, 0], tp=2).groups
+    assert r["closed_form"]["matches_ledger"]
+    assert r["bytes_ratio"] == step_bytes(groups, 2, 2, 1500)["total"] / step_bytes(groups, 2, 2, 1500, muon=False)["total"]
+    for name, v in r["variants"].items():  # async variants move exactly the same bytes
+        assert v["bytes"] == r["variants"][name.split("-")[0]]["bytes"]
+        assert len(v["peak_bytes_per_rank"]) == 4 and min(v["peak_bytes_per_rank"]) > 0
+        assert v["step_seconds"] > 0 and v["comm_seconds"] > 0
+    assert r["state_bytes_ratio"] == pytest.approx(0.5, abs=1e-12)
+    assert r["time_ratio"] > 0 and r["comm_time_ratio"] > 0
+
+
+def test_bench_sweep_dp_only_gives_exactly_the_papers_bound():
+    proc = script("bench.py", "--sweep", "--grids", "2x1,3x1", *SMALL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = last_json(proc.stdout)["sweep"]
+    assert [(r["dp"], r["tp"]) for r in runs] == [(2, 1), (3, 1)]
+    assert all(r["bytes_ratio"] == 1.25 and r["closed_form"]["bytes_ratio"] == 1.25 for r in runs)
+
+
+def test_profile_step_traces_and_splits_a_real_training_step(tmp_path):
+    proc = script("profile_step.py", "--dp", "2", "--steps", "2", "--warmup", "1", "--batch", "8", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = last_json(proc.stdout)
+    for rank in r["ranks"]:
+        assert (tmp_path / f"trace_rank{r['ranks'].index(rank)}.json").exists()
+        for kind in ("muon", "adamw"):
+            b = rank[kind]
+            assert 0 < b["forward_backward"] < b["step"] and 0 < b["communication"] <= b["optimizer"] < b["step"]
+            assert 0 < b["optimizer_share"] < 1
+        assert rank["muon"]["newton_schulz"] > 0 and rank["adamw"]["newton_schulz"] == 0
+
+
+def test_measure_links_fits_the_model():
+    proc = script("measure_links.py", "--dp", "2", "--points", "4", "--reps", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = last_json(proc.stdout)
+    assert r["alpha_s"] >= 0 and r["beta_bytes_per_s"] > 0 and len(r["samples"]) == 4
