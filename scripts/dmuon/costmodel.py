@@ -128,3 +128,14 @@ def fit_alpha_beta(samples: list[tuple[int, float, float]]) -> tuple[float, floa
     y = torch.tensor([t for _, _, t in samples], dtype=torch.float64)
     alpha, inv_beta = torch.linalg.lstsq(X, y.unsqueeze(1)).solution.squeeze(1).tolist()
     return max(alpha, 0.0), 1.0 / inv_beta
+
+
+def links_for_grid(dp: int, tp: int, gpus_per_node: int, intra: tuple[float, float],
+                   inter: tuple[float, float]) -> dict:
+    """Which (alpha, beta) each group's ring runs on, for ranks laid out TP-fastest on nodes.
+
+    A TP group is ``tp`` consecutive ranks: inside one node if ``tp <= gpus_per_node``. A DP group
+    takes one rank from each replica: it crosses nodes as soon as ``dp * tp > gpus_per_node``, and a
+    ring is as slow as its slowest link.
+    """
+    return {"tp": intra if tp <= gpus_per_node else inter, "dp": intra if dp * tp <= gpus_per_node else inter}
