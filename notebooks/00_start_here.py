@@ -153,6 +153,8 @@ print(f"bytes each rank sent per step: {ledger['bytes_sent']:,} in "
 # | 3. The 2-D grid | How are processes arranged into DP and TP groups, and who holds what? |
 # | 4. The ZeRO-1 virtual buffer | How is optimizer state split, and why do some matrices straddle two ranks? |
 # | 5. One distributed Muon step | How does a matrix get gathered, orthogonalised and re-sharded, and how do we know it is right? |
+# | 6. Communication | How many bytes does Muon move compared with AdamW, and what does that cost in time on a cluster? |
+# | 7. Profiling | Where does a training step's time go, and which published claims hold on this machine? |
 #
 # ## Summary
 #

@@ -8,10 +8,11 @@ Every data-parallel rank trains two copies of chapter 1's tiny GPT (``dmuon/char
 from the same weights, on its own batches: one with Distributed Muon on the hybrid groups (Muon
 for the hidden matrices, AdamW for the rest), one with Distributed AdamW on everything. Their
 steps alternate. Each step is forward, backward, then the ZeRO-1 optimizer (gradient
-reduce-scatter to parameter all-gather). After a few warm-up steps torch.profiler records every
-rank; each rank writes ``trace_rank<r>.json`` (open it at https://ui.perfetto.dev) and splits its
-own trace into forward-backward, communication, Newton-Schulz and the rest of the optimizer
-(``dmuon/traces.py``). Rank 0 prints the medians per rank and one JSON line.
+reduce-scatter to parameter all-gather), with a barrier in between so that time spent waiting
+for a slower rank's backward pass is counted as waiting, not as communication. After a few
+warm-up steps torch.profiler records every rank; each rank writes ``trace_rank<r>.json`` (open it
+at https://ui.perfetto.dev) and splits its own trace into forward-backward, waiting,
+communication, Newton-Schulz and the rest of the optimizer (``dmuon/traces.py``). Rank 0 prints the medians per rank and one JSON line.
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def worker(grid, comm, args) -> int:
                 loss = F.cross_entropy(models[kind](x.to(dev)).flatten(0, 1), y.to(dev).flatten())
                 opts[kind].zero_grad()
                 loss.backward()
+            with record_function("wait_for_peers"):  # so that the optimizer's collectives do not include it
+                comm.all_reduce(torch.zeros(1, device=dev), "world", "sync")
             opts[kind].step()
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
@@ -78,12 +81,14 @@ def worker(grid, comm, args) -> int:
         n_params = sum(p.numel() for p in models["muon"].parameters())
         print(f"tiny GPT, {n_params:,} parameters, batch {args.batch} x {models['muon'].context} characters per rank, "
               f"dp={grid.dp}; medians of {args.steps} profiled steps (ms)")
-        print(f"{'rank':>4} {'optimizer':<7}{'step':>9}{'fwd+bwd':>9}{'comm':>8}{'NS':>8}{'opt. compute':>14}{'opt. share':>12}")
+        print(f"{'rank':>4} {'optimizer':<7}{'step':>9}{'fwd+bwd':>9}{'wait':>7}{'comm':>8}{'NS':>8}{'opt. compute':>14}"
+              f"{'opt. share':>12}")
         for r, rank in enumerate(everyone):
             for kind in ("muon", "adamw"):
                 b = rank[kind]
-                print(f"{r:>4} {kind:<7}{b['step']:>9.1f}{b['forward_backward']:>9.1f}{b['communication']:>8.1f}"
-                      f"{b['newton_schulz']:>8.1f}{b['optimizer_compute']:>14.1f}{b['optimizer_share']:>12.1%}")
+                print(f"{r:>4} {kind:<7}{b['step']:>9.1f}{b['forward_backward']:>9.1f}{b['waiting']:>7.1f}"
+                      f"{b['communication']:>8.1f}{b['newton_schulz']:>8.1f}{b['optimizer_compute']:>14.1f}"
+                      f"{b['optimizer_share']:>12.1%}")
         print(f"traces: {', '.join(r['trace'] for r in everyone)}")
         print(json.dumps(dict(dp=grid.dp, tp=grid.tp, batch=args.batch, context=models["muon"].context,
                               width=args.width, layers=args.layers, n_params=n_params, steps=args.steps,

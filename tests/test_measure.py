@@ -59,11 +59,13 @@ def test_trace_breakdown_on_a_known_trace(tmp_path):
     events = [dict(name="train_step:muon", ts=1000, dur=100), dict(name="forward_backward", ts=1000, dur=60),
               dict(name="optimizer.step", ts=1062, dur=35), dict(name="comm:grad_reduce_scatter", ts=1063, dur=10),
               dict(name="muon:newton_schulz", ts=1075, dur=8), dict(name="comm_wait:param_all_gather", ts=1090, dur=5),
-              dict(name="train_step:muon", ts=2000, dur=200), dict(name="forward_backward", ts=2000, dur=150),
+              dict(name="train_step:muon", ts=2000, dur=200), dict(name="forward_backward", ts=2000, dur=140),
+              dict(name="wait_for_peers", ts=2141, dur=8), dict(name="comm:sync", ts=2142, dur=6),
               dict(name="optimizer.step", ts=2150, dur=50), dict(name="comm:grad_reduce_scatter", ts=2151, dur=20)]
     steps = breakdown(load_events(_trace(tmp_path, events)), "train_step:muon")
-    assert steps[0] == dict(step=0.1, forward_backward=0.06, optimizer=0.035, communication=0.015,
+    assert steps[0] == dict(step=0.1, forward_backward=0.06, waiting=0.0, optimizer=0.035, communication=0.015,
                             newton_schulz=0.008, optimizer_compute=pytest.approx(0.02))
+    assert steps[1]["waiting"] == 0.008 and steps[1]["communication"] == 0.02  # the barrier is waiting, not comm
     med = median_breakdown(steps)
     assert med["step"] == pytest.approx(0.15) and med["optimizer_share"] == pytest.approx(0.0425 / 0.15)
     with pytest.raises(ValueError, match="no training steps"):

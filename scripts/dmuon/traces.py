@@ -5,12 +5,13 @@ every collective, so a trace carries these user annotations:
 
     train_step          one whole step
     forward_backward    the model's forward and backward pass
+    wait_for_peers      a barrier before the optimizer: time this rank waits for slower ranks
     optimizer.step      the optimizer (gradient reduce-scatter to parameter all-gather)
     comm:<phase>        a collective (comm_wait:<phase>: waiting for one started earlier)
     muon:newton_schulz  one Newton-Schulz call
 
-``breakdown`` turns them into milliseconds per step: forward-backward, communication, Newton-Schulz,
-the rest of the optimizer, and the whole step. (HolisticTraceAnalysis reads the same files, but its
+``breakdown`` turns them into milliseconds per step: forward-backward, waiting, communication (the
+optimizer's collectives only), Newton-Schulz, the rest of the optimizer, and the whole step. (HolisticTraceAnalysis reads the same files, but its
 analyses need GPU kernel events; CPU gloo traces have none, so this small parser does the job.)
 Open the JSON files themselves at https://ui.perfetto.dev or chrome://tracing.
 """
@@ -43,16 +44,20 @@ def _total(events, match) -> float:
 
 
 def breakdown(events: list[dict], step_name: str = "train_step") -> list[dict]:
-    """Per step (ms): step, forward_backward, optimizer, communication, newton_schulz, optimizer_compute."""
+    """Per step (ms): step, forward_backward, waiting, optimizer, communication, newton_schulz, optimizer_compute.
+
+    Collectives of the phase "sync" (the barrier inside ``wait_for_peers``) count as waiting, not communication.
+    """
     steps = []
     for step in (e for e in events if e["name"] == step_name and e.get("cat") == "user_annotation"):
         inner = [e for e in _within(events, step["ts"], step["ts"] + step["dur"]) if e.get("cat") == "user_annotation"]
         fb = _total(inner, lambda n: n == "forward_backward")
+        wait = _total(inner, lambda n: n == "wait_for_peers")
         opt = _total(inner, lambda n: n == "optimizer.step")
-        comm = _total(inner, lambda n: n.startswith(("comm:", "comm_wait:")))
+        comm = _total(inner, lambda n: n.startswith(("comm:", "comm_wait:")) and not n.endswith(":sync"))
         ns = _total(inner, lambda n: n == "muon:newton_schulz")
-        steps.append(dict(step=step["dur"] / 1000.0, forward_backward=fb, optimizer=opt, communication=comm,
-                          newton_schulz=ns, optimizer_compute=opt - comm))
+        steps.append(dict(step=step["dur"] / 1000.0, forward_backward=fb, waiting=wait, optimizer=opt,
+                          communication=comm, newton_schulz=ns, optimizer_compute=opt - comm))
     return steps
 
 
