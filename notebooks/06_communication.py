@@ -194,7 +194,7 @@ print(f"Muon / AdamW: bytes {bench['bytes_ratio']:.2f}, communication time {benc
 
 # %%
 links = last_json(run("measure_links.py", "--dp", 4))
-ALPHA, BETA = links["alpha_s"], links["beta_bytes_per_s"]
+ALPHA, BETA = links["alpha_s"], links["beta_bytes_per_s"] or float("inf")  # None: bandwidth not resolved
 
 # %% [markdown]
 # The model $t = (n-1)(\alpha + \text{shard bytes}/\beta)$, with the constants just fitted, predicts

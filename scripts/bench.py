@@ -85,8 +85,10 @@ def worker(grid, comm, args) -> int:
         set_grads(opt, problem.grads(0, grid.dp_rank))
         transient = step_peak_bytes(opt.step, dev)
         persistent = sum(2 * p.numel() * p.element_size() for g in opt.param_groups for p in g["params"])  # + grads
+        last = comms[name].ledger.summary(args.warmup + args.steps)["phases"]
         mine[name] = dict(peak_bytes=persistent + sum(opt.state_bytes().values()) + transient,
-                          transient_bytes=transient, state_bytes=opt.state_bytes())
+                          transient_bytes=transient, state_bytes=opt.state_bytes(),
+                          bytes_per_phase={ph: p["bytes_sent"] for ph, p in last.items()})
     everyone = comm.gather_objects(mine, "report")
     if grid.rank != 0:
         return 0
@@ -98,6 +100,7 @@ def worker(grid, comm, args) -> int:
         state = everyone[0][name]["state_bytes"]
         results[name] = dict(
             bytes_per_phase={ph: p["bytes_sent"] for ph, p in last["phases"].items()},
+            bytes_per_phase_per_rank=[r[name]["bytes_per_phase"] for r in everyone],
             bytes=last["bytes_sent"],
             calls=sum(p["calls"] for p in last["phases"].values()),
             comm_seconds=statistics.median(s["seconds"] for s in per_step),

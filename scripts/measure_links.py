@@ -54,8 +54,11 @@ def worker(grid, comm, args) -> int:
             print(f"{r['shard_bytes']:>12,}{r['all_gather_s'] * 1e3:>15.3f}{model * 1e3:>10.3f}"
                   f"{r['reduce_scatter_s'] * 1e3:>19.3f}{r['reduce_scatter_s'] / r['all_gather_s']:>9.2f}")
         big = rows[-1]
-        print(f"fit: alpha = {alpha * 1e6:.1f} us per hop, beta = {beta / 1e9:.3f} GB/s per link")
-        print(json.dumps(dict(ranks=n, backend=dist.get_backend(), device=str(dev), alpha_s=alpha, beta_bytes_per_s=beta,
+        resolved = beta != float("inf")
+        print(f"fit: alpha = {alpha * 1e6:.1f} us per hop, " + (f"beta = {beta / 1e9:.3f} GB/s per link" if resolved else
+              "bandwidth not resolved by these sizes (use more --points)"))
+        print(json.dumps(dict(ranks=n, backend=dist.get_backend(), device=str(dev), alpha_s=alpha,
+                              beta_bytes_per_s=beta if resolved else None,
                               rs_over_ag_largest=big["reduce_scatter_s"] / big["all_gather_s"], samples=rows)))
     return 0
 

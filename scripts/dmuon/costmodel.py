@@ -121,13 +121,22 @@ def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None,
 
 
 def fit_alpha_beta(samples: list[tuple[int, float, float]]) -> tuple[float, float]:
-    """Least-squares (alpha, beta) from all-gather timings: samples of (ranks, shard bytes, seconds)."""
+    """Least-squares (alpha, beta) from all-gather timings: samples of (ranks, shard bytes, seconds).
+
+    Both constants are kept physical (alpha >= 0, beta > 0). When the samples cannot resolve the
+    bandwidth (too small, too noisy: the best slope is not positive), beta is ``inf`` and alpha
+    alone fits them.
+    """
     import torch
 
     X = torch.tensor([[n - 1, (n - 1) * b] for n, b, _ in samples], dtype=torch.float64)
     y = torch.tensor([t for _, _, t in samples], dtype=torch.float64)
     alpha, inv_beta = torch.linalg.lstsq(X, y.unsqueeze(1)).solution.squeeze(1).tolist()
-    return max(alpha, 0.0), 1.0 / inv_beta
+    if inv_beta <= 0:  # latency only
+        return max(float(X[:, 0] @ y / (X[:, 0] @ X[:, 0])), 0.0), float("inf")
+    if alpha < 0:  # bandwidth only
+        return 0.0, float(X[:, 1] @ X[:, 1] / (X[:, 1] @ y))
+    return alpha, 1.0 / inv_beta
 
 
 def links_for_grid(dp: int, tp: int, gpus_per_node: int, intra: tuple[float, float],
