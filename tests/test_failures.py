@@ -87,3 +87,20 @@ def test_killing_the_launcher_leaves_no_rank_behind(tag):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert_no_orphans(tag)
+
+
+def test_watchdog_ends_a_rank_whose_collective_never_returns():
+    """The backstop for backends that hang without raising (a stuck NCCL kernel): after the timeout
+    plus a grace period the watchdog names the collective and ends the process with code 3."""
+    code = (
+        "import sys, time; sys.path.insert(0, 'scripts')\n"
+        "from dmuon.comm import Comm\n"
+        "from dmuon.grid import Grid\n"
+        "grid = Grid(2, 1, 0, 0, 0, None, None, 'cpu')\n"
+        "comm = Comm(grid, timeout_s=0.5)\n"
+        "comm._inflight = (time.monotonic() - 60, 'all_gather over the dp group (test)')\n"
+        "time.sleep(30)\n"
+    )
+    proc = run([sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == 3
+    assert "[dmuon watchdog] all_gather over the dp group (test) has not finished" in proc.stderr

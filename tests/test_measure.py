@@ -80,6 +80,20 @@ def test_trace_breakdown_on_a_known_trace(tmp_path):
         median_breakdown(breakdown(load_events(_trace(tmp_path, events)), "train_step:adamw"))
 
 
+def test_ledger_keeps_a_bounded_window_of_steps():
+    from dmuon.comm import Comm
+    from dmuon.distributed import DistributedMuon
+    from dmuon.grid import Grid
+
+    p = torch.nn.Parameter(torch.randn(8, 8))
+    opt = DistributedMuon([p], Grid.single(), comm=Comm(Grid.single()))
+    for _ in range(40):
+        p.grad = torch.randn(8, 8)
+        opt.step()
+    steps = {r.step for r in opt.comm.ledger.records}
+    assert steps == set(range(25, 41)) and opt.comm.ledger.summary()["step"] == 40
+
+
 def test_peak_bytes_of_known_allocations():
     def fn():
         a = torch.empty(1000, 1000)          # 4 MB

@@ -28,6 +28,7 @@ import pickle
 import sys
 import threading
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
@@ -88,11 +89,20 @@ def ring_bytes(op: str, group_size: int, shard_numel: int, element_size: int) ->
 
 
 class Ledger:
-    """The list of collectives one rank ran, with per-step summaries by phase."""
+    """The collectives one rank ran in its last ``keep_steps`` optimizer steps, with per-step summaries.
 
-    def __init__(self):
+    Older steps are dropped as new ones begin, so a long training run does not grow it without bound.
+    """
+
+    def __init__(self, keep_steps: int = 16):
         self.records: list[Record] = []
         self.step = 0
+        self.keep_steps = keep_steps
+
+    def begin_step(self, step: int) -> None:
+        """Record what follows under ``step``; forget steps more than ``keep_steps`` ago."""
+        self.step = step
+        self.records = [r for r in self.records if r.step == 0 or r.step > step - self.keep_steps]
 
     def summary(self, step: int | None = None) -> dict:
         """Calls, elements and bytes per phase for one step (default: the last recorded step)."""
@@ -137,11 +147,14 @@ class Comm:
         self._stop = threading.Event()
         self._thread = None
         if timeout_s and grid.dp * grid.tp > 1:
-            self._thread = threading.Thread(target=self._watchdog, daemon=True, name="dmuon-watchdog")
+            # The thread holds only a weak reference: it must never keep this object, and through it the
+            # process groups, alive into interpreter shutdown (that aborts the process at exit).
+            self._thread = threading.Thread(target=Comm._watchdog, args=(weakref.ref(self), self._stop, timeout_s),
+                                            daemon=True, name="dmuon-watchdog")
             self._thread.start()
 
     def close(self) -> None:
-        """Stop the watchdog thread (it holds this object and, through it, the process groups)."""
+        """Stop the watchdog thread."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -258,11 +271,16 @@ class Comm:
             if waiting:
                 self._inflight = None
 
-    def _watchdog(self):
+    @staticmethod
+    def _watchdog(ref, stop: threading.Event, timeout_s: float) -> None:
         grace = 5.0
-        while not self._stop.wait(0.5):
-            inflight = self._inflight
-            if inflight and time.monotonic() - inflight[0] > self.timeout_s + grace:
-                print(f"[dmuon watchdog] {inflight[1]} has not finished after {self.timeout_s:.0f} s "
+        while not stop.wait(0.5):
+            comm = ref()
+            if comm is None:
+                return
+            inflight = comm._inflight
+            del comm
+            if inflight and time.monotonic() - inflight[0] > timeout_s + grace:
+                print(f"[dmuon watchdog] {inflight[1]} has not finished after {timeout_s:.0f} s "
                       f"(timeout) + {grace:.0f} s; ending this rank", file=sys.stderr, flush=True)
                 os._exit(3)

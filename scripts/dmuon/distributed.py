@@ -103,7 +103,7 @@ class ZeroOneOptimizer:
     def step(self) -> None:
         self._check_grads()
         self.steps_taken += 1
-        self.comm.ledger.step = self.steps_taken
+        self.comm.ledger.begin_step(self.steps_taken)
         with record_function("optimizer.step"):
             self._update_master_shards()
             self._gather_params()

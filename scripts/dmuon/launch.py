@@ -123,6 +123,7 @@ def _die_with_parent() -> None:
 
 def _child(rank, world, port, worker, args, threads, err_dir) -> None:
     _die_with_parent()
+    os.environ["LOCAL_RANK"] = str(rank)  # one machine: with --backend nccl, rank r uses cuda:r
     torch.set_num_threads(threads)
     try:
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
