@@ -161,6 +161,7 @@ for i, spec in enumerate(specs[0]):
     covered = pieces[0][0] == lo and pieces[-1][1] == hi and all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
     owners = [r for r, p in enumerate(plans) if p.metas[0][i].local_numel]
     print(f"{spec.name}: owned by DP ranks {owners}; pieces cover it exactly once: {covered}")
+    assert covered
 
 # %% [markdown]
 # ## The plan of a real run
@@ -179,6 +180,7 @@ for r in real["ranks"]:
                 and reported["bucket_idx"] == ours.bucket_idx and tuple(reported["shape"]) == ours.shape)
         mismatches += not same
 print(f"{len(real['ranks'])} ranks x {len(specs[0])} matrices compared, {mismatches} differences")
+assert mismatches == 0, "the real run used a different plan"
 state = {r["rank"]: r["state_bytes"] for r in real["ranks"]}
 print(f"rank 0 keeps {state[0]['momentum']:,} bytes of momentum and {state[0]['master']:,} of fp32 master weights: "
       f"{plans[0].local_state_numel():,} elements each, 1/{DP} of the padded buffer")

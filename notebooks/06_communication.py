@@ -93,6 +93,7 @@ for kind, measured in (("muon", muon), ("adamw", adamw)):
     formula = step_bytes(groups, 2, 2, bench["bucket_numel"], muon=kind == "muon")
     print(f"{kind:<6} ledger {measured['bytes']:>10,}   closed form {formula['total']:>10,}   "
           f"{'equal' if formula['total'] == measured['bytes'] else 'DIFFERENT'}")
+    assert formula["total"] == measured["bytes"], "the ledger and the closed form disagree"
 
 # %% [markdown]
 # ## The (1, 1.25] bound, worked out
