@@ -38,6 +38,21 @@ def test_chapter_page_has_outputs_and_a_colab_link(built_book, name):
     assert "output traceback" not in html and "output error" not in html
 
 
+@pytest.mark.parametrize("name", [p.stem for p in chapters()])
+def test_markdown_tables_in_outputs_render_as_tables(built_book, name):
+    """A table that a cell displays as Markdown must reach the page as an HTML table, not as pipes."""
+    import nbformat
+
+    from conftest import executed_notebook
+
+    nb = nbformat.read(executed_notebook(name), as_version=4)
+    tables = sum(bool(re.search(r"^\|.*\|\s*\n\|[-| :]+\|", o["data"]["text/markdown"], re.M))
+                 for c in nb.cells for o in c.get("outputs", []) if "text/markdown" in o.get("data", {}))
+    html = (built_book / "notebooks" / f"{name}.html").read_text()
+    outputs = html.split('class="cell_output')[1:]
+    assert sum(o.count("<table") for o in outputs) >= tables
+
+
 def test_pages_load_math_and_widgets_from_the_book_itself(built_book):
     assert (built_book / "offline" / "mathjax" / "tex-chtml.js").exists()
     assert (built_book / "offline" / "html-manager" / "embed-amd.js").exists()
