@@ -194,7 +194,7 @@ for name in ("muon-naive", "muon-prefetch", "adamw-naive"):
 # %%
 sweep = last_json(run("bench.py", "--sweep", "--grids", "4x1,1x4,2x2", "--steps", 3))
 
-# %%
+# %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
 from dmuon.costmodel import dp_gather_bytes, step_bytes
@@ -242,13 +242,14 @@ rows = [
      f"Muon x{naive_m:.2f}, AdamW x{naive_a:.2f} time in collectives", ASYNC,
      "Asynchronous issue followed by an immediate wait overlaps nothing; the change is overhead and noise."),
 ]
-table = "| claim | their figure | this book's figure | command | why they differ |\n|---|---|---|---|---|\n"
-table += "\n".join(f"| {c} | {t} | {o} | {cmd} | {why} |" for c, t, o, cmd, why in rows)
+table = "| claim | their figure | this book's figure (command) | why they differ |\n|---|---|---|---|\n"
+table += "\n".join(f"| {c} | {t} | {o} ({cmd}) | {why} |" for c, t, o, cmd, why in rows)
 display(Markdown(table))
 
 # %% [markdown]
 # The quoted figures are from {cite:t}`liu2025muonscalable` and {cite:t}`wei2025muonreproducibility`;
-# every figure in the third column was computed above, on the machine that built this page.
+# every figure in the third column was computed above, on the machine that built this page (the
+# code that assembles the table is folded above it).
 #
 # ## Summary
 #
