@@ -337,7 +337,7 @@ else:
     ours, theirs = torch.nn.Parameter(p0.clone()), torch.nn.Parameter(p0.clone())
     opt_ours = Muon([ours], lr=0.02, weight_decay=0.1, adjust_lr="match_rms_adamw")
     opt_theirs = torch.optim.Muon([theirs], lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
-    for step in range(5):
+    for _ in range(5):
         g = torch.randn(124, 324, generator=gen)
         ours.grad, theirs.grad = g.clone(), g.clone()
         opt_ours.step()

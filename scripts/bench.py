@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dmuon.comm import PHASES, Comm  # noqa: E402
+from dmuon.comm import Comm  # noqa: E402
 from dmuon.costmodel import step_bytes  # noqa: E402
 from dmuon.distributed import OVERLAP_MODES, DistributedAdamW, DistributedMuon  # noqa: E402
 from dmuon.launch import add_launch_args, check_launch_args, launch, under_torchrun  # noqa: E402
@@ -94,7 +94,7 @@ def worker(grid, comm, args) -> int:
         return 0
 
     results = {}
-    for name, opt in opts.items():
+    for name in opts:
         per_step = [comms[name].ledger.summary(s) for s in measured]
         last = per_step[-1]
         state = everyone[0][name]["state_bytes"]

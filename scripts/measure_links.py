@@ -36,8 +36,8 @@ def worker(grid, comm, args) -> int:
         full = torch.ones(n * shard.numel(), device=dev)
         times = {"all_gather": [], "reduce_scatter": []}
         for rep in range(args.reps + 1):
-            for op, fn in (("all_gather", lambda: comm.all_gather(shard, "dp", "measure")),
-                           ("reduce_scatter", lambda: comm.reduce_scatter_sum(full, "dp", "measure"))):
+            for op, fn in (("all_gather", lambda s=shard: comm.all_gather(s, "dp", "measure")),
+                           ("reduce_scatter", lambda f=full: comm.reduce_scatter_sum(f, "dp", "measure"))):
                 comm.all_reduce(torch.zeros(1, device=dev), "dp", "sync")
                 t = torch.tensor([timed(fn, dev)], dtype=torch.float64, device=dev)
                 comm.all_reduce(t, "dp", "timing", op=dist.ReduceOp.MAX)

@@ -18,7 +18,7 @@ import tempfile
 import nbformat
 import pytest
 
-from conftest import BUILD, ROOT, executed_notebook
+from conftest import BUILD, executed_notebook
 from test_book import toc_files
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -29,8 +29,7 @@ import sys
 import threading
 import time
 import weakref
-from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
