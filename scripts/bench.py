@@ -29,16 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from dmuon.comm import Comm  # noqa: E402
 from dmuon.costmodel import step_bytes  # noqa: E402
 from dmuon.distributed import OVERLAP_MODES, DistributedAdamW, DistributedMuon  # noqa: E402
 from dmuon.launch import add_launch_args, check_launch_args, launch, under_torchrun  # noqa: E402
-from dmuon.profiling import step_peak_bytes, timed  # noqa: E402
-from dmuon.sharding import tp_shard  # noqa: E402
-from dmuon.synthetic import REPORT_SHAPES, REPORT_TP_DIMS, add_problem_args, build_problem, check_problem_args  # noqa: E402
+from dmuon.profiling import slowest_rank_seconds, step_peak_bytes  # noqa: E402
+from dmuon.synthetic import REPORT_SHAPES, REPORT_TP_DIMS, add_problem_args, build_problem, check_problem_args, set_grads  # noqa: E402
 
 SWEEP_GRIDS = "4x1,1x4,2x2"
 
@@ -55,34 +53,25 @@ def worker(grid, comm, args) -> int:
     problem = build_problem("muon", args.shapes, args.tp_dims, 1, args.seed, grid.tp)
     opts, comms = {}, {}
     for name, kind, overlap in variants(args.overlap):
-        groups = problem.param_groups(grid.tp, grid.tp_rank)
-        for g in groups:
-            g["params"] = [torch.nn.Parameter(p.data.to(dev)) for p in g["params"]]
+        groups = problem.param_groups(grid.tp, grid.tp_rank, dev)
         comms[name] = Comm(grid, timeout_s=args.timeout)
         cls = DistributedMuon if kind == "muon" else DistributedAdamW
         opts[name] = cls(groups, grid, comm=comms[name], bucket_numel=args.bucket_numel, overlap=overlap)
-
-    def set_grads(opt, grads):
-        for g in opt.param_groups:
-            for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
-                p.grad = tp_shard(grads[n], d, grid.tp, grid.tp_rank, n).to(dev)
 
     seconds = {name: [] for name in opts}
     for step in range(1, args.warmup + args.steps + 1):
         grads = problem.grads(step, grid.dp_rank)
         order = list(opts) if step % 2 else list(reversed(opts))
         for name in order:
-            set_grads(opts[name], grads)
-            comm.all_reduce(torch.zeros(1, device=dev), "world", "sync")  # start together
-            t = torch.tensor([timed(opts[name].step, dev)], dtype=torch.float64, device=dev)
-            comm.all_reduce(t, "world", "timing", op=dist.ReduceOp.MAX)  # the slowest rank's time
+            set_grads(opts[name].param_groups, grads, grid)
+            t = slowest_rank_seconds(comm, opts[name].step)
             if step > args.warmup:
-                seconds[name].append(t.item())
+                seconds[name].append(t)
 
     measured = range(args.warmup + 1, args.warmup + args.steps + 1)
     mine = {}
     for name, opt in opts.items():
-        set_grads(opt, problem.grads(0, grid.dp_rank))
+        set_grads(opt.param_groups, problem.grads(0, grid.dp_rank), grid)
         transient = step_peak_bytes(opt.step, dev)
         persistent = sum(2 * p.numel() * p.element_size() for g in opt.param_groups for p in g["params"])  # + grads
         last = comms[name].ledger.summary(args.warmup + args.steps)["phases"]

@@ -21,8 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dmuon.distributed import DistributedMuon  # noqa: E402
 from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
-from dmuon.sharding import tp_shard  # noqa: E402
-from dmuon.synthetic import build_problem  # noqa: E402
+from dmuon.synthetic import build_problem, set_grads  # noqa: E402
 
 FAULTS = ("none", "raise", "hang", "nan", "missing-grad")
 SHAPES = [(36, 57), (45, 28), (33, 17)]
@@ -38,10 +37,7 @@ def worker(grid, comm, args) -> int:
     opt = DistributedMuon(problem.param_groups(grid.tp, grid.tp_rank), grid, comm=comm)
     target = grid.rank == args.rank
     for step in range(1, args.steps + 1):
-        grads = problem.grads(step, grid.dp_rank)
-        for g in opt.param_groups:
-            for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
-                p.grad = tp_shard(grads[n], d, grid.tp, grid.tp_rank, n)
+        set_grads(opt.param_groups, problem.grads(step, grid.dp_rank), grid)
         if target and step == args.step:
             first = opt.param_groups[0]["params"][0]
             if args.fault == "raise":

@@ -25,7 +25,7 @@ import torch.distributed as dist  # noqa: E402
 
 from dmuon.costmodel import collective_seconds, fit_alpha_beta  # noqa: E402
 from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
-from dmuon.profiling import timed  # noqa: E402
+from dmuon.profiling import slowest_rank_seconds  # noqa: E402
 
 
 def worker(grid, comm, args) -> int:
@@ -38,11 +38,9 @@ def worker(grid, comm, args) -> int:
         for rep in range(args.reps + 1):
             for op, fn in (("all_gather", lambda s=shard: comm.all_gather(s, "dp", "measure")),
                            ("reduce_scatter", lambda f=full: comm.reduce_scatter_sum(f, "dp", "measure"))):
-                comm.all_reduce(torch.zeros(1, device=dev), "dp", "sync")
-                t = torch.tensor([timed(fn, dev)], dtype=torch.float64, device=dev)
-                comm.all_reduce(t, "dp", "timing", op=dist.ReduceOp.MAX)
+                t = slowest_rank_seconds(comm, fn, "dp")
                 if rep:  # the first repetition warms up buffers and connections
-                    times[op].append(t.item())
+                    times[op].append(t)
         rows.append(dict(shard_bytes=shard_bytes, all_gather_s=statistics.median(times["all_gather"]),
                          reduce_scatter_s=statistics.median(times["reduce_scatter"])))
     alpha, beta = fit_alpha_beta([(n, r["shard_bytes"], r["all_gather_s"]) for r in rows])

@@ -20,8 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dmuon.distributed import DistributedMuon  # noqa: E402
 from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
-from dmuon.sharding import tp_shard  # noqa: E402
-from dmuon.synthetic import add_problem_args, build_problem, check_problem_args  # noqa: E402
+from dmuon.synthetic import add_problem_args, build_problem, check_problem_args, set_grads  # noqa: E402
 
 
 def worker(grid, comm, args) -> int:
@@ -31,10 +30,7 @@ def worker(grid, comm, args) -> int:
     opt.trace = lambda stage, name, t: events.append(
         dict(stage=stage, name=name, shape=list(t.shape), dtype=str(t.dtype).replace("torch.", ""),
              numel=t.numel(), norm=float(t.float().norm())))
-    grads = problem.grads(1, grid.dp_rank)
-    for g in opt.param_groups:
-        for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
-            p.grad = tp_shard(grads[n], d, grid.tp, grid.tp_rank, n)
+    set_grads(opt.param_groups, problem.grads(1, grid.dp_rank), grid)
     opt.step()
     mine = dict(rank=grid.rank, dp_rank=grid.dp_rank, tp_rank=grid.tp_rank, events=events)
     everyone = comm.gather_objects(mine, "report")

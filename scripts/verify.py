@@ -33,7 +33,7 @@ from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E40
 from dmuon.optim import MuonW  # noqa: E402
 from dmuon.poc_bugs import POC_BUGS  # noqa: E402
 from dmuon.sharding import tp_shard  # noqa: E402
-from dmuon.synthetic import OPTIMIZERS, add_problem_args, build_problem, check_problem_args  # noqa: E402
+from dmuon.synthetic import OPTIMIZERS, add_problem_args, build_problem, check_problem_args, set_grads  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -67,9 +67,7 @@ def reference_optimizer(problem, params: dict) -> MuonW:
 def worker(grid, comm, args) -> int:
     problem = build_problem(args.optimizer, args.shapes, args.tp_dims, args.groups, args.seed, grid.tp)
     dev = grid.device
-    local = problem.param_groups(grid.tp, grid.tp_rank)
-    for g in local:
-        g["params"] = [torch.nn.Parameter(p.data.to(dev)) for p in g["params"]]
+    local = problem.param_groups(grid.tp, grid.tp_rank, dev)
     optimizer_class = POC_BUGS[args.poc_bug] if args.poc_bug else DistributedMuon
     opt = optimizer_class(local, grid, comm=comm, bucket_numel=args.bucket_numel, overlap=args.overlap)
     # The reference runs once, on rank 0, and is broadcast: every rank then checks its own shard.
@@ -78,10 +76,7 @@ def worker(grid, comm, args) -> int:
 
     diffs = []
     for step in range(1, args.steps + 1):
-        mine = problem.grads(step, grid.dp_rank)
-        for g in opt.param_groups:
-            for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
-                p.grad = tp_shard(mine[n], d, grid.tp, grid.tp_rank, n).to(dev)
+        set_grads(opt.param_groups, problem.grads(step, grid.dp_rank), grid)
         opt.step()
         if ref is not None:
             for n, g in problem.mean_grads(step, grid.dp).items():

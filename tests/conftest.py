@@ -1,7 +1,6 @@
 """Shared helpers: where the repository is, and how to run its scripts the way a user would."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(SCRIPTS))
+
+from booktools import last_json  # noqa: E402,F401  (the tests read scripts' JSON lines as the book does)
 
 # Small shapes that divide unevenly by every DP size tested (so buckets need padding and matrices
 # straddle shard boundaries) while their TP split dims divide by 1, 2 and 4.
@@ -28,14 +29,6 @@ def run(cmd: list[str], timeout: float = 240, tag: str | None = None) -> subproc
 
 def script(name: str, *args: str, **kw) -> subprocess.CompletedProcess:
     return run([sys.executable, str(SCRIPTS / name), *args], **kw)
-
-
-def last_json(out: str) -> dict:
-    """The last line of ``out`` that is a JSON object."""
-    for line in reversed(out.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise AssertionError(f"no JSON line in output:\n{out[-3000:]}")
 
 
 def processes_with_tag(tag: str) -> list[int]:
@@ -64,17 +57,23 @@ BUILD = ROOT / "_build"
 _EXECUTED: dict[str, Path] = {}
 
 
+def execute_notebook(nb, timeout: float = 900):
+    """Run ``nb`` with nbclient in notebooks/ (where the chapters' ``../scripts`` is), in place."""
+    from nbclient import NotebookClient
+
+    NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    return nb
+
+
 def executed_notebook(name: str) -> Path:
     """Execute chapter ``name`` with nbclient (in notebooks/), once per test session, and return the
     executed copy in ``_build/executed/``. Copies from earlier sessions are never reused: they may
     predate a change in scripts/."""
     import nbformat
-    from nbclient import NotebookClient
 
     if name not in _EXECUTED:
-        nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
-        NotebookClient(nb, timeout=900, kernel_name="python3",
-                       resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+        nb = execute_notebook(nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4))
         out = BUILD / "executed" / f"{name}.ipynb"
         out.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out)

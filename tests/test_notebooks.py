@@ -11,19 +11,13 @@ import json
 import jupytext
 import nbformat
 import pytest
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from booktools import SETUP_MARKER, chapters, repository_url, sync
-from conftest import ROOT, executed_notebook
+from conftest import ROOT, execute_notebook, executed_notebook
 
 NOTEBOOKS = ROOT / "notebooks"
 CHAPTERS = [p.stem for p in chapters()]
-
-
-def execute(nb, timeout=900):
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
-    return nb
 
 
 def test_there_are_chapters_0_to_7():
@@ -69,7 +63,7 @@ def test_a_failing_script_fails_the_notebook(tmp_path):
     ])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     with pytest.raises(CellExecutionError, match="exited with code 2"):
-        execute(nb, timeout=120)
+        execute_notebook(nb, timeout=120)
     assert not nb.cells[2].get("outputs")
 
 

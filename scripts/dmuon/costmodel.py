@@ -24,17 +24,19 @@ that really went through ``comm.Comm``, equals this.
 """
 from __future__ import annotations
 
+import math
+
 from .plan import split_into_buckets, tp_local_shape
 
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
 LAYOUTS = ("bucket", "straddlers", "owner")
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+def _buckets(group: dict, dp: int, tp: int, bucket_numel: int | None):
+    """For each bucket of ``group``: (TP-local sizes of the group's matrices, the bucket's members, its shard)."""
+    local = [math.prod(tp_local_shape("p", s, d, tp)) for s, d in zip(group["shapes"], group["tp_split_dims"])]
+    for members in split_into_buckets(local, bucket_numel):
+        yield local, members, -(-sum(local[i] for i in members) // dp)
 
 
 def step_calls(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, muon: bool = True):
@@ -44,9 +46,7 @@ def step_calls(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, m
     ``synthetic.Problem.groups``). ``muon=False`` prices every group as AdamW (the baseline).
     """
     for g in groups:
-        local = [_numel(tp_local_shape("p", s, d, tp)) for s, d in zip(g["shapes"], g["tp_split_dims"])]
-        for members in split_into_buckets(local, bucket_numel):
-            shard = -(-sum(local[i] for i in members) // dp)
+        for local, members, shard in _buckets(g, dp, tp, bucket_numel):
             yield "grad_reduce_scatter", "reduce_scatter", "dp", dp, shard, GRAD_BYTES
             if muon and g["use_muon"]:
                 yield "ns_gather_dp", "all_gather", "dp", dp, shard, NS_BYTES
@@ -85,9 +85,7 @@ def dp_gather_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | No
         return 0.0
     total = 0.0
     for g in (g for g in groups if g["use_muon"]):
-        local = [_numel(tp_local_shape("p", s, d, tp)) for s, d in zip(g["shapes"], g["tp_split_dims"])]
-        for members in split_into_buckets(local, bucket_numel):
-            shard = -(-sum(local[i] for i in members) // dp)
+        for local, members, shard in _buckets(g, dp, tp, bucket_numel):
             if layout == "bucket":
                 total += (dp - 1) * shard * NS_BYTES
                 continue

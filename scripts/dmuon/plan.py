@@ -24,6 +24,7 @@ Per parameter, ``DistMeta`` (the proof of concept's ``dist_meta``) says:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 DEFAULT_BUCKET_NUMEL = 2**20  # 4 MiB of fp32 per bucket
@@ -122,13 +123,6 @@ def tp_local_shape(name: str, full_shape: tuple[int, ...], tp_split_dim: int, tp
     return tuple(local)
 
 
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def split_into_buckets(numels: list[int], bucket_numel: int | None) -> list[list[int]]:
     """Group consecutive parameters into buckets of at most ``bucket_numel`` elements.
 
@@ -153,7 +147,7 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
     all_buckets, all_metas, sizes = [], [], []
     for buffer_idx, specs in enumerate(groups):
         shapes = [tp_local_shape(s.name, s.full_shape, s.tp_split_dim, tp) for s in specs]
-        numels = [_numel(sh) for sh in shapes]
+        numels = [math.prod(sh) for sh in shapes]
         buckets, metas = [], [None] * len(specs)
         offset = 0
         for bucket_idx, members in enumerate(split_into_buckets(numels, bucket_numel)):

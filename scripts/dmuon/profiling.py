@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -29,6 +30,14 @@ def step_peak_bytes(fn, device: torch.device) -> int:
         live += event.self_cpu_memory_usage
         peak = max(peak, live)
     return peak
+
+
+def slowest_rank_seconds(comm, fn, group: str = "world") -> float:
+    """Start ``fn()`` on every rank of ``group`` together and return the slowest rank's seconds."""
+    device = comm.grid.device
+    comm.all_reduce(torch.zeros(1, device=device), group, "sync")
+    t = torch.tensor([timed(fn, device)], dtype=torch.float64, device=device)
+    return comm.all_reduce(t, group, "timing", op=dist.ReduceOp.MAX).item()
 
 
 def timed(fn, device: torch.device) -> float:

@@ -76,6 +76,13 @@ def check_problem_args(parser, args, optimizer: str = "muon", n_groups: int = 1)
         parser.error(str(e))
 
 
+def set_grads(param_groups: list[dict], grads: dict, grid) -> None:
+    """Give a rank's optimizer groups its TP slice of ``grads`` (name -> full gradient, from ``Problem.grads``)."""
+    for g in param_groups:
+        for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
+            p.grad = tp_shard(grads[n], d, grid.tp, grid.tp_rank, n).to(p.device)
+
+
 @dataclass
 class Problem:
     """Named full-size parameters in groups, with their TP split dims and hyperparameters."""
@@ -84,11 +91,11 @@ class Problem:
     seed: int = 0
     full: dict = field(default_factory=dict)  # name -> full fp32 tensor
 
-    def param_groups(self, tp: int = 1, tp_rank: int = 0) -> list[dict]:
-        """Optimizer groups of fresh ``nn.Parameter``s: whole (tp=1) or this TP rank's shards."""
+    def param_groups(self, tp: int = 1, tp_rank: int = 0, device=None) -> list[dict]:
+        """Optimizer groups of fresh ``nn.Parameter``s on ``device``: whole (tp=1) or this TP rank's shards."""
         out = []
         for g in self.groups:
-            params = [torch.nn.Parameter(tp_shard(self.full[n], d, tp, tp_rank, n))
+            params = [torch.nn.Parameter(tp_shard(self.full[n], d, tp, tp_rank, n).to(device))
                       for n, d in zip(g["names"], g["tp_split_dims"])]
             out.append(dict(g["hyper"], params=params, names=list(g["names"]),
                             tp_split_dims=list(g["tp_split_dims"]), use_muon=g["use_muon"]))
