@@ -14,13 +14,14 @@ help:
 	@echo "make book    execute every chapter and build the book (_build/html)"
 	@echo "make test    run the tests (unit, distributed on gloo, notebooks, book, browser)"
 	@echo "make verify  check Distributed Muon against one process on a 2 x 2 grid"
-	@echo "make setup   only create .venv from requirements.txt"
+	@echo "make setup   only create .venv from requirements.txt and install dmuon into it (editable)"
 	@echo "make clean   remove the build and the virtual environment"
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 setup: $(STAMP)

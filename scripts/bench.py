@@ -11,10 +11,10 @@ Both optimizers get the same seeded parameters and the same gradients, on the sa
 same processes, and their steps alternate (the order flips every step), so machine noise hits both
 alike. A step's time is the slowest rank's; the table reports medians over the measured steps.
 Bytes come from each optimizer's own ledger and are checked against the closed form
-(``dmuon/costmodel.py``). Optimizer state is counted per rank (momentum vs AdamW's two moments;
+(``dmuon/lab/costmodel.py``). Optimizer state is counted per rank (momentum vs AdamW's two moments;
 the fp32 master shard, which both keep, separately). Peak memory per rank is the parameters,
 gradients and state plus the largest transient allocation during one step
-(``dmuon/profiling.py``). The last line is JSON with everything, including ``bytes_ratio``,
+(``dmuon/lab/profiling.py``). The last line is JSON with everything, including ``bytes_ratio``,
 ``time_ratio`` and ``state_bytes_ratio`` (Muon / AdamW).
 """
 from __future__ import annotations
@@ -27,16 +27,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch.distributed as dist  # noqa: E402
+import torch.distributed as dist
 
-from dmuon.comm import Comm  # noqa: E402
-from dmuon.costmodel import step_bytes  # noqa: E402
-from dmuon.distributed import OVERLAP_MODES, DistributedAdamW, DistributedMuon  # noqa: E402
-from dmuon.launch import add_launch_args, check_launch_args, launch, under_torchrun  # noqa: E402
-from dmuon.profiling import slowest_rank_seconds, step_peak_bytes  # noqa: E402
-from dmuon.synthetic import REPORT_SHAPES, REPORT_TP_DIMS, add_problem_args, build_problem, check_problem_args, set_grads  # noqa: E402
+from dmuon.comm import Comm
+from dmuon.lab.costmodel import step_bytes
+from dmuon.distributed import OVERLAP_MODES, DistributedAdamW, DistributedMuon
+from dmuon.launch import add_launch_args, check_launch_args, launch, under_torchrun
+from dmuon.lab.profiling import slowest_rank_seconds, step_peak_bytes
+from dmuon.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS, add_problem_args, build_problem, check_problem_args, set_grads
 
 SWEEP_GRIDS = "4x1,1x4,2x2"
 

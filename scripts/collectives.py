@@ -13,13 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
 
-from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
+from dmuon.launch import add_launch_args, check_launch_args, launch
 
 
 def worker(grid, comm, args) -> int:

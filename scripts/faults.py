@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dmuon.distributed import DistributedMuon  # noqa: E402
-from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
-from dmuon.synthetic import build_problem, set_grads  # noqa: E402
+from dmuon.distributed import DistributedMuon
+from dmuon.launch import add_launch_args, check_launch_args, launch
+from dmuon.lab.synthetic import build_problem, set_grads
 
 FAULTS = ("none", "raise", "hang", "nan", "missing-grad")
 SHAPES = [(36, 57), (45, 28), (33, 17)]

@@ -16,16 +16,14 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from dmuon.costmodel import collective_seconds, fit_alpha_beta  # noqa: E402
-from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
-from dmuon.profiling import slowest_rank_seconds  # noqa: E402
+from dmuon.lab.costmodel import collective_seconds, fit_alpha_beta
+from dmuon.launch import add_launch_args, check_launch_args, launch
+from dmuon.lab.profiling import slowest_rank_seconds
 
 
 def worker(grid, comm, args) -> int:

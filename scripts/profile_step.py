@@ -4,7 +4,7 @@
     python scripts/profile_step.py --dp 2 --batch 128      # more tokens per step: the optimizer's share falls
     torchrun --standalone --nproc-per-node 2 scripts/profile_step.py --dp 2
 
-Every data-parallel rank trains two copies of chapter 1's tiny GPT (``dmuon/charlm.py``), started
+Every data-parallel rank trains two copies of chapter 1's tiny GPT (``dmuon/lab/charlm.py``), started
 from the same weights, on its own batches: one with Distributed Muon on the hybrid groups (Muon
 for the hidden matrices, AdamW for the rest), one with Distributed AdamW on everything. Their
 steps alternate. Each step is forward, backward, then the ZeRO-1 optimizer (gradient
@@ -12,7 +12,7 @@ reduce-scatter to parameter all-gather), with a barrier in between so that time 
 for a slower rank's backward pass is counted as waiting, not as communication. After a few
 warm-up steps torch.profiler records every rank; each rank writes ``trace_rank<r>.json`` (open it
 at https://ui.perfetto.dev) and splits its own trace into forward-backward, waiting,
-communication, Newton-Schulz and the rest of the optimizer (``dmuon/traces.py``). Rank 0 prints the medians per rank and one JSON line.
+communication, Newton-Schulz and the rest of the optimizer (``dmuon/lab/traces.py``). Rank 0 prints the medians per rank and one JSON line.
 """
 from __future__ import annotations
 
@@ -21,17 +21,16 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, record_function
 
-from dmuon.charlm import TinyGPT, batch, load_corpus  # noqa: E402
-from dmuon.distributed import DistributedAdamW, DistributedMuon  # noqa: E402
-from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
-from dmuon.optim import hybrid_param_groups  # noqa: E402
-from dmuon.traces import breakdown, load_events, median_breakdown  # noqa: E402
+from dmuon.lab.charlm import TinyGPT, batch, load_corpus
+from dmuon.distributed import DistributedAdamW, DistributedMuon
+from dmuon.launch import add_launch_args, check_launch_args, launch
+from dmuon.optim import hybrid_param_groups
+from dmuon.lab.traces import breakdown, load_events, median_breakdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dmuon.distributed import DistributedMuon  # noqa: E402
-from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
-from dmuon.synthetic import add_problem_args, build_problem, check_problem_args, set_grads  # noqa: E402
+from dmuon.distributed import DistributedMuon
+from dmuon.launch import add_launch_args, check_launch_args, launch
+from dmuon.lab.synthetic import add_problem_args, build_problem, check_problem_args, set_grads
 
 
 def worker(grid, comm, args) -> int:

@@ -21,19 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from dmuon.distributed import OVERLAP_MODES, DistributedMuon  # noqa: E402
-from dmuon.launch import add_launch_args, check_launch_args, launch  # noqa: E402
-from dmuon.optim import MuonW  # noqa: E402
-from dmuon.poc_bugs import POC_BUGS  # noqa: E402
-from dmuon.sharding import tp_shard  # noqa: E402
-from dmuon.synthetic import OPTIMIZERS, add_problem_args, build_problem, check_problem_args, set_grads  # noqa: E402
+from dmuon.distributed import OVERLAP_MODES, DistributedMuon
+from dmuon.launch import add_launch_args, check_launch_args, launch
+from dmuon.optim import MuonW
+from dmuon.lab.poc_bugs import POC_BUGS
+from dmuon.sharding import tp_shard
+from dmuon.lab.synthetic import OPTIMIZERS, add_problem_args, build_problem, check_problem_args, set_grads
 
 
 def parse_args(argv=None):

@@ -11,9 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-sys.path.insert(0, str(SCRIPTS))
 
-from booktools import last_json  # noqa: E402,F401  (the tests read scripts' JSON lines as the book does)
+
+from dmuon.lab.notebook import last_json  # noqa: F401  (the tests read scripts' JSON lines as the book does)
 
 # Small shapes that divide unevenly by every DP size tested (so buckets need padding and matrices
 # straddle shard boundaries) while their TP split dims divide by 1, 2 and 4.
@@ -58,7 +58,7 @@ _EXECUTED: dict[str, Path] = {}
 
 
 def execute_notebook(nb, timeout: float = 900):
-    """Run ``nb`` with nbclient in notebooks/ (where the chapters' ``../scripts`` is), in place."""
+    """Run ``nb`` with nbclient in notebooks/ (inside the checkout whose scripts the chapters launch), in place."""
     from nbclient import NotebookClient
 
     NotebookClient(nb, timeout=timeout, kernel_name="python3",
@@ -86,7 +86,7 @@ def stage_book(dest: Path, toc: str | None = None, executed: bool = True) -> Pat
     and execution is off, so the build only renders (the chapters already ran in test_notebooks)."""
     import shutil
 
-    from booktools import chapters
+    from dmuon.lab.notebook import chapters
 
     shutil.copytree(ROOT / "book", dest / "book", ignore=shutil.ignore_patterns("__pycache__"))
     (dest / "notebooks").mkdir()

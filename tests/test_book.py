@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from booktools import chapters, repository_url
+from dmuon.lab.notebook import chapters, repository_url
 from conftest import ROOT, build_book, stage_book
 
 

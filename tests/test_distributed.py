@@ -1,7 +1,7 @@
 """Distributed runs on real gloo process groups, checked against the single-device reference.
 
 Tolerance: zero. Each rank runs the same kernels on the same numbers as the reference (the
-gradients are dyadic, so the DP sum is exact in any order; see dmuon/synthetic.py), so any
+gradients are dyadic, so the DP sum is exact in any order; see dmuon/lab/synthetic.py), so any
 difference at all is a bug. Shapes divide unevenly by every DP size (padding, straddling
 matrices), buckets are small so there are several, and there are several parameter groups.
 """
@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from conftest import ODD_SHAPES, ODD_TP_DIMS, last_json, run, script
-from dmuon.costmodel import step_bytes
-from dmuon.synthetic import build_problem, parse_shapes, parse_tp_dims
+from dmuon.lab.costmodel import step_bytes
+from dmuon.lab.synthetic import build_problem, parse_shapes, parse_tp_dims
 
 GRIDS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (3, 1), (2, 4)]
 CASES = ([("muon", dp, tp, "none") for dp, tp in GRIDS]

@@ -11,7 +11,7 @@ from dmuon.distributed import DistributedMuon
 from dmuon.grid import Grid
 from dmuon.newton_schulz import native_bf16_matmul, ns5_flops, singular_value_map, zeropower_ns5
 from dmuon.optim import AdamW, Muon, MuonW, hybrid_param_groups, routes_to_muon
-from dmuon.synthetic import build_problem
+from dmuon.lab.synthetic import build_problem
 from dmuon.updates import adjust_lr, muon_momentum_
 
 

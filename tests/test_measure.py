@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from conftest import last_json, script
-from dmuon.costmodel import (LAYOUTS, collective_seconds, dp_gather_bytes, fit_alpha_beta, step_bytes, step_calls,
+from dmuon.lab.costmodel import (LAYOUTS, collective_seconds, dp_gather_bytes, fit_alpha_beta, step_bytes, step_calls,
                              step_seconds)
-from dmuon.profiling import step_peak_bytes
-from dmuon.synthetic import build_problem
-from dmuon.traces import breakdown, load_events, median_breakdown
+from dmuon.lab.profiling import step_peak_bytes
+from dmuon.lab.synthetic import build_problem
+from dmuon.lab.traces import breakdown, load_events, median_breakdown
 
 
 @pytest.mark.parametrize("dp,tp", [(2, 1), (3, 1), (4, 2), (2, 4)])

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .optim import hybrid_param_groups
-from .sharding import tp_shard
+from ..optim import hybrid_param_groups
+from ..sharding import tp_shard
 
 # The proof of concept's test shapes and TP split dims (-1: not split).
 DEFAULT_SHAPES = [(100, 100), (124, 324), (456, 124), (676, 876), (128, 128)]
@@ -53,8 +53,8 @@ def parse_tp_dims(text: str) -> list[int]:
 
 def add_problem_args(parser) -> None:
     """The command-line arguments that describe a synthetic problem (shapes, TP dims, buckets, seed)."""
-    from .launch import arg_type
-    from .plan import DEFAULT_BUCKET_NUMEL
+    from ..launch import arg_type
+    from ..plan import DEFAULT_BUCKET_NUMEL
 
     parser.add_argument("--shapes", type=arg_type(parse_shapes), default=DEFAULT_SHAPES,
                         help="matrix shapes, e.g. 100x100,124x324 (default: the proof of concept's five)")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from .plan import split_into_buckets, tp_local_shape
+from ..plan import split_into_buckets, tp_local_shape
 
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
 LAYOUTS = ("bucket", "straddlers", "owner")

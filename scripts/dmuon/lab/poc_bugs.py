@@ -17,7 +17,7 @@ the regression tests assert that the check catches both.
 """
 from __future__ import annotations
 
-from .distributed import DistributedMuon
+from ..distributed import DistributedMuon
 
 
 class StaleParams(DistributedMuon):
