@@ -1,6 +1,7 @@
 """Check Distributed Muon / AdamW / the hybrid against the single-device reference, step by step.
 
     python scripts/verify.py --dp 2 --tp 2                          # spawns 4 local gloo ranks
+    python scripts/verify.py --dp 3 --tp 2 --layout bucket,owner,aligned   # every layout in one run
     python scripts/verify.py --dp 3 --tp 1 --optimizer hybrid --steps 5
     python scripts/verify.py --dp 2 --tp 4 --shapes 100x100,124x324 --tp-dims 0,1
     torchrun --standalone --nproc-per-node 4 scripts/verify.py --dp 2 --tp 2   # NCCL when CUDA is there
@@ -10,7 +11,17 @@ distributed optimizer on gradients that differ per DP rank. Beside it, rank 0 ru
 single-device reference on the whole parameters with the DP-averaged gradients and broadcasts
 the result; after each step every rank compares its own parameters with its TP shard of it. The largest difference
 over all ranks is printed per step, then the communication ledger, then one JSON line:
-``{"ok": ..., "max_abs_diff": ..., "dp": ..., "tp": ..., "ledger": {...}, ...}``. Exit code 0 iff ok.
+``{"ok": ..., "max_abs_diff": ..., "dp": ..., "tp": ..., "layout": ..., "ns_calls": ..., "ledger": {...}, ...}``.
+Exit code 0 iff ok.
+
+``--layout`` takes a comma list: each layout runs its own optimizer on the same problem, beside the
+others, against the same reference. The top-level fields are the first layout's (``ok`` and
+``max_abs_diff`` cover all of them); ``"layouts"`` has every layout's: ``ok``, ``max_abs_diff``,
+``ns_calls`` (Newton-Schulz runs in the last step, summed over all ranks), ``ns_flops_max_rank``,
+``owners_agree`` (every rank computed the same owner for every matrix), ``state_dict_roundtrip`` (after
+the last step, ``state_dict()`` loaded into a new optimizer continues bit for bit as the original does,
+checked with one extra step), ``ledger`` (rank 0's) and
+``ledger_per_rank`` (the owner layouts move different bytes on different ranks).
 
 ``--atol`` defaults to 0: on one machine the distributed run executes the same kernels on the
 same numbers as the reference, so it must match bit for bit (see the synthetic module for why
@@ -19,6 +30,7 @@ reduction order cannot matter).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 
@@ -26,7 +38,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+from dmuon.comm import Comm
 from dmuon.distributed import OVERLAP_MODES, DistributedMuon
+from dmuon.layouts import LAYOUTS
 from dmuon.launch import add_launch_args, check_launch_args, launch
 from dmuon.optim import MuonW
 from dmuon.lab.poc_bugs import POC_BUGS
@@ -44,9 +58,14 @@ def parse_args(argv=None):
     p.add_argument("--atol", type=float, default=0.0, help="largest allowed |param - reference| (default 0)")
     p.add_argument("--overlap", choices=OVERLAP_MODES, default="none",
                    help="how collectives overlap compute (see dmuon/distributed.py)")
+    p.add_argument("--layout", default="bucket",
+                   help=f"comma-separated layouts from {','.join(LAYOUTS)} (default bucket; see dmuon/layouts.py)")
     p.add_argument("--poc-bug", choices=sorted(POC_BUGS), default=None,
                    help="put one of the proof of concept's bugs back, to see this check catch it")
     args = p.parse_args(argv)
+    args.layout = [x.strip() for x in args.layout.split(",") if x.strip()]
+    if not args.layout or any(x not in LAYOUTS for x in args.layout) or len(set(args.layout)) < len(args.layout):
+        p.error(f"--layout takes distinct layouts from {','.join(LAYOUTS)}, e.g. --layout bucket,owner")
     check_launch_args(p, args)
     if args.steps < 1:
         p.error("--steps must be at least 1")
@@ -62,45 +81,93 @@ def reference_optimizer(problem, params: dict) -> MuonW:
                   for g in problem.groups])
 
 
+def state_dict_roundtrip(opt, problem, args, grid) -> bool:
+    """Save ``opt``'s state, take one more step; then load that state into a new optimizer over copies of
+    the parameters and take the same step. True if both end bit for bit the same (parameters and state)."""
+    saved = copy.deepcopy(opt.state_dict())
+    copies = [dict(g, params=[torch.nn.Parameter(p.detach().clone()) for p in g["params"]]) for g in opt.param_groups]
+    twin = type(opt)(copies, grid, layout=opt.layout, comm=Comm(grid, timeout_s=args.timeout),
+                     bucket_numel=args.bucket_numel, overlap=args.overlap)
+    twin.load_state_dict(saved)
+    grads = problem.grads(args.steps + 1, grid.dp_rank)
+    for o in (opt, twin):
+        set_grads(o.param_groups, grads, grid)
+        o.step()
+    twin.comm.close()
+    same = lambda a, b: torch.equal(a, b) and a.dtype == b.dtype  # noqa: E731
+    params = all(same(a, b) for g, h in zip(opt.param_groups, twin.param_groups) for a, b in zip(g["params"], h["params"]))
+    state = all(same(opt.state[a][k], twin.state[b][k]) for g, h in zip(opt.param_groups, twin.param_groups)
+                for a, b in zip(g["params"], h["params"]) for k in opt.state[a])
+    return params and state
+
+
 def worker(grid, comm, args) -> int:
     problem = build_problem(args.optimizer, args.shapes, args.tp_dims, args.groups, args.seed, grid.tp)
     dev = grid.device
-    local = problem.param_groups(grid.tp, grid.tp_rank, dev)
     optimizer_class = POC_BUGS[args.poc_bug] if args.poc_bug else DistributedMuon
-    opt = optimizer_class(local, grid, comm=comm, bucket_numel=args.bucket_numel, overlap=args.overlap)
+    opts = {layout: optimizer_class(problem.param_groups(grid.tp, grid.tp_rank, dev), grid, layout=layout,
+                                    comm=Comm(grid, timeout_s=args.timeout), bucket_numel=args.bucket_numel,
+                                    overlap=args.overlap)
+            for layout in args.layout}
     # The reference runs once, on rank 0, and is broadcast: every rank then checks its own shard.
     ref_params = {n: t.to(dev).clone() for n, t in problem.full.items()}
     ref = reference_optimizer(problem, ref_params) if grid.rank == 0 else None
 
-    diffs = []
+    diffs = {layout: [] for layout in opts}
     for step in range(1, args.steps + 1):
-        set_grads(opt.param_groups, problem.grads(step, grid.dp_rank), grid)
-        opt.step()
+        grads = problem.grads(step, grid.dp_rank)
+        for opt in opts.values():
+            set_grads(opt.param_groups, grads, grid)
+            opt.step()
         if ref is not None:
             for n, g in problem.mean_grads(step, grid.dp).items():
                 ref_params[n].grad = g.to(dev)
             ref.step()
-        diff = torch.zeros((), dtype=torch.float64, device=dev)
-        for g in opt.param_groups:
-            for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
-                expect = tp_shard(comm.broadcast(ref_params[n].data, "world", "verify"), d, grid.tp, grid.tp_rank, n)
-                diff = torch.maximum(diff, (p.detach().double() - expect.double()).abs().max())
-        comm.all_reduce(diff, "world", "verify", op=dist.ReduceOp.MAX)
-        diffs.append(diff.item())
+        expected = {n: comm.broadcast(t.data, "world", "verify") for n, t in ref_params.items()}
+        for layout, opt in opts.items():
+            diff = torch.zeros((), dtype=torch.float64, device=dev)
+            for g in opt.param_groups:
+                for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
+                    expect = tp_shard(expected[n], d, grid.tp, grid.tp_rank, n)
+                    diff = torch.maximum(diff, (p.detach().double() - expect.double()).abs().max())
+            diffs[layout].append(comm.all_reduce(diff, "world", "verify", op=dist.ReduceOp.MAX).item())
         if grid.rank == 0:
-            print(f"step {step}: max |param - reference| over all ranks = {diffs[-1]:.3e}", flush=True)
+            print(f"step {step}: max |param - reference| over all ranks = "
+                  + ", ".join(f"{diffs[x][-1]:.3e} ({x})" for x in opts), flush=True)
 
-    ok = max(diffs) <= args.atol
-    if grid.rank == 0:
-        print(f"\ncommunication per rank in step {args.steps} ({args.optimizer}, dp={grid.dp}, tp={grid.tp}):")
-        print(comm.ledger.table())
-        print(f"\n{'OK' if ok else 'MISMATCH'}: largest difference {max(diffs):.3e} (allowed {args.atol:g})")
-        print(json.dumps(dict(
-            ok=ok, max_abs_diff=max(diffs), per_step_max_abs_diff=diffs, dp=grid.dp, tp=grid.tp,
-            world_size=grid.dp * grid.tp, optimizer=args.optimizer, steps=args.steps, seed=args.seed,
-            shapes=[list(s) for s in args.shapes], tp_dims=args.tp_dims, bucket_numel=args.bucket_numel,
-            atol=args.atol, poc_bug=args.poc_bug, overlap=args.overlap, backend=dist.get_backend(), device=str(dev),
-            state_bytes=opt.state_bytes(), ledger=comm.ledger.summary())), flush=True)
+    mine = {layout: dict(ledger=opt.comm.ledger.summary(), owners=sorted(opt.plan.owners.items()),
+                         state_dict_roundtrip=state_dict_roundtrip(opt, problem, args, grid))
+            for layout, opt in opts.items()}
+    everyone = comm.gather_objects(mine, "report")
+    if grid.rank != 0:
+        return 0
+    layouts = {}
+    for layout, opt in opts.items():
+        per_rank = [r[layout]["ledger"] for r in everyone]
+        layouts[layout] = dict(
+            ok=max(diffs[layout]) <= args.atol, max_abs_diff=max(diffs[layout]), per_step_max_abs_diff=diffs[layout],
+            ns_calls=sum(r["ns_calls"] for r in per_rank), ns_flops_max_rank=max(r["ns_flops"] for r in per_rank),
+            owners_agree=all(r[layout]["owners"] == everyone[0][layout]["owners"] for r in everyone),
+            owners={f"{g}.{i}": rank for (g, i), rank in everyone[0][layout]["owners"]},
+            state_dict_roundtrip=all(r[layout]["state_dict_roundtrip"] for r in everyone),
+            state_bytes=opt.state_bytes(), ledger=per_rank[0], ledger_per_rank=per_rank)
+    ok = all(v["ok"] and v["state_dict_roundtrip"] for v in layouts.values())
+    worst = max(v["max_abs_diff"] for v in layouts.values())
+    first = layouts[args.layout[0]]
+    for layout, v in layouts.items():
+        print(f"\ncommunication per rank 0 in step {args.steps} ({args.optimizer}, layout {layout}, "
+              f"dp={grid.dp}, tp={grid.tp}); Newton-Schulz runs over all ranks: {v['ns_calls']}")
+        print(opts[layout].comm.ledger.table())
+    print(f"\n{'OK' if ok else 'MISMATCH'}: largest difference {worst:.3e} (allowed {args.atol:g})")
+    print(json.dumps(dict(
+        ok=ok, max_abs_diff=worst, per_step_max_abs_diff=first["per_step_max_abs_diff"], dp=grid.dp, tp=grid.tp,
+        world_size=grid.dp * grid.tp, optimizer=args.optimizer, steps=args.steps, seed=args.seed,
+        shapes=[list(s) for s in args.shapes], tp_dims=args.tp_dims, bucket_numel=args.bucket_numel,
+        atol=args.atol, poc_bug=args.poc_bug, overlap=args.overlap, backend=dist.get_backend(), device=str(dev),
+        layout=args.layout[0], ns_calls=first["ns_calls"], ns_flops_max_rank=first["ns_flops_max_rank"],
+        state_bytes=first["state_bytes"], ledger=first["ledger"], layouts=layouts)), flush=True)
+    for opt in opts.values():
+        opt.comm.close()
     return 0 if ok else 1
 
 

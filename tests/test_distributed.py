@@ -1,6 +1,7 @@
 """Distributed runs on real gloo process groups, checked against the single-device reference.
 
-Tolerance: zero. Each rank runs the same kernels on the same numbers as the reference (the
+Every run checks all three layouts (bucket, owner, aligned) side by side in one launch: each gets its
+own optimizer, and each must match the reference. Tolerance: zero. Each rank runs the same kernels on the same numbers as the reference (the
 gradients are dyadic, so the DP sum is exact in any order; see dmuon/lab/synthetic.py), so any
 difference at all is a bug. Shapes divide unevenly by every DP size (padding, straddling
 matrices), buckets are small so there are several, and there are several parameter groups.
@@ -13,52 +14,72 @@ import sys
 import pytest
 
 from conftest import ODD_SHAPES, ODD_TP_DIMS, last_json, run, script
-from dmuon.lab.costmodel import step_bytes
+from dmuon.lab.costmodel import PHASES, step_bytes
 from dmuon.lab.synthetic import build_problem, parse_shapes, parse_tp_dims
 
-GRIDS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (3, 1), (2, 4)]
+GRIDS = [(1, 1), (2, 1), (1, 2), (2, 2), (3, 1), (4, 1), (1, 4), (2, 4), (3, 2)]
 CASES = ([("muon", dp, tp, "none") for dp, tp in GRIDS]
-         + [("hybrid", dp, tp, "none") for dp, tp in [(2, 1), (2, 2), (3, 1), (1, 4), (2, 4)]]
+         + [("hybrid", dp, tp, "none") for dp, tp in [(2, 1), (2, 2), (3, 1), (1, 4), (2, 4), (3, 2)]]
          + [("adamw", dp, tp, "none") for dp, tp in [(2, 2), (4, 1), (3, 1)]]
-         + [("muon", 2, 2, "prefetch"), ("hybrid", 3, 1, "naive")])  # overlap must not change a bit
+         + [("muon", 2, 2, "prefetch"), ("hybrid", 3, 1, "naive"), ("hybrid", 3, 2, "prefetch")])  # not a bit
+LAYOUTS = "bucket,owner,aligned"
 BUCKET = "1500"
+N_MATRICES = len(ODD_SHAPES.split(","))
 
 
-def verify_args(optimizer, dp, tp, *extra, overlap="none"):
+def verify_args(optimizer, dp, tp, *extra, overlap="none", layouts="bucket"):
     return ["--dp", str(dp), "--tp", str(tp), "--optimizer", optimizer, "--overlap", overlap, "--shapes", ODD_SHAPES,
-            "--tp-dims", ODD_TP_DIMS, "--bucket-numel", BUCKET, "--steps", "3", *extra]
+            "--tp-dims", ODD_TP_DIMS, "--bucket-numel", BUCKET, "--steps", "3", "--layout", layouts, *extra]
 
 
 @functools.lru_cache(maxsize=None)
-def verify_run(optimizer, dp, tp, overlap="none"):
-    """One verify.py run per case, shared by the tests that read it."""
-    return script("verify.py", *verify_args(optimizer, dp, tp, overlap=overlap))
+def verify_run(optimizer, dp, tp, overlap="none", layouts=LAYOUTS):
+    """One verify.py run per case (every layout side by side), shared by the tests that read it."""
+    return script("verify.py", *verify_args(optimizer, dp, tp, overlap=overlap, layouts=layouts))
 
 
 def assert_ledger_is_closed_form(result, optimizer, dp, tp):
+    """Every rank's ledger, under every layout, equals the closed form for that rank, phase by phase."""
     problem = build_problem(optimizer, parse_shapes(ODD_SHAPES), parse_tp_dims(ODD_TP_DIMS), 2, 0, tp)
-    expected = step_bytes(problem.groups, dp, tp, int(BUCKET))
-    phases = result["ledger"]["phases"]
-    for phase in ("grad_reduce_scatter", "ns_gather_dp", "ns_gather_tp", "param_all_gather"):
-        assert phases.get(phase, {}).get("bytes_sent", 0) == expected[phase], phase
-    assert result["ledger"]["bytes_sent"] == expected["total"]
+    for layout, res in result["layouts"].items():
+        assert len(res["ledger_per_rank"]) == dp * tp
+        for rank, ledger in enumerate(res["ledger_per_rank"]):
+            expected = step_bytes(problem.groups, dp, tp, int(BUCKET), layout=layout, rank=rank)
+            for phase in PHASES:
+                assert ledger["phases"].get(phase, {}).get("bytes_sent", 0) == expected[phase], (layout, rank, phase)
+            assert ledger["bytes_sent"] == expected["total"], (layout, rank)
 
 
 @pytest.mark.parametrize("optimizer,dp,tp,overlap", CASES,
                          ids=[f"{o}-{d}x{t}" + ("" if v == "none" else f"-{v}") for o, d, t, v in CASES])
-def test_verify_matches_reference_bit_for_bit(optimizer, dp, tp, overlap):
+def test_every_layout_matches_reference_bit_for_bit(optimizer, dp, tp, overlap):
     proc = verify_run(optimizer, dp, tp, overlap)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = last_json(proc.stdout)
     assert result["ok"] is True and result["max_abs_diff"] == 0.0
     assert (result["dp"], result["tp"], result["optimizer"]) == (dp, tp, optimizer)
-    assert len(result["per_step_max_abs_diff"]) == 3
+    assert sorted(result["layouts"]) == sorted(LAYOUTS.split(","))
+    for layout, res in result["layouts"].items():
+        assert res["ok"] and res["max_abs_diff"] == 0.0 and len(res["per_step_max_abs_diff"]) == 3, layout
     assert_ledger_is_closed_form(result, optimizer, dp, tp)
+
+
+@pytest.mark.parametrize("optimizer,dp,tp", [("muon", dp, tp) for dp, tp in GRIDS] + [("hybrid", 3, 2)])
+def test_owner_layouts_orthogonalise_each_matrix_once_and_every_rank_agrees_who(optimizer, dp, tp):
+    result = last_json(verify_run(optimizer, dp, tp).stdout)
+    muon_matrices = N_MATRICES  # the hybrid routes the same matrices to Muon (biases, embedding: AdamW)
+    layouts = result["layouts"]
+    assert layouts["bucket"]["ns_calls"] == muon_matrices * dp * tp   # every rank, every matrix
+    for layout in ("owner", "aligned"):
+        assert layouts[layout]["ns_calls"] == muon_matrices, layout
+        assert layouts[layout]["owners_agree"] is True
+        assert len(layouts[layout]["owners"]) == muon_matrices
+        assert set(layouts[layout]["owners"].values()) <= set(range(dp * tp))
 
 
 def test_verify_under_torchrun_on_2x2():
     proc = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                "scripts/verify.py", *verify_args("hybrid", 2, 2)])
+                "scripts/verify.py", *verify_args("hybrid", 2, 2, layouts=LAYOUTS)])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = last_json(proc.stdout)
     assert result["ok"] and result["world_size"] == 4 and result["backend"] == "gloo"
@@ -66,9 +87,12 @@ def test_verify_under_torchrun_on_2x2():
 
 
 def test_dp_only_byte_ratio_is_exactly_the_papers_bound():
-    muon = last_json(verify_run("muon", 4, 1).stdout)
-    adamw = last_json(verify_run("adamw", 4, 1).stdout)
-    assert muon["ledger"]["bytes_sent"] / adamw["ledger"]["bytes_sent"] == 1.25
+    muon = last_json(verify_run("muon", 4, 1).stdout)["layouts"]
+    adamw = last_json(verify_run("adamw", 4, 1).stdout)["layouts"]["bucket"]
+    assert muon["bucket"]["ledger"]["bytes_sent"] / adamw["ledger"]["bytes_sent"] == 1.25
+    # The owner layout moves less than the bucket layout, summed over ranks (it is uneven per rank).
+    total = lambda res: sum(r["bytes_sent"] for r in res["ledger_per_rank"])  # noqa: E731
+    assert total(adamw) < total(muon["owner"]) < 1.25 * total(adamw)
 
 
 # ---- the proof of concept's two bugs: the check must catch each one ----------------------------

@@ -8,6 +8,7 @@ import torch
 
 from dmuon.lab.costmodel import bytes_ratio, step_bytes
 from dmuon.grid import check_grid, grid_layout
+from dmuon.newton_schulz import ns5_flops
 from dmuon.plan import ParamSpec, build_plan, split_into_buckets, tp_local_shape
 from dmuon.sharding import bucket_matrix, dp_shard_of, pack_bucket, tp_shard, tp_unshard, unpack_bucket
 from dmuon.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, build_problem
@@ -134,3 +135,65 @@ def test_closed_form_tp_gathers_come_on_top():
     assert with_tp["ns_gather_tp"] > 0 and bytes_ratio(groups, 2, 2, None) > 1.25
     assert step_bytes(groups, 2, 2, None, muon=False)["ns_gather_tp"] == 0
     assert bytes_ratio(groups, 1, 4, None) is None                   # AdamW moves nothing at dp = 1
+
+
+# ---- layouts: shard cuts and owners -----------------------------------------------------------
+
+def layout_cases():
+    for case in random_cases(n=40, seed=1):
+        for layout in ("owner", "aligned"):
+            yield (*case, layout)
+
+
+@pytest.mark.parametrize("case", list(layout_cases()), ids=lambda c: f"{c[4]}-dp{c[1]}-tp{c[2]}-b{c[3]}")
+def test_every_matrix_has_one_owner_the_same_on_every_rank_and_work_is_balanced(case):
+    groups, dp, tp, bucket_numel, layout = case
+    plans = [build_plan(groups, dp, r, tp, bucket_numel, layout) for r in range(dp)]
+    keys = {(g, i) for g, specs in enumerate(groups) for i in range(len(specs))}
+    assert set(plans[0].owners) == keys                                # every matrix, exactly once
+    assert all(p.owners == plans[0].owners for p in plans)             # whichever rank computes it
+    assert set(plans[0].owners.values()) <= set(range(dp * tp))
+    load = [0] * (dp * tp)
+    for (g, i), rank in plans[0].owners.items():
+        load[rank] += ns5_flops(*groups[g][i].full_shape)
+    flops = [ns5_flops(*s.full_shape) for specs in groups for s in specs]
+    if layout == "owner":  # longest-processing-time-first: never worse than the mean plus one matrix
+        assert max(load) <= sum(flops) / (dp * tp) + max(flops)
+    else:  # aligned: the owner's DP rank holds the whole matrix, so nothing crosses DP
+        for (g, i), rank in plans[0].owners.items():
+            meta = plans[0].metas[g][i]
+            assert plans[0].piece_numel(meta, rank // tp) == meta.numel
+
+
+def test_aligned_cuts_fall_between_matrices_and_owner_cuts_are_equal():
+    specs = [[ParamSpec(f"w{i}", s, -1) for i, s in enumerate([(30, 10), (10, 10), (20, 10), (40, 10)])]]
+    aligned = build_plan(specs, 3, 0, 1, None, "aligned").buckets[0][0]
+    bounds = {0, 300, 400, 600, 1000}
+    assert set(aligned.cuts) <= bounds and aligned.cuts[0] == 0 and aligned.cuts[-1] == 1000
+    assert aligned.shard_numel == max(b - a for a, b in zip(aligned.cuts, aligned.cuts[1:]))
+    owner = build_plan(specs, 3, 0, 1, None, "owner").buckets[0][0]
+    assert owner.cuts == (0, 334, 668, 1000) and owner.padded_numel == 1002
+    assert build_plan(specs, 3, 0, 1, None, "bucket").buckets[0][0] == owner
+
+
+def test_pack_and_unpack_with_uneven_shards_round_trip():
+    specs = [[ParamSpec(f"w{i}", s, -1) for i, s in enumerate([(3, 5), (2, 2), (4, 4), (1, 7)])]]
+    bucket = build_plan(specs, 3, 0, 1, None, "aligned").buckets[0][0]
+    tensors = [torch.arange(a * b, dtype=torch.float32).view(a, b) + 100 * i
+               for i, (a, b) in enumerate([(3, 5), (2, 2), (4, 4), (1, 7)])]
+    flat = pack_bucket(tensors, bucket)
+    assert flat.numel() == bucket.padded_numel
+    for r in range(3):  # shard r is its elements, then zeros up to shard_numel
+        lo, hi = bucket.cuts[r], bucket.cuts[r + 1]
+        chunk = flat[r * bucket.shard_numel:(r + 1) * bucket.shard_numel]
+        assert torch.equal(chunk[:hi - lo], torch.cat([t.reshape(-1) for t in tensors])[lo:hi])
+        assert not chunk[hi - lo:].any()
+    metas = build_plan(specs, 3, 0, 1, None, "aligned").metas[0]
+    out = [torch.zeros_like(t) for t in tensors]
+    unpack_bucket(flat, bucket, metas, out)
+    assert all(torch.equal(a, b) for a, b in zip(out, tensors))
+
+
+def test_unknown_layout_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown layout 'rows'.*bucket"):
+        build_plan([[ParamSpec("w", (4, 4))]], 1, 0, 1, None, "rows")

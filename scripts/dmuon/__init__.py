@@ -1,25 +1,36 @@
-"""dmuon: Distributed Muon (ZeRO-1 x tensor parallel), small enough to read and tested against one process.
+"""dmuon: Distributed Muon (ZeRO-1 x tensor parallel) as torch.optim.Optimizers, tested against one process.
 
-The modules, in the order the book introduces them:
+    pip install -e .            # from a checkout (make setup does it)
+
+    from dmuon import DistributedMuon, Grid, hybrid_param_groups
+    grid = Grid.build(dp=2, tp=2)                          # after torch.distributed.init_process_group
+    opt = DistributedMuon(hybrid_param_groups(model.named_parameters()), grid, layout="owner")
+
+The engine, in the order the book introduces it (the math apart from the orchestration):
 
     newton_schulz  NS5 orthogonalisation and its FLOP count (pure functions)
     updates        Muon momentum, lr adjustment, decoupled decay, AdamW (pure, elementwise)
     optim          single-device Muon / AdamW / hybrid MuonW and the hybrid routing rule
     grid           the DP x TP grid: rank layout and process groups
-    plan           the ZeRO-1 plan: virtual buffers, buckets, padding, dist_meta
+    layouts        where ZeRO-1 cuts buckets and who orthogonalises each matrix (pure)
+    plan           the ZeRO-1 plan: virtual buffers, buckets, padding, dist_meta, owners (pure)
     sharding       moving tensors by the plan: TP shard/unshard, pack/unpack buckets
-    comm           every collective, with the communication ledger
-    distributed    DistributedMuon and DistributedAdamW (the Moonshot flow)
+    comm           every collective, with the communication ledger (bytes and Newton-Schulz work)
+    flows          momentum shards -> orthogonalised shards, per layout (bucket gathers, owner all-to-all)
+    distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses)
     launch         one entry point for local gloo processes and torchrun
-    synthetic      seeded problems for verification and benchmarks
 
-The command-line entry points live one folder up: ``python scripts/verify.py --dp 2 --tp 2``.
+``dmuon.lab`` holds what the book, benchmarks and tests use beside it (synthetic problems, the
+cost model, traces, the tiny GPT, the proof of concept's bugs). The command-line entry points live
+one folder up: ``python scripts/verify.py --dp 2 --tp 2 --layout bucket,owner``.
 """
 from .distributed import DistributedAdamW, DistributedMuon
 from .grid import Grid, grid_layout
+from .layouts import LAYOUTS
 from .newton_schulz import ns5_flops, zeropower_ns5
 from .optim import AdamW, Muon, MuonW, hybrid_param_groups, routes_to_muon
 from .plan import DistMeta, ParamSpec, build_plan
 
-__all__ = ["AdamW", "DistMeta", "DistributedAdamW", "DistributedMuon", "Grid", "Muon", "MuonW", "ParamSpec",
-           "build_plan", "grid_layout", "hybrid_param_groups", "ns5_flops", "routes_to_muon", "zeropower_ns5"]
+__all__ = ["LAYOUTS", "AdamW", "DistMeta", "DistributedAdamW", "DistributedMuon", "Grid", "Muon", "MuonW",
+           "ParamSpec", "build_plan", "grid_layout", "hybrid_param_groups", "ns5_flops", "routes_to_muon",
+           "zeropower_ns5"]

@@ -5,7 +5,8 @@ Why one wrapper:
 * **Counting.** Each call is recorded (op, group, dtype, elements, phase, step) with the bytes
   one rank sends and receives *as a ring algorithm moves them*: an all-gather or a
   reduce-scatter over ``n`` ranks of a shard of ``s`` elements sends and receives
-  ``(n-1)*s`` elements per rank; an all-reduce twice that. Gloo has no reduce-scatter and
+  ``(n-1)*s`` elements per rank; an all-reduce twice that; an all-to-all what the rank sends to
+  (and receives from) the others, its own part excluded. Gloo has no reduce-scatter and
   runs an all-reduce of the whole input instead (so it really moves about twice the bytes);
   the ledger counts the algorithm NCCL would run, which is what the paper's (1, 1.25] claim is
   about, and ``Ledger.summary`` says so.
@@ -13,6 +14,8 @@ Why one wrapper:
   ``CollectiveError`` naming the op, group, dtype, size, phase, step and rank. A watchdog thread
   also ends the process with that message if a collective outlives its timeout by more than a
   few seconds without the backend raising (a hung NCCL kernel, say).
+* **Work.** ``Ledger.count_ns`` records every Newton-Schulz run (calls and FLOPs), so a step
+  reports how often each matrix was orthogonalised, beside what it moved.
 * **Profiling.** Every collective runs inside a profiler range named ``comm:<phase>`` (and the
   wait of an asynchronous one in ``comm_wait:<phase>``), so a trace can be split into
   communication and compute (``traces.py``).
@@ -38,8 +41,23 @@ from torch.profiler import record_function
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-# The four phases of a ZeRO-1 step, in order; a summary lists them in this order.
-PHASES = ("grad_reduce_scatter", "ns_gather_dp", "ns_gather_tp", "param_all_gather")
+
+
+class Phase:
+    """The phases of a ZeRO-1 step, named once. The bucket layout gathers for Newton-Schulz over DP
+    then TP; the owner and aligned layouts send a matrix's pieces to its owner and back."""
+
+    GRAD_REDUCE_SCATTER = "grad_reduce_scatter"
+    NS_GATHER_DP = "ns_gather_dp"
+    NS_GATHER_TP = "ns_gather_tp"
+    NS_TO_OWNER = "ns_to_owner"
+    NS_FROM_OWNER = "ns_from_owner"
+    PARAM_ALL_GATHER = "param_all_gather"
+
+
+# In step order; a summary lists them in this order.
+PHASES = (Phase.GRAD_REDUCE_SCATTER, Phase.NS_GATHER_DP, Phase.NS_GATHER_TP, Phase.NS_TO_OWNER,
+          Phase.NS_FROM_OWNER, Phase.PARAM_ALL_GATHER)
 RING_NOTE = ("bytes are per rank as a ring algorithm moves them; gloo runs reduce-scatter as an "
              "all-reduce of the whole input, which really moves about twice that")
 
@@ -49,7 +67,7 @@ class CollectiveError(RuntimeError):
 
 
 class Pending:
-    """An all-gather in flight: ``wait()`` returns its output (at once, if it ran synchronously)."""
+    """A collective in flight: ``wait()`` returns its output (at once, if it ran synchronously)."""
 
     def __init__(self, out: torch.Tensor, finish=None):
         self._out, self._finish = out, finish
@@ -69,7 +87,7 @@ class Record:
     group: str
     group_size: int
     dtype: str
-    numel: int        # elements of this rank's shard (all-gather input, reduce-scatter output)
+    numel: int        # elements of this rank's shard (all-gather input, reduce-scatter output; all-to-all: sent to others)
     bytes_sent: int
     bytes_recv: int
     seconds: float = 0.0  # wall time this rank spent in the call (and in waiting for it, if asynchronous)
@@ -84,6 +102,8 @@ def ring_bytes(op: str, group_size: int, shard_numel: int, element_size: int) ->
         return 2 * hops * shard_numel * element_size
     if op == "broadcast":  # a pipelined ring: every rank but the last forwards the whole tensor
         return (1 if hops else 0) * shard_numel * element_size
+    if op == "all_to_all":  # point to point: shard_numel is what this rank sends to the others
+        return shard_numel * element_size
     raise ValueError(f"no ring model for {op!r}")
 
 
@@ -95,6 +115,7 @@ class Ledger:
 
     def __init__(self, keep_steps: int = 16):
         self.records: list[Record] = []
+        self.ns: dict[int, list[int]] = {}  # step -> [Newton-Schulz calls, their FLOPs] on this rank
         self.step = 0
         self.keep_steps = keep_steps
 
@@ -102,6 +123,13 @@ class Ledger:
         """Record what follows under ``step``; forget steps more than ``keep_steps`` ago."""
         self.step = step
         self.records = [r for r in self.records if r.step == 0 or r.step > step - self.keep_steps]
+        self.ns = {s: v for s, v in self.ns.items() if s > step - self.keep_steps}
+
+    def count_ns(self, flops: int) -> None:
+        """One Newton-Schulz run of ``flops`` FLOPs, in the current step."""
+        calls = self.ns.setdefault(self.step, [0, 0])
+        calls[0] += 1
+        calls[1] += flops
 
     def summary(self, step: int | None = None) -> dict:
         """Calls, elements and bytes per phase for one step (default: the last recorded step)."""
@@ -119,7 +147,8 @@ class Ledger:
             p["bytes_sent"] += r.bytes_sent
             p["bytes_recv"] += r.bytes_recv
         ordered = {k: phases[k] for k in PHASES if k in phases}
-        return dict(step=step, phases=ordered,
+        ns_calls, ns_flops = self.ns.get(step, (0, 0))
+        return dict(step=step, phases=ordered, ns_calls=ns_calls, ns_flops=ns_flops,
                     bytes_sent=sum(p["bytes_sent"] for p in ordered.values()),
                     bytes_recv=sum(p["bytes_recv"] for p in ordered.values()),
                     seconds=sum(p["seconds"] for p in ordered.values()), note=RING_NOTE)
@@ -184,6 +213,23 @@ class Comm:
             return Pending(shard.clone())
         out = torch.empty(size * shard.numel(), dtype=shard.dtype, device=shard.device)
         work = self._collective(rec, lambda a: _all_gather_flat(out, shard, group=pg, async_op=a), wait=wait_now)
+        return Pending(out, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
+
+    def all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: str,
+                   phase: str, wait_now: bool = True) -> Pending:
+        """Send ``send_counts[q]`` consecutive elements of flat ``send`` to rank ``q`` of ``group`` and receive
+        ``recv_counts[q]`` from each: uneven sizes are fine. Returns a ``Pending`` whose ``wait()`` gives the
+        received elements, rank by rank. Only what crosses to another rank is counted."""
+        pg, size = self._group(group)
+        me = self.grid.rank if group == "world" else self.grid.dp_rank if group == "dp" else self.grid.tp_rank
+        out = torch.empty(sum(recv_counts), dtype=send.dtype, device=send.device)
+        sent = sum(send_counts) - send_counts[me]
+        rec = self._record("all_to_all", group, size, sent, send.dtype, phase)
+        rec.bytes_recv = (sum(recv_counts) - recv_counts[me]) * send.dtype.itemsize
+        if size == 1:
+            return Pending(send.clone())
+        work = self._collective(rec, lambda a: dist.all_to_all_single(out, send, recv_counts, send_counts, group=pg,
+                                                                        async_op=a), wait=wait_now)
         return Pending(out, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
 
     def reduce_scatter_sum(self, full: torch.Tensor, group: str, phase: str) -> torch.Tensor:

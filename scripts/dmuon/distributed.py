@@ -1,83 +1,91 @@
-"""Distributed Muon and Distributed AdamW: ZeRO-1 over DP, aware of TP, with the Moonshot flow.
+"""Distributed Muon and Distributed AdamW: ``torch.optim.Optimizer``s with ZeRO-1 state, aware of TP.
 
-Each rank holds its TP-local parameters and their gradients (a TP-parallel model's own
-shards) and, thanks to ZeRO-1, optimizer state for only its DP shard of every bucket (see
-``plan.py``). One step, bucket by bucket:
+Each rank holds its TP-local parameters and their gradients (a TP-parallel model's own shards)
+and, thanks to ZeRO-1, optimizer state for only its DP shard of every bucket (``plan.py``). One
+step, bucket by bucket:
 
-  pass 1, per bucket:
-    1. gradients   pack -> reduce-scatter over DP (fp32, sum / dp)          -> my grad shard
-    2. Muon groups momentum on my shard (fp32)
-                   -> cast to bf16, all-gather over DP (the whole bucket)    "DP gather"
-                   -> per matrix: all-gather over TP along tp_split_dim     "TP gather"
-                   -> Newton-Schulz on the whole matrix
-                   -> keep my TP slice, then my DP part of it               "TP shard", "DP shard"
-                   -> update my fp32 master shard (decay, scaled lr)
-       AdamW groups AdamW on my shard, elementwise, into the master shard
-  pass 2, per bucket:
-    3. parameters  all-gather the master shards over DP -> unpack into the parameters
+  1. gradients    pack -> reduce-scatter over DP (fp32, sum / dp)            -> my gradient shard
+  2. Muon groups  momentum on my shard (fp32) -> the layout's flow (``flows.py``) turns it into my
+                  shard of the orthogonalised update -> decay and scaled lr into my fp32 master shard
+     AdamW groups AdamW on my shard, elementwise, into my master shard
+  3. parameters   all-gather the master shards over DP -> unpack into the parameters
 
-This is the proof of concept's layout: every DP rank gathers whole buckets and every rank
-orthogonalises every matrix, which costs the paper's 1.25x upper bound in bytes on a DP-only
-grid and repeats Newton-Schulz dp*tp times. The math is in ``updates.py`` and
-``newton_schulz.py``, the geometry in ``plan.py``, the tensor moves in ``sharding.py`` and every
-collective in ``comm.py``; this file only orders them.
+The layout (``layouts.py``) is a choice of the plan: "bucket" (the paper's and the proof of
+concept's: every rank orthogonalises every matrix), "owner" (one owner per matrix, Newton-Schulz
+once) or "aligned" (shards cut on matrix boundaries). Steps 1 and 3 are AdamW's and the same for
+every layout but "aligned", whose uneven shards travel padded.
 
-``overlap`` picks how collectives meet compute: "none" (each bucket finished in turn), "naive"
-(every collective issued with ``async_op=True`` and waited for at once, the community report's
-experiment) or "prefetch" (start every bucket's DP gather, and every matrix's TP gather, before
-orthogonalising, so later transfers travel while Newton-Schulz runs). All three give the same
-parameters, bit for bit.
+    opt = DistributedMuon(hybrid_param_groups(model.named_parameters()), grid, layout="owner")
+    loss.backward(); opt.step(); opt.zero_grad()
 
-Run it: ``python scripts/verify.py --dp 2 --tp 2`` (or under ``torchrun``).
+Hyperparameters live in ``param_groups`` (an lr scheduler works); a group may also give
+``names`` (for errors) and ``tp_split_dims`` (per parameter: 0 or 1 if the model splits it over
+TP, -1 if replicated). State is per parameter, as torch keeps it: ``master`` (the fp32 copy of
+the elements this rank owns), ``momentum`` or ``exp_avg``/``exp_avg_sq`` and ``step``; each is a
+view into the bucket shard the collectives use. ``state_dict()`` / ``load_state_dict()``
+round-trip on the same grid and layout.
+
+Run it: ``python scripts/verify.py --dp 2 --tp 2 --layout bucket,owner`` (or under ``torchrun``).
 """
 from __future__ import annotations
 
 import torch
 from torch.profiler import record_function
 
-from .comm import Comm, Pending
-from .newton_schulz import zeropower_ns5
+from .comm import Comm, Phase
+from .flows import FLOWS
 from .optim import DEFAULTS, check_group, param_names
 from .plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
-from .sharding import bucket_matrix, dp_shard_of, local_shard, pack_bucket, tp_shard, tp_unshard, unpack_bucket
+from .sharding import local_shard, pack_bucket, unpack_bucket
 from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
 
-
 OVERLAP_MODES = ("none", "naive", "prefetch")
+MUON_STATE, ADAMW_STATE = ("master", "momentum"), ("master", "exp_avg", "exp_avg_sq")
 
 
-class ZeroOneOptimizer:
+class ZeroOneOptimizer(torch.optim.Optimizer):
     """The engine: ZeRO-1 sharded state, Muon or AdamW per group. Use the two classes below."""
 
-    def __init__(self, params, grid, comm: Comm | None = None, bucket_numel: int | None = DEFAULT_BUCKET_NUMEL,
-                 use_muon: bool = True, check_finite: bool = True, overlap: str = "none", **hyper):
+    def __init__(self, params, grid, comm: Comm | None = None, layout: str = "bucket",
+                 bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
+                 check_finite: bool = True, overlap: str = "none", **hyper):
         unknown = set(hyper) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {sorted(DEFAULTS)}")
         if overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {overlap!r}")
-        self.grid = grid
+        self.grid, self.overlap, self.check_finite = grid, overlap, check_finite
         self.comm = comm or Comm(grid)
-        self.overlap = overlap
         self.comm.naive_async = overlap == "naive"
-        self.check_finite = check_finite
-        groups = list(params)
-        if groups and isinstance(groups[0], torch.Tensor):
-            groups = [{"params": groups}]
-        self.param_groups = []
-        for g_idx, group in enumerate(groups):
-            group = {**DEFAULTS, "use_muon": use_muon, **hyper, **group}
-            group["params"] = list(group["params"])
+        self._planned = False
+        super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **hyper))
+        for g_idx, group in enumerate(self.param_groups):
             group["names"] = param_names(group, g_idx)
             group["tp_split_dims"] = list(group.get("tp_split_dims") or [-1] * len(group["params"]))
             check_group(group, g_idx)
-            self.param_groups.append(group)
-        specs = [[ParamSpec(n, self._full_shape(p, d), d)
-                  for n, p, d in zip(g["names"], g["params"], g["tp_split_dims"])] for g in self.param_groups]
-        self.plan = build_plan(specs, grid.dp, grid.dp_rank, grid.tp, bucket_numel)
-        self.state = [[self._init_state(g, b) for b in buckets] for g, buckets in enumerate(self.plan.buckets)]
+        specs = [[ParamSpec(n, self._full_shape(p, d), d) for n, p, d in zip(g["names"], g["params"], g["tp_split_dims"])]
+                 for g in self.param_groups]
+        self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
+        self.plan = build_plan(specs, grid.dp, grid.dp_rank, grid.tp, bucket_numel, layout, self.muon_groups)
+        self.flow = self._make_flow(layout)
+        self.shards = [[self._init_shard(g, b) for b in buckets] for g, buckets in enumerate(self.plan.buckets)]
+        self._bind_state()
         self.steps_taken = 0
+        self._planned = True
         self.trace = None  # optional callable(stage, name, tensor), called at each stage (see trace_step.py)
+
+    @property
+    def layout(self) -> str:
+        return self.plan.layout
+
+    def _make_flow(self, layout: str):
+        return FLOWS[layout](self)
+
+    def add_param_group(self, param_group: dict) -> None:
+        if self._planned:
+            raise RuntimeError("the ZeRO-1 plan is fixed when the optimizer is built: give every parameter group "
+                               "to the constructor")
+        super().add_param_group(param_group)
 
     def _full_shape(self, p: torch.Tensor, tp_split_dim: int) -> tuple[int, ...]:
         shape = list(p.shape)
@@ -87,46 +95,108 @@ class ZeroOneOptimizer:
             shape[tp_split_dim] *= self.grid.tp
         return tuple(shape)
 
-    def _init_state(self, g: int, bucket) -> dict:
+    # ---- state: bucket shards for the collectives, per-parameter views for torch -------------------
+
+    def _init_shard(self, g: int, bucket) -> dict:
         """The fp32 master shard of the bucket's parameters, and Muon's or AdamW's state for it."""
         flat = pack_bucket([p.detach() for p in self.param_groups[g]["params"]], bucket, torch.float32)
         lo = bucket.shard_numel * self.grid.dp_rank
-        state = {"master": flat[lo: lo + bucket.shard_numel].clone()}
-        if self.param_groups[g]["use_muon"]:
-            state["momentum"] = torch.zeros_like(state["master"])
-        else:
-            state["exp_avg"] = torch.zeros_like(state["master"])
-            state["exp_avg_sq"] = torch.zeros_like(state["master"])
-        return state
+        master = flat[lo: lo + bucket.shard_numel].clone()
+        kinds = MUON_STATE if self.muon_groups[g] else ADAMW_STATE
+        return {k: master if k == "master" else torch.zeros_like(master) for k in kinds}
+
+    def _bind_state(self) -> None:
+        """``self.state[p]`` holds views of this rank's part of every shard tensor, plus a step count."""
+        for g, group in enumerate(self.param_groups):
+            for p, meta in zip(group["params"], self.plan.metas[g]):
+                shard = self.shards[g][meta.bucket_idx]
+                step = self.state[p].get("step", torch.zeros((), dtype=torch.float32))
+                self.state[p] = {k: local_shard(t, self.plan, meta) for k, t in shard.items()}
+                self.state[p]["step"] = step
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        sd["dmuon"] = self._signature()
+        return sd
+
+    def _signature(self) -> dict:
+        """What a saved state depends on: resharding to another grid or layout is not done here."""
+        return dict(dp=self.grid.dp, tp=self.grid.tp, dp_rank=self.grid.dp_rank, tp_rank=self.grid.tp_rank,
+                    layout=self.layout, global_buffer_size=list(self.plan.global_buffer_size))
 
     @torch.no_grad()
-    def step(self) -> None:
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a state saved by the same optimizer on the same grid, layout and rank. Everything is
+        checked before anything changes; a mismatch is an error naming it."""
+        saved = state_dict.get("dmuon")
+        if saved != self._signature():
+            raise ValueError(f"this state was saved on {saved}; this optimizer is {self._signature()}. "
+                             "Loading onto another grid or layout needs a resharding checkpoint")
+        groups = state_dict["param_groups"]
+        if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
+            raise ValueError("the saved parameter groups differ from this optimizer's in number or size")
+        ids = [i for g in groups for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(ids, params):
+            theirs, ours = state_dict["state"].get(i, {}), self.state[p]
+            if set(theirs) != set(ours) or any(theirs[k].shape != ours[k].shape for k in ours):
+                raise ValueError(f"saved state of parameter {i} has {sorted(theirs)} with other shapes than "
+                                 f"this optimizer's {sorted(ours)}")
+        for i, p in zip(ids, params):
+            for k, t in self.state[p].items():
+                t.copy_(state_dict["state"][i][k])
+        for ours, theirs in zip(self.param_groups, groups):
+            ours.update({k: v for k, v in theirs.items() if k != "params"})
+
+    # ---- the step ---------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         self._check_grads()
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["step"] += 1
         self.steps_taken += 1
         self.comm.ledger.begin_step(self.steps_taken)
         with record_function("optimizer.step"):
             self._update_master_shards()
             self._gather_params()
+        return loss
 
     def _update_master_shards(self) -> None:
-        """Pass 1: reduce-scatter the gradients and update this rank's fp32 master shard of every bucket."""
+        """Reduce-scatter the gradients and update this rank's fp32 master shard of every bucket."""
         for g, group in enumerate(self.param_groups):
             params = group["params"]
             if group["use_muon"]:
-                self._muon_group(g, group, params)
+                updates = ((bucket, self._momentum(g, group, bucket)) for bucket in self.plan.buckets[g])
+                for meta, piece in self.flow.run(group, updates):
+                    lr = group["lr"]
+                    master = local_shard(self.shards[g][meta.bucket_idx]["master"], self.plan, meta)
+                    apply_update_(master, piece, lr, group["weight_decay"],
+                                  adjust_lr(lr, meta.full_shape, group["adjust_lr"]))
                 continue
             for bucket in self.plan.buckets[g]:
-                state = self.state[g][bucket.bucket_idx]
-                grad_shard = self._reduce_scatter_grads(params, bucket)
-                adamw_step_(state["master"], grad_shard, state["exp_avg"], state["exp_avg_sq"],
-                            self.steps_taken, group["lr"], group["betas"], group["eps"], group["weight_decay"])
+                shard = self.shards[g][bucket.bucket_idx]
+                step = int(self.state[params[bucket.param_indices[0]]]["step"])
+                adamw_step_(shard["master"], self._reduce_scatter_grads(params, bucket), shard["exp_avg"],
+                            shard["exp_avg_sq"], step, group["lr"], group["betas"], group["eps"], group["weight_decay"])
+
+    def _momentum(self, g: int, group: dict, bucket) -> torch.Tensor:
+        """This rank's gradient shard of the bucket through Muon's momentum: the shard to orthogonalise."""
+        update = muon_momentum_(self.shards[g][bucket.bucket_idx]["momentum"],
+                                self._reduce_scatter_grads(group["params"], bucket), group["momentum"], group["nesterov"])
+        return self._trace("momentum_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", update)
 
     def _gather_params(self) -> None:
-        """Pass 2: all-gather the master shards into every rank's parameters."""
+        """All-gather the master shards into every rank's parameters."""
         for g, group in enumerate(self.param_groups):
             params = group["params"]  # the proof of concept's second loop lacked this line (bug #1)
             for bucket in self.plan.buckets[g]:
-                self._all_gather_params(params, bucket, self.state[g][bucket.bucket_idx]["master"])
+                self._all_gather_params(params, bucket, self.shards[g][bucket.bucket_idx]["master"])
 
     def _trace(self, stage: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
         if self.trace is not None:
@@ -135,70 +205,21 @@ class ZeroOneOptimizer:
 
     def _reduce_scatter_grads(self, params, bucket) -> torch.Tensor:
         flat = pack_bucket([p.grad for p in params], bucket, torch.float32)
-        shard = self.comm.reduce_scatter_sum(flat, "dp", "grad_reduce_scatter").div_(self.grid.dp)
+        shard = self.comm.reduce_scatter_sum(flat, "dp", Phase.GRAD_REDUCE_SCATTER).div_(self.grid.dp)
         return self._trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", shard)
-
-    def _muon_group(self, g: int, group: dict, params) -> None:
-        """Momentum and DP gather per bucket, then orthogonalise. With ``overlap="prefetch"`` every
-        bucket's DP gather is started before any bucket is orthogonalised, so later gathers travel
-        while Newton-Schulz runs on earlier buckets; otherwise each bucket is finished in turn."""
-        prefetch = self.overlap == "prefetch"
-        in_flight = []
-        for bucket in self.plan.buckets[g]:
-            state = self.state[g][bucket.bucket_idx]
-            where = f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}"
-            update = muon_momentum_(state["momentum"], self._reduce_scatter_grads(params, bucket),
-                                    group["momentum"], group["nesterov"])
-            self._trace("momentum_shard", where, update)
-            gather = self.comm.all_gather_async(update.to(torch.bfloat16), "dp", "ns_gather_dp",  # DP gather
-                                                wait_now=not prefetch)
-            in_flight.append((bucket, state, gather))
-            if not prefetch:
-                self._orthogonalise_bucket(group, *in_flight.pop())
-        for item in in_flight:
-            self._orthogonalise_bucket(group, *item)
-
-    def _orthogonalise_bucket(self, group: dict, bucket, state: dict, gather) -> None:
-        """TP gather, Newton-Schulz, TP shard, DP shard and update, for every matrix of a gathered bucket.
-
-        Every matrix's TP gather is started first, so with ``overlap="prefetch"`` the gathers of later
-        matrices travel while Newton-Schulz runs on earlier ones.
-        """
-        bucket_update = self._trace("dp_gathered", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", gather.wait())
-        metas = self.plan.metas[bucket.buffer_idx]
-        matrices = []
-        for i in bucket.param_indices:
-            meta = metas[i]
-            matrix = self._trace("ns_input", meta.name, self._unpack_ns_input(bucket_update, bucket, meta))
-            if meta.tp_split_dim != -1 and self.grid.tp > 1:                                     # TP gather
-                matrix = self.comm.all_gather_async(matrix, "tp", "ns_gather_tp", wait_now=self.overlap != "prefetch")
-            matrices.append((meta, matrix))
-        for meta, matrix in matrices:
-            if isinstance(matrix, Pending):
-                matrix = self._trace("tp_gathered", meta.name, tp_unshard(matrix.wait(), meta, self.grid.tp))
-            with record_function("muon:newton_schulz"):
-                ortho = zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["ns_eps"])
-            self._trace("orthogonalised", meta.name, ortho)
-            tp_part = self._trace("tp_shard", meta.name,                                          # TP shard
-                                  tp_shard(ortho, meta.tp_split_dim, self.grid.tp, self.grid.tp_rank, meta.name))
-            mine = self._trace("dp_shard", meta.name, dp_shard_of(tp_part, meta))                 # DP shard
-            lr = group["lr"]
-            apply_update_(local_shard(state["master"], self.plan, meta), mine, lr, group["weight_decay"],
-                          adjust_lr(lr, meta.full_shape, group["adjust_lr"]))
-
-    def _unpack_ns_input(self, bucket_update, bucket, meta) -> torch.Tensor:
-        """A matrix's TP-local block of the gathered bucket, as a matrix (the PoC's bug #2 was a flat view)."""
-        return bucket_matrix(bucket_update, bucket, meta)
 
     def _all_gather_params(self, params, bucket, master: torch.Tensor) -> None:
         dtype = params[bucket.param_indices[0]].dtype
-        full = self.comm.all_gather(master.to(dtype), "dp", "param_all_gather")
+        full = self.comm.all_gather(master.to(dtype), "dp", Phase.PARAM_ALL_GATHER)
         unpack_bucket(full, bucket, self.plan.metas[bucket.buffer_idx], [p.data for p in params])
 
     def _check_grads(self) -> None:
         """Fail on this rank, before any collective, with a message naming the parameter."""
         where = f"rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank}), step {self.steps_taken + 1}"
-        for group in self.param_groups:
+        for g, group in enumerate(self.param_groups):
+            if bool(group["use_muon"]) != self.muon_groups[g]:
+                raise ValueError(f"group {g}: use_muon changed after the optimizer was built; its state is "
+                                 f"{'Muon' if self.muon_groups[g] else 'AdamW'}'s")
             for name, p in zip(group["names"], group["params"]):
                 if p.grad is None:
                     raise ValueError(f"parameter {name!r} has no gradient on {where}. ZeRO-1 reduces every "
@@ -212,20 +233,12 @@ class ZeroOneOptimizer:
                     raise FloatingPointError(f"gradient of parameter {name!r} has {bad} NaN/Inf value(s) on "
                                              f"{where}; the step was not taken and nothing was changed")
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if set_to_none:
-                    p.grad = None
-                elif p.grad is not None:
-                    p.grad.zero_()
-
     def state_bytes(self) -> dict:
         """Bytes of optimizer state on this rank, by kind (the master shard is listed apart)."""
         out: dict = {}
-        for buckets in self.state:
-            for st in buckets:
-                for k, t in st.items():
+        for buckets in self.shards:
+            for shard in buckets:
+                for k, t in shard.items():
                     out[k] = out.get(k, 0) + t.numel() * t.element_size()
         return out
 
@@ -241,7 +254,7 @@ class DistributedAdamW(ZeroOneOptimizer):
     """AdamW under ZeRO-1: the baseline, with the same plan, buckets and ledger as Distributed Muon.
 
     Every group runs AdamW, whatever its ``use_muon`` says, so the same parameter groups can be
-    given to both optimizers for a like-for-like comparison.
+    given to both optimizers for a like-for-like comparison. A layout changes nothing here.
     """
 
     def __init__(self, params, grid, **kwargs):

@@ -5,8 +5,10 @@ Pure geometry, no tensors and no processes, so the book can draw the plan of any
 Per parameter group (``buffer_idx``) the TP-local parameters are laid end to end, in order,
 in one *virtual* flat buffer (nothing is allocated for it). The buffer is cut into buckets
 (``bucket_idx``) on parameter boundaries: a bucket is the unit of one collective. Each bucket
-is padded to a multiple of ``dp`` and split into ``dp`` equal shards; DP rank ``r`` owns shard
-``r`` of every bucket and keeps optimizer state only for it (ZeRO-1).
+is cut into ``dp`` shards at ``cuts`` (equal shards, cut anywhere, except under the "aligned"
+layout, which cuts between matrices: see ``layouts.py``); DP rank ``r`` owns shard ``r`` of every
+bucket and keeps optimizer state only for it (ZeRO-1). In a collective every shard travels padded
+to ``shard_numel`` elements, so a bucket occupies ``padded_numel = dp * shard_numel`` elements.
 ``global_buffer_size`` is the padded length of the whole buffer.
 
 Per parameter, ``DistMeta`` (the proof of concept's ``dist_meta``) says:
@@ -19,6 +21,10 @@ Per parameter, ``DistMeta`` (the proof of concept's ``dist_meta``) says:
   shard boundary is owned piecewise by several DP ranks, which is normal;
 * ``tp_split_dim``: the dimension split over TP (0: rows, 1: columns), or -1 if replicated.
 
+``Plan.piece_slice(meta, d)`` gives the same for any DP rank ``d`` (every rank can compute every
+other rank's pieces), and ``Plan.owners`` the rank that orthogonalises each Muon matrix under the
+"owner" and "aligned" layouts.
+
     >>> plan = build_plan([[ParamSpec("w", (100, 100), 0)]], dp=3, dp_rank=1, tp=2)
     >>> plan.metas[0][0]
 """
@@ -26,6 +32,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from .layouts import Matrix, aligned_cuts, assign_owners, check_layout, even_cuts
+from .newton_schulz import ns5_flops
 
 DEFAULT_BUCKET_NUMEL = 2**20  # 4 MiB of fp32 per bucket
 
@@ -49,6 +58,7 @@ class DistMeta:
     global_range: tuple[int, int]
     local_range: tuple[int, int]
     tp_split_dim: int
+    param_idx: int = 0
 
     @property
     def numel(self) -> int:
@@ -70,18 +80,34 @@ class Bucket:
     bucket_idx: int
     start: int                      # offset of the bucket in its buffer
     numel: int                      # parameter elements (before padding)
-    padded_numel: int               # a multiple of dp
+    padded_numel: int               # dp * shard_numel: what a collective over the bucket moves
     param_indices: tuple[int, ...]  # which parameters of the group it holds
     dp: int
+    cuts: tuple[int, ...] = ()      # dp + 1 offsets in the bucket: shard r is [cuts[r], cuts[r + 1])
 
     @property
     def shard_numel(self) -> int:
+        """Elements of one shard as it travels (the largest shard; shorter ones are padded)."""
         return self.padded_numel // self.dp
 
     def shard_range(self, dp_rank: int) -> tuple[int, int]:
-        """[start, end) in buffer coordinates of the shard DP rank ``dp_rank`` owns."""
-        lo = self.start + dp_rank * self.shard_numel
-        return lo, lo + self.shard_numel
+        """[start, end) in buffer coordinates of the elements DP rank ``dp_rank`` owns."""
+        return self.start + self.cuts[dp_rank], self.start + self.cuts[dp_rank + 1]
+
+    def segments(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """Where bucket elements [lo, hi) sit in a flat tensor of ``dp`` padded shards laid end to end:
+        (offset in [lo, hi), length, offset in the flat tensor), one per run of contiguous elements.
+        With equal shards that is always one run: the flat tensor is the bucket plus end padding."""
+        out: list[list[int]] = []
+        for r in range(self.dp):
+            a, b = max(lo, self.cuts[r]), min(hi, self.cuts[r + 1])
+            if a < b:
+                dst = r * self.shard_numel + a - self.cuts[r]
+                if out and out[-1][2] + out[-1][1] == dst:
+                    out[-1][1] += b - a
+                else:
+                    out.append([a - lo, b - a, dst])
+        return [tuple(x) for x in out]
 
 
 @dataclass(frozen=True)
@@ -92,6 +118,12 @@ class Plan:
     buckets: list[list[Bucket]]          # per buffer (= parameter group)
     metas: list[list[DistMeta]]          # per buffer, one per parameter, in group order
     global_buffer_size: list[int] = field(default_factory=list)  # per buffer, padded
+    layout: str = "bucket"
+    owners: dict = field(default_factory=dict)  # (buffer_idx, param_idx) -> world rank; owner/aligned only
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp
 
     def bucket_of(self, meta: DistMeta) -> Bucket:
         return self.buckets[meta.buffer_idx][meta.bucket_idx]
@@ -100,6 +132,19 @@ class Plan:
         """Where ``meta.local_range`` sits inside this rank's shard of its bucket."""
         lo = self.bucket_of(meta).shard_range(self.dp_rank)[0]
         return slice(meta.local_range[0] - lo, meta.local_range[1] - lo)
+
+    def piece_slice(self, meta: DistMeta, dp_rank: int) -> slice:
+        """The elements of the flattened TP-local parameter that DP rank ``dp_rank`` owns (maybe none)."""
+        lo, hi = self.bucket_of(meta).shard_range(dp_rank)
+        a, b = max(lo, meta.global_range[0]), min(hi, meta.global_range[1])
+        return slice(a - meta.global_range[0], b - meta.global_range[0]) if a < b else slice(0, 0)
+
+    def piece_numel(self, meta: DistMeta, dp_rank: int) -> int:
+        piece = self.piece_slice(meta, dp_rank)
+        return piece.stop - piece.start
+
+    def owner_of(self, meta: DistMeta) -> int:
+        return self.owners[(meta.buffer_idx, meta.param_idx)]
 
     def local_state_numel(self) -> int:
         """Elements of optimizer state this DP rank keeps per state tensor (its shards, padding included)."""
@@ -140,10 +185,15 @@ def split_into_buckets(numels: list[int], bucket_numel: int | None) -> list[list
 
 
 def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1,
-               bucket_numel: int | None = DEFAULT_BUCKET_NUMEL) -> Plan:
-    """Lay out every group's TP-local parameters in buffers and buckets, and shard them over ``dp``."""
+               bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, layout: str = "bucket",
+               muon: list[bool] | None = None) -> Plan:
+    """Lay out every group's TP-local parameters in buffers and buckets, shard them over ``dp``, and
+    (for the "owner" and "aligned" layouts) give every matrix of a Muon group (``muon[g]``, default
+    all) its owner. The result is the same on every rank but for ``dp_rank`` and ``local_range``."""
+    check_layout(layout)
     if not 0 <= dp_rank < dp:
         raise ValueError(f"dp_rank {dp_rank} outside 0..{dp - 1}")
+    muon = [True] * len(groups) if muon is None else list(muon)
     all_buckets, all_metas, sizes = [], [], []
     for buffer_idx, specs in enumerate(groups):
         shapes = [tp_local_shape(s.name, s.full_shape, s.tp_split_dim, tp) for s in specs]
@@ -151,8 +201,12 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
         buckets, metas = [], [None] * len(specs)
         offset = 0
         for bucket_idx, members in enumerate(split_into_buckets(numels, bucket_numel)):
-            numel = sum(numels[i] for i in members)
-            bucket = Bucket(buffer_idx, bucket_idx, offset, numel, -(-numel // dp) * dp, tuple(members), dp)
+            sizes_in = [numels[i] for i in members]
+            numel = sum(sizes_in)
+            aligned = layout == "aligned" and muon[buffer_idx]
+            cuts = aligned_cuts(sizes_in, dp) if aligned else even_cuts(numel, dp)
+            shard = max(b - a for a, b in zip(cuts, cuts[1:]))
+            bucket = Bucket(buffer_idx, bucket_idx, offset, numel, shard * dp, tuple(members), dp, cuts)
             shard_lo, shard_hi = bucket.shard_range(dp_rank)
             start = offset
             for i in members:
@@ -160,11 +214,30 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
                 lo, hi = max(start, shard_lo), min(end, shard_hi)
                 local = (lo, hi) if lo < hi else (shard_lo, shard_lo)  # empty: anchored in our shard
                 metas[i] = DistMeta(specs[i].name, buffer_idx, bucket_idx, shapes[i], tuple(specs[i].full_shape),
-                                    (start, end), local, specs[i].tp_split_dim)
+                                    (start, end), local, specs[i].tp_split_dim, i)
                 start = end
             buckets.append(bucket)
             offset += bucket.padded_numel
         all_buckets.append(buckets)
         all_metas.append(metas)
         sizes.append(offset)
-    return Plan(dp, dp_rank, tp, all_buckets, all_metas, sizes)
+    plan = Plan(dp, dp_rank, tp, all_buckets, all_metas, sizes, layout)
+    if layout != "bucket":
+        plan.owners.update(assign_owners(_owner_candidates(plan, muon), dp * tp))
+    return plan
+
+
+def _owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
+    """Every Muon matrix with its NS cost, what each rank holds of it, and who may own it."""
+    out = []
+    for buffer_idx, metas in enumerate(plan.metas):
+        if not muon[buffer_idx]:
+            continue
+        for meta in metas:
+            per_dp = [plan.piece_numel(meta, d) for d in range(plan.dp)]
+            held = tuple(per_dp[r // plan.tp] for r in range(plan.world))
+            ranks = range(plan.world)
+            if plan.layout == "aligned":  # only the TP ranks of the one DP rank that holds the matrix
+                ranks = [r for r in ranks if per_dp[r // plan.tp] == meta.numel]
+            out.append(Matrix((buffer_idx, meta.param_idx), ns5_flops(*meta.full_shape), held, tuple(ranks)))
+    return out

@@ -3,9 +3,14 @@
 Every function here has its mirror image, so the data flow reads symmetrically:
 
     tp_shard      <->  tp_unshard        (a matrix <-> this TP rank's slice along tp_split_dim)
-    pack_bucket   <->  unpack_bucket     (the bucket's parameters <-> one flat padded tensor)
-    bucket_matrix                        (one parameter's rows of a gathered flat bucket, as a matrix)
+    pack_bucket   <->  unpack_bucket     (the bucket's parameters <-> dp padded shards laid end to end)
+    bucket_matrix                        (one parameter of a gathered flat bucket, as a matrix)
     dp_shard_of                          (the part of a TP-local matrix this DP rank owns, flat)
+
+A flat bucket is what the DP collectives move: shard ``r`` (the elements between ``cuts[r]`` and
+``cuts[r + 1]``) at offset ``r * shard_numel``, zero-padded to ``shard_numel``. With equal shards
+this is just the parameters end to end with the padding at the end; with the "aligned" layout's
+uneven shards every shard carries its own padding (``Bucket.segments`` does the arithmetic).
 
 Shapes are always restored with ``.view(meta.shape)``: the proof of concept's second bug was a
 flat ``.view(-1)`` reaching Newton-Schulz.
@@ -31,13 +36,14 @@ def tp_unshard(gathered: torch.Tensor, meta: DistMeta, tp: int) -> torch.Tensor:
 
 
 def pack_bucket(tensors: list[torch.Tensor], bucket: Bucket, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Lay the bucket's tensors end to end in a zero-padded flat tensor of ``bucket.padded_numel``."""
+    """The bucket's tensors as one zero-padded flat tensor of ``bucket.padded_numel`` (see above)."""
     first = tensors[bucket.param_indices[0]]
     flat = torch.zeros(bucket.padded_numel, dtype=dtype or first.dtype, device=first.device)
     offset = 0
     for i in bucket.param_indices:
         t = tensors[i].reshape(-1)
-        flat[offset: offset + t.numel()] = t
+        for src, n, dst in bucket.segments(offset, offset + t.numel()):
+            flat[dst: dst + n] = t[src: src + n]
         offset += t.numel()
     return flat
 
@@ -49,9 +55,10 @@ def unpack_bucket(flat: torch.Tensor, bucket: Bucket, metas: list[DistMeta], ten
 
 
 def bucket_matrix(flat: torch.Tensor, bucket: Bucket, meta: DistMeta) -> torch.Tensor:
-    """One parameter's elements of a full flat bucket, viewed as its TP-local matrix."""
+    """One parameter's elements of a full flat bucket, as its TP-local matrix (a view with equal shards)."""
     lo = meta.global_range[0] - bucket.start
-    return flat[lo: lo + meta.numel].view(meta.shape)
+    parts = [flat[dst: dst + n] for _, n, dst in bucket.segments(lo, lo + meta.numel)]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).view(meta.shape)
 
 
 def dp_shard_of(matrix: torch.Tensor, meta: DistMeta) -> torch.Tensor:

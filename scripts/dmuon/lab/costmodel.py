@@ -1,100 +1,148 @@
-"""Closed-form communication of one optimizer step, per rank: bytes, and time under an alpha-beta model.
+"""Closed-form communication of one optimizer step, per rank: bytes for every layout, and time under an alpha-beta model.
+
+The geometry (buckets, shard cuts, padding, pieces, owners) is read from the plan
+(``dmuon.plan.build_plan``), the same one the engine uses; the byte formulas below are written
+here, from the algorithm's definition, and never from what the engine sent, so that "the ledger
+equals the closed form" (a test on every grid and layout) checks the engine's traffic.
 
 Ring collectives over ``n`` ranks move ``(n - 1) * shard`` elements per rank for an all-gather or
-a reduce-scatter. For each bucket of ``P`` TP-local elements (``P`` padded up to a multiple of
-``dp``; shard ``s = P / dp``):
+a reduce-scatter. For each bucket with shards of ``s`` elements (the largest shard; shorter ones
+travel padded):
 
-    grad reduce-scatter (fp32)     (dp - 1) * s * 4          both optimizers
-    param all-gather     (fp32)    (dp - 1) * s * 4          both optimizers
-    NS gather over DP    (bf16)    (dp - 1) * s * 2          Muon buckets only
-    NS gather over TP    (bf16)    (tp - 1) * m * 2          Muon, per matrix split over TP (m: its TP-local size)
+    grad reduce-scatter (fp32)     (dp - 1) * s * 4          both optimizers, every layout
+    param all-gather     (fp32)    (dp - 1) * s * 4          both optimizers, every layout
 
-So on a DP-only grid a Muon bucket costs (4 + 2 + 4) / (4 + 4) = 1.25 x an AdamW bucket, the
-paper's upper bound, exactly, padding or not: the DP gather is whole-bucket here (the proof of
-concept's layout). ``dp_gather_bytes`` prices two other layouts: gathering only the matrices that
-straddle a shard boundary, and giving every matrix one owner (no DP gather: the ratio's lower
-limit, 1). TP adds its gathers on top, which AdamW never needs (its update is elementwise).
+and, for Muon's Newton-Schulz, by layout:
+
+    bucket   NS gather over DP (bf16)   (dp - 1) * s * 2         every Muon bucket
+             NS gather over TP (bf16)   (tp - 1) * m * 2         every matrix split over TP (m: TP-local size)
+    owner,   to owner (bf16)            my piece of each matrix owned by another rank, if I send it
+    aligned  from owner (bf16)          for each matrix I own, every other rank's piece of it
+
+(a matrix replicated over TP is sent to its owner by the owner's TP rank only, and comes back to
+every rank). So on a DP-only grid a Muon bucket costs (4 + 2 + 4) / (4 + 4) = 1.25 x an AdamW
+bucket under the bucket layout, the paper's upper bound, exactly, padding or not; the owner layout
+moves only the pieces that are not already on a matrix's owner, twice (there and back); the
+aligned layout moves nothing over DP, but its uneven shards pad the reduce-scatter and all-gather.
+
+``dp_gather_bytes`` prices the DP gather alone under three idealised variants, for the book's
+argument about the bound: the whole bucket (what the bucket layout does), only the matrices that
+straddle a shard boundary, or none.
 
 Time: a ring collective over ``n`` ranks takes ``(n - 1) * (alpha + shard_bytes / beta)``
 (``alpha`` the per-hop latency, ``beta`` the bandwidth); an all-reduce twice that. Gloo runs a
 reduce-scatter as an all-reduce of the whole input, so ``gloo_reduce_scatter=True`` prices it so.
-
-Nothing here reads the ledger: tests check that the ledger, counted at run time from the tensors
-that really went through ``comm.Comm``, equals this.
 """
 from __future__ import annotations
 
-import math
-
-from ..plan import split_into_buckets, tp_local_shape
+from ..plan import ParamSpec, build_plan
 
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
-LAYOUTS = ("bucket", "straddlers", "owner")
+PHASES = ("grad_reduce_scatter", "ns_gather_dp", "ns_gather_tp", "ns_to_owner", "ns_from_owner", "param_all_gather")
+DP_GATHER_VARIANTS = ("bucket", "straddlers", "none")
+LAYOUTS = ("bucket", "straddlers", "owner")  # chapter 6's older names for the variants ("owner" = "none")
 
 
-def _buckets(group: dict, dp: int, tp: int, bucket_numel: int | None):
-    """For each bucket of ``group``: (TP-local sizes of the group's matrices, the bucket's members, its shard)."""
-    local = [math.prod(tp_local_shape("p", s, d, tp)) for s, d in zip(group["shapes"], group["tp_split_dims"])]
-    for members in split_into_buckets(local, bucket_numel):
-        yield local, members, -(-sum(local[i] for i in members) // dp)
+def plans_for(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str = "bucket",
+              muon: bool = True) -> list:
+    """The plan of every DP rank for ``groups`` (dicts with ``shapes`` (full), ``tp_split_dims`` and
+    ``use_muon``, as ``synthetic.Problem.groups``); ``muon=False`` plans every group as AdamW."""
+    specs = [[ParamSpec(f"g{g}.p{i}", tuple(s), d) for i, (s, d) in enumerate(zip(gr["shapes"], gr["tp_split_dims"]))]
+             for g, gr in enumerate(groups)]
+    flags = [bool(muon and g["use_muon"]) for g in groups]
+    return [build_plan(specs, dp, d, tp, bucket_numel, layout, flags) for d in range(dp)]
 
 
 def step_calls(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, muon: bool = True):
-    """Every collective of one step: (phase, op, group, ranks, shard elements, bytes per element).
+    """Every ring collective of one step under the bucket layout: (phase, op, group, ranks, shard elements,
+    bytes per element). ``muon=False`` prices every group as AdamW (the baseline)."""
+    plan = plans_for(groups, dp, tp, bucket_numel, "bucket", muon)[0]
+    for g, buckets in enumerate(plan.buckets):
+        use_muon = muon and groups[g]["use_muon"]
+        for bucket in buckets:
+            yield "grad_reduce_scatter", "reduce_scatter", "dp", dp, bucket.shard_numel, GRAD_BYTES
+            if use_muon:
+                yield "ns_gather_dp", "all_gather", "dp", dp, bucket.shard_numel, NS_BYTES
+                for i in bucket.param_indices:
+                    meta = plan.metas[g][i]
+                    if meta.tp_split_dim != -1 and tp > 1:
+                        yield "ns_gather_tp", "all_gather", "tp", tp, meta.numel, NS_BYTES
+            yield "param_all_gather", "all_gather", "dp", dp, bucket.shard_numel, PARAM_BYTES
 
-    ``groups``: dicts with ``shapes`` (full), ``tp_split_dims`` and ``use_muon`` (as in
-    ``synthetic.Problem.groups``). ``muon=False`` prices every group as AdamW (the baseline).
-    """
-    for g in groups:
-        for local, members, shard in _buckets(g, dp, tp, bucket_numel):
-            yield "grad_reduce_scatter", "reduce_scatter", "dp", dp, shard, GRAD_BYTES
-            if muon and g["use_muon"]:
-                yield "ns_gather_dp", "all_gather", "dp", dp, shard, NS_BYTES
-                for i in members:
-                    if g["tp_split_dims"][i] != -1 and tp > 1:
-                        yield "ns_gather_tp", "all_gather", "tp", tp, local[i], NS_BYTES
-            yield "param_all_gather", "all_gather", "dp", dp, shard, PARAM_BYTES
+
+def step_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, muon: bool = True,
+               layout: str = "bucket", rank: int | None = None) -> dict:
+    """Bytes world rank ``rank`` sends per step, by phase, and their total. With ``rank=None``, the mean
+    over all ranks (every rank sends the same under the bucket layout; the owner layouts differ by rank)."""
+    plan = plans_for(groups, dp, tp, bucket_numel, layout, muon)[0]
+    use_muon = [bool(muon and g["use_muon"]) for g in groups]
+    if rank is not None:
+        return _rank_bytes(plan, use_muon, rank)
+    every = [_rank_bytes(plan, use_muon, r) for r in (range(dp * tp) if layout != "bucket" else [0])]
+    mean = {k: sum(e[k] for e in every) / len(every) for k in every[0]}
+    return {k: int(v) if v == int(v) else v for k, v in mean.items()}
 
 
-def step_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, muon: bool = True) -> dict:
-    """Bytes one rank sends per step, by phase, and their total."""
-    out = dict(grad_reduce_scatter=0, ns_gather_dp=0, ns_gather_tp=0, param_all_gather=0)
-    for phase, _, _, n, shard, size in step_calls(groups, dp, tp, bucket_numel, muon):
-        out[phase] += (n - 1) * shard * size
+def _rank_bytes(plan, use_muon: list[bool], rank: int) -> dict:
+    dp, tp, layout = plan.dp, plan.tp, plan.layout
+    out = dict.fromkeys(PHASES, 0)
+    for g, buckets in enumerate(plan.buckets):
+        for bucket in buckets:
+            out["grad_reduce_scatter"] += (dp - 1) * bucket.shard_numel * GRAD_BYTES
+            out["param_all_gather"] += (dp - 1) * bucket.shard_numel * PARAM_BYTES
+            if not use_muon[g]:
+                continue
+            if layout == "bucket":
+                out["ns_gather_dp"] += (dp - 1) * bucket.shard_numel * NS_BYTES
+            for i in bucket.param_indices:
+                meta = plan.metas[g][i]
+                if layout == "bucket":
+                    if meta.tp_split_dim != -1 and tp > 1:
+                        out["ns_gather_tp"] += (tp - 1) * meta.numel * NS_BYTES
+                    continue
+                owner = plan.owner_of(meta)
+                sends = meta.tp_split_dim != -1 or rank % tp == owner % tp
+                if rank != owner and sends:
+                    out["ns_to_owner"] += plan.piece_numel(meta, rank // tp) * NS_BYTES
+                if rank == owner:
+                    out["ns_from_owner"] += sum(plan.piece_numel(meta, r // tp) for r in range(dp * tp)
+                                                if r != owner) * NS_BYTES
     out["total"] = sum(out.values())
     return out
 
 
-def bytes_ratio(groups: list[dict], dp: int, tp: int, bucket_numel: int | None) -> float | None:
-    """Muon / AdamW bytes per step (None when AdamW moves nothing, e.g. dp = 1)."""
+def bytes_ratio(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str = "bucket") -> float | None:
+    """Muon (under ``layout``) / AdamW bytes per step, mean over ranks (None when AdamW moves nothing, e.g. dp = 1)."""
     adamw = step_bytes(groups, dp, tp, bucket_numel, muon=False)["total"]
-    return step_bytes(groups, dp, tp, bucket_numel)["total"] / adamw if adamw else None
+    return step_bytes(groups, dp, tp, bucket_numel, layout=layout)["total"] / adamw if adamw else None
 
 
-def dp_gather_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str = "bucket") -> float:
-    """Bytes per rank (averaged over the DP ranks) that Muon's DP gather needs under ``layout``.
+def dp_gather_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, variant: str = "bucket") -> float:
+    """Bytes per rank (averaged over the DP ranks) that a DP gather for Newton-Schulz needs, on equal shards.
 
-    "bucket": every rank gathers every whole bucket (the proof of concept; what this code runs).
-    "straddlers": only a matrix split between ``k > 1`` DP ranks is gathered, by those ``k`` ranks:
-    together they receive ``(k - 1) * m`` elements. "owner": shard boundaries on matrix boundaries,
-    so nothing is gathered (and Newton-Schulz runs once per matrix).
+    "bucket": every rank gathers every whole bucket (the bucket layout). "straddlers": only a matrix
+    split between ``k > 1`` DP ranks is gathered, by those ``k`` ranks: together they receive
+    ``(k - 1) * m`` elements. "none": no DP gather (shards cut on matrix boundaries, as the aligned
+    layout does, at the price of uneven shards).
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}")
-    if layout == "owner" or dp == 1:
+    variant = "none" if variant == "owner" else variant
+    if variant not in DP_GATHER_VARIANTS:
+        raise ValueError(f"variant must be one of {DP_GATHER_VARIANTS}")
+    if variant == "none" or dp == 1:
         return 0.0
+    plan = plans_for(groups, dp, tp, bucket_numel)[0]
     total = 0.0
-    for g in (g for g in groups if g["use_muon"]):
-        for local, members, shard in _buckets(g, dp, tp, bucket_numel):
-            if layout == "bucket":
-                total += (dp - 1) * shard * NS_BYTES
+    for g, buckets in enumerate(plan.buckets):
+        if not groups[g]["use_muon"]:
+            continue
+        for bucket in buckets:
+            if variant == "bucket":
+                total += (dp - 1) * bucket.shard_numel * NS_BYTES
                 continue
-            start = 0
-            for i in members:
-                end = start + local[i]
-                owners = sum(max(start, r * shard) < min(end, (r + 1) * shard) for r in range(dp))
-                total += (owners - 1) * local[i] * NS_BYTES / dp
-                start = end
+            for i in bucket.param_indices:
+                meta = plan.metas[g][i]
+                holders = sum(plan.piece_numel(meta, r) > 0 for r in range(dp))
+                total += (holders - 1) * meta.numel * NS_BYTES / dp
     return total
 
 

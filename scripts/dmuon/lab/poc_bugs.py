@@ -9,7 +9,7 @@ Moonshot's proof of concept had two bugs that the community tutorial found (its 
    pass (``_gather_params``).
 2. **Flat view.** After the DP gather it took each matrix out of the flat bucket with
    ``.view(-1)`` instead of ``.view(dist_meta.shape)``, so Newton-Schulz got a 1-D tensor.
-   ``FlatView`` does the same in ``_unpack_ns_input``. A matrix split over TP hides the bug,
+   ``FlatView`` does the same in the bucket flow's ``unpack_ns_input``. A matrix split over TP hides the bug,
    because the TP gather rebuilds the shape; a matrix that is not split meets NS flat and fails.
 
 ``python scripts/verify.py --dp 2 --poc-bug stale-params`` runs the check with a bug put back;
@@ -18,6 +18,7 @@ the regression tests assert that the check catches both.
 from __future__ import annotations
 
 from ..distributed import DistributedMuon
+from ..flows import BucketFlow
 
 
 class StaleParams(DistributedMuon):
@@ -27,15 +28,20 @@ class StaleParams(DistributedMuon):
         params = self.param_groups[-1]["params"]  # what the previous loop left in `params`
         for g in range(len(self.param_groups)):
             for bucket in self.plan.buckets[g]:
-                self._all_gather_params(params, bucket, self.state[g][bucket.bucket_idx]["master"])
+                self._all_gather_params(params, bucket, self.shards[g][bucket.bucket_idx]["master"])
+
+
+class FlatViewFlow(BucketFlow):
+    def unpack_ns_input(self, bucket_update, bucket, meta):
+        lo = meta.global_range[0] - bucket.start
+        return bucket_update[lo: lo + meta.numel].view(-1)
 
 
 class FlatView(DistributedMuon):
-    """Bug #2: the matrix leaves the gathered bucket as a flat vector."""
+    """Bug #2: the matrix leaves the gathered bucket as a flat vector (a bug of the bucket layout's flow)."""
 
-    def _unpack_ns_input(self, bucket_update, bucket, meta):
-        lo = meta.global_range[0] - bucket.start
-        return bucket_update[lo: lo + meta.numel].view(-1)
+    def _make_flow(self, layout):
+        return FlatViewFlow(self) if layout == "bucket" else super()._make_flow(layout)
 
 
 POC_BUGS = {"stale-params": StaleParams, "flat-view": FlatView}

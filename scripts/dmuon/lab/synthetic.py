@@ -26,6 +26,13 @@ REPORT_TP_DIMS = [0, 1, -1, 1, 0]
 OPTIMIZERS = ("muon", "adamw", "hybrid")
 
 
+def stack_shapes(layers: int = 12) -> tuple[list[tuple[int, int]], list[int]]:
+    """A balanced transformer stack (d_model 512): per layer QKV 1536x512 and MLP-up 2048x512 split
+    column-wise (rows, dim 0), the attention output 512x512 and MLP-down 512x2048 row-wise (dim 1)."""
+    layer = [((1536, 512), 0), ((512, 512), 1), ((2048, 512), 0), ((512, 2048), 1)]
+    return [s for _ in range(layers) for s, _ in layer], [d for _ in range(layers) for _, d in layer]
+
+
 def default_tp_dims(n: int) -> list[int]:
     """The proof of concept's TP split dims for the first five shapes, -1 (not split) after that."""
     return (DEFAULT_TP_DIMS + [-1] * n)[:n]

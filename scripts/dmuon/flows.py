@@ -1,0 +1,193 @@
+"""How a Muon group's momentum shards become orthogonalised updates: one flow per layout.
+
+The optimizer (``distributed.py``) hands a flow, bucket by bucket, this rank's momentum-updated
+shard (fp32, its DP part of the bucket, on its TP rank). The flow must hand back, for every matrix
+of the bucket, this rank's piece of the orthogonalised update: the same elements, in the same
+order, as ``dp_shard_of(tp_shard(NS(whole matrix)))``. How the whole matrix is assembled, and
+where Newton-Schulz runs, is the layout:
+
+``BucketFlow`` (layout "bucket", the proof of concept's)::
+
+    my shard --bf16--> all-gather over DP (whole bucket)   "DP gather"
+             --------> per matrix, all-gather over TP       "TP gather"
+             --------> Newton-Schulz, on every rank
+             --------> keep my TP slice, then my DP part    "TP shard", "DP shard"
+
+``OwnerFlow`` (layouts "owner" and "aligned")::
+
+    my pieces of every matrix --bf16, one all-to-all--> each matrix's owner   "to owner"
+    the owner joins DP pieces, then TP shards, runs Newton-Schulz once,
+    and cuts the result into the same pieces --one all-to-all--> back       "from owner"
+
+A matrix replicated over TP (``tp_split_dim == -1``) is sent to its owner by one TP rank only
+(the owner's); every TP rank gets its piece back, since each keeps state for its replica.
+
+Overlap (``opt.overlap``): "none" finishes each bucket in turn; "naive" issues every collective
+with ``async_op=True`` and waits at once (the community report's experiment); "prefetch" starts
+every bucket's transfers before orthogonalising any, so later transfers travel while
+Newton-Schulz runs. All give the same parameters, bit for bit.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
+from torch.profiler import record_function
+
+from .comm import Pending, Phase
+from .newton_schulz import ns5_flops, zeropower_ns5
+from .plan import Bucket, DistMeta
+from .sharding import bucket_matrix, dp_shard_of, local_shard, tp_shard, tp_unshard
+
+Updates = Iterable[tuple[Bucket, torch.Tensor]]   # (bucket, my momentum-updated shard of it)
+Pieces = Iterator[tuple[DistMeta, torch.Tensor]]  # (matrix, my piece of its orthogonalised update)
+
+
+class Flow:
+    def __init__(self, opt):
+        self.opt, self.plan, self.comm, self.grid = opt, opt.plan, opt.comm, opt.grid
+
+    def newton_schulz(self, group: dict, matrix: torch.Tensor) -> torch.Tensor:
+        self.comm.ledger.count_ns(ns5_flops(*matrix.shape, group["ns_steps"]))
+        with record_function("muon:newton_schulz"):
+            return zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["ns_eps"])
+
+    def trace(self, stage: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return self.opt._trace(stage, name, tensor)
+
+
+class BucketFlow(Flow):
+    """Every rank gathers whole buckets over DP and every matrix over TP, and orthogonalises it."""
+
+    def run(self, group: dict, updates: Updates) -> Pieces:
+        prefetch = self.opt.overlap == "prefetch"
+        in_flight = []
+        for bucket, update in updates:
+            gather = self.comm.all_gather_async(update.to(torch.bfloat16), "dp", Phase.NS_GATHER_DP,
+                                                wait_now=not prefetch)
+            in_flight.append((bucket, gather))
+            if not prefetch:
+                yield from self._orthogonalise_bucket(group, *in_flight.pop())
+        for item in in_flight:
+            yield from self._orthogonalise_bucket(group, *item)
+
+    def _orthogonalise_bucket(self, group: dict, bucket: Bucket, gather: Pending) -> Pieces:
+        """TP gather, Newton-Schulz, TP shard and DP shard for every matrix of a gathered bucket. Every
+        TP gather is started first, so with prefetch later matrices travel while earlier ones are computed."""
+        bucket_update = self.trace("dp_gathered", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", gather.wait())
+        metas = self.plan.metas[bucket.buffer_idx]
+        matrices = []
+        for i in bucket.param_indices:
+            meta = metas[i]
+            matrix = self.trace("ns_input", meta.name, self.unpack_ns_input(bucket_update, bucket, meta))
+            if meta.tp_split_dim != -1 and self.grid.tp > 1:                                    # TP gather
+                matrix = self.comm.all_gather_async(matrix, "tp", Phase.NS_GATHER_TP,
+                                                    wait_now=self.opt.overlap != "prefetch")
+            matrices.append((meta, matrix))
+        for meta, matrix in matrices:
+            if isinstance(matrix, Pending):
+                matrix = self.trace("tp_gathered", meta.name, tp_unshard(matrix.wait(), meta, self.grid.tp))
+            ortho = self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix))
+            tp_part = self.trace("tp_shard", meta.name,                                         # TP shard
+                                 tp_shard(ortho, meta.tp_split_dim, self.grid.tp, self.grid.tp_rank, meta.name))
+            yield meta, self.trace("dp_shard", meta.name, dp_shard_of(tp_part, meta))           # DP shard
+
+    def unpack_ns_input(self, bucket_update: torch.Tensor, bucket: Bucket, meta: DistMeta) -> torch.Tensor:
+        """A matrix's TP-local block of the gathered bucket, as a matrix (the PoC's bug #2 was a flat view)."""
+        return bucket_matrix(bucket_update, bucket, meta)
+
+
+class OwnerFlow(Flow):
+    """Each matrix travels, in pieces, to its one owner, is orthogonalised there once, and comes back."""
+
+    def run(self, group: dict, updates: Updates) -> Pieces:
+        naive_or_none = self.opt.overlap != "prefetch"
+        if naive_or_none:
+            for bucket, update in updates:
+                to_owner = self.comm.all_to_all(*self._to_owners(bucket, update), "world", Phase.NS_TO_OWNER)
+                yield from self._pieces_back(bucket, self._orthogonalise_owned(group, bucket, to_owner.wait()))
+            return
+        sent = [(bucket, self.comm.all_to_all(*self._to_owners(bucket, update), "world", Phase.NS_TO_OWNER,
+                                              wait_now=False)) for bucket, update in updates]
+        back = [(bucket, self._orthogonalise_owned(group, bucket, to_owner.wait(), wait_now=False))
+                for bucket, to_owner in sent]
+        for bucket, from_owner in back:
+            yield from self._pieces_back(bucket, from_owner)
+
+    # --- who sends what to whom: the same arithmetic on every rank ------------------------------
+
+    def _metas(self, bucket: Bucket) -> list[DistMeta]:
+        return [self.plan.metas[bucket.buffer_idx][i] for i in bucket.param_indices]
+
+    def _sends(self, meta: DistMeta, rank: int) -> bool:
+        """Whether world rank ``rank`` sends its pieces of ``meta`` to the owner (one TP rank, if replicated)."""
+        return meta.tp_split_dim != -1 or rank % self.grid.tp == self.plan.owner_of(meta) % self.grid.tp
+
+    def _piece_numel(self, meta: DistMeta, rank: int) -> int:
+        return self.plan.piece_numel(meta, rank // self.grid.tp)
+
+    def _to_owners(self, bucket: Bucket, update: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
+        """My bf16 pieces ordered by owner rank, and the element counts to send and to receive."""
+        me, world = self.grid.rank, self.plan.world
+        parts: list[list[torch.Tensor]] = [[] for _ in range(world)]
+        recv = [0] * world
+        for meta in self._metas(bucket):
+            owner = self.plan.owner_of(meta)
+            if self._sends(meta, me):
+                parts[owner].append(local_shard(update, self.plan, meta))
+            if owner == me:
+                for r in range(world):
+                    recv[r] += self._piece_numel(meta, r) if self._sends(meta, r) else 0
+        send = torch.cat([p for ps in parts for p in ps] or [update[:0]]).to(torch.bfloat16)
+        return self.trace("to_owner", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", send), \
+            [sum(p.numel() for p in ps) for ps in parts], recv
+
+    def _orthogonalise_owned(self, group: dict, bucket: Bucket, received: torch.Tensor,
+                             wait_now: bool = True) -> Pending:
+        """Assemble, orthogonalise and cut up every matrix of the bucket that this rank owns; start
+        sending the pieces back."""
+        me, tp, world = self.grid.rank, self.grid.tp, self.plan.world
+        owned = [m for m in self._metas(bucket) if self.plan.owner_of(m) == me]
+        # ``received`` holds, rank by rank, that rank's pieces of my matrices in bucket order.
+        pieces: dict[tuple[int, int], torch.Tensor] = {}
+        offset = 0
+        for r in range(world):
+            for meta in owned:
+                if self._sends(meta, r):
+                    n = self._piece_numel(meta, r)
+                    pieces[(meta.param_idx, r)] = received[offset: offset + n]
+                    offset += n
+        back: list[list[torch.Tensor]] = [[] for _ in range(world)]
+        for meta in owned:
+            tp_ranks = range(tp) if meta.tp_split_dim != -1 else [me % tp]
+            blocks = [torch.cat([pieces[(meta.param_idx, d * tp + t)] for d in range(self.grid.dp)]).view(meta.shape)
+                      for t in tp_ranks]
+            matrix = torch.cat(blocks, dim=meta.tp_split_dim) if len(blocks) > 1 else blocks[0]
+            ortho = self.trace("orthogonalised", meta.name, self.newton_schulz(group, self.trace("ns_input", meta.name, matrix)))
+            tp_parts = [tp_shard(ortho, meta.tp_split_dim, tp, t, meta.name).reshape(-1) for t in range(tp)] \
+                if meta.tp_split_dim != -1 else [ortho.reshape(-1)] * tp
+            for r in range(world):
+                back[r].append(tp_parts[r % tp][self.plan.piece_slice(meta, r // tp)])
+        send = torch.cat([p for ps in back for p in ps] or [received[:0]])
+        recv = [sum(self._piece_numel(m, me) for m in self._metas(bucket) if self.plan.owner_of(m) == r)
+                for r in range(world)]
+        return self.comm.all_to_all(send, [sum(p.numel() for p in ps) for ps in back], recv, "world",
+                                    Phase.NS_FROM_OWNER, wait_now=wait_now)
+
+    def _pieces_back(self, bucket: Bucket, from_owner: Pending) -> Pieces:
+        """Split what came back from the owners into my piece of every matrix of the bucket."""
+        received = from_owner.wait()
+        metas, world = self._metas(bucket), self.plan.world
+        offset = 0
+        by_meta = {}
+        for r in range(world):
+            for meta in metas:
+                if self.plan.owner_of(meta) == r:
+                    n = self._piece_numel(meta, self.grid.rank)
+                    by_meta[meta.param_idx] = received[offset: offset + n]
+                    offset += n
+        for meta in metas:
+            yield meta, self.trace("from_owner", meta.name, by_meta[meta.param_idx])
+
+
+FLOWS = {"bucket": BucketFlow, "owner": OwnerFlow, "aligned": OwnerFlow}

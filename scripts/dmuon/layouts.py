@@ -1,0 +1,80 @@
+"""Layouts: where ZeRO-1 cuts a bucket, and which rank orthogonalises each matrix. Pure, no tensors.
+
+A layout is a choice of the plan (``plan.build_plan(..., layout=...)``); the optimizer, the math
+and the collectives are the same for all three:
+
+* ``"bucket"``: the paper's and the proof of concept's. Buckets are cut into ``dp`` equal shards,
+  anywhere, even through a matrix. Every rank gathers whole buckets over DP (bf16) and every
+  matrix over TP, and orthogonalises every matrix: ``dp * tp`` Newton-Schulz runs per matrix.
+* ``"owner"``: the same equal shards (so the gradient reduce-scatter and the parameter
+  all-gather are exactly AdamW's), but every matrix has one *owner* among all ``dp * tp`` ranks.
+  Only the matrix's pieces travel, to the owner and back; Newton-Schulz runs once.
+* ``"aligned"``: shards cut on matrix boundaries (Megatron's layer-wise idea), so no matrix is
+  split over DP: its owner is one of the TP ranks of the DP rank that holds it, and nothing
+  travels over DP for Newton-Schulz. The price: shards of unequal size, padded to the largest,
+  which the reduce-scatter and all-gather then move.
+
+Owners are chosen the same way on every rank (nothing random, nothing measured): the matrices
+in order of decreasing Newton-Schulz FLOPs, each to the candidate rank with the least work so far
+(the "longest processing time first" rule), ties going to the rank that already holds most of
+the matrix, then to the lowest rank.
+
+    >>> even_cuts(10, 3)
+    (0, 4, 8, 10)
+    >>> aligned_cuts([6, 2, 2, 6], 2)
+    (0, 8, 16)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LAYOUTS = ("bucket", "owner", "aligned")
+
+
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
+
+
+def even_cuts(numel: int, dp: int) -> tuple[int, ...]:
+    """``dp + 1`` offsets cutting ``numel`` elements into ``dp`` shards of ``ceil(numel / dp)``
+    (the last ones shorter, or empty: the collectives pad them)."""
+    shard = -(-numel // dp)
+    return tuple(min(r * shard, numel) for r in range(dp + 1))
+
+
+def aligned_cuts(sizes: list[int], dp: int) -> tuple[int, ...]:
+    """``dp + 1`` offsets that cut only between the parameters of ``sizes`` (laid end to end),
+    each as close as possible to an equal share. A parameter larger than a share makes the
+    shards uneven, and some may be empty: that is the price of never splitting a matrix."""
+    bounds = [0]
+    for n in sizes:
+        bounds.append(bounds[-1] + n)
+    total, cuts = bounds[-1], [0]
+    for r in range(1, dp):
+        target = total * r / dp
+        best = min((b for b in bounds if b >= cuts[-1]), key=lambda b: (abs(b - target), b))
+        cuts.append(best)
+    cuts.append(total)
+    return tuple(cuts)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One Muon matrix as owner assignment sees it."""
+
+    key: tuple[int, int]          # (buffer_idx, param_idx)
+    flops: int                    # Newton-Schulz FLOPs of the whole matrix
+    held: tuple[int, ...]         # elements of it each world rank holds
+    candidates: tuple[int, ...]   # world ranks allowed to own it
+
+
+def assign_owners(matrices: list[Matrix], world: int) -> dict[tuple[int, int], int]:
+    """One owner per matrix, balancing Newton-Schulz FLOPs over ``world`` ranks (deterministic)."""
+    load = [0] * world
+    owners = {}
+    for m in sorted(matrices, key=lambda m: -m.flops):  # stable: equal FLOPs keep plan order
+        rank = min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
+        owners[m.key] = rank
+        load[rank] += m.flops
+    return owners
