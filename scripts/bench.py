@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch
 
 from dmuon.comm import Comm
-from dmuon.distributed import OVERLAP_MODES, DistributedAdamW, DistributedMuon
+from dmuon.distributed import OVERLAP_MODES, DistributedAdamW, DistributedMuon, default_overlap
 from dmuon.launch import add_launch_args, check_launch_args, launch, under_torchrun
 from dmuon.layouts import LAYOUTS
 from dmuon.newton_schulz import native_bf16_matmul
@@ -56,16 +56,26 @@ from dmuon.lab.synthetic import (REPORT_SHAPES, REPORT_TP_DIMS, add_problem_args
 SWEEP_GRIDS = "4x1,1x4,2x2"
 
 
-def muon_name(layout: str, overlap: str = "none") -> str:
-    """The variant's name: "muon" for the bucket layout (the paper's), "muon-owner" etc. for the others."""
-    return ("muon" if layout == "bucket" else f"muon-{layout}") + ("" if overlap == "none" else f"-{overlap}")
+def muon_name(layout: str, overlap: str = "default") -> str:
+    """The variant's name: "muon" for the bucket layout (the paper's), "muon-owner" etc. for the others,
+    with the overlap mode added when it is not the layout's default (``default_overlap``)."""
+    overlap = default_overlap(layout) if overlap == "default" else overlap
+    return ("muon" if layout == "bucket" else f"muon-{layout}") + \
+        ("" if overlap == default_overlap(layout) else f"-{overlap}")
 
 
 def variants(overlaps: list[str], layouts: list[str] = ("bucket",)) -> list[tuple[str, str, str, str]]:
     """(name, optimizer, overlap, layout) for every variant measured; AdamW has nothing to prefetch."""
-    out = [(muon_name(lay, o), "muon", o, lay) for lay in layouts for o in overlaps]
-    out += [(f"adamw{'' if o == 'none' else '-' + o}", "adamw", o, "bucket") for o in overlaps if o != "prefetch"]
-    return out
+    out = {}
+    for lay in layouts:
+        for o in overlaps:
+            o = default_overlap(lay) if o == "default" else o
+            out.setdefault(muon_name(lay, o), ("muon", o, lay))
+    for o in overlaps:
+        o = "none" if o == "default" else o
+        if o != "prefetch":
+            out.setdefault(f"adamw{'' if o == 'none' else '-' + o}", ("adamw", o, "bucket"))
+    return [(name, *v) for name, v in out.items()]
 
 
 def single_process_seconds(problem, args, dev) -> dict:
@@ -227,8 +237,9 @@ def main(argv=None) -> int:
     add_problem_args(p)
     p.add_argument("--steps", type=int, default=5, help="measured steps per variant (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (default 2)")
-    p.add_argument("--overlap", default="none",
-                   help=f"comma-separated modes to compare, from {','.join(OVERLAP_MODES)} (default none)")
+    p.add_argument("--overlap", default="default",
+                   help=f"comma-separated modes to compare, from {','.join(OVERLAP_MODES)} and default "
+                        "(each layout's own: none for bucket, prefetch for owner and aligned)")
     p.add_argument("--report-shapes", action="store_true", help="the community report's ~23M-parameter shapes")
     p.add_argument("--stack", type=int, nargs="?", const=12, default=0, metavar="LAYERS",
                    help="a balanced transformer stack of LAYERS layers (default 12; see synthetic.stack_shapes)")
@@ -248,8 +259,8 @@ def main(argv=None) -> int:
     if not args.layout or any(x not in LAYOUTS for x in args.layout) or len(set(args.layout)) < len(args.layout):
         p.error(f"--layout takes distinct layouts from {','.join(LAYOUTS)}, e.g. --layout bucket,owner")
     args.overlap = [o.strip() for o in args.overlap.split(",")]
-    if any(o not in OVERLAP_MODES for o in args.overlap) or "none" not in args.overlap:
-        p.error(f"--overlap takes modes from {OVERLAP_MODES} and must include none (the baseline)")
+    if any(o not in (*OVERLAP_MODES, "default") for o in args.overlap):
+        p.error(f"--overlap takes modes from {OVERLAP_MODES} or default")
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be at least 1 and --warmup at least 0")
     if not args.sweep:

@@ -1,11 +1,11 @@
-"""Run the three collectives of ZeRO-1 for real on gloo, print what every rank sent and received.
+"""Run four collectives for real on gloo (ZeRO-1's three and broadcast), print what every rank had and got.
 
     python scripts/collectives.py --dp 4            # 4 ranks
     python scripts/collectives.py --dp 3 --numel 6  # each rank's full tensor has 6 elements
 
 Every rank starts with a small tensor whose values say who owns them (rank r holds
 ``100*r + i``). The script runs an all-gather of one shard, a reduce-scatter and an all-reduce of the
-full tensor, checks that the all-reduce equals a reduce-scatter followed by an all-gather, and
+full tensor, a broadcast of rank 0's full tensor, checks that the all-reduce equals a reduce-scatter followed by an all-gather, and
 prints each rank's input and output plus the bytes the ledger counted. The last line is JSON.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ def worker(grid, comm, args) -> int:
         "all_gather(my shard)": comm.all_gather(shard, "world", "demo_all_gather"),
         "reduce_scatter(full)": comm.reduce_scatter_sum(full, "world", "demo_reduce_scatter"),
         "all_reduce(full)": comm.all_reduce(full.clone(), "world", "demo_all_reduce"),
+        "broadcast(from rank 0)": comm.broadcast(full.clone(), "world", "demo_broadcast", src=0),
     }
     rs_then_ag = comm.all_gather(results["reduce_scatter(full)"], "world", "demo_check")
     same = torch.equal(rs_then_ag, results["all_reduce(full)"])
@@ -38,7 +39,7 @@ def worker(grid, comm, args) -> int:
         for name, rows in table.items():
             print(f"{name}:")
             for r, row in enumerate(rows):
-                print(f"  rank {r}: {[int(v) for v in row]}")
+                print(f"  rank {r}: {' '.join(str(int(v)) for v in row)}")
         print(f"all_reduce == all_gather(reduce_scatter): {same}")
         per_op = {}
         for rec in comm.ledger.records:

@@ -56,8 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="muon")
     p.add_argument("--groups", type=int, default=2, help="parameter groups for muon/adamw (default 2)")
     p.add_argument("--atol", type=float, default=0.0, help="largest allowed |param - reference| (default 0)")
-    p.add_argument("--overlap", choices=OVERLAP_MODES, default="none",
-                   help="how collectives overlap compute (see dmuon/distributed.py)")
+    p.add_argument("--overlap", choices=OVERLAP_MODES, default=None,
+                   help="how collectives overlap compute (default: each layout's own; see dmuon/flows.py)")
     p.add_argument("--layout", default="bucket",
                    help=f"comma-separated layouts from {','.join(LAYOUTS)} (default bucket; see dmuon/layouts.py)")
     p.add_argument("--poc-bug", choices=sorted(POC_BUGS), default=None,
@@ -163,7 +163,7 @@ def worker(grid, comm, args) -> int:
         ok=ok, max_abs_diff=worst, per_step_max_abs_diff=first["per_step_max_abs_diff"], dp=grid.dp, tp=grid.tp,
         world_size=grid.dp * grid.tp, optimizer=args.optimizer, steps=args.steps, seed=args.seed,
         shapes=[list(s) for s in args.shapes], tp_dims=args.tp_dims, bucket_numel=args.bucket_numel,
-        atol=args.atol, poc_bug=args.poc_bug, overlap=args.overlap, backend=dist.get_backend(), device=str(dev),
+        atol=args.atol, poc_bug=args.poc_bug, overlap=opts[args.layout[0]].overlap, backend=dist.get_backend(), device=str(dev),
         layout=args.layout[0], ns_calls=first["ns_calls"], ns_flops_max_rank=first["ns_flops_max_rank"],
         state_bytes=first["state_bytes"], ledger=first["ledger"], layouts=layouts)), flush=True)
     for opt in opts.values():

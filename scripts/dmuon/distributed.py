@@ -18,6 +18,9 @@ every layout but "aligned", whose uneven shards travel padded.
     opt = DistributedMuon(hybrid_param_groups(model.named_parameters()), grid, layout="owner")
     loss.backward(); opt.step(); opt.zero_grad()
 
+``overlap`` picks how transfers meet Newton-Schulz (``flows.py``); by default the bucket layout runs
+as the proof of concept did and the owner layouts prefetch (``default_overlap``).
+
 Hyperparameters live in ``param_groups`` (an lr scheduler works); a group may also give
 ``names`` (for errors) and ``tp_split_dims`` (per parameter: 0 or 1 if the model splits it over
 TP, -1 if replicated). State is per parameter, as torch keeps it: ``master`` (the fp32 copy of
@@ -40,6 +43,14 @@ from .sharding import local_shard, pack_bucket, unpack_bucket
 from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
 
 OVERLAP_MODES = ("none", "naive", "prefetch")
+
+
+def default_overlap(layout: str) -> str:
+    """"none" for the bucket layout (kept exactly as the proof of concept ran it); "prefetch" for the
+    owner layouts, which need it: without it every bucket's all-to-all waits for that bucket's busiest
+    owner, so the ranks take turns at Newton-Schulz instead of working at once."""
+    return "none" if layout == "bucket" else "prefetch"
+
 MUON_STATE, ADAMW_STATE = ("master", "momentum"), ("master", "exp_avg", "exp_avg_sq")
 
 
@@ -48,10 +59,11 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, grid, comm: Comm | None = None, layout: str = "bucket",
                  bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
-                 check_finite: bool = True, overlap: str = "none", **hyper):
+                 check_finite: bool = True, overlap: str | None = None, **hyper):
         unknown = set(hyper) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {overlap!r}")
         self.grid, self.overlap, self.check_finite = grid, overlap, check_finite

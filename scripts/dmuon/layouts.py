@@ -12,7 +12,8 @@ and the collectives are the same for all three:
 * ``"aligned"``: shards cut on matrix boundaries (Megatron's layer-wise idea), so no matrix is
   split over DP: its owner is one of the TP ranks of the DP rank that holds it, and nothing
   travels over DP for Newton-Schulz. The price: shards of unequal size, padded to the largest,
-  which the reduce-scatter and all-gather then move.
+  which the reduce-scatter and all-gather then move. Its buckets may hold ``dp`` times as many
+  elements as the others, so that every shard gets several matrices to balance.
 
 Owners are chosen the same way on every rank (nothing random, nothing measured): the matrices
 in order of decreasing Newton-Schulz FLOPs, each to the candidate rank with the least work so far

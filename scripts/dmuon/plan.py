@@ -200,10 +200,13 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
         numels = [math.prod(sh) for sh in shapes]
         buckets, metas = [], [None] * len(specs)
         offset = 0
-        for bucket_idx, members in enumerate(split_into_buckets(numels, bucket_numel)):
+        aligned = layout == "aligned" and muon[buffer_idx]
+        # Aligned shards hold whole matrices: a bucket needs several per DP rank to balance them, so
+        # it may hold dp times as many elements (each shard is then about ``bucket_numel``).
+        limit = bucket_numel * dp if aligned and bucket_numel is not None else bucket_numel
+        for bucket_idx, members in enumerate(split_into_buckets(numels, limit)):
             sizes_in = [numels[i] for i in members]
             numel = sum(sizes_in)
-            aligned = layout == "aligned" and muon[buffer_idx]
             cuts = aligned_cuts(sizes_in, dp) if aligned else even_cuts(numel, dp)
             shard = max(b - a for a, b in zip(cuts, cuts[1:]))
             bucket = Bucket(buffer_idx, bucket_idx, offset, numel, shard * dp, tuple(members), dp, cuts)

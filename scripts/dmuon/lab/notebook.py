@@ -12,8 +12,8 @@ non-zero exit, so a broken script would leave a green notebook. ``run`` does bot
 
 From a shell:
 
-    python -m dmuon.lab.notebook sync     # rewrite every chapter's first cell from SETUP_CELL
-    python -m dmuon.lab.notebook check    # exit 1 if any chapter's first cell is out of date
+    python -m dmuon.lab.notebook sync     # rewrite every chapter's set-up cell (after its title) from SETUP_CELL
+    python -m dmuon.lab.notebook check    # exit 1 if any chapter's set-up cell is out of date or misplaced
 
 The repository URL is written once, in ``_config.yml`` (``repository.url``); the set-up cell of every
 chapter is generated from it, and a test checks that it is.
@@ -46,36 +46,83 @@ class ScriptFailed(RuntimeError):
     """A launched script exited with a non-zero code (or succeeded where it was expected to fail)."""
 
 
-def run(script: str, *args, expect_failure: bool = False, timeout: float = 900, echo_json: bool = False) -> str:
-    """Run ``python scripts/<script> <args>``, stream its output, and return it.
+def _relative(line: str) -> str:
+    """A line of script output with the checkout's absolute path removed (tracebacks, trace files)."""
+    return line.replace(str(ROOT) + os.sep, "")
+
+
+def run(script: str, *args, expect_failure: bool = False, timeout: float = 900, echo_json: bool = False,
+        log: str = "stream") -> str:
+    """Run ``python scripts/<script> <args>``, show its output, and return it.
 
     Raises ``ScriptFailed`` if the script exits non-zero, or, with ``expect_failure=True``, if it
-    exits zero. Lines that are JSON objects (machine-readable results) are not echoed unless
-    ``echo_json``; they are still in the returned text.
+    exits zero. Lines that are JSON objects (machine-readable results) are not shown unless
+    ``echo_json``; they are still in the returned text. Paths inside the checkout are shown relative
+    to it. ``log="stream"`` prints lines as they come; ``log="collapsed"`` shows the whole output
+    afterwards in a collapsed block (``<details>``), for long logs that the chapter summarises
+    itself; an unexpected failure is always shown in full.
     """
+    if log not in ("stream", "collapsed"):
+        raise ValueError("log must be 'stream' or 'collapsed'")
     cmd = [sys.executable, str(SCRIPTS / script), *map(str, args)]
     shown = " ".join(["python", f"scripts/{script}", *map(str, args)])
-    print(f"$ {shown}", flush=True)
+    if log == "stream":
+        print(f"$ {shown}", flush=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1)
-    lines = []
+    lines, visible = [], []
     try:
         for line in proc.stdout:
             lines.append(line)
             # torch 2.13's profiler (kineto) prints "USDT: ... profiler_start/stop" on every use, unconditionally
             if (echo_json or not line.startswith("{")) and not line.startswith("USDT:"):
-                print(line, end="", flush=True)
+                visible.append(_relative(line))
+                if log == "stream":
+                    print(visible[-1], end="", flush=True)
         code = proc.wait(timeout=timeout)
     except BaseException:
         proc.kill()
         proc.wait()
         raise
+    failed = (code != 0) != expect_failure
+    if log == "collapsed":
+        if failed:
+            print(f"$ {shown}\n" + "".join(visible), flush=True)
+        else:
+            show_log(f"$ {shown}", "".join(visible), f"exit code {code}")
     if code != 0 and not expect_failure:
         raise ScriptFailed(f"`{shown}` exited with code {code}; its output is above")
     if code == 0 and expect_failure:
         raise ScriptFailed(f"`{shown}` was expected to fail but exited with code 0")
     return "".join(lines)
+
+
+def show_log(title: str, text: str, note: str = "") -> None:
+    """Display ``text`` in a collapsed block titled ``title`` (plain text where HTML is not shown)."""
+    import html
+
+    from IPython.display import display
+
+    lines = text.count("\n")
+    summary = f"{html.escape(title)} <small>({lines} lines{', ' + html.escape(note) if note else ''}; click to show)</small>"
+    display({"text/html": f'<details class="dmuon-log"><summary><code>{summary}</code></summary>'
+                          f"<pre>{html.escape(text)}</pre></details>",
+             "text/plain": f"{title}\n{text}"}, raw=True)
+
+
+def table(headers: list[str], rows: list[list], align: str | None = None) -> None:
+    """Display a Markdown table (the book renders it as an HTML table that fits the column).
+    ``align``: one character per column, ``l`` or ``r`` (default: numbers right, text left)."""
+    from IPython.display import Markdown, display
+
+    def cell(v):
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+
+    align = align or "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l" for i in range(len(headers)))
+    rule = ["---:" if a == "r" else ":---" for a in align]
+    text = "\n".join("| " + " | ".join(r) + " |" for r in [headers, rule, *[[cell(v) for v in row] for row in rows]])
+    display(Markdown(text))
 
 
 def last_json(output: str) -> dict:
@@ -98,7 +145,9 @@ import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "{url}"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/{name}"):
-        subprocess.run(["git", "clone", "--depth", "1", REPOSITORY, "/content/{name}"], check=True)
+        if subprocess.run(["git", "clone", "--depth", "1", REPOSITORY, "/content/{name}"]).returncode:
+            raise RuntimeError(f"could not clone {{REPOSITORY}}. If that is not the book's repository, set "
+                               "repository.url in _config.yml to it and run `python -m dmuon.lab.notebook sync`")
     os.chdir("/content/{name}/notebooks")
     missing = [pip for module, pip in [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
                                        ("sklearn", "scikit-learn")] if importlib.util.find_spec(module) is None]
@@ -129,23 +178,35 @@ def chapters() -> list[Path]:
     return sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.py"))
 
 
-def _split_setup(text: str) -> tuple[str, str, str]:
-    """(header, setup cell, rest) of a py:percent chapter; the set-up cell is the first code cell."""
+def _cells(text: str) -> tuple[str, list[str]]:
+    """(header, cells) of a py:percent chapter; each cell starts with ``# %%``."""
     start = text.index("# %%")
-    end = text.find("\n# %%", start + 1)
-    return text[:start], text[start:end + 1 if end != -1 else len(text)], text[end + 1:] if end != -1 else ""
+    return text[:start], [c for c in re.split(r"(?m)^(?=# %%)", text[start:]) if c]
+
+
+def _with_setup(text: str) -> str:
+    """The chapter with its set-up cell (re)generated and placed right after the title cell (the
+    first cell, a Markdown cell holding the ``# N. Title`` heading), so the page starts with its title."""
+    header, cells = _cells(text)
+    cells = [c for c in cells if SETUP_MARKER not in c and c.strip() != "# %%"]  # (and no empty cells)
+    title = next(i for i, c in enumerate(cells) if c.startswith("# %% [markdown]"))
+    cells.insert(title + 1, setup_cell() + "\n")
+    cells = [c if c.endswith("\n\n") or i == len(cells) - 1 else c.rstrip("\n") + "\n\n" for i, c in enumerate(cells)]
+    return header + "".join(cells)
 
 
 def sync(check_only: bool = False) -> list[Path]:
-    """Make every chapter's first cell the generated set-up cell; re-pair the .ipynb. Returns stale files."""
+    """Make every chapter's set-up cell the generated one, right after its title; re-pair the .ipynb.
+    Returns the files that were (or, with ``check_only``, would be) changed."""
     stale = []
     for path in chapters():
-        header, cell, rest = _split_setup(path.read_text())
-        if cell.rstrip() == setup_cell().rstrip():
+        text = path.read_text()
+        new = _with_setup(text)
+        if new == text:
             continue
         stale.append(path)
         if not check_only:
-            path.write_text(header + setup_cell() + "\n" + (rest if SETUP_MARKER in cell else cell + rest))
+            path.write_text(new)
             subprocess.run([sys.executable, "-m", "jupytext", "--sync", "--quiet", str(path)], check=True)
     return stale
 
