@@ -104,3 +104,46 @@ def test_watchdog_ends_a_rank_whose_collective_never_returns():
     proc = run([sys.executable, "-c", code], timeout=60)
     assert proc.returncode == 3
     assert "[dmuon watchdog] all_gather over the dp group (test) has not finished" in proc.stderr
+
+
+def test_a_rank_killed_from_outside_is_the_root_cause_not_the_ranks_the_launcher_stopped(tag):
+    """kill -9 of rank 1 while rank 0 hangs: the report blames rank 1, never a rank the launcher ended."""
+    env = dict(os.environ, DMUON_TEST_TAG=tag, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "faults.py"), "--dp", "2", "--tp", "2", "--fault", "hang",
+                             "--rank", "0", "--timeout", "120"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    pids, hanging = {}, False
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (hanging and 1 in pids):
+        line = proc.stdout.readline()
+        if line.startswith("rank ") and ": pid " in line:
+            pids[int(line.split()[1].rstrip(":"))] = int(line.split()[-1])
+        hanging = hanging or "hanging" in line
+    assert hanging and 1 in pids, "the ranks did not start"
+    os.kill(pids[1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "rank 1 (dp 0, tp 1) failed first" in err and "killed by signal SIGKILL" in err, err[-2000:]
+    assert_no_orphans(tag)
+
+
+def test_a_rank_ended_by_the_watchdog_ends_the_run_while_the_others_hang(tag):
+    """Exit code 3 from the watchdog is a failure, not a worker's return code: the launcher must not wait
+    for the ranks that hang (they would sleep for an hour)."""
+    start = time.monotonic()
+    proc = script("faults.py", "--dp", "2", "--tp", "2", "--fault", "watchdog", "--rank", "1", tag=tag, timeout=120)
+    assert proc.returncode == 1
+    assert "rank 1 (dp 0, tp 1) failed first" in proc.stderr and "[dmuon watchdog] (injected)" in proc.stderr
+    assert time.monotonic() - start < 100
+    assert_no_orphans(tag)
+
+
+def test_a_hang_on_a_2x2_grid_ends_the_run(tag):
+    """The watchdog ends the waiting ranks; the launcher must take that as a failure, not wait for the hung rank."""
+    start = time.monotonic()
+    proc = script("faults.py", "--dp", "2", "--tp", "2", "--fault", "hang", "--rank", "1", "--timeout", "5",
+                  tag=tag, timeout=120)
+    assert proc.returncode == 1
+    assert "timed out" in proc.stderr or "has not finished" in proc.stderr, proc.stderr[-2000:]
+    assert time.monotonic() - start < 100
+    assert_no_orphans(tag)

@@ -62,6 +62,18 @@ RING_NOTE = ("bytes are per rank as a ring algorithm moves them; gloo runs reduc
              "all-reduce of the whole input, which really moves about twice that")
 
 
+def report_fatal(text: str) -> None:
+    """Leave ``text`` where the local launcher looks for a rank's failure (``DMUON_ERROR_FILE``, set
+    by ``launch.py`` for each rank it spawns), written whole or not at all. Under torchrun it is unset:
+    torchrun itself ends the job when a rank exits non-zero."""
+    path = os.environ.get("DMUON_ERROR_FILE")
+    if path:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{time.time()!r}\n{text}\n")
+        os.replace(tmp, path)  # atomic: the launcher never reads half a file
+
+
 class CollectiveError(RuntimeError):
     """A collective failed or timed out; the message says which one."""
 
@@ -326,6 +338,8 @@ class Comm:
             inflight = comm._inflight
             del comm
             if inflight and time.monotonic() - inflight[0] > timeout_s + grace:
-                print(f"[dmuon watchdog] {inflight[1]} has not finished after {timeout_s:.0f} s "
-                      f"(timeout) + {grace:.0f} s; ending this rank", file=sys.stderr, flush=True)
+                message = (f"[dmuon watchdog] {inflight[1]} has not finished after {timeout_s:.0f} s "
+                           f"(timeout) + {grace:.0f} s; ending this rank")
+                print(message, file=sys.stderr, flush=True)
+                report_fatal(message)
                 os._exit(3)

@@ -9,10 +9,12 @@
 
 Failure handling, the part that makes distributed code debuggable:
 
-* A rank that raises writes its traceback; the parent stops every other rank at once, prints the
-  first failure's traceback (the root cause: later ones are usually peers losing their
-  connection) and one line per other failed rank, and returns exit code 1. A rank killed by a
-  signal counts the same. A worker that *returns* a non-zero code (a check that failed) is not a
+* A rank that raises writes its traceback (atomically: the parent never reads half a file); the
+  parent stops every other rank at once, prints the first failure's traceback (the root cause:
+  later ones are usually peers losing their connection) and one line per other failed rank, and
+  returns exit code 1. A rank killed by a signal the launcher did not send is the root cause
+  (its peers' errors follow from its death); ranks the launcher stopped are never blamed. A rank
+  ended by the collective watchdog (``comm.py``) reports like a rank that raised. A worker that *returns* a non-zero code (a check that failed) is not a
   crash: the others finish, and the run exits with the largest code. Children die with the
   parent too (``PR_SET_PDEATHSIG``), so nothing is left behind even if the parent is killed.
 * Every collective has a timeout (``--timeout``, seconds); ``comm.Comm`` turns a timeout into an
@@ -39,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .comm import Comm
+from .comm import Comm, report_fatal
 from .grid import Grid, check_grid
 
 
@@ -124,6 +126,7 @@ def _die_with_parent() -> None:
 def _child(rank, world, port, worker, args, threads, err_dir) -> None:
     _die_with_parent()
     os.environ["LOCAL_RANK"] = str(rank)  # one machine: with --backend nccl, rank r uses cuda:r
+    os.environ["DMUON_ERROR_FILE"] = str(Path(err_dir, f"rank{rank}.txt"))
     torch.set_num_threads(threads)
     try:
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
@@ -132,7 +135,7 @@ def _child(rank, world, port, worker, args, threads, err_dir) -> None:
     except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit
         if isinstance(e, SystemExit) and not e.code:
             sys.exit(0)
-        Path(err_dir, f"rank{rank}.txt").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+        report_fatal(traceback.format_exc())
         # Leave at once: a normal interpreter exit would tear down process groups whose peers may
         # still be mid-collective, which can hang or abort instead of reporting this failure.
         sys.stdout.flush()
@@ -177,8 +180,9 @@ def _wait(procs, err_dir, args) -> int:
             rank = procs.index(p)
             crashed = p.exitcode < 0 or Path(err_dir, f"rank{rank}.txt").exists()
             if crashed:
+                stopped = {procs.index(q) for q in alive}
                 _stop(alive)
-                _report(procs, err_dir, args)
+                _report(procs, err_dir, args, rank, stopped)
                 return 1
             if p.exitcode:
                 returned[rank] = p.exitcode
@@ -200,18 +204,26 @@ def _stop(procs, grace: float = 3.0) -> None:
             p.join()
 
 
-def _report(procs, err_dir, args) -> None:
-    """Print the first failure in full and one line for every other rank that failed."""
+def _report(procs, err_dir, args, culprit: int, stopped: set[int]) -> None:
+    """Print the root cause in full and one line for every other rank that failed.
+
+    ``culprit`` is the rank whose end stopped the run; ``stopped`` the ranks the launcher then ended.
+    A culprit killed by a signal is the root cause (peers that lost it fail after it); otherwise the
+    earliest traceback is.
+    """
     errors = []
     for r, p in enumerate(procs):
         f = Path(err_dir, f"rank{r}.txt")
         if f.exists():
             when, tb = f.read_text().split("\n", 1)
             errors.append((float(when), r, tb))
-        elif p.exitcode not in (0, -signal.SIGTERM, -signal.SIGKILL):
+        elif r == culprit:
+            how = (f"was killed by signal {signal.Signals(-p.exitcode).name}" if p.exitcode < 0
+                   else f"exited with code {p.exitcode}")
+            errors.append((float("-inf"), r, f"{how}, with no Python traceback (killed from outside, or the "
+                                              "interpreter died: out of memory, a crash in native code)\n"))
+        elif p.exitcode not in (0, None) and r not in stopped:
             errors.append((float("inf"), r, f"exited with code {p.exitcode} and no Python traceback\n"))
-    if not errors:
-        errors = [(0.0, r, f"exited with code {p.exitcode}\n") for r, p in enumerate(procs) if p.exitcode]
     errors.sort()
     _, first, tb = errors[0]
     where = lambda r: f"rank {r} (dp {r // args.tp}, tp {r % args.tp})"  # noqa: E731
