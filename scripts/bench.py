@@ -37,15 +37,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-
-import torch.distributed as dist
-
 import torch
+import torch.distributed as dist
 
 from dmuon.comm import Comm
 from dmuon.distributed import OVERLAP_MODES, DistributedAdamW, DistributedMuon, default_overlap
-from dmuon.launch import add_launch_args, check_launch_args, launch, under_torchrun
-from dmuon.layouts import LAYOUTS
+from dmuon.launch import add_launch_args, arg_type, check_launch_args, launch, under_torchrun
+from dmuon.layouts import LAYOUTS, parse_layouts
 from dmuon.newton_schulz import native_bf16_matmul
 from dmuon.optim import MuonW
 from dmuon.lab.costmodel import step_bytes
@@ -243,7 +241,7 @@ def main(argv=None) -> int:
     p.add_argument("--report-shapes", action="store_true", help="the community report's ~23M-parameter shapes")
     p.add_argument("--stack", type=int, nargs="?", const=12, default=0, metavar="LAYERS",
                    help="a balanced transformer stack of LAYERS layers (default 12; see synthetic.stack_shapes)")
-    p.add_argument("--layout", default="bucket", help=f"comma-separated layouts from {','.join(LAYOUTS)} (default bucket)")
+    p.add_argument("--layout", type=arg_type(parse_layouts), default=["bucket"], help=f"comma-separated layouts from {','.join(LAYOUTS)} (default bucket)")
     p.add_argument("--single", action="store_true", help="also time one process with all cores (grid efficiency)")
     p.add_argument("--sweep", action="store_true", help="run every grid of --grids in turn")
     p.add_argument("--grids", type=parse_grids, default=parse_grids(SWEEP_GRIDS), help=f"for --sweep (default {SWEEP_GRIDS})")
@@ -255,9 +253,6 @@ def main(argv=None) -> int:
         args.shapes, args.tp_dims = REPORT_SHAPES, REPORT_TP_DIMS
     if args.stack:
         args.shapes, args.tp_dims = stack_shapes(args.stack)
-    args.layout = [x.strip() for x in args.layout.split(",") if x.strip()]
-    if not args.layout or any(x not in LAYOUTS for x in args.layout) or len(set(args.layout)) < len(args.layout):
-        p.error(f"--layout takes distinct layouts from {','.join(LAYOUTS)}, e.g. --layout bucket,owner")
     args.overlap = [o.strip() for o in args.overlap.split(",")]
     if any(o not in (*OVERLAP_MODES, "default") for o in args.overlap):
         p.error(f"--overlap takes modes from {OVERLAP_MODES} or default")

@@ -40,8 +40,8 @@ import torch.distributed as dist
 
 from dmuon.comm import Comm
 from dmuon.distributed import OVERLAP_MODES, DistributedMuon
-from dmuon.layouts import LAYOUTS
-from dmuon.launch import add_launch_args, check_launch_args, launch
+from dmuon.layouts import LAYOUTS, parse_layouts
+from dmuon.launch import add_launch_args, arg_type, check_launch_args, launch
 from dmuon.optim import MuonW
 from dmuon.lab.poc_bugs import POC_BUGS
 from dmuon.sharding import tp_shard
@@ -58,14 +58,11 @@ def parse_args(argv=None):
     p.add_argument("--atol", type=float, default=0.0, help="largest allowed |param - reference| (default 0)")
     p.add_argument("--overlap", choices=OVERLAP_MODES, default=None,
                    help="how collectives overlap compute (default: each layout's own; see dmuon/flows.py)")
-    p.add_argument("--layout", default="bucket",
+    p.add_argument("--layout", type=arg_type(parse_layouts), default=["bucket"],
                    help=f"comma-separated layouts from {','.join(LAYOUTS)} (default bucket; see dmuon/layouts.py)")
     p.add_argument("--poc-bug", choices=sorted(POC_BUGS), default=None,
                    help="put one of the proof of concept's bugs back, to see this check catch it")
     args = p.parse_args(argv)
-    args.layout = [x.strip() for x in args.layout.split(",") if x.strip()]
-    if not args.layout or any(x not in LAYOUTS for x in args.layout) or len(set(args.layout)) < len(args.layout):
-        p.error(f"--layout takes distinct layouts from {','.join(LAYOUTS)}, e.g. --layout bucket,owner")
     check_launch_args(p, args)
     if args.steps < 1:
         p.error("--steps must be at least 1")

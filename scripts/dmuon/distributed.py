@@ -37,7 +37,7 @@ from torch.profiler import record_function
 
 from .comm import Comm, Phase
 from .flows import FLOWS
-from .optim import DEFAULTS, check_group, param_names
+from .optim import DEFAULTS, call_closure, check_group, param_names
 from .plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
 from .sharding import local_shard, pack_bucket, unpack_bucket
 from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
@@ -164,10 +164,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = call_closure(closure)
         self._check_grads()
         for group in self.param_groups:
             for p in group["params"]:

@@ -37,6 +37,15 @@ def check_layout(layout: str) -> None:
         raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
 
 
+def parse_layouts(text: str) -> list[str]:
+    """'bucket,owner' -> ["bucket", "owner"]: distinct known layouts, for command lines."""
+    layouts = [x.strip() for x in text.split(",") if x.strip()]
+    if not layouts or any(x not in LAYOUTS for x in layouts) or len(set(layouts)) < len(layouts):
+        raise ValueError(f"--layout takes distinct layouts from {','.join(LAYOUTS)}, e.g. --layout bucket,owner; "
+                         f"got {text!r}")
+    return layouts
+
+
 def even_cuts(numel: int, dp: int) -> tuple[int, ...]:
     """``dp + 1`` offsets cutting ``numel`` elements into ``dp`` shards of ``ceil(numel / dp)``
     (the last ones shorter, or empty: the collectives pad them)."""

@@ -86,6 +86,14 @@ def check_group(group: dict, group_idx: int) -> None:
             check_muon_shape(name, tuple(p.shape))
 
 
+def call_closure(closure):
+    """``torch.optim``'s contract: re-evaluate the model with gradients on, return the loss (or None)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class MuonW(torch.optim.Optimizer):
     """Muon on groups with ``use_muon=True``, AdamW on the others; one process, no communication."""
 
@@ -99,10 +107,7 @@ class MuonW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = call_closure(closure)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
