@@ -28,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from dmuon.lab.charlm import TinyGPT, batch, load_corpus
 from dmuon.distributed import DistributedAdamW, DistributedMuon
+from dmuon.layouts import LAYOUTS
 from dmuon.launch import add_launch_args, check_launch_args, launch
 from dmuon.optim import hybrid_param_groups
 from dmuon.lab.traces import breakdown, load_events, median_breakdown
@@ -44,7 +45,7 @@ def worker(grid, comm, args) -> int:
         models[kind] = TinyGPT(data["vocab_size"], d=args.width, n_layer=args.layers).to(dev)
         groups = hybrid_param_groups(models[kind].named_parameters(), muon=dict(lr=3e-3), adamw=dict(lr=3e-3))
         cls = DistributedMuon if kind == "muon" else DistributedAdamW
-        opts[kind] = cls(groups, grid, comm=comm)
+        opts[kind] = cls(groups, grid, comm=comm, layout=args.layout if kind == "muon" else "bucket")
     gen = torch.Generator().manual_seed(args.seed * 7919 + grid.dp_rank)  # each DP rank its own batches
 
     def train_step(kind):
@@ -89,7 +90,7 @@ def worker(grid, comm, args) -> int:
                       f"{b['communication']:>8.1f}{b['newton_schulz']:>8.1f}{b['optimizer_compute']:>14.1f}"
                       f"{b['optimizer_share']:>12.1%}")
         print(f"traces: {', '.join(r['trace'] for r in everyone)}")
-        print(json.dumps(dict(dp=grid.dp, tp=grid.tp, batch=args.batch, context=models["muon"].context,
+        print(json.dumps(dict(dp=grid.dp, tp=grid.tp, layout=args.layout, batch=args.batch, context=models["muon"].context,
                               width=args.width, layers=args.layers, n_params=n_params, steps=args.steps,
                               device=str(dev), ranks=everyone)))
     return 0
@@ -104,6 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=128, help="model width (default 128)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layout", choices=LAYOUTS, default="bucket", help="Distributed Muon's layout (default bucket)")
     p.add_argument("--out", default=str(ROOT / "_build" / "traces"), help="folder for the Chrome traces")
     args = p.parse_args(argv)
     check_launch_args(p, args)
