@@ -1,0 +1,205 @@
+"""Explorers that move in the built book without a kernel: Plotly figures with a slider.
+
+Every position of a slider is computed here, in Python, when the chapter runs; the page only
+switches between the precomputed traces (Plotly's ``update`` method toggles their visibility and
+sets the title). So a reader of the static book can move the slider, and every value the figure
+shows was computed by the same functions the chapter uses. ``show`` displays a figure so that the
+book, Jupyter and Colab each render it:
+
+    from dmuon.lab.explorers import ns_map_explorer, show
+    show(ns_map_explorer())
+
+The book serves ``plotly.min.js`` from the plotly wheel itself (``book/_ext/offline_assets.py``),
+so the figures work offline.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import plotly.graph_objects as go
+
+# A narrow-screen friendly look: legend above the plot, small margins, responsive width.
+BASE_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=40), height=430,
+                   legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0),
+                   font=dict(size=13))
+CONFIG = {"responsive": True, "displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
+
+
+class Figure:
+    """A Plotly figure as a notebook output: HTML for the book, Plotly JSON for Jupyter.
+
+    The HTML carries no plotly.js (the book page loads it once); JupyterLab and VS Code render the
+    ``application/vnd.plotly.v1+json`` part themselves. MyST-NB's ``glue`` accepts it too.
+    """
+
+    def __init__(self, fig: go.Figure):
+        self.fig = fig
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        html = self.fig.to_html(full_html=False, include_plotlyjs=False, config=CONFIG)
+        return {"text/html": html, "application/vnd.plotly.v1+json": json.loads(self.fig.to_json()),
+                "text/plain": f"<Plotly figure: {self.fig.layout.title.text or 'untitled'}>"}
+
+
+def show(fig: go.Figure):
+    """Display ``fig``: in Colab with Plotly's own renderer (it loads plotly.js), elsewhere as a
+    ``Figure`` bundle. Returns the bundle object so it can also be glued."""
+    from IPython.display import display
+
+    if "google.colab" in sys.modules:
+        fig.show(renderer="colab", config=CONFIG)
+        return None
+    out = Figure(fig)
+    display(out)
+    return out
+
+
+def slider_figure(frames: list[dict], label: str, active: int = 0, **layout) -> go.Figure:
+    """One figure, one slider. ``frames``: dicts with ``label`` (the slider tick), ``title`` and
+    ``traces`` (Plotly trace objects). Every frame's traces are in the figure; a slider step shows
+    one frame's traces and its title, so the title always states the values drawn."""
+    fig = go.Figure()
+    owner = []
+    for i, frame in enumerate(frames):
+        for trace in frame["traces"]:
+            trace.visible = i == active
+            fig.add_trace(trace)
+            owner.append(i)
+    steps = [dict(label=str(frame["label"]), method="update",
+                  args=[{"visible": [o == i for o in owner]}, {"title.text": frame["title"]}])
+             for i, frame in enumerate(frames)]
+    fig.update_layout(**BASE_LAYOUT)
+    fig.update_layout(title=dict(text=frames[active]["title"], font=dict(size=14)),
+                      sliders=[dict(active=active, steps=steps, pad=dict(t=45),
+                                    currentvalue=dict(prefix=f"{label}: ", font=dict(size=13)))],
+                      **layout)
+    return fig
+
+
+# ---- chapter 1: what Newton-Schulz does to singular values -----------------------------------
+
+def ns_map_explorer(max_steps: int = 8, active: int = 5):
+    """Slider over the number of NS steps; the cubic (1.5, -0.5, 0) and Jordan's quintic side by side."""
+    import torch
+
+    from dmuon.newton_schulz import NS_COEFFICIENTS, singular_value_map
+
+    sigma = torch.linspace(0, 1, 401)
+    cubic, quintic = (1.5, -0.5, 0.0), tuple(NS_COEFFICIENTS)
+    frames = []
+    for k in range(1, max_steps + 1):
+        traces = [go.Scatter(x=sigma.tolist(), y=singular_value_map(sigma, k, c).tolist(), mode="lines", name=name,
+                             line=dict(color=color))
+                  for c, name, color in ((cubic, "cubic (1.5, -0.5, 0)", "#1f77b4"),
+                                         (quintic, f"quintic {quintic}", "#d62728"))]
+        band = singular_value_map(torch.linspace(1e-3, 1, 1000, dtype=torch.float64), k, quintic)
+        frames.append(dict(label=k, traces=traces,
+                           title=f"{k} step{'s' * (k > 1)}: quintic maps [0.001, 1] into "
+                                 f"[{band.min():.3f}, {band.max():.3f}]"))
+    fig = slider_figure(frames, "Newton-Schulz steps", active=active - 1,
+                        xaxis_title="singular value before (after scaling)", yaxis_title="singular value after")
+    fig.add_hline(y=1, line=dict(color="black", width=1, dash="dot"))
+    fig.update_yaxes(range=[-0.05, 1.35])
+    return fig
+
+
+# ---- chapter 2: what one rank stores ----------------------------------------------------------
+
+MEMORY_LAYOUTS = [("DP", dict(dp=8)), ("ZeRO-1", dict(zero=1, dp=8)), ("ZeRO-2", dict(zero=2, dp=8)),
+                  ("ZeRO-3 / FSDP", dict(zero=3, dp=8)), ("TP", dict(tp=8)), ("ZeRO-1 DP2 x TP4", dict(zero=1, dp=2, tp=4))]
+MEMORY_PARTS = [("params", "parameters (bf16)"), ("grads", "gradients (bf16)"), ("master", "fp32 master"),
+                ("optimizer_state", "optimizer state")]
+
+
+def memory_explorer(sizes_b=(0.125, 0.35, 1.3, 3, 7, 13, 34, 70, 175, 405), active_b: float = 7, device_gb: float = 80):
+    """Slider over model size (billions of parameters): GB per rank on 8 devices, by layout and optimizer."""
+    from dmuon.lab.memory import per_rank_bytes
+
+    colors = ["#4c78a8", "#f58518", "#54a24b", "#b279a2"]
+    rows = [f"{name} · {opt}" for name, _ in MEMORY_LAYOUTS for opt in ("AdamW", "Muon")]
+    frames = []
+    for b in sizes_b:
+        per = [per_rank_bytes(b * 1e9, opt.lower(), **kw) for _, kw in MEMORY_LAYOUTS for opt in ("AdamW", "Muon")]
+        traces = [go.Bar(y=rows, x=[p[key] / 1e9 for p in per], name=label, orientation="h", marker_color=color,
+                         hovertemplate="%{y}: %{x:.2f} GB<extra>" + label + "</extra>")
+                  for (key, label), color in zip(MEMORY_PARTS, colors)]
+        fits = sum(p["total"] / 1e9 <= device_gb for p in per)
+        frames.append(dict(label=f"{b:g}B", traces=traces,
+                           title=f"{b:g}B parameters, 8 devices: {fits} of {len(rows)} rows fit in {device_gb:g} GB"))
+    fig = slider_figure(frames, "model size", active=list(sizes_b).index(active_b), barmode="stack",
+                        xaxis_title="GB per rank (no activations)", height=520)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(margin=dict(l=150))
+    fig.add_vline(x=device_gb, line=dict(color="black", width=1, dash="dot"))
+    return fig
+
+
+# ---- chapter 4: the virtual buffer -----------------------------------------------------------
+
+def plan_frame(specs, dp: int, tp: int, bucket: int) -> dict:
+    """Bars for one ZeRO-1 plan (all DP ranks' plans computed with ``build_plan``) and its summary."""
+    from dmuon.plan import build_plan
+
+    plans = [build_plan(specs, dp, r, tp, bucket) for r in range(dp)]
+    metas, buckets = plans[0].metas[0], plans[0].buckets[0]
+    palette = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
+    shard_colors = ["#dbe9f6", "#fde2c8", "#d9f0d3", "#f8d5d5", "#e2e2f5", "#f5e6c8", "#d8f3f3", "#eeeeee"]
+    params = go.Bar(y=["parameters"] * len(metas), x=[m.global_range[1] - m.global_range[0] for m in metas],
+                    base=[m.global_range[0] for m in metas], orientation="h", showlegend=False,
+                    marker=dict(color=[palette[i % 8] for i in range(len(metas))], line=dict(color="white", width=1)),
+                    text=[m.name for m in metas], textposition="inside", insidetextanchor="middle",
+                    hovertemplate="%{text}: [%{base:,}, +%{x:,})<extra></extra>")
+    pads = [(b.start + b.numel, b.padded_numel - b.numel) for b in buckets if b.padded_numel > b.numel]
+    padding = go.Bar(y=["parameters"] * len(pads), x=[w for _, w in pads], base=[s for s, _ in pads], orientation="h",
+                     marker=dict(color="lightgrey"), showlegend=False, hovertemplate="padding: %{x}<extra></extra>")
+    shards = [(b.bucket_idx, r, *b.shard_range(r)) for b in buckets for r in range(b.dp)]
+    owners = go.Bar(y=["owner"] * len(shards), x=[hi - lo for *_, lo, hi in shards], base=[lo for *_, lo, _ in shards],
+                    orientation="h", showlegend=False, text=[f"dp {r}" for _, r, *_ in shards],
+                    textposition="inside", insidetextanchor="middle",
+                    marker=dict(color=[shard_colors[r % 8] for _, r, *_ in shards], line=dict(color="grey", width=1)),
+                    customdata=[b for b, *_ in shards], hovertemplate="bucket %{customdata}, %{text}<extra></extra>")
+    straddling = [m.name for i, m in enumerate(metas) if sum(p.metas[0][i].local_numel > 0 for p in plans) > 1]
+    return dict(plans=plans, traces=[params, padding, owners], straddling=straddling,
+                bucket_starts=[b.start for b in buckets] + [buckets[-1].start + buckets[-1].padded_numel],
+                state=plans[0].local_state_numel())
+
+
+def plan_explorer(specs, tp: int = 2, bucket: int = 100_000, dps=range(1, 7), active_dp: int = 3):
+    """Slider over the DP size: the virtual buffer, its buckets and which DP rank owns each element."""
+    frames = []
+    for dp in dps:
+        f = plan_frame(specs, dp, tp, bucket)
+        frames.append(dict(label=dp, traces=f["traces"],
+                           title=f"dp={dp}, tp={tp}: straddling {', '.join(f['straddling']) or 'none'}; "
+                                 f"state per rank {f['state']:,} elements"))
+    fig = slider_figure(frames, "DP size", active=list(dps).index(active_dp), barmode="overlay", height=330,
+                        xaxis_title="offset in the virtual buffer (elements)")
+    fig.update_layout(bargap=0.15, margin=dict(l=90), uniformtext=dict(minsize=10, mode="hide"))
+    return fig
+
+
+# ---- chapter 6: projecting communication to a cluster ------------------------------------------
+
+def projection_explorer(project, inter_gb_s=(10, 25, 50, 100, 200, 400), active: float = 50,
+                        dps=(1, 2, 4, 8, 16, 32, 64), tps=(1, 8)):
+    """Slider over the inter-node bandwidth per GPU; ``project(dp, tp, inter_gb_s)`` returns
+    (Muon seconds, AdamW seconds) of optimizer communication per step."""
+    frames = []
+    for bw in inter_gb_s:
+        traces, ratios = [], []
+        for tp, dash in zip(tps, ("solid", "dash")):
+            times = [project(d, tp, bw) for d in dps]
+            ratios.append(times[-1][0] / times[-1][1])
+            for k, (name, color, symbol) in enumerate((("Muon", "#d62728", "circle"), ("AdamW", "#1f77b4", "square"))):
+                traces.append(go.Scatter(x=list(dps), y=[t[k] * 1e3 for t in times], mode="lines+markers",
+                                         name=f"{name}, tp={tp}", line=dict(color=color, dash=dash),
+                                         marker=dict(symbol=symbol),
+                                         hovertemplate="dp=%{x}: %{y:.1f} ms<extra>" + f"{name}, tp={tp}</extra>"))
+        frames.append(dict(label=f"{bw:g} GB/s", traces=traces,
+                           title=f"{bw:g} GB/s between nodes: Muon/AdamW at dp={dps[-1]} is "
+                                 + ", ".join(f"{r:.2f} (tp={tp})" for r, tp in zip(ratios, tps))))
+    fig = slider_figure(frames, "inter-node bandwidth per GPU", active=list(inter_gb_s).index(active),
+                        xaxis_title="DP size (replicas)", yaxis_title="ms per step")
+    fig.update_xaxes(type="log", tickvals=list(dps), ticktext=[str(d) for d in dps])
+    return fig
