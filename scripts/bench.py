@@ -117,7 +117,7 @@ def worker(grid, comm, args) -> int:
 
     seconds = {name: [] for name in opts}
     for step in range(1, args.warmup + args.steps + 1):
-        grads = problem.grads(step, grid.dp_rank)
+        grads = problem.grads(step, grid.dp_rank, grid.dp)
         order = list(opts) if step % 2 else list(reversed(opts))
         for name in order:
             set_grads(opts[name].param_groups, grads, grid)
@@ -128,7 +128,7 @@ def worker(grid, comm, args) -> int:
     measured = range(args.warmup + 1, args.warmup + args.steps + 1)
     mine = {}
     for name, opt in opts.items():
-        set_grads(opt.param_groups, problem.grads(0, grid.dp_rank), grid)
+        set_grads(opt.param_groups, problem.grads(0, grid.dp_rank, grid.dp), grid)
         transient = step_peak_bytes(opt.step, dev)
         persistent = sum(2 * p.numel() * p.element_size() for g in opt.param_groups for p in g["params"])  # + grads
         last = comms[name].ledger.summary(args.warmup + args.steps)

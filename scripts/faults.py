@@ -39,7 +39,7 @@ def worker(grid, comm, args) -> int:
     target = grid.rank == args.rank
     print(f"rank {grid.rank}: pid {os.getpid()}", flush=True)  # to kill a rank from outside
     for step in range(1, args.steps + 1):
-        set_grads(opt.param_groups, problem.grads(step, grid.dp_rank), grid)
+        set_grads(opt.param_groups, problem.grads(step, grid.dp_rank, grid.dp), grid)
         if target and step == args.step:
             first = opt.param_groups[0]["params"][0]
             if args.fault == "raise":

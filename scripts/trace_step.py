@@ -28,7 +28,7 @@ def worker(grid, comm, args) -> int:
     opt.trace = lambda stage, name, t: events.append(
         dict(stage=stage, name=name, shape=list(t.shape), dtype=str(t.dtype).replace("torch.", ""),
              numel=t.numel(), norm=float(t.float().norm())))
-    set_grads(opt.param_groups, problem.grads(1, grid.dp_rank), grid)
+    set_grads(opt.param_groups, problem.grads(1, grid.dp_rank, grid.dp), grid)
     opt.step()
     mine = dict(rank=grid.rank, dp_rank=grid.dp_rank, tp_rank=grid.tp_rank, events=events)
     everyone = comm.gather_objects(mine, "report")

@@ -2,6 +2,8 @@
 
     python scripts/verify.py --dp 2 --tp 2                          # spawns 4 local gloo ranks
     python scripts/verify.py --dp 3 --tp 2 --layout bucket,owner,aligned   # every layout in one run
+    python scripts/verify.py --dp 2 --tp 2 --steps 2 --save ckpt          # a checkpoint after step 2 ...
+    python scripts/verify.py --dp 3 --tp 1 --layout owner --steps 2 --resume ckpt   # ... resumed elsewhere
     python scripts/verify.py --dp 3 --tp 1 --optimizer hybrid --steps 5
     python scripts/verify.py --dp 2 --tp 4 --shapes 100x100,124x324 --tp-dims 0,1
     torchrun --standalone --nproc-per-node 4 scripts/verify.py --dp 2 --tp 2   # NCCL when CUDA is there
@@ -23,6 +25,12 @@ the last step, ``state_dict()`` loaded into a new optimizer continues bit for bi
 checked with one extra step), ``ledger`` (rank 0's) and
 ``ledger_per_rank`` (the owner layouts move different bytes on different ranks).
 
+``--save DIR`` writes a checkpoint of the first layout's optimizer after the last step
+(``dmuon/checkpoint.py``: DCP, in global coordinates). ``--resume DIR`` loads one, on any grid and
+into every layout given, runs ``--steps`` more steps and compares each with the single-device
+reference run uninterrupted from step 1: steps N+1..N+M must match an uninterrupted run. The JSON
+then has ``"resumed_from"`` (the folder, the step and the grid and layout it was saved on).
+
 ``--atol`` defaults to 0: on one machine the distributed run executes the same kernels on the
 same numbers as the reference, so it must match bit for bit (see the synthetic module for why
 reduction order cannot matter).
@@ -38,6 +46,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from dmuon import checkpoint
 from dmuon.comm import Comm
 from dmuon.distributed import OVERLAP_MODES, DistributedMuon
 from dmuon.layouts import LAYOUTS, parse_layouts
@@ -62,11 +71,22 @@ def parse_args(argv=None):
                    help=f"comma-separated layouts from {','.join(LAYOUTS)} (default bucket; see dmuon/layouts.py)")
     p.add_argument("--poc-bug", choices=sorted(POC_BUGS), default=None,
                    help="put one of the proof of concept's bugs back, to see this check catch it")
+    p.add_argument("--save", default=None, metavar="DIR", help="write a checkpoint after the last step")
+    p.add_argument("--resume", default=None, metavar="DIR", help="start from a checkpoint (any grid, any layout)")
     args = p.parse_args(argv)
     check_launch_args(p, args)
     if args.steps < 1:
         p.error("--steps must be at least 1")
     check_problem_args(p, args, args.optimizer, args.groups)
+    if args.resume:
+        try:
+            saved = checkpoint.read_marker(args.resume)[1].get("extra", {})
+        except checkpoint.CheckpointError as e:
+            p.error(str(e))
+        mine = problem_signature(args)
+        if saved.get("problem") != mine:
+            p.error(f"{args.resume} was saved by verify.py for the problem {saved.get('problem')}, not {mine}: "
+                    "give the same --optimizer, --shapes, --tp-dims, --groups and --seed")
     return args
 
 
@@ -78,7 +98,13 @@ def reference_optimizer(problem, params: dict) -> MuonW:
                   for g in problem.groups])
 
 
-def state_dict_roundtrip(opt, problem, args, grid) -> bool:
+def problem_signature(args) -> dict:
+    """What must be equal for a resumed run to be compared with the same reference."""
+    return dict(optimizer=args.optimizer, shapes=[list(x) for x in args.shapes], tp_dims=list(args.tp_dims),
+                groups=args.groups, seed=args.seed)
+
+
+def state_dict_roundtrip(opt, problem, args, grid, step: int) -> bool:
     """Save ``opt``'s state, take one more step; then load that state into a new optimizer over copies of
     the parameters and take the same step. True if both end bit for bit the same (parameters and state)."""
     saved = copy.deepcopy(opt.state_dict())
@@ -86,7 +112,7 @@ def state_dict_roundtrip(opt, problem, args, grid) -> bool:
     twin = type(opt)(copies, grid, layout=opt.layout, comm=Comm(grid, timeout_s=args.timeout),
                      bucket_numel=args.bucket_numel, overlap=args.overlap)
     twin.load_state_dict(saved)
-    grads = problem.grads(args.steps + 1, grid.dp_rank)
+    grads = problem.grads(step, grid.dp_rank, grid.dp)
     for o in (opt, twin):
         set_grads(o.param_groups, grads, grid)
         o.step()
@@ -109,10 +135,22 @@ def worker(grid, comm, args) -> int:
     # The reference runs once, on rank 0, and is broadcast: every rank then checks its own shard.
     ref_params = {n: t.to(dev).clone() for n, t in problem.full.items()}
     ref = reference_optimizer(problem, ref_params) if grid.rank == 0 else None
+    first_step, resumed_from = 1, None
+    if args.resume:
+        for opt in opts.values():
+            saved_step = checkpoint.load(opt, args.resume)
+        first_step = saved_step + 1
+        resumed_from = dict(path=args.resume, step=saved_step, saved_on=checkpoint.read_marker(args.resume)[1]["saved_on"])
+        if ref is not None:  # the reference runs uninterrupted from step 1
+            for step in range(1, first_step):
+                for n, g in problem.mean_grads(step, grid.dp).items():
+                    ref_params[n].grad = g.to(dev)
+                ref.step()
 
     diffs = {layout: [] for layout in opts}
-    for step in range(1, args.steps + 1):
-        grads = problem.grads(step, grid.dp_rank)
+    last_step = first_step + args.steps - 1
+    for step in range(first_step, last_step + 1):
+        grads = problem.grads(step, grid.dp_rank, grid.dp)
         for opt in opts.values():
             set_grads(opt.param_groups, grads, grid)
             opt.step()
@@ -132,8 +170,10 @@ def worker(grid, comm, args) -> int:
             print(f"step {step}: max |param - reference| over all ranks = "
                   + ", ".join(f"{diffs[x][-1]:.3e} ({x})" for x in opts), flush=True)
 
+    if args.save:  # before the state_dict round trip below takes an extra step
+        checkpoint.save(opts[args.layout[0]], args.save, step=last_step, extra=dict(problem=problem_signature(args)))
     mine = {layout: dict(ledger=opt.comm.ledger.summary(), owners=sorted(opt.plan.owners.items()),
-                         state_dict_roundtrip=state_dict_roundtrip(opt, problem, args, grid))
+                         state_dict_roundtrip=state_dict_roundtrip(opt, problem, args, grid, last_step + 1))
             for layout, opt in opts.items()}
     everyone = comm.gather_objects(mine, "report")
     if grid.rank != 0:
@@ -152,7 +192,7 @@ def worker(grid, comm, args) -> int:
     worst = max(v["max_abs_diff"] for v in layouts.values())
     first = layouts[args.layout[0]]
     for layout, v in layouts.items():
-        print(f"\ncommunication per rank 0 in step {args.steps} ({args.optimizer}, layout {layout}, "
+        print(f"\ncommunication per rank 0 in step {last_step} ({args.optimizer}, layout {layout}, "
               f"dp={grid.dp}, tp={grid.tp}); Newton-Schulz runs over all ranks: {v['ns_calls']}")
         print(opts[layout].comm.ledger.table())
     print(f"\n{'OK' if ok else 'MISMATCH'}: largest difference {worst:.3e} (allowed {args.atol:g})")
@@ -161,7 +201,7 @@ def worker(grid, comm, args) -> int:
         world_size=grid.dp * grid.tp, optimizer=args.optimizer, steps=args.steps, seed=args.seed,
         shapes=[list(s) for s in args.shapes], tp_dims=args.tp_dims, bucket_numel=args.bucket_numel,
         atol=args.atol, poc_bug=args.poc_bug, overlap=opts[args.layout[0]].overlap, backend=dist.get_backend(), device=str(dev),
-        layout=args.layout[0], ns_calls=first["ns_calls"], ns_flops_max_rank=first["ns_flops_max_rank"],
+        resumed_from=resumed_from, saved_to=args.save, layout=args.layout[0], ns_calls=first["ns_calls"], ns_flops_max_rank=first["ns_flops_max_rank"],
         state_bytes=first["state_bytes"], ledger=first["ledger"], layouts=layouts)), flush=True)
     for opt in opts.values():
         opt.comm.close()

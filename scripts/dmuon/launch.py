@@ -13,9 +13,11 @@ Failure handling, the part that makes distributed code debuggable:
   parent stops every other rank at once, prints the first failure's traceback (the root cause:
   later ones are usually peers losing their connection) and one line per other failed rank, and
   returns exit code 1. A rank killed by a signal the launcher did not send is the root cause
-  (its peers' errors follow from its death); ranks the launcher stopped are never blamed. A rank
-  ended by the collective watchdog (``comm.py``) reports like a rank that raised. A worker that *returns* a non-zero code (a check that failed) is not a
-  crash: the others finish, and the run exits with the largest code. Children die with the
+  (its peers' errors follow from its death), and so is one that exits non-zero without returning
+  (``os._exit``, a native crash); ranks the launcher stopped are never blamed. A rank ended by the
+  collective watchdog (``comm.py``) reports like a rank that raised. A worker that *returns* a
+  non-zero code (a check that failed) is not a crash: the others finish, and the run exits with
+  the largest code. Children die with the
   parent too (``PR_SET_PDEATHSIG``), so nothing is left behind even if the parent is killed.
 * Every collective has a timeout (``--timeout``, seconds); ``comm.Comm`` turns a timeout into an
   error naming the collective.
@@ -132,6 +134,8 @@ def _child(rank, world, port, worker, args, threads, err_dir) -> None:
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
                               timeout=datetime.timedelta(seconds=args.timeout))
         code = _run_rank(worker, args, rank, world, store)
+        if code:  # a deliberate non-zero return (a failed check): say so, or it would count as a crash
+            Path(err_dir, f"rank{rank}.returned").write_text(str(code))
     except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit
         if isinstance(e, SystemExit) and not e.code:
             sys.exit(0)
@@ -178,7 +182,8 @@ def _wait(procs, err_dir, args) -> int:
         for p in [p for p in alive if p.exitcode is not None]:
             alive.remove(p)
             rank = procs.index(p)
-            crashed = p.exitcode < 0 or Path(err_dir, f"rank{rank}.txt").exists()
+            crashed = (p.exitcode < 0 or Path(err_dir, f"rank{rank}.txt").exists()
+                       or (p.exitcode > 0 and not Path(err_dir, f"rank{rank}.returned").exists()))
             if crashed:
                 stopped = {procs.index(q) for q in alive}
                 _stop(alive)

@@ -3,8 +3,9 @@
 The same problem can be built whole (for the single-device reference) or TP-sharded for one rank
 (for the distributed run), so the two can be compared element by element.
 
-Gradients are drawn on a grid of multiples of 2**-12 with magnitudes below 2**3: any sum of up
-to 2**8 of them is exact in fp32. So the DP average (sum, then divide by dp) is the same number
+Gradients are drawn on a grid of multiples of 2**-12 with magnitudes below 2**3 (a rank's,
+global gradient plus deviation, below 2**7 on up to 16 ranks): every sum of them that a step takes
+is exact in fp32. So the DP average (sum, then divide by dp) is the same number
 whatever order the backend adds in, and a difference between a distributed run and the
 reference can only come from the optimizer, never from reduction order.
 """
@@ -108,17 +109,32 @@ class Problem:
                             tp_split_dims=list(g["tp_split_dims"]), use_muon=g["use_muon"]))
         return out
 
-    def grads(self, step: int, dp_rank: int) -> dict:
-        """DP rank ``dp_rank``'s full gradients at ``step`` (dyadic, see the module docstring)."""
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 1_009 + dp_rank)
+    def _draw(self, step: int, stream: int) -> dict:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 1_009 + stream)
         return {n: (torch.randn(self.full[n].shape, generator=gen) * 2**10).round_().clamp_(-2**15 + 1, 2**15 - 1)
                 .div_(2**12) for g in self.groups for n in g["names"]}
 
+    def grads(self, step: int, dp_rank: int, dp: int = 1) -> dict:
+        """DP rank ``dp_rank``'s full gradients at ``step``, of ``dp`` ranks: the step's global gradient
+        plus a deviation of this rank's that sums to exactly zero over the ``dp`` ranks (dyadic, see the
+        module docstring). So every rank sees other numbers, but their average, the gradient the
+        optimizer steps with, is the same on every grid: a run resumed on another grid continues the
+        same trajectory."""
+        grads = self._draw(step, 0)
+        if dp == 1:
+            return grads
+        if dp_rank < dp - 1:
+            deviation = self._draw(step, 1 + dp_rank)
+        else:
+            others = [self._draw(step, 1 + r) for r in range(dp - 1)]
+            deviation = {n: -sum(o[n] for o in others) for n in grads}
+        return {n: g + deviation[n] for n, g in grads.items()}
+
     def mean_grads(self, step: int, dp: int) -> dict:
         """The DP average the reduce-scatter computes: the sum over ranks in order, divided by dp."""
-        total = self.grads(step, 0)
+        total = self.grads(step, 0, dp)
         for r in range(1, dp):
-            for n, g in self.grads(step, r).items():
+            for n, g in self.grads(step, r, dp).items():
                 total[n] += g
         return {n: g / dp for n, g in total.items()}
 

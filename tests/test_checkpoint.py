@@ -1,0 +1,130 @@
+"""Checkpoints (dmuon/checkpoint.py): save on one grid and layout, resume on others bit for bit; crashes
+and bad checkpoints fail clearly and change nothing.
+
+Tolerance zero: a resumed run must continue exactly as the single-device reference run uninterrupted
+from step 1 does (the synthetic gradients average to the same global gradient on every grid, see
+dmuon/lab/synthetic.py, so one reference serves every grid).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import ODD_SHAPES, ODD_TP_DIMS, last_json, script
+from dmuon import DistributedAdamW, DistributedMuon, Grid, MuonW, checkpoint
+from dmuon.lab.synthetic import build_problem
+
+PROBLEM = ["--optimizer", "hybrid", "--shapes", ODD_SHAPES, "--tp-dims", ODD_TP_DIMS, "--bucket-numel", "1500"]
+
+
+@pytest.fixture(scope="module")
+def saved_2x2(tmp_path_factory):
+    """A checkpoint after 2 steps on a 2 x 2 grid, bucket layout."""
+    path = tmp_path_factory.mktemp("ckpt") / "run"
+    proc = script("verify.py", "--dp", "2", "--tp", "2", "--steps", "2", "--save", str(path), *PROBLEM)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return path
+
+
+@pytest.mark.parametrize("dp,tp,layouts", [(3, 1, "owner"), (1, 4, "aligned,owner"), (1, 1, "bucket"), (3, 2, "owner")])
+def test_resume_on_another_grid_and_layout_continues_bit_for_bit(saved_2x2, dp, tp, layouts):
+    proc = script("verify.py", "--dp", str(dp), "--tp", str(tp), "--layout", layouts, "--steps", "2",
+                  "--resume", str(saved_2x2), *PROBLEM)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["ok"] and result["max_abs_diff"] == 0.0
+    assert result["resumed_from"]["step"] == 2 and result["resumed_from"]["saved_on"] == dict(dp=2, tp=2, layout="bucket")
+    assert "step 3:" in proc.stdout and "step 4:" in proc.stdout and "step 1:" not in proc.stdout
+    for res in result["layouts"].values():
+        assert len(res["per_step_max_abs_diff"]) == 2 and res["max_abs_diff"] == 0.0
+
+
+def test_resume_with_another_problem_is_refused_before_starting(saved_2x2):
+    proc = script("verify.py", "--resume", str(saved_2x2), "--optimizer", "hybrid", "--shapes", "8x8")
+    assert proc.returncode == 2 and "give the same --optimizer, --shapes" in proc.stderr
+
+
+def test_a_save_that_dies_half_way_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "run"
+    assert script("verify.py", "--dp", "2", "--steps", "1", "--save", str(path), *PROBLEM).returncode == 0
+    # The next save dies: rank 1 exits once every rank has written its shard, before the checkpoint is complete.
+    monkeypatch.setenv("DMUON_DIE_WHILE_SAVING", "1")
+    died = script("verify.py", "--dp", "2", "--steps", "2", "--save", str(path), *PROBLEM)
+    monkeypatch.delenv("DMUON_DIE_WHILE_SAVING")
+    assert died.returncode != 0 and "rank 1 (dp 1, tp 0) failed first" in died.stderr
+    assert (tmp_path / "run.partial").is_dir() and not (tmp_path / "run.partial" / "dmuon.json").exists()
+    assert json.loads((path / "dmuon.json").read_text())["step"] == 1  # the previous one, untouched
+    resumed = script("verify.py", "--dp", "2", "--steps", "1", "--resume", str(path), *PROBLEM)
+    assert resumed.returncode == 0 and last_json(resumed.stdout)["resumed_from"]["step"] == 1
+    with pytest.raises(checkpoint.CheckpointError, match="has no dmuon.json"):
+        checkpoint.read_marker(tmp_path / "run.partial")
+
+
+# ---- in one process: the library's own checks -------------------------------------------------------
+
+SHAPES = [(12, 20), (16, 8), (9, 9)]
+
+
+def fresh(layout="owner", cls=DistributedMuon, shapes=SHAPES):
+    problem = build_problem("hybrid", shapes, [-1] * len(shapes), 2, seed=3)
+    return problem, cls(problem.param_groups(), Grid.single(), layout=layout, bucket_numel=300)
+
+
+def stepped(opt, problem, steps):
+    for step in steps:
+        grads = problem.grads(step, 0)
+        for g in opt.param_groups:
+            for n, p in zip(g["names"], g["params"]):
+                p.grad = grads[n].clone()
+        opt.step()
+    return [p.detach().clone() for g in opt.param_groups for p in g["params"]]
+
+
+def state_of(opt):
+    return {id(p): {k: v.clone() for k, v in opt.state[p].items()} for g in opt.param_groups for p in g["params"]}
+
+
+def test_export_loads_into_single_device_muonw_and_continues_bit_for_bit(tmp_path):
+    problem, opt = fresh()
+    stepped(opt, problem, [1, 2])
+    checkpoint.save(opt, tmp_path / "ck", step=2)
+    checkpoint.export(tmp_path / "ck", tmp_path / "ck.pt")
+    single = MuonW(problem.param_groups())
+    assert checkpoint.load_single(single, torch.load(tmp_path / "ck.pt", weights_only=True)) == 2
+    assert all(torch.equal(a, b) for a, b in zip(stepped(opt, problem, [3]), stepped(single, problem, [3])))
+
+
+def test_loading_a_mismatched_checkpoint_names_the_problem_and_changes_nothing(tmp_path):
+    problem, opt = fresh()
+    stepped(opt, problem, [1])
+    checkpoint.save(opt, tmp_path / "ck", step=1)
+    _, other = fresh(shapes=[(12, 20), (16, 8), (9, 10)])
+    before = state_of(other)
+    with pytest.raises(checkpoint.CheckpointError, match=r"layers.2.weight: shape \[9, 9\] in the checkpoint, \[9, 10\]"):
+        checkpoint.load(other, tmp_path / "ck")
+    _, adamw = fresh(cls=DistributedAdamW)
+    with pytest.raises(checkpoint.CheckpointError, match=r"kinds \['master', 'momentum'\] in the checkpoint"):
+        checkpoint.load(adamw, tmp_path / "ck")
+    after = state_of(other)
+    assert all(torch.equal(before[i][k], after[i][k]) for i in before for k in before[i])
+
+
+def test_a_truncated_or_foreign_checkpoint_fails_before_anything_changes(tmp_path):
+    problem, opt = fresh()
+    stepped(opt, problem, [1])
+    checkpoint.save(opt, tmp_path / "ck", step=1)
+    data = next((tmp_path / "ck").glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    _, target = fresh()
+    before = state_of(target)
+    with pytest.raises(checkpoint.CheckpointError, match="truncated or corrupted.*nothing was changed"):
+        checkpoint.load(target, tmp_path / "ck")
+    after = state_of(target)
+    assert all(torch.equal(before[i][k], after[i][k]) for i in before for k in before[i])
+    (tmp_path / "foreign").mkdir()
+    with pytest.raises(checkpoint.CheckpointError, match="not a dmuon checkpoint"):
+        checkpoint.load(target, tmp_path / "foreign")
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint at"):
+        checkpoint.load(target, tmp_path / "missing")
