@@ -86,17 +86,20 @@ elif importlib.util.find_spec("dmuon") is None:
 # reference, on a 3 x 2 grid whose shards cut through matrices:
 
 # %%
-from dmuon.lab.notebook import last_json, run
+from myst_nb import glue
 
-check = last_json(run("verify.py", "--dp", 3, "--tp", 2, "--layout", "bucket,owner,aligned", "--steps", 3))
+from dmuon.lab.notebook import last_json, run, table
+
+check = last_json(run("verify.py", "--dp", 3, "--tp", 2, "--layout", "bucket,owner,aligned", "--steps", 3,
+                      log="collapsed"))
 
 # %%
 layouts = check["layouts"]
-print(f"{'layout':<9}{'max |diff|':>11}{'NS runs/step':>14}{'bytes/rank (min-max)':>24}{'state_dict':>12}")
-for name, res in layouts.items():
-    sent = [r["bytes_sent"] for r in res["ledger_per_rank"]]
-    print(f"{name:<9}{res['max_abs_diff']:>11.1e}{res['ns_calls']:>14}{f'{min(sent):,}-{max(sent):,}':>24}"
-          f"{'round-trips' if res['state_dict_roundtrip'] else 'FAILS':>12}")
+table(["layout", "max abs diff", "NS runs per step", "bytes per rank (min to max)", "state_dict"],
+      [[name, f"{res['max_abs_diff']:.1e}", res["ns_calls"],
+        f"{min(r['bytes_sent'] for r in res['ledger_per_rank']):,} to "
+        f"{max(r['bytes_sent'] for r in res['ledger_per_rank']):,}",
+        "round-trips" if res["state_dict_roundtrip"] else "FAILS"] for name, res in layouts.items()])
 n_matrices = len(check["shapes"])
 assert all(res["ok"] and res["max_abs_diff"] == 0.0 for res in layouts.values())
 assert layouts["bucket"]["ns_calls"] == n_matrices * 3 * 2
@@ -125,17 +128,17 @@ from dmuon.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
 
 specs = [[ParamSpec(f"w{i}", s, d) for i, (s, d) in enumerate(zip(DEFAULT_SHAPES, DEFAULT_TP_DIMS))]]
 plan = build_plan(specs, dp=2, dp_rank=0, tp=2, layout="owner")
-load = [0] * 4
-print(f"{'matrix':<8}{'shape':>11}{'TP split':>9}{'NS GFLOP':>10}{'owner':>7}{'held by the owner':>19}")
+load, rows = [0] * 4, []
 for meta in plan.metas[0]:
     owner = plan.owner_of(meta)
     held = plan.piece_numel(meta, owner // 2) / meta.numel  # of the owner's TP shard, what its DP shard holds
     load[owner] += ns5_flops(*meta.full_shape)
-    print(f"{meta.name:<8}{'x'.join(map(str, meta.full_shape)):>11}{meta.tp_split_dim:>9}"
-          f"{ns5_flops(*meta.full_shape) / 1e9:>10.2f}{owner:>7}{held:>19.0%}")
+    rows.append([meta.name, "x".join(map(str, meta.full_shape)), meta.tp_split_dim,
+                 f"{ns5_flops(*meta.full_shape) / 1e9:.2f}", owner, f"{held:.0%}"])
+table(["matrix", "shape", "TP split dim", "NS GFLOP", "owner", "of it on the owner"], rows, align="lrrrrr")
 total = sum(ns5_flops(*m.full_shape) for m in plan.metas[0])
-print(f"\nNewton-Schulz GFLOP per rank: owner {[round(x / 1e9, 2) for x in load]}, "
-      f"bucket {[round(total / 1e9, 2)] * 4} (every rank does all)")
+print(f"NS GFLOP per rank, owner layout: {[round(x / 1e9, 2) for x in load]}")
+print(f"NS GFLOP per rank, bucket layout: {[round(total / 1e9, 2)] * 4}")
 assert max(load) <= total / 4 + max(ns5_flops(*m.full_shape) for m in plan.metas[0])
 
 # %% [markdown]
@@ -150,7 +153,12 @@ assert max(load) <= total / 4 + max(ns5_flops(*m.full_shape) for m in plan.metas
 
 # %%
 speed = last_json(run("ns_speed.py"))
+glue("ch8-ns-ratio", f"{speed['ratio']:.0%}", display=False)
 assert speed["ratio"] > 0.5, "Newton-Schulz runs far below the matmul rate: FLOPs would not predict its time"
+
+# %% [markdown]
+# Here NS5 ran at {glue:text}`ch8-ns-ratio` of the matmul rate, so FLOPs are a fair measure of
+# its time.
 
 # %% [markdown]
 # ## What travels: three layouts, rank by rank
@@ -169,7 +177,7 @@ from dmuon.lab.synthetic import build_problem
 groups = build_problem("muon", n_groups=2, tp=2).groups  # what verify.py built: the default shapes, two groups
 colors = dict(grad_reduce_scatter="#4c72b0", ns_gather_dp="#dd8452", ns_gather_tp="#c44e52",
               ns_to_owner="#8172b3", ns_from_owner="#937860", param_all_gather="#55a868")
-fig, axes = plt.subplots(1, 3, figsize=(10, 3.2), sharey=True)
+fig, axes = plt.subplots(3, 1, figsize=(6.4, 7.2), sharex=True)
 for ax, (name, res) in zip(axes, layouts.items()):
     bottom = [0] * 6
     for phase in PHASES:
@@ -179,17 +187,25 @@ for ax, (name, res) in zip(axes, layouts.items()):
             bottom = [b + v for b, v in zip(bottom, vals)]
     closed = [step_bytes(groups, 3, 2, check["bucket_numel"], layout=name, rank=r)["total"] / 1e6 for r in range(6)]
     ax.plot(range(6), closed, "k_", markersize=14, mew=2, label="closed form")
-    ax.set(title=name, xlabel="rank", xticks=range(6))
+    ax.set(title=f"{name} layout", ylabel="MB sent per step", xticks=range(6))
     assert closed == [r["bytes_sent"] / 1e6 for r in res["ledger_per_rank"]], name
-axes[0].set_ylabel("MB sent per step")
+axes[-1].set_xlabel("rank")
 handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
-fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=8, frameon=False)
-fig.tight_layout(rect=(0, 0.14, 1, 1))
-plt.show()
+fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=3, fontsize=8, frameon=False)
+fig.tight_layout(rect=(0, 0.1, 1, 1))
+glue("ch8-bytes", fig, display=False)
+plt.close(fig)
 
 # %% [markdown]
-# The black marks are the closed form; the bars are what the ledger counted. They are equal on every
-# rank and every layout. Three things to read off:
+# ```{glue:figure} ch8-bytes
+# :name: fig-ch8-bytes
+#
+# Bytes each rank of a 3 x 2 grid sends in one step, by phase, under the three layouts (the
+# proof-of-concept matrices): bars from the ledger, black marks from the closed form.
+# ```
+#
+# The black marks in {numref}`fig-ch8-bytes` are the closed form; the bars are what the ledger
+# counted. They are equal on every rank and every layout. Three things to read off:
 #
 # - **bucket**: the orange DP gather and red TP gather are the same on every rank (whole buckets);
 # - **owner**: the green and blue ZeRO-1 phases are AdamW's, unchanged; the rest is the pieces that
@@ -209,18 +225,18 @@ plt.show()
 
 # %%
 dp4 = last_json(run("bench.py", "--dp", 4, "--tp", 1, "--layout", "bucket,owner,aligned", "--single",
-                    "--stack", 4, "--steps", 3, "--warmup", 1))
+                    "--stack", 4, "--steps", 3, "--warmup", 1, log="collapsed"))
 
 # %%
 def layout_table(b):
-    print(f"{b['dp']} x {b['tp']} grid, {b['bf16_matmul']} bf16 matmul; one process: Muon "
-          f"{b['single']['muon'] * 1e3:.0f} ms, AdamW {b['single']['adamw'] * 1e3:.0f} ms per step; "
-          f"grid AdamW {b['variants']['adamw']['step_seconds'] * 1e3:.0f} ms")
-    print(f"{'layout':<9}{'bytes/AdamW':>12}{'= closed form':>15}{'NS runs':>9}{'step ms':>9}"
-          f"{'grid eff.':>10}{'overhead':>10}")
-    for name, v in b["layouts"].items():
-        print(f"{name:<9}{v['bytes_ratio']:>12.3f}{str(v['closed_form_matches']):>15}{v['ns_calls']:>9}"
-              f"{v['step_seconds'] * 1e3:>9.0f}{v['grid_efficiency']:>10.2f}{v['muon_overhead_ratio']:>10.2f}")
+    print(f"{b['dp']} x {b['tp']} grid; bf16 matmul: {b['bf16_matmul']}")
+    print(f"one process: Muon {b['single']['muon'] * 1e3:.0f} ms, AdamW {b['single']['adamw'] * 1e3:.0f} ms "
+          f"per step; the grid's AdamW: {b['variants']['adamw']['step_seconds'] * 1e3:.0f} ms")
+    table(["layout", "bytes / AdamW", "= closed form", "NS runs", "Muon step ms", "grid efficiency",
+           "Muon overhead ratio"],
+          [[name, f"{v['bytes_ratio']:.3f}", "yes" if v["closed_form_matches"] else "NO", v["ns_calls"],
+            f"{v['step_seconds'] * 1e3:.0f}", f"{v['grid_efficiency']:.2f}", f"{v['muon_overhead_ratio']:.2f}"]
+           for name, v in b["layouts"].items()], align="lrrrrrr")
 
 
 layout_table(dp4)
@@ -253,24 +269,25 @@ assert all(v["closed_form_matches"] for v in L.values())
 
 # %%
 tp2 = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--layout", "bucket,owner,aligned", "--single",
-                    "--stack", 4, "--steps", 3, "--warmup", 1))
+                    "--stack", 4, "--steps", 3, "--warmup", 1, log="collapsed"))
 
 # %%
 layout_table(tp2)
 
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.2), sharey=True)
+fig, axes = plt.subplots(2, 1, figsize=(6.4, 6.0), sharex=True)
 for ax, b in zip(axes, (dp4, tp2)):
     names = ["one process"] + list(b["layouts"])
     muon = [b["single"]["muon"]] + [v["step_seconds"] for v in b["layouts"].values()]
     adamw = [b["single"]["adamw"]] + [b["variants"]["adamw"]["step_seconds"]] * len(b["layouts"])
     ax.bar([i - 0.2 for i in range(len(names))], muon, width=0.4, label="Muon step", color="#4c72b0")
     ax.bar([i + 0.2 for i in range(len(names))], adamw, width=0.4, label="AdamW step", color="#55a868")
-    ax.set(title=f"{b['dp']} x {b['tp']} grid (4 ranks on {b['single']['threads']} cores)", xticks=range(len(names)))
+    ax.set(title=f"{b['dp']} x {b['tp']} grid (4 ranks on {b['single']['threads']} cores)", xticks=range(len(names)),
+           ylabel="seconds per step")
     ax.set_xticklabels(names)
-axes[0].set_ylabel("seconds per step (median)")
 axes[0].legend(fontsize=8)
 fig.tight_layout()
-plt.show()
+glue("ch8-times", fig, display=False)
+plt.close(fig)
 assert tp2["layouts"]["owner"]["ns_calls"] * 4 == tp2["layouts"]["bucket"]["ns_calls"]
 for b in (dp4, tp2):
     ratios = {name: round(v["muon_overhead_ratio"], 2) for name, v in b["layouts"].items()}
@@ -278,7 +295,14 @@ for b in (dp4, tp2):
     assert b["layouts"]["owner"]["muon_overhead_ratio"] < b["layouts"]["bucket"]["muon_overhead_ratio"] / 2
 
 # %% [markdown]
-# The bucket layout's Muon step is several times the single process's: every rank repeats every
+# ```{glue:figure} ch8-times
+# :name: fig-ch8-times
+#
+# Median step times on the 4-layer stack: one process with every core, and four ranks on the same
+# cores under each layout (Muon), beside AdamW (green), on a 4 x 1 and a 2 x 2 grid.
+# ```
+#
+# In {numref}`fig-ch8-times`, the bucket layout's Muon step is several times the single process's: every rank repeats every
 # Newton-Schulz run, and four ranks on two cores run each at a quarter of the machine. The owner
 # layouts do the work once, spread over the ranks, so their overhead ratio is a fraction of the
 # bucket layout's, on both grids (the cell below checks it). What they pay beyond the ideal 1 is the
@@ -298,15 +322,14 @@ for b in (dp4, tp2):
 
 # %%
 ov = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--layout", "owner", "--overlap", "none,naive,prefetch",
-                   "--stack", 4, "--steps", 3, "--warmup", 1))
+                   "--stack", 4, "--steps", 3, "--warmup", 1, log="collapsed"))
 
 # %%
 v = ov["variants"]
-print(f"{'owner layout, overlap':<24}{'step ms':>9}{'in collectives ms':>19}")
-for name, label in (("muon-owner-none", "none"), ("muon-owner-naive", "naive (async + wait)"),
-                    ("muon-owner", "prefetch")):
-    print(f"{label:<24}{v[name]['step_seconds'] * 1e3:>9.0f}{v[name]['comm_seconds'] * 1e3:>19.0f}")
-print(f"AdamW, for scale:       {v['adamw']['step_seconds'] * 1e3:>9.0f}{v['adamw']['comm_seconds'] * 1e3:>19.0f}")
+table(["variant", "step ms", "in collectives ms"],
+      [[label, f"{v[name]['step_seconds'] * 1e3:.0f}", f"{v[name]['comm_seconds'] * 1e3:.0f}"]
+       for name, label in (("muon-owner-none", "owner, none"), ("muon-owner-naive", "owner, naive (async + wait)"),
+                           ("muon-owner", "owner, prefetch"), ("adamw", "AdamW, for scale"))], align="lrr")
 assert v["muon-owner"]["comm_seconds"] < v["muon-owner-none"]["comm_seconds"]
 
 # %% [markdown]
@@ -326,15 +349,16 @@ from dmuon.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS
 
 flops = [ns5_flops(*s) for s in REPORT_SHAPES]
 share = max(flops) / sum(flops)
-print(f"the 4096 x 4096 matrix holds {share:.1%} of the report shapes' Newton-Schulz FLOPs")
+print(f"the 4096 x 4096 matrix holds {share:.1%} of the NS FLOPs")
 specs = [[ParamSpec(f"w{i}", s, d) for i, (s, d) in enumerate(zip(REPORT_SHAPES, REPORT_TP_DIMS))]]
 owners = build_plan(specs, 2, 0, 2, layout="owner").owners
 busiest = sum(f for (g, i), f in zip(sorted(owners), flops) if owners[(g, i)] == owners[(0, 0)])
 print(f"on a 2 x 2 grid its owner, rank {owners[(0, 0)]}, does {busiest / sum(flops):.1%} of the work")
+glue("ch8-big-share", f"{share:.1%}", display=False)
 assert share > 0.98
 
 # %% [markdown]
-# One rank does almost all of it, with a quarter of the machine's cores when four ranks share it,
+# One rank does almost all of it ({glue:text}`ch8-big-share` of the FLOPs sit in one matrix), with a quarter of the machine's cores when four ranks share it,
 # while one process uses them all. So the owner layout cannot beat that bound on these shapes: its
 # Muon overhead ratio is near (cores / cores per rank) x (owner's share), about 2 on this machine,
 # whatever else is done right. The way past it is to split the big matrix's work, which
@@ -368,16 +392,17 @@ import tempfile
 from pathlib import Path
 
 folder = Path(tempfile.mkdtemp()) / "run"
-run("verify.py", "--dp", 2, "--tp", 2, "--optimizer", "hybrid", "--steps", 2, "--save", folder)
+run("verify.py", "--dp", 2, "--tp", 2, "--optimizer", "hybrid", "--steps", 2, "--save", folder, log="collapsed")
 resumed = last_json(run("verify.py", "--dp", 3, "--tp", 1, "--layout", "owner,aligned", "--optimizer", "hybrid",
-                        "--steps", 2, "--resume", folder))
+                        "--steps", 2, "--resume", folder, log="collapsed"))
 
 # %%
 came = resumed["resumed_from"]
 print(f"saved after step {came['step']} on {came['saved_on']['dp']} x {came['saved_on']['tp']} "
-      f"({came['saved_on']['layout']} layout); resumed on {resumed['dp']} x {resumed['tp']}")
+      f"({came['saved_on']['layout']} layout)")
+print(f"resumed on {resumed['dp']} x {resumed['tp']}; max |param - uninterrupted run| per step:")
 for name, res in resumed["layouts"].items():
-    print(f"  {name:<8} steps 3 and 4: max |param - uninterrupted reference| = {res['per_step_max_abs_diff']}")
+    print(f"  {name:<8} steps 3 and 4: {res['per_step_max_abs_diff']}")
 assert resumed["ok"] and resumed["max_abs_diff"] == 0.0
 
 # %% [markdown]
@@ -396,9 +421,24 @@ assert resumed["ok"] and resumed["max_abs_diff"] == 0.0
 #
 # ## Exercises
 #
-# 1. Run `python scripts/verify.py --dp 4 --tp 1 --layout owner --shapes 64x64,64x64,64x64,64x64` and
-#    read the owners in the JSON (`layouts.owner.owners`). Why does each matrix go where it goes?
+# 1. Run `python scripts/verify.py --dp 4 --layout owner --groups 1 --shapes 64x64,64x64,64x64,64x64`
+#    and read the owners in the JSON (`layouts.owner.owners`) and the bytes of `ns_to_owner`. Why
+#    does each matrix go where it goes? What changes without `--groups 1`?
 # 2. Run `bench.py --dp 2 --tp 2 --layout owner --single --report-shapes --steps 1 --warmup 0` and
 #    compare the Muon overhead ratio with the bound above.
 # 3. The aligned layout's buckets hold `dp` times more elements than the others. Set
 #    `--bucket-numel` small in `verify.py --layout aligned` and watch the ZeRO-1 bytes grow: why?
+#
+# :::{admonition} Solutions
+# :class: dropdown
+#
+# 1. Four equal matrices in one bucket of four equal shards: each matrix is exactly one shard. In
+#    decreasing FLOPs (all equal, so in plan order) each goes to a least-loaded rank, ties to the rank
+#    holding most of it: its own shard's rank. Nothing travels to an owner. With the default two
+#    groups, each group's bucket of two matrices is cut into four shards, so every matrix straddles
+#    two ranks and half of it travels.
+# 2. One rank owns the 4096 x 4096 matrix and runs it with one of the cores, while the single
+#    process uses all of them: the ratio lands near the bound computed above, whatever else happens.
+# 3. With small buckets a bucket holds few matrices, so the cuts between matrices cannot make the
+#    shards equal; every shard travels padded to the largest, in the reduce-scatter and all-gather.
+# :::
