@@ -36,6 +36,12 @@ def test_chapter_page_has_outputs_and_a_colab_link(built_book, name):
     assert (ROOT / "notebooks" / f"{name}.ipynb").exists()  # what the link opens is in the repository
     assert "cell_output" in html
     assert "output traceback" not in html and "output error" not in html
+    # The download menu offers the notebook itself, and the file is there.
+    ipynb = re.search(r'href="([^"]+\.ipynb)"[^>]*\n?[^>]*download-notebook-button|'
+                      r'download-notebook-button[^>]*href="([^"]+\.ipynb)"|href="([^"]+_sources/[^"]+\.ipynb)"', html)
+    assert ipynb, "no .ipynb in the download menu"
+    href = next(g for g in ipynb.groups() if g)
+    assert (built_book / "notebooks" / href).resolve().exists(), href
 
 
 @pytest.mark.parametrize("name", [p.stem for p in chapters()])
@@ -77,9 +83,17 @@ def test_real_build_executes_chapters_and_fails_when_a_script_breaks(tmp_path):
     """The build `make book` runs (Jupytext sources, execution forced) on chapter 0: it passes, and it
     fails once the script that chapter launches is broken."""
     good = stage_book(tmp_path / "good", toc=MINI_TOC, executed=False)
+    import shutil
+    shutil.copy(ROOT / "notebooks" / "00_start_here.ipynb", good / "notebooks")  # the pair Colab opens
     proc = build_book(good)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "largest |distributed - single process|" in (good / "_build/html/notebooks/00_start_here.html").read_text()
+    page = (good / "_build/html/notebooks/00_start_here.html").read_text()
+    assert "largest |distributed - single process|" in page
+    # A chapter read from its .py offers its paired .ipynb for download.
+    assert (good / "_build/html/_sources/notebooks/00_start_here.ipynb").exists() and ".ipynb" in page
+    # While repository.url is the placeholder, the build says so loudly (on stderr; -W forbids warnings).
+    if repository_url() == "https://github.com/dmuon-book/distributed-muon":  # offline_assets.PLACEHOLDER_URL
+        assert "is still the placeholder" in proc.stderr
 
     broken = stage_book(tmp_path / "broken", toc=MINI_TOC, executed=False)
     verify = broken / "scripts" / "verify.py"

@@ -1,19 +1,22 @@
-"""Open every page of the built book in headless Chromium with the network cut off.
+"""Open every page of the built book in headless Chromium (selenium + chromedriver) with the network cut off.
 
-A page fails if it does not load, if a notebook output is an error, if a figure is missing, if
-any math is left as raw LaTeX (MathJax must have typeset every math element), or if a widget's
-saved state did not render. DNS is disabled (``--host-resolver-rules``), so a page that needs a
-CDN fails here. Screenshots go to ``_build/screenshots/`` as build artifacts.
+A page fails if it does not load, if a notebook output is an error, if a figure is missing or has
+no caption, if any math is left as raw LaTeX (MathJax must have typeset every math element), if a
+widget's saved state did not render, if any output scrolls sideways at 1280 px, or if the browser
+logs an error (a failed script, a missing font file, a CDN it could not reach). On pages with a
+Plotly explorer, the test moves a slider and checks that the figure changes, with no kernel.
+DNS is disabled (``--host-resolver-rules``), so a page that needs a CDN fails here. Screenshots at
+1280 px and 400 px go to ``_build/screenshots/`` as build artifacts.
 
-Without Chromium the test is skipped locally and fails in CI (``CI`` set): `.ci/run` installs it.
+Without Chromium, chromedriver or selenium the test is skipped locally and fails in CI (``CI``
+set): `.ci/run` installs them (Debian's ``chromium`` and ``chromium-driver``; selenium is pinned in
+requirements.txt).
 """
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
-import tempfile
+import time
 
 import nbformat
 import pytest
@@ -21,64 +24,165 @@ import pytest
 from conftest import BUILD, executed_notebook
 from test_book import toc_files
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=20000"]
+         "--disable-dev-shm-usage", "--host-resolver-rules=MAP * ~NOTFOUND", "--window-size=1280,1000"]
+SHOTS = BUILD / "screenshots"
+# Chapters still being written by others (figures not yet captioned): reported, not failed.
+CAPTIONS_PENDING = {"notebooks/08_beyond_poc"}
+
+# Elements inside notebook outputs that scroll sideways (their content is cut off at the right edge).
+SCROLLING_OUTPUTS = """
+return [...document.querySelectorAll('div.cell_output, div.cell_output *')]
+  .filter(e => e.scrollWidth > e.clientWidth + 1 && !['visible', 'hidden', 'clip'].includes(getComputedStyle(e).overflowX))
+  .filter(e => !e.closest('.widget-subarea, .jupyter-widgets, .js-plotly-plot'))
+  .map(e => e.tagName.toLowerCase() + '.' + e.className + ' ' + e.scrollWidth + '>' + e.clientWidth + ': '
+             + e.textContent.slice(0, 80));
+"""
+# Figures (saved images and Plotly explorers) that are not inside a <figure> with a caption.
+UNCAPTIONED = """
+const shown = [...document.querySelectorAll('article img[src*="_images/"], article .js-plotly-plot')];
+return shown.filter(e => !e.closest('.widget-subarea, .jupyter-widgets'))
+  .filter(e => { const f = e.closest('figure'); return !(f && f.querySelector('figcaption .caption-number')); })
+  .map(e => e.tagName + ' ' + (e.getAttribute('src') || e.id));
+"""
+
+SEARCH_BOXES = """
+return [...document.querySelectorAll('.search-button-field, .search-button, form.bd-search')]
+  .filter(e => e.offsetParent !== null && e.getBoundingClientRect().width > 0 && !e.closest('dialog')).length;
+"""
 
 
 @pytest.fixture(scope="module")
-def chromium():
-    exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if exe is None:
+def browser():
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver_path = shutil.which("chromedriver") or ("/usr/bin/chromedriver" if os.path.exists("/usr/bin/chromedriver") else None)
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        webdriver = None
+    if chromium is None or driver_path is None or webdriver is None:
+        missing = "Chromium" if chromium is None else "chromedriver" if driver_path is None else "selenium"
         if os.environ.get("CI"):
-            pytest.fail("Chromium is required in CI (.ci/run installs it with apt-get)")
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    return exe
+            pytest.fail(f"{missing} is required in CI (.ci/run installs chromium, chromium-driver and requirements.txt)")
+        pytest.skip(f"{missing} is not installed (apt-get install chromium chromium-driver; pip install selenium)")
+    options = Options()
+    options.binary_location = chromium
+    for flag in FLAGS:
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # Service(path) with an explicit driver: selenium must never try to download one.
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_page_load_timeout(120)
+    yield driver
+    driver.quit()
 
 
-def browse(chromium, page, *args) -> str:
-    with tempfile.TemporaryDirectory() as profile:
-        proc = subprocess.run([chromium, *FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
-                              capture_output=True, text=True, timeout=120)
-    return proc.stdout
+def load(driver, page, width=1280):
+    """Open ``page`` at ``width`` px and wait until MathJax has typeset it and the widgets have rendered."""
+    driver.set_window_size(width, 1000)
+    driver.get(page.as_uri())
+    driver.set_script_timeout(60)
+    driver.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        const wait = () => (window.MathJax && MathJax.startup && MathJax.startup.promise)
+            ? MathJax.startup.promise.then(() => done(true), () => done(false)) : done(false);
+        if (document.readyState === 'complete') setTimeout(wait, 300);
+        else window.addEventListener('load', () => setTimeout(wait, 300));
+    """)
+    time.sleep(0.7)  # the widget manager and Plotly render after load
+
+
+def console_errors(driver) -> list[str]:
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def move_a_slider(driver) -> tuple[str, str]:
+    """Click near the left end of the first Plotly slider; return the plot's SVG before and after."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    plot = driver.find_element(By.CSS_SELECTOR, ".js-plotly-plot")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", plot)
+    svg = "return arguments[0].querySelector('.main-svg').outerHTML + arguments[0].layout.title.text"
+    before = driver.execute_script(svg, plot)
+    rail = plot.find_element(By.CSS_SELECTOR, ".slider-rail-touch-rect")
+    ActionChains(driver).move_to_element_with_offset(rail, -rail.size["width"] // 2 + 4, 0).click().perform()
+    time.sleep(0.5)
+    return before, driver.execute_script(svg, plot)
 
 
 @pytest.mark.parametrize("name", toc_files())
-def test_page_renders_offline(built_book, chromium, name):
+def test_page_reads_well_offline(built_book, browser, name):
     page = built_book / f"{name}.html"
     static = page.read_text()
-    dom = browse(chromium, page, "--dump-dom")
+    load(browser, page)
+    dom = browser.page_source
     assert "<article" in dom and len(dom) > 10_000, "the page did not load"
 
+    errors = console_errors(browser)
+    assert not errors, f"console errors: {errors}"
+
+    # One search box in sight.
+    searches = browser.execute_script(SEARCH_BOXES)
+    assert searches == 1, f"{searches} search boxes visible at 1280 px"
+
     # Notebook outputs that are errors (myst-nb marks them "output traceback" / "output error").
-    assert not re.search(r'class="output (traceback|error)', dom)
+    assert not browser.execute_script("return document.querySelectorAll('.output.traceback, .output.error').length")
 
     # Math: Sphinx wraps every formula in a "math" element; MathJax must have typeset each one.
-    n_math = len(re.findall(r'class="math notranslate nohighlight"', static))
-    assert dom.count("<mjx-container") >= n_math, f"{n_math} formulas, {dom.count('<mjx-container')} typeset"
+    n_math = static.count('class="math notranslate nohighlight"')
+    typeset = browser.execute_script("return document.querySelectorAll('mjx-container').length")
+    assert typeset >= n_math, f"{n_math} formulas, {typeset} typeset"
 
     # Widgets: every saved widget view must have been rendered by the widget manager.
     n_views = static.count("application/vnd.jupyter.widget-view+json")
     if n_views:
-        assert dom.count('class="widget-subarea"') >= n_views and "jupyter-widgets" in dom, "widgets did not render"
+        rendered = browser.execute_script("return document.querySelectorAll('.widget-subarea').length")
+        assert rendered >= n_views, f"{n_views} widget views, {rendered} rendered"
 
-    # Figures: every image the page shows exists and is a real image; chapters show all their plots.
-    images = re.findall(r'<img[^>]+src="([^"]+)"', dom)
-    for src in images:
+    # Nothing in an output scrolls sideways at 1280 px.
+    scrolling = browser.execute_script(SCROLLING_OUTPUTS)
+    assert not scrolling, f"outputs that scroll sideways at 1280 px: {scrolling}"
+
+    # Figures: every image exists and is real; each figure has a numbered caption.
+    images = browser.execute_script(
+        "return [...document.querySelectorAll('article img')].map(i => [i.getAttribute('src'), i.naturalWidth])")
+    for src, width in images:
         if src.startswith("data:"):  # a figure embedded in saved widget output
             assert src.startswith("data:image/") and len(src) > 1000, f"empty embedded image {src[:60]}"
-            continue
-        target = (page.parent / src.split("?")[0]).resolve()
-        assert target.exists() and target.stat().st_size > 100, f"missing image {src}"
-        assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" or target.suffix in (".svg", ".gif", ".jpg")
+        else:
+            target = (page.parent / src.split("?")[0]).resolve()
+            assert target.exists() and target.stat().st_size > 100, f"missing image {src}"
+        assert width > 0, f"image {src[:60]} did not load"
+    uncaptioned = browser.execute_script(UNCAPTIONED)
+    if name not in CAPTIONS_PENDING:
+        assert not uncaptioned, f"figures without a numbered caption: {uncaptioned}"
     if name.startswith("notebooks/"):
         nb = nbformat.read(executed_notebook(name.split("/")[1]), as_version=4)
         plots = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
-        shown = sum("_images/" in src for src in images)
+        shown = sum("_images/" in src for src, _ in images)
         assert shown >= plots, f"{plots} figures in the notebook, {shown} on the page"
 
-    shots = BUILD / "screenshots"
-    shots.mkdir(parents=True, exist_ok=True)
-    shot = shots / f"{name.replace('/', '__')}.png"
-    browse(chromium, page, "--window-size=1200,3000", f"--screenshot={shot}")
-    assert shot.exists() and shot.stat().st_size > 10_000
+    # Explorers move with no kernel: a slider click changes the figure and its title.
+    if browser.execute_script("return document.querySelectorAll('.js-plotly-plot').length"):
+        before, after = move_a_slider(browser)
+        assert before != after, "moving the explorer's slider did not change the figure"
+        assert not console_errors(browser)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        assert browser.save_screenshot(str(SHOTS / f"{name.replace('/', '__')}-explorer.png"))
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    stem = name.replace("/", "__")
+    browser.execute_script("window.scrollTo(0, 0)")
+    assert browser.save_screenshot(str(SHOTS / f"{stem}.png"))
+    load(browser, page, width=400)
+    assert browser.save_screenshot(str(SHOTS / f"{stem}@400px.png"))
+
+
+def test_at_least_one_explorer_in_the_book(built_book):
+    pages = [f for f in toc_files() if "plotly-graph-div" in (built_book / f"{f}.html").read_text()]
+    assert len(pages) >= 4, f"Plotly explorers on {pages}"
+    assert (built_book / "offline" / "plotly" / "plotly.min.js").stat().st_size > 1_000_000

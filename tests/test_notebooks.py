@@ -39,7 +39,11 @@ def test_setup_cells_are_generated_from_the_one_repository_url():
     url = repository_url()
     assert url.startswith("https://github.com/")
     for name in CHAPTERS:
-        first = next(c for c in nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4).cells if c.cell_type == "code")
+        cells = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4).cells
+        # The page opens with its title; the (folded) set-up cell comes right below it.
+        assert cells[0].cell_type == "markdown" and cells[0].source.startswith("# "), name
+        assert SETUP_MARKER in cells[1].source, name
+        first = next(c for c in cells if c.cell_type == "code")
         assert SETUP_MARKER in first.source and f'REPOSITORY = "{url}"' in first.source
         assert "hide-cell" in first.metadata.get("tags", [])
         assert "torch" not in first.source.split("missing = ")[1].split("\n")[0]  # never installs torch
