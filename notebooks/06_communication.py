@@ -129,10 +129,11 @@ for kind, measured in (("muon", muon), ("adamw", adamw)):
 # whatever the shapes and the padding (every term of a bucket scales with the same shard).
 # That is the paper's upper bound. The gather exists only because some matrices are cut by shard
 # boundaries (chapter 4). A layout could gather **only the straddling matrices**, among the ranks
-# that share them; and a layout that gives every matrix a single owner (shard boundaries on matrix
-# boundaries) needs **no DP gather** at all, so Muon moves exactly AdamW's bytes: the bound's lower
-# end, 1, which no layout with balanced shards reaches exactly, hence "(1". The closed form for
-# all three (`dp_gather_bytes`), for the five proof-of-concept matrices and for the matrices of a
+# that share them; and a layout that cuts the shards on matrix boundaries, so that every matrix lies
+# whole on one rank, needs **no DP gather** at all, so Muon moves exactly AdamW's bytes: the
+# bound's lower end, 1, which no layout with balanced shards reaches exactly, hence "(1". Chapter 8
+# builds such layouts for real (`owner` and `aligned`). The closed form for all three variants of
+# the gather (`dp_gather_bytes`), for the five proof-of-concept matrices and for the matrices of a
 # 1.2B-parameter transformer: 24 layers, each with a QKV projection (6144 x 2048), an output
 # projection (2048 x 2048) and an MLP (8192 x 2048 and 2048 x 8192), {numref}`fig-ch6-layouts`:
 
@@ -143,7 +144,7 @@ from dmuon.lab.diagrams import book_style
 
 book_style()
 
-from dmuon.lab.costmodel import LAYOUTS, dp_gather_bytes
+from dmuon.lab.costmodel import DP_GATHER_VARIANTS, dp_gather_bytes
 
 poc = build_problem("muon").groups
 layers = []
@@ -157,7 +158,7 @@ glue("ch6-n-params", f"{n_params / 1e9:.2f}", display=False)
 dps = [2, 3, 4, 6, 8, 16, 32]
 fig, axes = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True)
 for ax, (label, g) in zip(axes, [("proof-of-concept shapes", poc), ("1.2B-parameter transformer", stack)]):
-    for layout in LAYOUTS:
+    for layout in DP_GATHER_VARIANTS:
         ratios = [1 + dp_gather_bytes(g, d, 1, LAYOUT_BUCKET, layout) / step_bytes(g, d, 1, LAYOUT_BUCKET, muon=False)["total"]
                   for d in dps]
         ax.plot(dps, ratios, marker="o", label=layout)
@@ -173,8 +174,8 @@ plt.close(fig)
 
 for label, g in (("proof of concept", poc), ("1.2B transformer", stack)):
     r = {lay: 1 + dp_gather_bytes(g, 8, 1, LAYOUT_BUCKET, lay) / step_bytes(g, 8, 1, LAYOUT_BUCKET, muon=False)["total"]
-         for lay in LAYOUTS}
-    print(f"{label}, dp=8: whole buckets {r['bucket']:.3f}, straddlers only {r['straddlers']:.3f}, one owner {r['owner']:.3f}")
+         for lay in DP_GATHER_VARIANTS}
+    print(f"{label}, dp=8: whole buckets {r['bucket']:.3f}, straddlers only {r['straddlers']:.3f}, no gather {r['none']:.3f}")
 
 # %% [markdown]
 # ```{glue:figure} ch6-layouts
@@ -182,7 +183,7 @@ for label, g in (("proof of concept", poc), ("1.2B transformer", stack)):
 #
 # Muon's bytes over AdamW's on DP-only grids, from the closed form, for three ways of doing the DP
 # gather (`bucket`: whole buckets, as in the proof of concept; `straddlers`: only straddling
-# matrices; `owner`: one owner per matrix). Top: the five proof-of-concept matrices; bottom: the
+# matrices; `none`: shards cut between matrices, no gather). Top: the five proof-of-concept matrices; bottom: the
 # {glue:text}`ch6-n-matrices` matrices ({glue:text}`ch6-n-params` B parameters) of the transformer
 # stack, in buckets of $2^{25}$ elements.
 # ```
@@ -190,8 +191,9 @@ for label, g in (("proof of concept", poc), ("1.2B transformer", stack)):
 # With the proof of concept's shapes, gathering only straddlers barely helps: one matrix (676 x 876)
 # is most of the buffer, and it crosses every shard boundary. With many matrices in a bucket, only
 # those that happen to sit on a shard boundary straddle, and the ratio falls towards 1. (The bucket
-# size matters: with one matrix per bucket, every matrix straddles every boundary.) Whole-matrix ownership
-# removes the gather, and also the repeated Newton-Schulz of chapter 5.
+# size matters: with one matrix per bucket, every matrix straddles every boundary.) Cutting shards
+# between matrices removes the gather; giving each matrix one owner also removes the repeated
+# Newton-Schulz of chapter 5 (chapter 8).
 #
 # **What TP adds on top.** AdamW's TP ranks never talk in the optimizer: its update is elementwise
 # on whatever slice a rank holds. Muon must rebuild every TP-split matrix, so its TP gathers come on
@@ -356,7 +358,8 @@ widgets.interact(explore, dp=widgets.IntSlider(value=16, min=1, max=128), tp=wid
 # - Both optimizers reduce-scatter gradients and all-gather parameters; Muon adds a bf16 DP gather
 #   and, with TP, a TP gather per split matrix. The ledger equals the closed form exactly.
 # - Gathering whole buckets costs exactly 1.25 x AdamW's bytes on a DP-only grid, the paper's upper
-#   bound; gathering only straddling matrices costs less; one owner per matrix costs AdamW's bytes.
+#   bound; gathering only straddling matrices costs less; shards cut between matrices cost AdamW's
+#   bytes (plus padding, chapter 8).
 # - Time ratios differ from byte ratios: latency per call, waiting for peers, and the backend's own
 #   algorithms (gloo's reduce-scatter is an all-reduce). Compare like with like: same plan, same calls.
 #

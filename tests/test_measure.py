@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import last_json, script
-from dmuon.lab.costmodel import (LAYOUTS, collective_seconds, dp_gather_bytes, fit_alpha_beta, step_bytes, step_calls,
+from dmuon.lab.costmodel import (DP_GATHER_VARIANTS, collective_seconds, dp_gather_bytes, fit_alpha_beta, step_bytes, step_calls,
                              step_seconds)
 from dmuon.lab.profiling import step_peak_bytes
 from dmuon.lab.synthetic import build_problem
@@ -18,9 +18,9 @@ from dmuon.lab.traces import breakdown, load_events, median_breakdown
 @pytest.mark.parametrize("dp,tp", [(2, 1), (3, 1), (4, 2), (2, 4)])
 def test_dp_gather_layouts_are_ordered_and_bucket_is_what_the_engine_moves(dp, tp):
     groups = build_problem("muon", tp=tp).groups
-    by_layout = {lay: dp_gather_bytes(groups, dp, tp, 2**18, lay) for lay in LAYOUTS}
+    by_layout = {lay: dp_gather_bytes(groups, dp, tp, 2**18, lay) for lay in DP_GATHER_VARIANTS}
     assert by_layout["bucket"] == step_bytes(groups, dp, tp, 2**18)["ns_gather_dp"]
-    assert by_layout["owner"] == 0 <= by_layout["straddlers"] <= by_layout["bucket"]
+    assert by_layout["none"] == 0 <= by_layout["straddlers"] <= by_layout["bucket"]
 
 
 def test_many_equal_layers_straddle_little():

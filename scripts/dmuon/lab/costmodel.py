@@ -40,7 +40,6 @@ from ..plan import ParamSpec, build_plan
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
 PHASES = ("grad_reduce_scatter", "ns_gather_dp", "ns_gather_tp", "ns_to_owner", "ns_from_owner", "param_all_gather")
 DP_GATHER_VARIANTS = ("bucket", "straddlers", "none")
-LAYOUTS = ("bucket", "straddlers", "owner")  # chapter 6's older names for the variants ("owner" = "none")
 
 
 def plans_for(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str = "bucket",
@@ -125,7 +124,6 @@ def dp_gather_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | No
     ``(k - 1) * m`` elements. "none": no DP gather (shards cut on matrix boundaries, as the aligned
     layout does, at the price of uneven shards).
     """
-    variant = "none" if variant == "owner" else variant
     if variant not in DP_GATHER_VARIANTS:
         raise ValueError(f"variant must be one of {DP_GATHER_VARIANTS}")
     if variant == "none" or dp == 1:
