@@ -225,7 +225,7 @@ plt.close(fig)
 
 # %%
 dp4 = last_json(run("bench.py", "--dp", 4, "--tp", 1, "--layout", "bucket,owner,aligned", "--single",
-                    "--stack", 4, "--steps", 3, "--warmup", 1, log="collapsed"))
+                    "--stack", 4, "--steps", 2, "--warmup", 1, log="collapsed"))
 
 # %%
 def layout_table(b):
@@ -269,7 +269,7 @@ assert all(v["closed_form_matches"] for v in L.values())
 
 # %%
 tp2 = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--layout", "bucket,owner,aligned", "--single",
-                    "--stack", 4, "--steps", 3, "--warmup", 1, log="collapsed"))
+                    "--stack", 4, "--steps", 2, "--warmup", 1, log="collapsed"))
 
 # %%
 layout_table(tp2)
@@ -322,7 +322,7 @@ for b in (dp4, tp2):
 
 # %%
 ov = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--layout", "owner", "--overlap", "none,naive,prefetch",
-                   "--stack", 4, "--steps", 3, "--warmup", 1, log="collapsed"))
+                   "--stack", 4, "--steps", 2, "--warmup", 1, log="collapsed"))
 
 # %%
 v = ov["variants"]
