@@ -19,6 +19,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     flows          momentum shards -> orthogonalised shards, per layout (bucket gathers, owner all-to-all)
     distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses)
     launch         one entry point for local gloo processes and torchrun
+    checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
 
 ``dmuon.lab`` holds what the book, benchmarks and tests use beside it (synthetic problems, the
 cost model, traces, the tiny GPT, the proof of concept's bugs). The command-line entry points live
