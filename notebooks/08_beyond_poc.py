@@ -355,12 +355,19 @@ owners = build_plan(specs, 2, 0, 2, layout="owner").owners
 busiest = sum(f for (g, i), f in zip(sorted(owners), flops) if owners[(g, i)] == owners[(0, 0)])
 print(f"on a 2 x 2 grid its owner, rank {owners[(0, 0)]}, does {busiest / sum(flops):.1%} of the work")
 glue("ch8-big-share", f"{share:.1%}", display=False)
+import os  # noqa: E402
+
+cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+bound = cores / max(1, cores // 4) * busiest / sum(flops)  # the launcher gives each of 4 ranks cores // 4 threads
+print(f"bound on the owner layout's Muon overhead ratio here: {bound:.2f}")
+glue("ch8-bound", f"{bound:.1f}", display=False)
 assert share > 0.98
 
 # %% [markdown]
-# One rank does almost all of it ({glue:text}`ch8-big-share` of the FLOPs sit in one matrix), with a quarter of the machine's cores when four ranks share it,
-# while one process uses them all. So the owner layout cannot beat that bound on these shapes: its
-# Muon overhead ratio is near (cores / cores per rank) x (owner's share), about 2 on this machine,
+# One rank does almost all of it ({glue:text}`ch8-big-share` of the FLOPs sit in one matrix), with
+# the threads the launcher gives each of four ranks (a quarter of the cores, at least one), while one
+# process uses them all. So the owner layout cannot beat that bound on these shapes: its
+# Muon overhead ratio is near (cores / cores per rank) x (owner's share), {glue:text}`ch8-bound` on this machine,
 # whatever else is done right. The way past it is to split the big matrix's work, which
 # Newton-Schulz does not allow without communication inside every iteration (each step needs
 # $XX^\top$ of the whole matrix); systems with such matrices give the owner more hardware, or batch
