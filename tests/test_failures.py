@@ -1,13 +1,39 @@
-"""Bad input and failing ranks: a clear error, a non-zero exit, the root cause's traceback, no orphans."""
+"""Bad input and failing ranks: a clear error, a non-zero exit, the root cause's traceback, no orphans.
+
+Every fault of ``scripts/faults.py`` runs on a 2 x 1 and a 2 x 2 grid, on the last rank (so the
+culprit is never rank 0 by luck). Each must end the whole run with exit code 1, the message a user
+needs, the failing rank named first where one rank is at fault, and no process left behind. The
+subprocess timeout is the backstop for "never ends"; how long each fault takes to end under load
+is measured by ``scripts/fault_bench.py``, not asserted here.
+"""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import ROOT, SCRIPTS, processes_with_tag, run, script
+
+FIRST = r"rank {rank} \(dp {dp}, tp {tp}\) failed first"
+# fault -> (what stderr must contain (regexes), whether the target rank is the one named first)
+FAULTS = {
+    "raise": ([r"Traceback \(most recent call last\)", r"InjectedFault: injected failure on rank {rank} at step 2"], True),
+    "hang": ([r"timed out|has not finished"], False),  # a waiting peer fails; the hung rank is stopped
+    "nan": ([r"gradient of parameter 'w0' has 1 NaN/Inf value\(s\) on rank {rank} \(dp {dp}, tp {tp}\), step 2"], True),
+    "missing-grad": ([r"parameter 'w0' has no gradient on rank {rank} \(dp {dp}, tp {tp}\), step 2"], True),
+    "watchdog": ([r"\[dmuon watchdog\] \(injected\) rank {rank} ended at step 2"], True),
+    "kill": ([r"killed by signal SIGKILL"], True),
+    "shape-mismatch": ([r"the ranks disagree about the parameters they optimize: parameter 'w2': full shape "
+                        r"\[33, 18\] on rank {rank}, \[33, 17\] on rank 0"], False),  # every rank sees it
+    "wrong-dtype": ([r"parameter 'w0': gradient dtype bfloat16 differs from parameter dtype float32 on rank {rank}"],
+                    True),
+    "corrupt-checkpoint": ([r"reading \S+ failed \(a file truncated or corrupted\?\); nothing was changed"], False),
+}
 
 
 def assert_no_orphans(tag):
@@ -17,37 +43,24 @@ def assert_no_orphans(tag):
     assert processes_with_tag(tag) == []
 
 
-def test_rank_that_raises_mid_step_ends_the_run_with_its_traceback(tag):
-    proc = script("faults.py", "--dp", "2", "--tp", "2", "--fault", "raise", "--rank", "3", "--step", "2", tag=tag)
-    assert proc.returncode == 1
-    assert "step 1 done" in proc.stdout and "step 2 done" not in proc.stdout
-    assert "rank 3 (dp 1, tp 1) failed first; its traceback:" in proc.stderr
-    assert "Traceback (most recent call last)" in proc.stderr
-    assert "InjectedFault: injected failure on rank 3 at step 2" in proc.stderr
-    assert_no_orphans(tag)
-
-
-def test_hung_collective_times_out_naming_the_collective(tag):
-    start = time.monotonic()
-    proc = script("faults.py", "--dp", "2", "--fault", "hang", "--rank", "1", "--timeout", "4", tag=tag)
-    assert proc.returncode == 1
-    assert "reduce_scatter over the dp group" in proc.stderr and "timed out" in proc.stderr
-    assert "phase grad_reduce_scatter, step 2" in proc.stderr
-    assert time.monotonic() - start < 90
-    assert_no_orphans(tag)
-
-
-def test_nan_gradient_is_a_clear_error(tag):
-    proc = script("faults.py", "--dp", "2", "--tp", "2", "--fault", "nan", "--rank", "2", tag=tag)
-    assert proc.returncode == 1
-    assert "gradient of parameter 'w0' has 1 NaN/Inf value(s) on rank 2 (dp 1, tp 0), step 2" in proc.stderr
-    assert_no_orphans(tag)
-
-
-def test_missing_gradient_on_one_rank_is_a_clear_error(tag):
-    proc = script("faults.py", "--dp", "2", "--fault", "missing-grad", "--rank", "1", tag=tag)
-    assert proc.returncode == 1
-    assert "parameter 'w0' has no gradient on rank 1 (dp 1, tp 0), step 2" in proc.stderr
+@pytest.mark.parametrize("dp,tp", [(2, 1), (2, 2)], ids=["2x1", "2x2"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_every_fault_ends_the_run_with_a_clear_message_and_no_orphans(fault, dp, tp, tag):
+    rank = dp * tp - 1
+    where = dict(rank=rank, dp=rank // tp, tp=rank % tp)
+    proc = script("faults.py", "--dp", str(dp), "--tp", str(tp), "--fault", fault, "--rank", str(rank), "--step", "2",
+                  "--timeout", "5", tag=tag, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-1000:] + proc.stderr[-3000:]
+    assert ("step 1 done" in proc.stdout) == (fault != "shape-mismatch")  # that one fails before step 1
+    assert "step 2 done" not in proc.stdout
+    patterns, target_first = FAULTS[fault]
+    for pattern in patterns:
+        assert re.search(pattern.format(**where), proc.stderr), (pattern, proc.stderr[-3000:])
+    if target_first:
+        assert re.search(FIRST.format(**where), proc.stderr), proc.stderr[-3000:]
+    assert re.search(r"=== the run was stopped: all \d+ ranks ended, exit code 1 ===", proc.stderr)
+    if fault == "hang" and tp == 1:  # the waiting rank names the collective it waited in
+        assert "reduce_scatter over the dp group" in proc.stderr and "phase grad_reduce_scatter, step 2" in proc.stderr
     assert_no_orphans(tag)
 
 
@@ -124,26 +137,4 @@ def test_a_rank_killed_from_outside_is_the_root_cause_not_the_ranks_the_launcher
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert "rank 1 (dp 0, tp 1) failed first" in err and "killed by signal SIGKILL" in err, err[-2000:]
-    assert_no_orphans(tag)
-
-
-def test_a_rank_ended_by_the_watchdog_ends_the_run_while_the_others_hang(tag):
-    """Exit code 3 from the watchdog is a failure, not a worker's return code: the launcher must not wait
-    for the ranks that hang (they would sleep for an hour)."""
-    start = time.monotonic()
-    proc = script("faults.py", "--dp", "2", "--tp", "2", "--fault", "watchdog", "--rank", "1", tag=tag, timeout=120)
-    assert proc.returncode == 1
-    assert "rank 1 (dp 0, tp 1) failed first" in proc.stderr and "[dmuon watchdog] (injected)" in proc.stderr
-    assert time.monotonic() - start < 100
-    assert_no_orphans(tag)
-
-
-def test_a_hang_on_a_2x2_grid_ends_the_run(tag):
-    """The watchdog ends the waiting ranks; the launcher must take that as a failure, not wait for the hung rank."""
-    start = time.monotonic()
-    proc = script("faults.py", "--dp", "2", "--tp", "2", "--fault", "hang", "--rank", "1", "--timeout", "5",
-                  tag=tag, timeout=120)
-    assert proc.returncode == 1
-    assert "timed out" in proc.stderr or "has not finished" in proc.stderr, proc.stderr[-2000:]
-    assert time.monotonic() - start < 100
     assert_no_orphans(tag)

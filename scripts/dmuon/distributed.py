@@ -38,7 +38,7 @@ from torch.profiler import record_function
 from .comm import Comm, Phase
 from .flows import FLOWS
 from .optim import DEFAULTS, call_closure, check_group, param_names
-from .plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
+from .plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan, disagreement, plan_key
 from .sharding import local_shard, pack_bucket, unpack_bucket
 from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
 
@@ -78,6 +78,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         specs = [[ParamSpec(n, self._full_shape(p, d), d) for n, p, d in zip(g["names"], g["params"], g["tp_split_dims"])]
                  for g in self.param_groups]
         self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
+        self._check_ranks_agree(plan_key(specs, [[str(p.dtype).replace("torch.", "") for p in g["params"]]
+                                                 for g in self.param_groups], layout, bucket_numel, self.muon_groups))
         self.plan = build_plan(specs, grid.dp, grid.dp_rank, grid.tp, bucket_numel, layout, self.muon_groups)
         self.flow = self._make_flow(layout)
         self.shards = [[self._init_shard(g, b) for b in buckets] for g, buckets in enumerate(self.plan.buckets)]
@@ -92,6 +94,14 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     def _make_flow(self, layout: str):
         return FLOWS[layout](self)
+
+    def _check_ranks_agree(self, key: dict) -> None:
+        """One small all-gather when the optimizer is built: every rank must plan the same parameters
+        (a rank with another model would hang or corrupt the first collective instead)."""
+        problem = disagreement(self.comm.gather_objects(key, "setup"))
+        if problem:
+            raise ValueError(f"the ranks disagree about the parameters they optimize: {problem}. Every rank "
+                             "must build the same model (TP-local shapes aside) and the same parameter groups")
 
     def add_param_group(self, param_group: dict) -> None:
         if self._planned:
@@ -237,6 +247,10 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 if p.grad.shape != p.shape:
                     raise ValueError(f"parameter {name!r}: gradient shape {tuple(p.grad.shape)} differs from "
                                      f"parameter shape {tuple(p.shape)} on {where}")
+                if p.grad.dtype != p.dtype:
+                    raise TypeError(f"parameter {name!r}: gradient dtype {str(p.grad.dtype)[6:]} differs from "
+                                    f"parameter dtype {str(p.dtype)[6:]} on {where}; the reduce-scatter would mix "
+                                    "precisions across ranks. Cast the gradient (or the model) back")
                 if self.check_finite and not torch.isfinite(p.grad).all():
                     bad = (~torch.isfinite(p.grad)).sum().item()
                     raise FloatingPointError(f"gradient of parameter {name!r} has {bad} NaN/Inf value(s) on "

@@ -244,3 +244,38 @@ def _owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
                 ranks = [r for r in ranks if per_dp[r // plan.tp] == meta.numel]
             out.append(Matrix((buffer_idx, meta.param_idx), ns5_flops(*meta.full_shape), held, tuple(ranks)))
     return out
+
+
+def plan_key(groups: list[list[ParamSpec]], dtypes: list[list[str]], layout: str, bucket_numel: int | None,
+             muon: list[bool]) -> dict:
+    """What every rank must agree on before the first collective: the same plan from the same input.
+    A rank whose model differs (another shape, dtype or parameter order) would otherwise send buffers
+    of another size, which hangs or fails far from the cause, or silently mixes parameters."""
+    return dict(layout=layout, bucket_numel=bucket_numel, muon=list(muon),
+                params=[[(s.name, tuple(s.full_shape), s.tp_split_dim, dt) for s, dt in zip(specs, dts)]
+                        for specs, dts in zip(groups, dtypes)])
+
+
+def disagreement(keys: list[dict]) -> str | None:
+    """The first difference between rank 0's ``plan_key`` and another rank's, in words (None if none)."""
+    ref = keys[0]
+    for rank, key in enumerate(keys[1:], start=1):
+        for field_name in ("layout", "bucket_numel", "muon"):
+            if key[field_name] != ref[field_name]:
+                return f"{field_name} is {key[field_name]!r} on rank {rank} but {ref[field_name]!r} on rank 0"
+        if len(key["params"]) != len(ref["params"]):
+            return f"rank {rank} has {len(key['params'])} parameter groups, rank 0 has {len(ref['params'])}"
+        for g, (mine, theirs) in enumerate(zip(key["params"], ref["params"])):
+            if len(mine) != len(theirs):
+                return f"group {g} has {len(mine)} parameters on rank {rank}, {len(theirs)} on rank 0"
+            for (name, shape, dim, dtype), (name0, shape0, dim0, dtype0) in zip(mine, theirs):
+                if name != name0:
+                    return f"group {g}: parameter {name!r} on rank {rank} stands where rank 0 has {name0!r}"
+                if shape != shape0:
+                    return (f"parameter {name!r}: full shape {list(shape)} on rank {rank}, {list(shape0)} on rank 0 "
+                            "(the full shape is the local shape with its TP split dim times tp)")
+                if dim != dim0:
+                    return f"parameter {name!r}: tp_split_dim {dim} on rank {rank}, {dim0} on rank 0"
+                if dtype != dtype0:
+                    return f"parameter {name!r}: dtype {dtype} on rank {rank}, {dtype0} on rank 0"
+    return None
