@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 
 
+from dmuon.lab.faultcheck import processes_with_tag  # noqa: F401  (a run's leftover processes)
 from dmuon.lab.notebook import last_json  # noqa: F401  (the tests read scripts' JSON lines as the book does)
 
 # Small shapes that divide unevenly by every DP size tested (so buckets need padding and matrices
@@ -29,19 +30,6 @@ def run(cmd: list[str], timeout: float = 240, tag: str | None = None) -> subproc
 
 def script(name: str, *args: str, **kw) -> subprocess.CompletedProcess:
     return run([sys.executable, str(SCRIPTS / name), *args], **kw)
-
-
-def processes_with_tag(tag: str) -> list[int]:
-    """PIDs of live processes whose environment carries ``DMUON_TEST_TAG=tag``."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if f"DMUON_TEST_TAG={tag}".encode() in (d / "environ").read_bytes():
-                    found.append(int(d.name))
-            except OSError:
-                pass
-    return found
 
 
 @pytest.fixture
