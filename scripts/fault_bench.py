@@ -10,6 +10,7 @@ and the processes left behind. The target is every run clean and nothing left be
 
     python scripts/fault_bench.py                       # every fault, 20 times, 2 x 2, two busy processes
     python scripts/fault_bench.py --faults hang,kill --repeats 5 --dp 2 --tp 1 --load 0
+    python scripts/fault_bench.py --dp 2 --tp 1 --out book/data/fault_bench_2x1.json   # what chapter 10 shows
 
 The last line is JSON (``per_fault``, ``all_clean``, ``leftovers``).
 """
@@ -26,6 +27,7 @@ import uuid
 from pathlib import Path
 
 from dmuon.lab.faultcheck import EXPECTED, judge, processes_with_tag
+from dmuon.lab.provenance import provenance
 
 FAULTS_PY = Path(__file__).resolve().parent / "faults.py"
 FAULT_STEP = 2
@@ -88,6 +90,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=5.0, help="the runs' collective timeout, seconds")
     p.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy processes (default: one per core)")
     p.add_argument("--limit", type=float, default=180.0, help="seconds before a run counts as never ending")
+    p.add_argument("--out", type=Path, help="also write the result, with its command, commit and machine, here (JSON)")
     args = p.parse_args(argv)
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = sorted(set(faults) - set(EXPECTED))
@@ -121,9 +124,12 @@ def main(argv=None) -> int:
             proc.wait()
     all_clean = all(r["clean"] == r["runs"] for r in per_fault.values())
     leftovers = sum(r["leftovers"] for r in per_fault.values())
-    print(json.dumps(dict(grid=dict(dp=args.dp, tp=args.tp), repeats=args.repeats, timeout=args.timeout,
-                          load=args.load, cores=os.cpu_count(), per_fault=per_fault, all_clean=all_clean,
-                          leftovers=leftovers)))
+    result = dict(grid=dict(dp=args.dp, tp=args.tp), repeats=args.repeats, timeout=args.timeout, load=args.load,
+                  cores=os.cpu_count(), per_fault=per_fault, all_clean=all_clean, leftovers=leftovers)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(dict(provenance(sys.argv), **result), indent=1) + "\n")
+    print(json.dumps(result))
     return 0 if all_clean and leftovers == 0 else 1
 
 
