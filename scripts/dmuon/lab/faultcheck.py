@@ -65,3 +65,20 @@ def processes_with_tag(tag: str) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def first_failure(output: str) -> tuple[str, str]:
+    """From a failed run's output: the launcher's verdict (who failed first) and that rank's last
+    words (the exception line, or what the launcher knows of a rank that died without one)."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if "failed first" in line), None)
+    if start is None:
+        return "", ""
+    verdict = lines[start].strip("= ").split(";")[0]
+    body = []
+    for line in lines[start + 1:]:
+        if line.startswith("--- then") or line.startswith("=== the run was stopped"):
+            break
+        if line.strip():
+            body.append(line.strip())
+    return verdict, body[-1] if body else ""

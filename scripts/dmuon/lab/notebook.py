@@ -52,7 +52,7 @@ def _relative(line: str) -> str:
 
 
 def run(script: str, *args, expect_failure: bool = False, timeout: float = 900, echo_json: bool = False,
-        log: str = "stream") -> str:
+        log: str = "stream", env: dict | None = None) -> str:
     """Run ``python scripts/<script> <args>``, show its output, and return it.
 
     Raises ``ScriptFailed`` if the script exits non-zero, or, with ``expect_failure=True``, if it
@@ -60,16 +60,16 @@ def run(script: str, *args, expect_failure: bool = False, timeout: float = 900, 
     ``echo_json``; they are still in the returned text. Paths inside the checkout are shown relative
     to it. ``log="stream"`` prints lines as they come; ``log="collapsed"`` shows the whole output
     afterwards in a collapsed block (``<details>``), for long logs that the chapter summarises
-    itself; an unexpected failure is always shown in full.
+    itself; an unexpected failure is always shown in full. ``env`` adds environment variables (shown
+    in front of the command, as a shell would take them).
     """
     if log not in ("stream", "collapsed"):
         raise ValueError("log must be 'stream' or 'collapsed'")
     cmd = [sys.executable, str(SCRIPTS / script), *map(str, args)]
-    shown = " ".join(["python", f"scripts/{script}", *map(str, args)])
+    shown = " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), "python", f"scripts/{script}", *map(str, args)])
     if log == "stream":
         print(f"$ {shown}", flush=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1)
     lines, visible = [], []
     try:
