@@ -23,7 +23,10 @@ as the proof of concept did and the owner layouts prefetch (``default_overlap``)
 
 Hyperparameters live in ``param_groups`` (an lr scheduler works); a group may also give
 ``names`` (for errors) and ``tp_split_dims`` (per parameter: 0 or 1 if the model splits it over
-TP, -1 if replicated). State is per parameter, as torch keeps it: ``master`` (the fp32 copy of
+TP, -1 if replicated). Parameters may be DTensors on the grid's "tp" mesh dimension (a model made
+tensor-parallel with ``parallelize_module``): their split dim is read from the placement
+(``Shard(0)`` -> 0, ``Shard(1)`` -> 1, ``Replicate()`` -> -1) and the optimizer works on their
+local shards (``placements.py``). State is per parameter, as torch keeps it: ``master`` (the fp32 copy of
 the elements this rank owns), ``momentum`` or ``exp_avg``/``exp_avg_sq`` and ``step``; each is a
 view into the bucket shard the collectives use. ``state_dict()`` / ``load_state_dict()``
 round-trip on the same grid and layout.
@@ -38,6 +41,7 @@ from torch.profiler import record_function
 from .comm import Comm, Phase
 from .flows import FLOWS
 from .optim import DEFAULTS, call_closure, check_group, param_names
+from .placements import is_dtensor, local, resolve_tp_split_dims
 from .plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan, disagreement, plan_key
 from .sharding import local_shard, pack_bucket, unpack_bucket
 from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
@@ -73,7 +77,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **hyper))
         for g_idx, group in enumerate(self.param_groups):
             group["names"] = param_names(group, g_idx)
-            group["tp_split_dims"] = list(group.get("tp_split_dims") or [-1] * len(group["params"]))
+            group["tp_split_dims"] = resolve_tp_split_dims(group["names"], group["params"],
+                                                           group.get("tp_split_dims"), grid)
             check_group(group, g_idx)
         specs = [[ParamSpec(n, self._full_shape(p, d), d) for n, p, d in zip(g["names"], g["params"], g["tp_split_dims"])]
                  for g in self.param_groups]
@@ -110,6 +115,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def _full_shape(self, p: torch.Tensor, tp_split_dim: int) -> tuple[int, ...]:
+        if is_dtensor(p):  # a DTensor's shape is already the whole (global) one
+            return tuple(p.shape)
         shape = list(p.shape)
         if tp_split_dim != -1:
             if not 0 <= tp_split_dim < len(shape):
@@ -121,7 +128,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     def _init_shard(self, g: int, bucket) -> dict:
         """The fp32 master shard of the bucket's parameters, and Muon's or AdamW's state for it."""
-        flat = pack_bucket([p.detach() for p in self.param_groups[g]["params"]], bucket, torch.float32)
+        flat = pack_bucket([local(p.detach()) for p in self.param_groups[g]["params"]], bucket, torch.float32)
         lo = bucket.shard_numel * self.grid.dp_rank
         master = flat[lo: lo + bucket.shard_numel].clone()
         kinds = MUON_STATE if self.muon_groups[g] else ADAMW_STATE
@@ -223,14 +230,14 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         return tensor
 
     def _reduce_scatter_grads(self, params, bucket) -> torch.Tensor:
-        flat = pack_bucket([p.grad for p in params], bucket, torch.float32)
+        flat = pack_bucket([local(p.grad) for p in params], bucket, torch.float32)
         shard = self.comm.reduce_scatter_sum(flat, "dp", Phase.GRAD_REDUCE_SCATTER).div_(self.grid.dp)
         return self._trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", shard)
 
     def _all_gather_params(self, params, bucket, master: torch.Tensor) -> None:
         dtype = params[bucket.param_indices[0]].dtype
         full = self.comm.all_gather(master.to(dtype), "dp", Phase.PARAM_ALL_GATHER)
-        unpack_bucket(full, bucket, self.plan.metas[bucket.buffer_idx], [p.data for p in params])
+        unpack_bucket(full, bucket, self.plan.metas[bucket.buffer_idx], [local(p.data) for p in params])
 
     def _check_grads(self) -> None:
         """Fail on this rank, before any collective, with a message naming the parameter."""
@@ -251,8 +258,12 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                     raise TypeError(f"parameter {name!r}: gradient dtype {str(p.grad.dtype)[6:]} differs from "
                                     f"parameter dtype {str(p.dtype)[6:]} on {where}; the reduce-scatter would mix "
                                     "precisions across ranks. Cast the gradient (or the model) back")
-                if self.check_finite and not torch.isfinite(p.grad).all():
-                    bad = (~torch.isfinite(p.grad)).sum().item()
+                if is_dtensor(p) and (not is_dtensor(p.grad) or p.grad.placements != p.placements):
+                    raise ValueError(f"parameter {name!r} is a DTensor placed {p.placements} but its gradient is "
+                                     f"{getattr(p.grad, 'placements', 'a plain tensor')} on {where}; the optimizer "
+                                     "reduces gradients over DP only, so a gradient must be placed as its parameter")
+                if self.check_finite and not torch.isfinite(local(p.grad)).all():
+                    bad = (~torch.isfinite(local(p.grad))).sum().item()
                     raise FloatingPointError(f"gradient of parameter {name!r} has {bad} NaN/Inf value(s) on "
                                              f"{where}; the step was not taken and nothing was changed")
 

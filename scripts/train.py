@@ -1,0 +1,222 @@
+"""Train the tensor-parallel tiny GPT on a DP x TP grid with Distributed Muon, the hybrid, or Distributed AdamW.
+
+    python scripts/train.py --dp 2 --tp 2 --optimizer hybrid --layout owner --steps 50
+    python scripts/train.py --dp 1 --tp 1 --optimizer adamw --steps 200 --eval-every 50
+    torchrun --standalone --nproc-per-node 4 scripts/train.py --dp 2 --tp 2 --optimizer hybrid --steps 50
+
+The model is chapter 1's character-level GPT on Python's docs, split over TP by PyTorch's own
+``parallelize_module`` (``dmuon/lab/tpgpt.py``); the optimizer reads each parameter's TP split from
+its DTensor placement. ``--optimizer``: ``hybrid`` (Muon for the hidden matrices, AdamW for
+embeddings, head and norms: ``optim.routes_to_muon``), ``muon`` (Muon for every 2-D parameter, the
+embeddings and head too; AdamW for the 1-D norms, which Muon cannot take) or ``adamw``.
+
+**Same data on every grid.** Each step draws one global batch of ``--batch`` windows from a generator
+seeded by ``--seed`` (the same on every rank); DP rank ``r`` trains on rows ``[r*B/dp, (r+1)*B/dp)``,
+and the TP ranks of one replica share them. The ZeRO-1 reduce-scatter averages the DP ranks'
+gradients, each a mean over an equal slice, so every grid computes the gradient of the same global
+mean loss: for the same ``--batch`` and ``--seed`` all grids follow the same loss curve, up to the
+order of floating-point reductions (which TP and DP change).
+
+Every ``--eval-every`` K steps (and at step 0 and the last step) rank 0 prints one progress line
+(step, train loss, estimates of train and validation loss on fixed windows, tokens/s) and the
+optimizer-state metrics are measured (``dmuon/lab/statemetrics.py``: per Muon matrix, update RMS,
+momentum norm, singular-value spread before and after Newton-Schulz). The run ends with one JSON
+line: ``step_loss`` (global mean loss of every step), ``evals`` (step, tokens, train_loss, val_loss),
+``tokens_seen``, ``tokens_per_s``, ``time_ms`` (mean per step after the first, rank 0: forward_backward,
+waiting for peers, optimizer, its communication per phase and the rest, ``optimizer_compute``),
+``time_ms_per_rank``, ``bytes_per_step`` (what rank 0 sent in the optimizer's collectives, from the
+ledger: ring-algorithm bytes) with ``ledger`` per phase, ``tp_split_dims`` (what the plan read
+from the placements) and ``state_metrics``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from dmuon.comm import PHASES
+from dmuon.distributed import DistributedAdamW, DistributedMuon
+from dmuon.layouts import LAYOUTS
+from dmuon.launch import add_launch_args, check_launch_args, launch
+from dmuon.optim import hybrid_param_groups
+from dmuon.lab.charlm import batch, evaluate, load_corpus
+from dmuon.lab.statemetrics import NSMetrics
+from dmuon.lab.tpgpt import TP_PLAN_NOTE, tp_gpt
+
+OPTIMIZERS = ("hybrid", "muon", "adamw")
+
+
+def param_groups(model, optimizer: str, lr: float, adamw_lr: float, weight_decay: float) -> list[dict]:
+    """The parameter groups for ``--optimizer`` (see the module docstring); names go along for errors."""
+    named = list(model.named_parameters())
+    if optimizer == "muon":
+        groups = {True: dict(use_muon=True, lr=lr, params=[], names=[]),
+                  False: dict(use_muon=False, lr=adamw_lr, params=[], names=[])}
+        for name, p in named:
+            g = groups[p.ndim == 2]
+            g["params"].append(p)
+            g["names"].append(name)
+        groups = [g for g in groups.values() if g["params"]]
+    else:
+        groups = hybrid_param_groups(named, muon=dict(lr=lr), adamw=dict(lr=adamw_lr if optimizer == "hybrid" else lr))
+    for g in groups:
+        g["weight_decay"] = weight_decay
+    return groups
+
+
+def lr_factor(step: int, args) -> float:
+    """Linear warm-up over ``--warmup`` steps, then constant or cosine down to 10% (``--schedule``)."""
+    if step < args.warmup:
+        return (step + 1) / args.warmup
+    if args.schedule == "constant":
+        return 1.0
+    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def mean_over_ranks(comm, value: float, device) -> float:
+    """The mean of ``value`` over all ranks (TP ranks of a replica agree, so this is the DP mean)."""
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    return comm.all_reduce(t, "world", "metrics").item() / (comm.grid.dp * comm.grid.tp)
+
+
+def worker(grid, comm, args) -> int:
+    dev = grid.device
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data = load_corpus()
+    model = tp_gpt(data["vocab_size"], grid, d=args.width, n_layer=args.layers, n_head=args.heads,
+                   context=args.context, seed=args.seed)
+    groups = param_groups(model, args.optimizer, args.lr, args.adamw_lr or args.lr, args.weight_decay)
+    cls = DistributedAdamW if args.optimizer == "adamw" else DistributedMuon
+    opt = cls(groups, grid, comm=comm, layout=args.layout, bucket_numel=args.bucket_numel)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args))
+    metrics = NSMetrics(opt) if args.optimizer != "adamw" else None
+    gen = torch.Generator().manual_seed(args.seed)
+    rows = args.batch // grid.dp
+    mine = slice(grid.dp_rank * rows, (grid.dp_rank + 1) * rows)
+    tokens_per_step = args.batch * args.context
+
+    step_loss, evals, state_metrics = [], [], []
+    times = {k: [] for k in ("step", "forward_backward", "waiting", "optimizer", *PHASES)}
+
+    def evaluation(step: int) -> dict:
+        kw = dict(batches=args.eval_batches, batch_size=args.eval_batch)
+        row = dict(step=step, tokens=step * tokens_per_step, train_loss=evaluate(model, data["train"], **kw),
+                   val_loss=evaluate(model, data["val"], **kw))
+        evals.append(row)
+        return row
+
+    first = evaluation(0)
+    if grid.rank == 0:
+        print(f"tiny GPT {sum(p.numel() for p in model.parameters()):,} parameters on dp={grid.dp} x tp={grid.tp} "
+              f"({args.optimizer}, layout {args.layout}); step 0: train {first['train_loss']:.4f} "
+              f"val {first['val_loss']:.4f}", flush=True)
+    for step in range(1, args.steps + 1):
+        x, y = batch(data["train"], args.batch, args.context, gen)  # the global batch, the same on every rank
+        x, y = x[mine].to(dev), y[mine].to(dev)
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t1 = time.perf_counter()
+        comm.all_reduce(torch.zeros(1, device=dev), "world", "sync")  # waiting for peers is not communication
+        t2 = time.perf_counter()
+        measure = metrics is not None and step % args.eval_every == 0
+        if metrics is not None:
+            metrics.active = measure
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t3 = time.perf_counter()
+        sched.step()
+        phases = opt.comm.ledger.summary(opt.steps_taken)["phases"]
+        for k, v in (("step", t3 - t0), ("forward_backward", t1 - t0), ("waiting", t2 - t1), ("optimizer", t3 - t2)):
+            times[k].append(v)
+        for phase in PHASES:
+            times[phase].append(phases.get(phase, {}).get("seconds", 0.0))
+        step_loss.append(mean_over_ranks(comm, loss.item(), dev))
+        if measure:
+            merged = {}
+            for rank_rows in comm.gather_objects(metrics.take(), "metrics"):
+                merged.update(rank_rows)
+            state_metrics.append(dict(step=step, matrices=dict(sorted(merged.items()))))
+        if step % args.eval_every == 0 or step == args.steps:
+            row = evaluation(step)
+            if grid.rank == 0:
+                recent = times["step"][-args.eval_every:]
+                print(f"step {step}/{args.steps}  loss {step_loss[-1]:.4f}  train {row['train_loss']:.4f}  "
+                      f"val {row['val_loss']:.4f}  {tokens_per_step * len(recent) / sum(recent):,.0f} tokens/s",
+                      flush=True)
+
+    mean_ms = lambda xs: 1000 * sum(xs[1:] or xs) / len(xs[1:] or xs)  # noqa: E731  (the first step warms up)
+    breakdown = {k: mean_ms(v) for k, v in times.items() if k not in PHASES}
+    breakdown["communication"] = {p: mean_ms(times[p]) for p in PHASES if any(times[p])}
+    breakdown["optimizer_compute"] = breakdown["optimizer"] - sum(breakdown["communication"].values())
+    ledger = opt.comm.ledger.summary(opt.steps_taken)
+    everyone = comm.gather_objects(dict(time_ms=breakdown, bytes_per_step=ledger["bytes_sent"]), "report")
+    if grid.rank != 0:
+        return 0
+    split = {n: d for g in opt.param_groups for n, d in zip(g["names"], g["tp_split_dims"])}
+    result = dict(
+        script="train.py", dp=grid.dp, tp=grid.tp, world_size=grid.dp * grid.tp, optimizer=args.optimizer,
+        layout=args.layout, overlap=opt.overlap, steps=args.steps, batch=args.batch, context=args.context,
+        width=args.width, layers=args.layers, heads=args.heads, lr=args.lr, adamw_lr=args.adamw_lr or args.lr,
+        weight_decay=args.weight_decay, warmup=args.warmup, schedule=args.schedule, seed=args.seed,
+        eval_every=args.eval_every, threads=torch.get_num_threads(), n_params=sum(p.numel() for p in model.parameters()), tp_plan=TP_PLAN_NOTE,
+        tp_split_dims=split, step_loss=step_loss, evals=evals, tokens_seen=args.steps * tokens_per_step,
+        tokens_per_s=tokens_per_step / (breakdown["step"] / 1000), time_ms=breakdown,
+        time_ms_per_rank=[r["time_ms"] for r in everyone], bytes_per_step=ledger["bytes_sent"],
+        bytes_per_step_per_rank=[r["bytes_per_step"] for r in everyone], ledger=ledger,
+        state_metrics=state_metrics, state_bytes=opt.state_bytes(), backend=dist.get_backend(), device=str(dev),
+        torch=torch.__version__)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_launch_args(p)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="hybrid")
+    p.add_argument("--layout", choices=LAYOUTS, default="owner", help="Distributed Muon's layout (default owner)")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--batch", type=int, default=32, help="global batch: windows per step over all DP ranks")
+    p.add_argument("--context", type=int, default=64, help="characters per window (default 64)")
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate (Muon's is matched to AdamW's RMS)")
+    p.add_argument("--adamw-lr", type=float, default=None, help="the hybrid's AdamW groups (default --lr)")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
+    p.add_argument("--seed", type=int, default=0, help="initial weights and data order")
+    p.add_argument("--eval-every", type=int, default=10, help="K: progress line, evaluation, state metrics")
+    p.add_argument("--eval-batches", type=int, default=4, help="fixed windows per evaluation: batches ...")
+    p.add_argument("--eval-batch", type=int, default=32, help="... of this many windows")
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--bucket-numel", type=int, default=2**20)
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads per rank (default: the launcher's share of the cores). 1 is faster for tiny "
+                        "models on a busy machine, where threads that wait for each other spin")
+    args = p.parse_args(argv)
+    check_launch_args(p, args)
+    for name in ("steps", "batch", "context", "eval_every", "eval_batches", "eval_batch", "width", "layers", "heads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.batch % args.dp:
+        p.error(f"--batch {args.batch} must divide by --dp {args.dp}: every DP rank trains on an equal slice")
+    if args.heads % args.tp or args.width % args.heads:
+        p.error(f"--heads {args.heads} must divide by --tp {args.tp} and --width {args.width} by --heads")
+    if args.context > 64 * 1024:
+        p.error("--context is too long for this corpus")
+    return args
+
+
+if __name__ == "__main__":
+    sys.exit(launch(worker, parse_args()))
