@@ -18,8 +18,8 @@ mean loss: for the same ``--batch`` and ``--seed`` all grids follow the same los
 order of floating-point reductions (which TP and DP change).
 
 Every ``--eval-every`` K steps (and at step 0 and the last step) rank 0 prints one progress line
-(step, train loss, estimates of train and validation loss on fixed windows, tokens/s) and the
-optimizer-state metrics are measured (``dmuon/lab/statemetrics.py``: per Muon matrix, update RMS,
+(step, train loss, estimates of train and validation loss on fixed windows, tokens/s), and every
+``--metrics-every`` steps (default K) the optimizer-state metrics are measured (``dmuon/lab/statemetrics.py``: per Muon matrix, update RMS,
 momentum norm, singular-value spread before and after Newton-Schulz). The run ends with one JSON
 line: ``step_loss`` (global mean loss of every step), ``evals`` (step, tokens, train_loss, val_loss),
 ``tokens_seen``, ``tokens_per_s``, ``time_ms`` (mean per step after the first, rank 0: forward_backward,
@@ -97,7 +97,8 @@ def worker(grid, comm, args) -> int:
     cls = DistributedAdamW if args.optimizer == "adamw" else DistributedMuon
     opt = cls(groups, grid, comm=comm, layout=args.layout, bucket_numel=args.bucket_numel)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args))
-    metrics = NSMetrics(opt) if args.optimizer != "adamw" else None
+    metrics_every = args.eval_every if args.metrics_every is None else args.metrics_every
+    metrics = NSMetrics(opt) if args.optimizer != "adamw" and metrics_every else None
     gen = torch.Generator().manual_seed(args.seed)
     rows = args.batch // grid.dp
     mine = slice(grid.dp_rank * rows, (grid.dp_rank + 1) * rows)
@@ -116,7 +117,7 @@ def worker(grid, comm, args) -> int:
     first = evaluation(0)
     if grid.rank == 0:
         print(f"tiny GPT {sum(p.numel() for p in model.parameters()):,} parameters on dp={grid.dp} x tp={grid.tp} "
-              f"({args.optimizer}, layout {args.layout}); step 0: train {first['train_loss']:.4f} "
+              f"({args.optimizer}{'' if args.optimizer == 'adamw' else ', layout ' + args.layout}); step 0: train {first['train_loss']:.4f} "
               f"val {first['val_loss']:.4f}", flush=True)
     for step in range(1, args.steps + 1):
         x, y = batch(data["train"], args.batch, args.context, gen)  # the global batch, the same on every rank
@@ -128,7 +129,7 @@ def worker(grid, comm, args) -> int:
         t1 = time.perf_counter()
         comm.all_reduce(torch.zeros(1, device=dev), "world", "sync")  # waiting for peers is not communication
         t2 = time.perf_counter()
-        measure = metrics is not None and step % args.eval_every == 0
+        measure = metrics is not None and step % metrics_every == 0
         if metrics is not None:
             metrics.active = measure
         opt.step()
@@ -195,6 +196,9 @@ def parse_args(argv=None):
     p.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
     p.add_argument("--seed", type=int, default=0, help="initial weights and data order")
     p.add_argument("--eval-every", type=int, default=10, help="K: progress line, evaluation, state metrics")
+    p.add_argument("--metrics-every", type=int, default=None,
+                   help="Muon state metrics every this many steps (default --eval-every; 0: off). Each costs an SVD "
+                        "of every Muon matrix on the rank that orthogonalises it")
     p.add_argument("--eval-batches", type=int, default=4, help="fixed windows per evaluation: batches ...")
     p.add_argument("--eval-batch", type=int, default=32, help="... of this many windows")
     p.add_argument("--width", type=int, default=128)
@@ -206,6 +210,8 @@ def parse_args(argv=None):
                         "models on a busy machine, where threads that wait for each other spin")
     args = p.parse_args(argv)
     check_launch_args(p, args)
+    if args.metrics_every is not None and args.metrics_every < 0:
+        p.error("--metrics-every must be 0 (off) or positive")
     for name in ("steps", "batch", "context", "eval_every", "eval_batches", "eval_batch", "width", "layers", "heads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -13,9 +13,10 @@ so fp32 results differ in their last bits, and Newton-Schulz runs in bf16, where
 difference in its input can flip a rounding (a relative step of 2^-8). Measured on this model, the
 curves of the four grids agree within 5e-5 over 8 steps, the same size as the difference between
 one process run with 1 and with 2 threads (1.1e-5 at step 5): it is reduction-order drift. 2e-3 is
-40 times that, and 40 times smaller than the loss's average fall per step here (about 0.08 nats),
-so a real fault (a DP rank training on the wrong slice, heads mixed across TP ranks, a shard
-written to the wrong place) cannot hide under it. Bit-exactness on one grid is verify.py's job.
+40 times that, and over 40 times smaller than the loss's average fall per step here (about 0.09
+nats), so a real fault cannot hide under it: with every DP rank training on the first slice (a
+mutation tried once by hand), the 2x1 curve left the 1x1 one by up to 0.11 nats, and by at least
+0.016 at every step. Bit-exactness on one grid is verify.py's job.
 
 In-process part (a one-rank gloo group, no launch): the plan takes its split dims from DTensor
 placements, DTensor parameters give the same steps as plain ones, and placements it cannot
@@ -116,6 +117,9 @@ def test_plan_split_dims_come_from_placements(grid):
     assert opt.param_groups[0]["tp_split_dims"] == [0, 1, -1, 1, -1]
     assert [m.tp_split_dim for m in opt.plan.metas[0]] == [0, 1, -1, 1, -1]
     assert [m.full_shape for m in opt.plan.metas[0]][:4] == [(6, 10)] * 4
+    from torch.distributed.tensor import distribute_tensor
+    on_grid = torch.nn.Parameter(distribute_tensor(torch.randn(6, 10), grid.mesh, [Replicate(), Shard(1)]))
+    assert DistributedMuon([dict(params=[on_grid])], grid).param_groups[0]["tp_split_dims"] == [1]
 
 
 @pytest.mark.parametrize("kind", ["muon", "adamw"])
