@@ -17,8 +17,8 @@ Failure handling, the part that makes distributed code debuggable:
   (``os._exit``, a native crash); ranks the launcher stopped are never blamed. A rank ended by the
   collective watchdog (``comm.py``) reports like a rank that raised. A worker that *returns* a
   non-zero code (a check that failed) is not a crash: the others finish, and the run exits with
-  the largest code. Children die with the
-  parent too (``PR_SET_PDEATHSIG``), so nothing is left behind even if the parent is killed.
+  the largest code. Ranks die with the launcher too (``PR_SET_PDEATHSIG``, or a pidfd for ranks
+  started by the fork server), so nothing is left behind even if the launcher is killed.
 * Every collective has a timeout (``--timeout``, seconds); ``comm.Comm`` turns a timeout into an
   error naming the collective.
 
@@ -33,9 +33,11 @@ import datetime
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import select
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -118,15 +120,45 @@ def _run_rank(worker, args, rank: int, world: int, store) -> int:
 
 # ---- local spawning -------------------------------------------------------------------------
 
-def _die_with_parent() -> None:
+def _die_with_launcher(launcher: int) -> None:
+    """End this rank if the launcher dies, even by SIGKILL (its finally-block never runs then). A
+    spawned rank is the launcher's child: the kernel's PR_SET_PDEATHSIG does it. A rank forked by the
+    fork server is the server's child, and the server outlives the launcher while any rank runs, so a
+    thread waits on a pidfd of the launcher instead."""
+    if os.getppid() == launcher:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:  # not Linux: the parent's finally-block still cleans up
+            pass
+        return
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: the parent's finally-block still cleans up
-        pass
+        pidfd = os.pidfd_open(launcher)
+    except (AttributeError, OSError):  # no pidfd (old kernel): poll instead
+        pidfd = None
+
+    def watch():
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while os.getppid() and _alive(launcher):
+                time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="dmuon-launcher-watch", daemon=True).start()
 
 
-def _child(rank, world, port, worker, args, threads, err_dir) -> None:
-    _die_with_parent()
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _child(rank, world, port, worker, args, threads, err_dir, launcher) -> None:
+    _die_with_launcher(launcher)
     os.environ["LOCAL_RANK"] = str(rank)  # one machine: with --backend nccl, rank r uses cuda:r
     os.environ["DMUON_ERROR_FILE"] = str(Path(err_dir, f"rank{rank}.txt"))
     torch.set_num_threads(threads)
@@ -155,9 +187,9 @@ def _spawn(worker, args) -> int:
     os.environ.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=args.timeout))
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     with tempfile.TemporaryDirectory(prefix="dmuon-") as err_dir:
-        procs = [ctx.Process(target=_child, args=(r, world, store.port, worker, args, threads, err_dir),
+        procs = [ctx.Process(target=_child, args=(r, world, store.port, worker, args, threads, err_dir, os.getpid()),
                              name=f"rank{r}") for r in range(world)]
         previous = signal.signal(signal.SIGTERM, _raise_exit)
         try:
@@ -167,6 +199,22 @@ def _spawn(worker, args) -> int:
         finally:
             _stop(procs)
             signal.signal(signal.SIGTERM, previous)
+
+
+def _context():
+    """How ranks start. On Linux, a fork server: one process imports torch, dmuon and the script
+    once, then forks a rank per request, so a rank starts in a fraction of a second instead of paying
+    the imports again (seconds each, far more on a busy machine). It forks before any rank has made a
+    thread or a process group. Elsewhere, spawn: a fresh interpreter per rank. The environment
+    variable ``DMUON_START_METHOD=spawn`` (or ``forkserver``) chooses."""
+    method = os.environ.get("DMUON_START_METHOD") or ("forkserver" if sys.platform == "linux" else "spawn")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"DMUON_START_METHOD must be 'forkserver' or 'spawn', got {method!r}")
+    if method == "spawn":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "dmuon.distributed", "dmuon.launch", "__main__"])
+    return ctx
 
 
 def _raise_exit(signum, frame):
