@@ -128,3 +128,26 @@ def test_a_truncated_or_foreign_checkpoint_fails_before_anything_changes(tmp_pat
         checkpoint.load(target, tmp_path / "foreign")
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint at"):
         checkpoint.load(target, tmp_path / "missing")
+
+
+def test_export_loads_into_torch_optim_muon(tmp_path):
+    """torch.optim.Muon keeps the same EMA momentum (``momentum_buffer``), so a Muon checkpoint continues
+    there. Tolerance as in test_math's comparison with torch.optim.Muon: exact where the CPU has a native
+    bf16 GEMM (the same kernels run), else one bf16 ulp of the update per element and step."""
+    from dmuon.newton_schulz import native_bf16_matmul
+    from dmuon.updates import adjust_lr
+
+    problem = build_problem("muon", SHAPES, [-1] * len(SHAPES), 1, seed=3)
+    opt = DistributedMuon(problem.param_groups(), Grid.single(), layout="owner", bucket_numel=300)
+    stepped(opt, problem, [1, 2])
+    checkpoint.save(opt, tmp_path / "ck", step=2)
+    checkpoint.export(tmp_path / "ck", tmp_path / "ck.pt")
+    g = opt.param_groups[0]
+    theirs = torch.optim.Muon([dict(params=[torch.nn.Parameter(torch.zeros_like(p)) for p in g["params"]],
+                                    names=g["names"])], lr=g["lr"], weight_decay=g["weight_decay"],
+                              momentum=g["momentum"], nesterov=g["nesterov"], adjust_lr_fn="match_rms_adamw")
+    assert checkpoint.load_single(theirs, torch.load(tmp_path / "ck.pt", weights_only=True)) == 2
+    ours_after, theirs_after = stepped(opt, problem, [3]), stepped(theirs, problem, [3])
+    for shape, a, b in zip(SHAPES, ours_after, theirs_after):
+        atol = 0.0 if native_bf16_matmul(torch.device("cpu")) else adjust_lr(g["lr"], shape, "match_rms_adamw") * 2**-6
+        assert (a - b).abs().max().item() <= atol

@@ -299,10 +299,17 @@ def export(path, out_file) -> None:
 
 
 def load_single(opt, state: dict) -> int:
-    """Load an exported checkpoint (``export``) into a single-device ``Muon``/``MuonW``/``AdamW``."""
+    """Load an exported checkpoint (``export``) into a single-device ``Muon``/``MuonW``/``AdamW``, or into
+    ``torch.optim.Muon`` (whose ``momentum_buffer`` is the same EMA momentum: give its param groups
+    ``names``). A group without ``use_muon`` is a Muon group unless ``opt`` is an AdamW."""
     marker = json.loads(state["dmuon"])
+    default_muon = not isinstance(opt, torch.optim.AdamW) and "AdamW" not in type(opt).__name__
     named = {n: (p, g) for g in opt.param_groups for n, p in zip(g.get("names") or [], g["params"])}
-    expected = {n: dict(shape=list(p.shape), kinds=["momentum"] if g["use_muon"] else ["exp_avg", "exp_avg_sq"])
+    if not named:
+        raise CheckpointError("the optimizer's param groups have no 'names': give each group the parameter names "
+                              "(as model.named_parameters() gives them) so the checkpoint's tensors can find them")
+    muon = {n: bool(g.get("use_muon", default_muon)) for n, (p, g) in named.items()}
+    expected = {n: dict(shape=list(p.shape), kinds=["momentum"] if muon[n] else ["exp_avg", "exp_avg_sq"])
                 for n, (p, g) in named.items()}
     for info in marker["params"].values():
         info["kinds"] = [k for k in info["kinds"] if k != "master"]
@@ -313,6 +320,6 @@ def load_single(opt, state: dict) -> int:
             st = opt.state[p]
             for kind in expected[name]["kinds"]:
                 st[SINGLE_KEYS.get(kind, kind)] = state[f"optim.state.{name}.{kind}"].view(p.shape).clone()
-            if not g["use_muon"]:
+            if not muon[name]:
                 st["step"] = int(state[f"optim.state.{name}.step"])
     return marker["step"]
