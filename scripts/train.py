@@ -2,6 +2,7 @@
 
     python scripts/train.py --dp 2 --tp 2 --optimizer hybrid --layout owner --steps 50
     python scripts/train.py --dp 1 --tp 1 --optimizer adamw --steps 200 --eval-every 50
+    python scripts/train.py --dp 2 --tp 2 --steps 10 --profile _build/traces/train   # Chrome traces of steps 2-4
     torchrun --standalone --nproc-per-node 4 scripts/train.py --dp 2 --tp 2 --optimizer hybrid --steps 50
 
 The model is chapter 1's character-level GPT on Python's docs, split over TP by PyTorch's own
@@ -18,15 +19,21 @@ mean loss: for the same ``--batch`` and ``--seed`` all grids follow the same los
 order of floating-point reductions (which TP and DP change).
 
 Every ``--eval-every`` K steps (and at step 0 and the last step) rank 0 prints one progress line
-(step, train loss, estimates of train and validation loss on fixed windows, tokens/s), and every
-``--metrics-every`` steps (default K) the optimizer-state metrics are measured (``dmuon/lab/statemetrics.py``: per Muon matrix, update RMS,
-momentum norm, singular-value spread before and after Newton-Schulz). The run ends with one JSON
-line: ``step_loss`` (global mean loss of every step), ``evals`` (step, tokens, train_loss, val_loss),
-``tokens_seen``, ``tokens_per_s``, ``time_ms`` (mean per step after the first, rank 0: forward_backward,
-waiting for peers, optimizer, its communication per phase and the rest, ``optimizer_compute``),
-``time_ms_per_rank``, ``bytes_per_step`` (what rank 0 sent in the optimizer's collectives, from the
-ledger: ring-algorithm bytes) with ``ledger`` per phase, ``tp_split_dims`` (what the plan read
-from the placements) and ``state_metrics``.
+(step, train loss, estimates of train and validation loss on fixed windows, tokens/s); every
+``--metrics-every`` steps (default K) the optimizer-state metrics are measured
+(``dmuon/lab/statemetrics.py``: per Muon matrix, update RMS, momentum norm, singular-value spread
+before and after Newton-Schulz). The run ends with one JSON line:
+
+* ``step_loss`` (the global mean loss of every step), ``evals`` (step, tokens, train_loss, val_loss),
+  ``tokens_seen``, ``tokens_per_s``;
+* ``time_ms``: rank 0's mean per step after the first: forward_backward, waiting (for peers),
+  optimizer, its ``communication`` per phase (the ledger's timings) and the rest,
+  ``optimizer_compute``; ``time_ms_per_rank`` the same for every rank;
+* ``profile_ms_per_rank`` (with ``--profile DIR``): each rank's medians over the traced steps, read
+  from its Chrome trace, Newton-Schulz apart (``dmuon/lab/traces.py``);
+* ``bytes_per_step``: what rank 0 sent in the optimizer's collectives (ring-algorithm bytes, from
+  the ledger), with ``ledger`` per phase and ``bytes_per_step_per_rank``;
+* ``tp_split_dims`` (what the plan read from the placements) and ``state_metrics``.
 """
 from __future__ import annotations
 
@@ -35,10 +42,12 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from dmuon.comm import PHASES
 from dmuon.distributed import DistributedAdamW, DistributedMuon
@@ -48,6 +57,7 @@ from dmuon.optim import hybrid_param_groups
 from dmuon.lab.charlm import batch, evaluate, load_corpus
 from dmuon.lab.statemetrics import NSMetrics
 from dmuon.lab.tpgpt import TP_PLAN_NOTE, tp_gpt
+from dmuon.lab.traces import breakdown as trace_breakdown, load_events, median_breakdown
 
 OPTIMIZERS = ("hybrid", "muon", "adamw")
 
@@ -86,6 +96,33 @@ def mean_over_ranks(comm, value: float, device) -> float:
     return comm.all_reduce(t, "world", "metrics").item() / (comm.grid.dp * comm.grid.tp)
 
 
+class StepProfiler:
+    """torch.profiler over steps ``first..last``: each rank writes ``trace_rank<r>.json`` into ``folder``
+    (open it at https://ui.perfetto.dev) and splits it into the parts of a step (``traces.py``)."""
+
+    def __init__(self, folder: str | None, first: int, last: int, grid):
+        self.folder, self.first, self.last, self.grid = folder, first, last, grid
+        self.prof, self.result = None, None
+
+    def before(self, step: int) -> None:
+        if self.folder and step == self.first:
+            cuda = [ProfilerActivity.CUDA] if self.grid.device.type == "cuda" else []
+            self.prof = profile(activities=[ProfilerActivity.CPU] + cuda)
+            self.prof.start()
+
+    def after(self, step: int) -> None:
+        if self.prof is None or step != self.last:
+            return
+        self.prof.stop()
+        folder = Path(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        trace = folder / f"trace_rank{self.grid.rank}.json"
+        self.prof.export_chrome_trace(str(trace))
+        self.prof = None
+        self.result = dict(median_breakdown(trace_breakdown(load_events(trace))), trace=str(trace),
+                           steps=[self.first, self.last])
+
+
 def worker(grid, comm, args) -> int:
     dev = grid.device
     if args.threads:
@@ -104,6 +141,7 @@ def worker(grid, comm, args) -> int:
     mine = slice(grid.dp_rank * rows, (grid.dp_rank + 1) * rows)
     tokens_per_step = args.batch * args.context
 
+    profiler = StepProfiler(args.profile, min(2, args.steps), min(args.steps, 1 + args.profile_steps), grid)
     step_loss, evals, state_metrics = [], [], []
     times = {k: [] for k in ("step", "forward_backward", "waiting", "optimizer", *PHASES)}
 
@@ -115,27 +153,33 @@ def worker(grid, comm, args) -> int:
         return row
 
     first = evaluation(0)
+    n_params = sum(p.numel() for p in model.parameters())
     if grid.rank == 0:
-        print(f"tiny GPT {sum(p.numel() for p in model.parameters()):,} parameters on dp={grid.dp} x tp={grid.tp} "
-              f"({args.optimizer}{'' if args.optimizer == 'adamw' else ', layout ' + args.layout}); step 0: train {first['train_loss']:.4f} "
-              f"val {first['val_loss']:.4f}", flush=True)
+        how = args.optimizer if args.optimizer == "adamw" else f"{args.optimizer}, layout {args.layout}"
+        print(f"tiny GPT {n_params:,} parameters on dp={grid.dp} x tp={grid.tp} ({how}); step 0: train "
+              f"{first['train_loss']:.4f} val {first['val_loss']:.4f}", flush=True)
     for step in range(1, args.steps + 1):
         x, y = batch(data["train"], args.batch, args.context, gen)  # the global batch, the same on every rank
         x, y = x[mine].to(dev), y[mine].to(dev)
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        t1 = time.perf_counter()
-        comm.all_reduce(torch.zeros(1, device=dev), "world", "sync")  # waiting for peers is not communication
-        t2 = time.perf_counter()
         measure = metrics is not None and step % metrics_every == 0
         if metrics is not None:
             metrics.active = measure
-        opt.step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t3 = time.perf_counter()
+        profiler.before(step)
+        with record_function("train_step"):
+            t0 = time.perf_counter()
+            with record_function("forward_backward"):
+                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            t1 = time.perf_counter()
+            with record_function("wait_for_peers"):  # waiting for a slower rank is not communication
+                comm.all_reduce(torch.zeros(1, device=dev), "world", "sync")
+            t2 = time.perf_counter()
+            opt.step()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t3 = time.perf_counter()
+        profiler.after(step)
         sched.step()
         phases = opt.comm.ledger.summary(opt.steps_taken)["phases"]
         for k, v in (("step", t3 - t0), ("forward_backward", t1 - t0), ("waiting", t2 - t1), ("optimizer", t3 - t2)):
@@ -161,7 +205,8 @@ def worker(grid, comm, args) -> int:
     breakdown["communication"] = {p: mean_ms(times[p]) for p in PHASES if any(times[p])}
     breakdown["optimizer_compute"] = breakdown["optimizer"] - sum(breakdown["communication"].values())
     ledger = opt.comm.ledger.summary(opt.steps_taken)
-    everyone = comm.gather_objects(dict(time_ms=breakdown, bytes_per_step=ledger["bytes_sent"]), "report")
+    everyone = comm.gather_objects(dict(time_ms=breakdown, bytes_per_step=ledger["bytes_sent"],
+                                        profile=profiler.result), "report")
     if grid.rank != 0:
         return 0
     split = {n: d for g in opt.param_groups for n, d in zip(g["names"], g["tp_split_dims"])}
@@ -170,12 +215,13 @@ def worker(grid, comm, args) -> int:
         layout=args.layout, overlap=opt.overlap, steps=args.steps, batch=args.batch, context=args.context,
         width=args.width, layers=args.layers, heads=args.heads, lr=args.lr, adamw_lr=args.adamw_lr or args.lr,
         weight_decay=args.weight_decay, warmup=args.warmup, schedule=args.schedule, seed=args.seed,
-        eval_every=args.eval_every, threads=torch.get_num_threads(), n_params=sum(p.numel() for p in model.parameters()), tp_plan=TP_PLAN_NOTE,
+        eval_every=args.eval_every, threads=torch.get_num_threads(), n_params=n_params, tp_plan=TP_PLAN_NOTE,
         tp_split_dims=split, step_loss=step_loss, evals=evals, tokens_seen=args.steps * tokens_per_step,
         tokens_per_s=tokens_per_step / (breakdown["step"] / 1000), time_ms=breakdown,
         time_ms_per_rank=[r["time_ms"] for r in everyone], bytes_per_step=ledger["bytes_sent"],
         bytes_per_step_per_rank=[r["bytes_per_step"] for r in everyone], ledger=ledger,
-        state_metrics=state_metrics, state_bytes=opt.state_bytes(), backend=dist.get_backend(), device=str(dev),
+        state_metrics=state_metrics, profile_ms_per_rank=[r["profile"] for r in everyone] if args.profile else None,
+        state_bytes=opt.state_bytes(), backend=dist.get_backend(), device=str(dev),
         torch=torch.__version__)
     print(json.dumps(result), flush=True)
     return 0
@@ -205,6 +251,9 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--bucket-numel", type=int, default=2**20)
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="trace steps 2..1+--profile-steps with torch.profiler: DIR/trace_rank<r>.json per rank")
+    p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads per rank (default: the launcher's share of the cores). 1 is faster for tiny "
                         "models on a busy machine, where threads that wait for each other spin")
@@ -212,7 +261,8 @@ def parse_args(argv=None):
     check_launch_args(p, args)
     if args.metrics_every is not None and args.metrics_every < 0:
         p.error("--metrics-every must be 0 (off) or positive")
-    for name in ("steps", "batch", "context", "eval_every", "eval_batches", "eval_batch", "width", "layers", "heads"):
+    for name in ("profile_steps", "steps", "batch", "context", "eval_every", "eval_batches", "eval_batch", "width",
+                 "layers", "heads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.batch % args.dp:

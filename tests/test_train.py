@@ -31,7 +31,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import SCRIPTS, last_json, script
+from conftest import BUILD, SCRIPTS, last_json, script
 
 GRIDS = [(1, 1, "owner"), (2, 1, "aligned"), (1, 2, "bucket"), (2, 2, "owner")]
 STEPS, EVERY, TOL = 8, 4, 2e-3
@@ -39,9 +39,15 @@ TINY = ["--width", "32", "--layers", "1", "--heads", "2", "--context", "16", "--
         "--eval-every", str(EVERY), "--eval-batches", "1", "--eval-batch", "8", "--lr", "0.01", "--threads", "1"]
 
 
+TRACES = BUILD / "traces" / "test_train"
+PROFILED = (1, 2, "bucket")  # this grid's run also writes Chrome traces (profiling changes no number)
+
+
 @functools.lru_cache(maxsize=None)
 def train(dp: int, tp: int, layout: str):
-    proc = script("train.py", "--dp", str(dp), "--tp", str(tp), "--optimizer", "hybrid", "--layout", layout, *TINY)
+    profile = ["--profile", str(TRACES)] if (dp, tp, layout) == PROFILED else []
+    proc = script("train.py", "--dp", str(dp), "--tp", str(tp), "--optimizer", "hybrid", "--layout", layout, *TINY,
+                  *profile)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc, last_json(proc.stdout)
 
@@ -87,8 +93,19 @@ def test_loss_falls_and_json_holds_the_run():
 
 
 def test_state_metrics_under_the_bucket_layout_are_measured_once():
-    r = train(1, 2, "bucket")[1]
+    r = train(*PROFILED)[1]
     assert len(r["state_metrics"][0]["matrices"]) == 4
+
+
+def test_profile_traces_every_rank_and_splits_the_step():
+    r = train(*PROFILED)[1]
+    assert r["profile_ms_per_rank"] and len(r["profile_ms_per_rank"]) == 2
+    for rank, prof in enumerate(r["profile_ms_per_rank"]):
+        assert prof["trace"].endswith(f"trace_rank{rank}.json") and (TRACES / f"trace_rank{rank}.json").stat().st_size
+        assert prof["steps"] == [2, 4]
+        assert prof["step"] >= prof["forward_backward"] + prof["optimizer"] > 0
+        assert prof["newton_schulz"] > 0 and prof["communication"] > 0 and 0 < prof["optimizer_share"] < 1
+    assert train(*GRIDS[0])[1]["profile_ms_per_rank"] is None
 
 
 # ---- in one process: DTensor parameters on a one-rank grid ---------------------------------------
@@ -177,8 +194,32 @@ def test_param_groups_per_optimizer():
     spec.loader.exec_module(train_script)
     from dmuon.lab.tpgpt import head_major_gpt
     model = head_major_gpt(50, d=32, n_layer=1, n_head=2, context=16)
-    for kind, muon_names in (("hybrid", {"qkv", "proj", "fc", "out"}), ("muon", {"qkv", "proj", "fc", "out", "tok", "pos", "head"})):
+    hidden = {"qkv", "proj", "fc", "out"}
+    for kind, muon_names in (("hybrid", hidden), ("muon", hidden | {"tok", "pos", "head"})):
         groups = train_script.param_groups(model, kind, 0.01, 0.003, 0.1)
         muon = {n.split(".")[-2] for g in groups if g["use_muon"] for n in g["names"]}
         assert muon == muon_names, kind
         assert {g["lr"] for g in groups if not g["use_muon"]} == {0.003}
+
+
+def test_a_gradient_placed_unlike_its_parameter_is_refused(grid):
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from dmuon import DistributedMuon
+    w = torch.nn.Parameter(distribute_tensor(torch.randn(6, 10), grid.mesh["tp"], [Shard(0)]))
+    opt = DistributedMuon([dict(params=[w], names=["w"])], grid)
+    w.grad = torch.randn(6, 10)
+    with pytest.raises(ValueError, match=r"'w' is a DTensor placed.*gradient is a plain tensor"):
+        opt.step()
+
+
+def test_ns_metrics_math():
+    from dmuon.lab.statemetrics import ns_metrics, spectrum_stats
+    q = torch.linalg.qr(torch.randn(8, 8, generator=torch.Generator().manual_seed(0)))[0]
+    flat = spectrum_stats(torch.ones(8))
+    assert flat["effective_rank"] == pytest.approx(8) and flat["top_median"] == pytest.approx(1)
+    assert spectrum_stats(torch.tensor([5.0, 0, 0, 0]))["effective_rank"] == pytest.approx(1)
+    rank1 = torch.outer(torch.arange(1.0, 9), torch.ones(8))
+    row = ns_metrics(rank1, q, lr_factor=2.0)
+    assert row["in_effective_rank"] == pytest.approx(1, abs=1e-3) and row["out_effective_rank"] == pytest.approx(8)
+    assert row["momentum_norm"] == pytest.approx(rank1.norm().item())
+    assert row["update_rms"] == pytest.approx(2.0 / 8 ** 0.5)   # an orthogonal 8x8 matrix has RMS 1/sqrt(8)
