@@ -12,7 +12,9 @@ and the processes left behind. The target is every run clean and nothing left be
     python scripts/fault_bench.py --faults hang,kill --repeats 5 --dp 2 --tp 1 --load 0
     python scripts/fault_bench.py --dp 2 --tp 1 --out book/data/fault_bench_2x1.json   # what chapter 10 shows
 
-The last line is JSON (``per_fault``, ``all_clean``, ``leftovers``).
+The last line is JSON (``per_fault``, ``all_clean``, ``leftovers``, ``complete``); ``--out`` also
+writes it, after every fault, with the command, commit and machine. Each fault's row records the
+machine's 1-minute load average when it finished: on a shared machine other jobs load it too.
 """
 from __future__ import annotations
 
@@ -102,6 +104,19 @@ def main(argv=None) -> int:
           f"{args.load} busy process(es) on {os.cpu_count()} cores", flush=True)
     load = busy_processes(args.load)
     per_fault = {}
+
+    def record(done: bool) -> dict:
+        """The result so far; with ``--out`` it is rewritten after every fault, so a bench cut short
+        still leaves what it measured (``complete`` says whether every fault ran)."""
+        result = dict(grid=dict(dp=args.dp, tp=args.tp), repeats=args.repeats, timeout=args.timeout, load=args.load,
+                      cores=os.cpu_count(), per_fault=per_fault, complete=done and len(per_fault) == len(faults),
+                      all_clean=all(r["clean"] == r["runs"] for r in per_fault.values()),
+                      leftovers=sum(r["leftovers"] for r in per_fault.values()))
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(dict(provenance(sys.argv), **result), indent=1) + "\n")
+        return result
+
     try:
         print(f"{'fault':<20}{'runs':>5}{'clean':>7}{'slowest exit':>14}{'after fault':>13}{'left behind':>13}", flush=True)
         for fault in faults:
@@ -111,26 +126,22 @@ def main(argv=None) -> int:
                        slowest_exit_s=round(max(r["seconds"] for r in runs), 1),
                        slowest_after_fault_s=round(max(after), 1) if after else None,
                        leftovers=sum(r["leftovers"] for r in runs),
-                       problems=sorted({q for r in runs for q in r["problems"]}))
+                       problems=sorted({q for r in runs for q in r["problems"]}),
+                       load_average_1min=round(os.getloadavg()[0], 1))  # everything else running, too
             per_fault[fault] = row
             after_text = "-" if row["slowest_after_fault_s"] is None else f"{row['slowest_after_fault_s']:.1f} s"
             print(f"{fault:<20}{row['runs']:>5}{row['clean']:>7}{row['slowest_exit_s']:>12.1f} s{after_text:>13}"
                   f"{row['leftovers']:>13}", flush=True)
             for problem in row["problems"]:
                 print(f"    {problem}", flush=True)
+            record(done=False)
     finally:
         for proc in load:
             proc.kill()
             proc.wait()
-    all_clean = all(r["clean"] == r["runs"] for r in per_fault.values())
-    leftovers = sum(r["leftovers"] for r in per_fault.values())
-    result = dict(grid=dict(dp=args.dp, tp=args.tp), repeats=args.repeats, timeout=args.timeout, load=args.load,
-                  cores=os.cpu_count(), per_fault=per_fault, all_clean=all_clean, leftovers=leftovers)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(dict(provenance(sys.argv), **result), indent=1) + "\n")
+    result = record(done=True)
     print(json.dumps(result))
-    return 0 if all_clean and leftovers == 0 else 1
+    return 0 if result["all_clean"] and result["leftovers"] == 0 else 1
 
 
 if __name__ == "__main__":
