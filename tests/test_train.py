@@ -103,7 +103,7 @@ def test_profile_traces_every_rank_and_splits_the_step():
     for rank, prof in enumerate(r["profile_ms_per_rank"]):
         assert prof["trace"].endswith(f"trace_rank{rank}.json") and (TRACES / f"trace_rank{rank}.json").stat().st_size
         assert prof["steps"] == [2, 4]
-        assert prof["step"] >= prof["forward_backward"] + prof["optimizer"] > 0
+        assert prof["forward_backward"] > 0 and prof["optimizer"] > 0  # medians of parts need not sum to the step's
         assert prof["newton_schulz"] > 0 and prof["communication"] > 0 and 0 < prof["optimizer_share"] < 1
     assert train(*GRIDS[0])[1]["profile_ms_per_rank"] is None
 
