@@ -8,6 +8,7 @@ dmuon/lab/synthetic.py, so one reference serves every grid).
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -151,3 +152,12 @@ def test_export_loads_into_torch_optim_muon(tmp_path):
     for shape, a, b in zip(SHAPES, ours_after, theirs_after):
         atol = 0.0 if native_bf16_matmul(torch.device("cpu")) else adjust_lr(g["lr"], shape, "match_rms_adamw") * 2**-6
         assert (a - b).abs().max().item() <= atol
+
+
+def test_a_dtensor_model_saves_and_loads(tmp_path):
+    """parallelize_module's DTensor parameters: the checkpoint writes each rank's local TP shard."""
+    from conftest import ROOT, run
+
+    proc = run([sys.executable, str(ROOT / "tests" / "dtensor_checkpoint_run.py"), "--dp", "2", "--tp", "2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "DTensor checkpoint round trip ok" in proc.stdout

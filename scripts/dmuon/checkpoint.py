@@ -44,6 +44,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .placements import local
+
 FORMAT = "dmuon-checkpoint/1"
 MARKER = "dmuon.json"
 SINGLE_KEYS = {"momentum": "momentum_buffer"}  # canonical name -> single-device MuonW's state name
@@ -166,7 +168,7 @@ def _state_dict(opt) -> dict:
         model_writers = [(r, off, size) for r in range(opt.grid.tp) if meta.tp_split_dim != -1 or r == 0
                          for off, size, _, _ in rectangles(meta.shape, meta.tp_split_dim, r, slice(0, meta.numel))]
         writes = opt.grid.dp_rank == 0 and (meta.tp_split_dim != -1 or opt.grid.tp_rank == 0)
-        flat = p.detach().reshape(-1)
+        flat = local(p.detach()).reshape(-1)  # a DTensor parameter: the TP shard this rank holds
         mine = [(off, size, flat[a:b].view(size)) for off, size, a, b in
                 rectangles(meta.shape, meta.tp_split_dim, opt.grid.tp_rank, whole)] if writes else []
         sd[f"model.{name}"] = _sharded(opt, _global_shape(meta), model_writers, mine, p.dtype)
