@@ -28,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from dmuon.lab.faultcheck import EXPECTED, judge, processes_with_tag
+from dmuon.lab.faultcheck import EXPECTED, first_failure, judge, processes_with_tag
 from dmuon.lab.provenance import provenance
 
 FAULTS_PY = Path(__file__).resolve().parent / "faults.py"
@@ -77,6 +77,9 @@ def one_run(fault: str, dp: int, tp: int, timeout: float, limit: float) -> dict:
         except OSError:
             pass
     problems = judge(fault, dp, tp, rank, code, "".join(out), "".join(err))
+    if problems:  # say what happened instead: the launcher's verdict and that rank's last words
+        verdict, last_words = first_failure("".join(err))
+        problems.append(f"the run said: {verdict or 'no verdict'}: {last_words[:300] or 'nothing'}")
     if end - start >= limit:
         problems.append(f"did not end within {limit:.0f} s; killed")
     return dict(seconds=end - start, after_fault=None if fault_at[0] is None else end - fault_at[0],
