@@ -105,6 +105,7 @@ def main(argv=None) -> int:
         p.error("--repeats must be at least 1")
     print(f"{args.repeats} runs of each fault on a {args.dp} x {args.tp} grid, --timeout {args.timeout:g}, "
           f"{args.load} busy process(es) on {os.cpu_count()} cores", flush=True)
+    origin = provenance(sys.argv)  # the code as it was when the bench began (it may change during a long run)
     load = busy_processes(args.load)
     per_fault = {}
 
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
                       leftovers=sum(r["leftovers"] for r in per_fault.values()))
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(dict(provenance(sys.argv), **result), indent=1) + "\n")
+            args.out.write_text(json.dumps(dict(origin, **result), indent=1) + "\n")
         return result
 
     try:
