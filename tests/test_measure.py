@@ -90,8 +90,10 @@ def test_ledger_keeps_a_bounded_window_of_steps():
     for _ in range(40):
         p.grad = torch.randn(8, 8)
         opt.step()
-    steps = {r.step for r in opt.comm.ledger.records}
+    steps = {r.step for r in opt.comm.ledger.records if r.step}
     assert steps == set(range(25, 41)) and opt.comm.ledger.summary()["step"] == 40
+    # What was recorded while the optimizer was built (step 0: the ranks' plan check) is kept, once.
+    assert [r.phase for r in opt.comm.ledger.records if not r.step] == ["setup"]
 
 
 def test_peak_bytes_of_known_allocations():

@@ -116,12 +116,14 @@ def table(headers: list[str], rows: list[list], align: str | None = None) -> Non
     ``align``: one character per column, ``l`` or ``r`` (default: numbers right, text left)."""
     from IPython.display import Markdown, display
 
-    def cell(v):
-        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+    def cell(v):  # a "|" would end the cell and a newline the row: escape the one, fold the other
+        text = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+        return text.replace("|", "\\|").replace("\n", " ")
 
     align = align or "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l" for i in range(len(headers)))
     rule = ["---:" if a == "r" else ":---" for a in align]
-    text = "\n".join("| " + " | ".join(r) + " |" for r in [headers, rule, *[[cell(v) for v in row] for row in rows]])
+    text = "\n".join("| " + " | ".join(r) + " |"
+                     for r in [[cell(h) for h in headers], rule, *[[cell(v) for v in row] for row in rows]])
     display(Markdown(text))
 
 
