@@ -64,8 +64,8 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## The model, split with PyTorch's own layers
 #
-# The model is chapter 1's character-level GPT (two transformer blocks, width 128, four heads, on
-# Python's own documentation), made tensor-parallel by `dmuon/lab/tpgpt.py` with
+# The model is chapter 1's character-level GPT ({glue:text}`ch9-model`, trained on Python's own
+# documentation), made tensor-parallel by `dmuon/lab/tpgpt.py` with
 # `torch.distributed.tensor.parallel.parallelize_module` on the grid's "tp" mesh dimension. It is
 # Megatron-LM's split {cite:p}`shoeybi2019megatron`: in each block the fused query-key-value
 # projection and the first MLP matrix are `ColwiseParallel` (each TP rank holds some of the output
@@ -96,6 +96,8 @@ runs = {(2, 2): last_json(run("train.py", "--dp", 2, "--tp", 2, "--layout", "own
 
 # %%
 first = runs[(2, 2)]
+glue("ch9-model", f"{first['layers']} transformer blocks, width {first['width']}, {first['heads']} heads, "
+     f"{first['n_params']:,} parameters", display=False)
 table(["parameter", "placement the plan read", "TP split dim"],
       [[name, {0: "Shard(0): rows", 1: "Shard(1): columns"}.get(dim, "whole on every TP rank"), dim]
        for name, dim in first["tp_split_dims"].items() if name.startswith("blocks.0.")])
@@ -185,9 +187,9 @@ glue("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}", display=False)
 # two half-batch means where one process takes one mean over the whole batch, and TP splits each
 # matrix product in two and adds the halves with an all-reduce. The same numbers are added in
 # another order, so fp32 results differ in their last bits, and Newton-Schulz, which runs in bf16,
-# can round such a difference up to a bf16 step. `tests/test_train.py` allows 2e-3 nats, and shows
-# why that cannot hide a real fault: when every DP rank trained on the same slice (a deliberate
-# bug), the curves parted by up to 0.11 nats.
+# can round such a difference up to a bf16 step. `tests/test_train.py` allows 2e-3 nats, far below
+# what a real fault does: it explains the margin, and exercise 4 lets you break the data split and
+# watch the curves part.
 #
 # ## What Newton-Schulz does to the momentum
 #
@@ -360,9 +362,9 @@ glue("ch9-separated", "every hybrid seed ended below every AdamW seed" if max(h[
 #
 # How far does this carry? It is one small model ({glue:text}`ch9-params` parameters, of which
 # Muon handles the {glue:text}`ch9-muon-share` in the blocks' matrices), one dataset of
-# characters, a short run and a few seeds. It agrees in direction with the paper's "about half the compute" at scale, and it
-# says nothing about how the gap grows with size: the paper's scaling-law fits are what that rests
-# on. What it does show is that the gain does not come from a poorly tuned baseline: both
+# characters, a short run and a few seeds. It agrees in direction with the paper's "about half
+# the compute" at scale, and it says nothing about how the gap grows with size: the paper's
+# scaling-law fits are what that rests on. What it does show is that the gain does not come from a poorly tuned baseline: both
 # optimizers got the same sweep, and the best of each is inside its sweep, not at its edge.
 #
 # ## Watch it happen
@@ -534,6 +536,8 @@ display(Markdown(out))
 #    the same? Then with `--jobs 1` and `--jobs 2`. Why is that allowed to matter, or not?
 # 3. In the state metrics, which matrix's momentum is the most lopsided, and is it still after 30
 #    steps?
+# 4. Break the data split: in `train.py`'s `worker`, make every DP rank train on the first slice
+#    (`mine = slice(0, rows)`), rerun the 1 x 1 and 2 x 1 grids, and compare their loss curves.
 #
 # :::{admonition} Solutions
 # :class: dropdown
@@ -547,4 +551,8 @@ display(Markdown(out))
 # 3. Compare the dashed lines of {numref}`fig-ch9-spectra` at the first and last measurement, or
 #    the "largest / median" column above; the answer depends on the run, which is the point of
 #    measuring it.
+# 4. The 2 x 1 run now averages two gradients of the same half batch: it trains on half the data
+#    of each step (and reports that half's loss), so its curve is off the 1 x 1 one from the first
+#    step, by several times the 2e-3 nats `tests/test_train.py` allows, and the gap grows as the
+#    run goes on (undo the change afterwards).
 # :::
