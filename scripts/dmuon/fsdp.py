@@ -1,0 +1,236 @@
+"""Muon for FSDP2 (``fully_shard``) models: each matrix orthogonalised once, by one owner rank.
+
+    model = tp_gpt(vocab, grid)                      # tensor-parallel on grid.mesh["tp"] (or a plain model)
+    fully_shard(model, mesh=grid.mesh["dp"])         # FSDP2 on "dp": parameters become Shard(0) DTensors
+    opt = FSDPMuon(hybrid_param_groups(model.named_parameters()), grid)
+    loss.backward(); opt.step(); opt.zero_grad()
+
+    python scripts/train.py --fsdp --dp 2 --tp 2 --optimizer hybrid --steps 20 --compare-torch-muon
+
+**Why.** After ``fully_shard`` every rank holds a block of rows of every parameter, and FSDP2 leaves each
+gradient reduce-scattered and averaged over "dp", placed like its parameter. AdamW is elementwise and
+runs on those blocks as they are. Newton-Schulz is not: it needs the whole matrix. ``torch.optim.Muon``
+accepts the DTensors, and DTensor then gathers every matrix on every rank inside Newton-Schulz (a dozen
+collectives per matrix), so each matrix is orthogonalised ``world`` times. Here, per step:
+
+  1. momentum (``updates.muon_momentum_``) on the local block, elementwise, in the parameter's dtype;
+  2. one all-to-all (bf16) sends each block to its matrix's owner (``fsdp_routes``: owners balance
+     Newton-Schulz FLOPs with the engine's ``layouts.assign_owners``; a block replicated over TP is sent once);
+  3. the owner places the blocks at their global offsets (DTensor's ``compute_local_shape_and_global_offset``:
+     uneven rows, TP columns and FSDP2-over-TP's strided rows alike) and runs ``zeropower_ns5`` once;
+  4. one all-to-all sends every rank its block of the result; ``updates.apply_update_`` applies it
+     (decoupled decay, ``adjust_lr`` of the whole matrix's shape);
+  AdamW groups: ``updates.adamw_step_`` on the local blocks. No other communication.
+
+The math is the engine's pure functions, on the same numbers, so the parameters equal single-device
+``dmuon.MuonW``'s bit for bit given the same gradients (``tests/test_fsdp.py``).
+
+**Not a DistributedMuon mode.** ``DistributedMuon`` owns ZeRO-1's flat buffers: it reduce-scatters
+gradients, keeps fp32 master shards cut anywhere in a bucket and all-gathers parameters. Under FSDP2 all
+three belong to FSDP2 and the shards are DTensor rectangles, not buffer ranges, so the plan has nothing
+to say. What is shared is what matters: the owner rule, the Newton-Schulz and update functions, and the
+``Comm`` wrapper (ledger phases ``ns_to_owner`` / ``ns_from_owner``, Newton-Schulz calls counted).
+
+**State** is torch's: per Muon parameter ``momentum_buffer``, per AdamW parameter ``step``, ``exp_avg``,
+``exp_avg_sq``, each a DTensor placed like its parameter, created when the optimizer is built. So
+``state_dict()`` round-trips and FSDP2's own ``get_state_dict`` / ``set_state_dict`` with DCP save on one
+grid and load on another (``save`` / ``load`` below).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.profiler import record_function
+
+from .comm import Comm, Phase
+from .fsdp_routes import Piece, routes
+from .newton_schulz import ns5_flops, zeropower_ns5
+from .optim import DEFAULTS, call_closure, check_group, param_names
+from .placements import is_dtensor
+from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
+
+
+def fsdp_piece(name: str, p: torch.Tensor, grid) -> Piece:
+    """This rank's rectangle of an FSDP2 parameter, after checking that it is one and lives on ``grid``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if not is_dtensor(p):
+        raise ValueError(f"parameter {name!r} is a plain tensor, not an FSDP2 parameter: call "
+                         "fully_shard(model, mesh=grid.mesh['dp']) before building FSDPMuon (for a model without "
+                         "FSDP use DistributedMuon)")
+    mesh, names = p.device_mesh, tuple(p.device_mesh.mesh_dim_names or ())
+    if names not in (("dp",), ("dp", "tp")):
+        raise ValueError(f"parameter {name!r} is a DTensor on a mesh with dimensions {names or '(unnamed)'}; "
+                         "FSDPMuon reads FSDP2 parameters on the grid's mesh: ('dp',) or ('dp', 'tp')")
+    sizes = dict(dp=grid.dp, tp=grid.tp)
+    for i, dim in enumerate(names):
+        if mesh.size(i) != sizes[dim]:
+            raise ValueError(f"parameter {name!r}: mesh dimension {dim!r} has size {mesh.size(i)}, the grid has "
+                             f"{dim}={sizes[dim]}; build the model on grid.mesh")
+    if names == ("dp",):
+        expected = [d * grid.tp + grid.tp_rank for d in range(grid.dp)]
+    else:
+        expected = list(range(grid.dp * grid.tp))
+    if [int(r) for r in mesh.mesh.reshape(-1)] != expected:
+        raise ValueError(f"parameter {name!r} lives on ranks {mesh.mesh.tolist()}, not on this grid's "
+                         f"{'DP group' if names == ('dp',) else 'mesh'} {expected}: build the model on grid.mesh")
+    for dim, pl in zip(names, p.placements):
+        row_shard = isinstance(pl, (Shard, _StridedShard)) and pl.dim == 0
+        if dim == "dp" and not (row_shard or (isinstance(pl, Replicate) and grid.dp == 1)):
+            raise ValueError(f"parameter {name!r} is placed {p.placements}: FSDP2 shards rows over 'dp' (Shard(0)); "
+                             "anything else is not a fully_shard parameter")
+        if dim == "tp" and not isinstance(pl, (Shard, Replicate)):
+            raise ValueError(f"parameter {name!r}: placement {pl} on 'tp' is not supported (Shard(d) or Replicate())")
+    shape, offset = compute_local_shape_and_global_offset(p.shape, mesh, p.placements)
+    if tuple(shape) != tuple(p.to_local().shape):
+        raise ValueError(f"parameter {name!r}: local block {tuple(p.to_local().shape)} is not the {tuple(shape)} "
+                         f"its placements {p.placements} give")
+    return Piece(tuple(int(o) for o in offset), tuple(int(s) for s in shape))
+
+
+class FSDPMuon(torch.optim.Optimizer):
+    """Muon (and AdamW for groups with ``use_muon=False``) on FSDP2 parameters; one owner per matrix."""
+
+    def __init__(self, params, grid, comm: Comm | None = None, use_muon: bool = True, check_finite: bool = True,
+                 **hyper):
+        unknown = set(hyper) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        self.grid, self.check_finite = grid, check_finite
+        self.comm = comm or Comm(grid)
+        super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **hyper))
+        mine = []
+        for g_idx, group in enumerate(self.param_groups):
+            group["names"] = param_names(group, g_idx)
+            check_group(group, g_idx)
+            mine.append([(n, tuple(p.shape), fsdp_piece(n, p, grid)) for n, p in zip(group["names"], group["params"])])
+        self.pieces = {id(p): piece for g, group in zip(mine, self.param_groups)
+                       for (_, _, piece), p in zip(g, group["params"])}
+        everyone = self.comm.gather_objects(mine, "setup")  # one small all-gather when built
+        for rank, theirs in enumerate(everyone):
+            if [[(n, s) for n, s, _ in g] for g in theirs] != [[(n, s) for n, s, _ in g] for g in mine]:
+                raise ValueError(f"the ranks disagree about the parameters they optimize (rank {rank} differs from "
+                                 f"rank {grid.rank} in names, shapes or groups); every rank must build the same model")
+        self.muon_params = [p for group in self.param_groups if group["use_muon"] for p in group["params"]]
+        where = [(g, i) for g, group in enumerate(self.param_groups) if group["use_muon"]
+                 for i in range(len(group["params"]))]
+        self.routes = routes([tuple(self.param_groups[g]["params"][i].shape) for g, i in where],
+                             [[theirs[g][i][2] for g, i in where] for theirs in everyone], grid.tp)
+        self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
+        self.steps_taken = 0
+        for group in self.param_groups:  # state now, not at the first step: get_state_dict never steps it
+            for p in group["params"]:
+                self.state[p] = (dict(momentum_buffer=torch.zeros_like(p)) if group["use_muon"] else
+                                 dict(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
+                                      exp_avg_sq=torch.zeros_like(p)))
+
+    def add_param_group(self, param_group: dict) -> None:
+        if getattr(self, "routes", None) is not None:
+            raise RuntimeError("owners are fixed when FSDPMuon is built: give every parameter group to the constructor")
+        super().add_param_group(param_group)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = call_closure(closure)
+        self._check_grads()
+        self.steps_taken += 1
+        self.comm.ledger.begin_step(self.steps_taken)
+        with record_function("optimizer.step"):
+            for group in self.param_groups:
+                if not group["use_muon"]:
+                    for p in group["params"]:
+                        st = self.state[p]
+                        st["step"] += 1
+                        adamw_step_(p.to_local(), p.grad.to_local(), st["exp_avg"].to_local(),
+                                    st["exp_avg_sq"].to_local(), int(st["step"]), group["lr"], group["betas"],
+                                    group["eps"], group["weight_decay"])
+            if self.muon_params:
+                self._muon_step()
+        return loss
+
+    def _muon_step(self) -> None:
+        groups = {id(p): g for g in self.param_groups if g["use_muon"] for p in g["params"]}
+        updates = []
+        for p in self.muon_params:
+            g = groups[id(p)]
+            updates.append(muon_momentum_(self.state[p]["momentum_buffer"].to_local(), p.grad.to_local(),
+                                          g["momentum"], g["nesterov"]))
+        r, me = self.routes, self.grid.rank
+        out = [updates[m].reshape(-1) for ms in r.outgoing(me) for m in ms]
+        send = torch.cat(out).to(torch.bfloat16) if out else torch.zeros(0, dtype=torch.bfloat16)
+        got = self.comm.all_to_all(send, r.send_counts(me), r.recv_counts(me), "world", Phase.NS_TO_OWNER).wait()
+        whole, offset = {}, 0
+        for src, ms in enumerate(r.incoming(me)):
+            for m in ms:
+                piece = r.pieces[src][m]
+                if m not in whole:
+                    whole[m] = torch.empty(r.shapes[m], dtype=torch.bfloat16, device=send.device)
+                whole[m][piece.slices()] = got[offset: offset + piece.numel].view(piece.shape)
+                offset += piece.numel
+        ortho = {}
+        for m in r.owned(me):
+            g = groups[id(self.muon_params[m])]
+            self.comm.ledger.count_ns(ns5_flops(*r.shapes[m], g["ns_steps"]))
+            with record_function("muon:newton_schulz"):
+                ortho[m] = zeropower_ns5(whole[m], g["ns_steps"], g["ns_coefficients"], g["ns_eps"])
+        back = [ortho[m][r.pieces[q][m].slices()].reshape(-1) for q in range(r.world) for m in r.owned(me)]
+        send = torch.cat(back) if back else torch.zeros(0, dtype=torch.bfloat16)
+        got = self.comm.all_to_all(send, r.back_counts(me), r.back_recv_counts(me), "world", Phase.NS_FROM_OWNER).wait()
+        offset = 0
+        for owner in range(r.world):
+            for m in r.owned(owner):
+                p, piece = self.muon_params[m], r.pieces[me][m]
+                g, lr = groups[id(p)], groups[id(p)]["lr"]
+                apply_update_(p.to_local(), got[offset: offset + piece.numel].view(piece.shape), lr,
+                              g["weight_decay"], adjust_lr(lr, r.shapes[m], g["adjust_lr"]))
+                offset += piece.numel
+
+    def _check_grads(self) -> None:
+        """Fail on this rank, before any collective, with a message naming the parameter."""
+        where = f"rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank}), step {self.steps_taken + 1}"
+        for g, group in enumerate(self.param_groups):
+            if bool(group["use_muon"]) != self.muon_groups[g]:
+                raise ValueError(f"group {g}: use_muon changed after the optimizer was built")
+            for name, p in zip(group["names"], group["params"]):
+                if p.grad is None:
+                    raise ValueError(f"parameter {name!r} has no gradient on {where}; every rank must have one "
+                                     "(its owner waits for its block): use zeros, or leave it out of the optimizer")
+                if not is_dtensor(p.grad) or p.grad.placements != p.placements or p.grad.shape != p.shape:
+                    raise ValueError(f"parameter {name!r}: gradient {getattr(p.grad, 'placements', 'a plain tensor')} "
+                                     f"of shape {tuple(p.grad.shape)} is not placed like its parameter {p.placements} "
+                                     f"{tuple(p.shape)} on {where} (FSDP2 leaves it so; was it replaced?)")
+                if p.grad.to_local().shape != p.to_local().shape:
+                    raise ValueError(f"parameter {name!r}: local gradient block {tuple(p.grad.to_local().shape)} "
+                                     f"differs from the parameter's {tuple(p.to_local().shape)} on {where}")
+                if self.check_finite and not torch.isfinite(p.grad.to_local()).all():
+                    raise FloatingPointError(f"gradient of parameter {name!r} has NaN/Inf values on {where}; the "
+                                             "step was not taken")
+
+
+# ---- checkpoints: FSDP2's own state dicts through DCP ------------------------------------------------
+
+def save(model, opt, path, step: int) -> None:
+    """Save model and optimizer with ``get_state_dict`` (FQN keys, DTensor shards) into DCP folder ``path``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save(dict(model=model_sd, optim=optim_sd, dmuon=dict(step=torch.tensor(step), taken=torch.tensor(opt.steps_taken))),
+             checkpoint_id=str(path))
+
+
+def load(model, opt, path) -> int:
+    """Load a ``save``d folder into ``model`` and ``opt`` on any number of ranks (DCP reshards); returns the step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)
+    sd = dict(model=model_sd, optim=optim_sd, dmuon=dict(step=torch.tensor(0), taken=torch.tensor(0)))
+    dcp.load(sd, checkpoint_id=str(path))
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    opt.steps_taken = int(sd["dmuon"]["taken"])
+    if dist.is_initialized():
+        dist.barrier()
+    return int(sd["dmuon"]["step"])
