@@ -4,6 +4,7 @@
     python scripts/train.py --dp 1 --tp 1 --optimizer adamw --steps 200 --eval-every 50
     python scripts/train.py --dp 2 --tp 2 --steps 10 --profile _build/traces/train   # Chrome traces of steps 2-4
     torchrun --standalone --nproc-per-node 4 scripts/train.py --dp 2 --tp 2 --optimizer hybrid --steps 50
+    python scripts/train.py --fsdp --dp 2 --tp 2 --optimizer hybrid --steps 20 --compare-torch-muon
 
 The model is chapter 1's character-level GPT on Python's docs, split over TP by PyTorch's own
 ``parallelize_module`` (``dmuon/lab/tpgpt.py``); the optimizer reads each parameter's TP split from
@@ -34,6 +35,21 @@ before and after Newton-Schulz). The run ends with one JSON line:
 * ``bytes_per_step``: what rank 0 sent in the optimizer's collectives (ring-algorithm bytes, from
   the ledger), with ``ledger`` per phase and ``bytes_per_step_per_rank``;
 * ``tp_split_dims`` (what the plan read from the placements) and ``state_metrics``.
+
+**FSDP2** (``--fsdp``): after ``parallelize_module`` on "tp" the model is wrapped with ``fully_shard`` on
+"dp", so parameters, gradients and optimizer state are row blocks (FSDP2 gathers the weights for the
+forward and backward and reduce-scatters the gradients itself), and the optimizer is ``dmuon.fsdp.FSDPMuon``
+(each Muon matrix orthogonalised once, by one owner; ``--optimizer adamw`` runs its AdamW only). The
+ledger then holds only the optimizer's own traffic (``ns_to_owner``, ``ns_from_owner``); FSDP2's
+gathers and reduce-scatters are the same for every optimizer and are not counted. State metrics are off.
+
+``--compare-torch-muon`` (implies ``--fsdp``) trains a second copy of the model on the same batches
+with ``torch.optim.Muon`` for the same Muon parameters and ``torch.optim.AdamW`` for the rest, in the
+same run, and reports both side by side in ``compare``: bytes per step (ours: the ledger; torch's:
+every collective DTensor issues inside its optimizer step, seen by ``CommDebugMode``, priced with the
+same ring formulas, ``dmuon/lab/dtensor_comm.py``), collectives per step, Newton-Schulz calls per step
+(ours: the ledger; torch's: calls of its ``_zeropower_via_newtonschulz``, counted), optimizer and step
+time, and both loss curves.
 """
 from __future__ import annotations
 
@@ -58,6 +74,7 @@ from dmuon.lab.charlm import batch, evaluate, load_corpus
 from dmuon.lab.statemetrics import NSMetrics
 from dmuon.lab.tpgpt import TP_PLAN_NOTE, tp_gpt
 from dmuon.lab.traces import breakdown as trace_breakdown, load_events, median_breakdown
+from dmuon.fsdp import FSDPMuon
 
 OPTIMIZERS = ("hybrid", "muon", "adamw")
 
@@ -123,19 +140,85 @@ class StepProfiler:
                            steps=[self.first, self.last])
 
 
+def build_model(grid, data, args):
+    """The tensor-parallel tiny GPT; with ``--fsdp`` also ``fully_shard`` on the grid's "dp" dimension."""
+    model = tp_gpt(data["vocab_size"], grid, d=args.width, n_layer=args.layers, n_head=args.heads,
+                   context=args.context, seed=args.seed)
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+        if grid.mesh is None:
+            raise ValueError("--fsdp needs a process group (the launcher makes one, even for 1 x 1)")
+        fully_shard(model, mesh=grid.mesh["dp"])
+    return model
+
+
+class TorchMuon:
+    """The comparison: torch.optim.Muon (+ torch.optim.AdamW) on an FSDP2 copy of the model, with what its
+    step moves counted by CommDebugMode and its Newton-Schulz calls counted."""
+
+    def __init__(self, grid, data, args):
+        import torch.optim._muon as torch_muon
+        self.model = build_model(grid, data, args)
+        groups = param_groups(self.model, args.optimizer, args.lr, args.adamw_lr or args.lr, args.weight_decay)
+        self.opts = []
+        for g in groups:
+            if g["use_muon"]:
+                self.opts.append(torch.optim.Muon(g["params"], lr=g["lr"], weight_decay=g["weight_decay"],
+                                                  adjust_lr_fn="match_rms_adamw"))
+            else:
+                self.opts.append(torch.optim.AdamW(g["params"], lr=g["lr"], weight_decay=g["weight_decay"]))
+        self.scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, args)) for o in self.opts]
+        self.ns_calls = 0
+        original = torch_muon._zeropower_via_newtonschulz
+
+        def counted(*a, **kw):
+            self.ns_calls += 1
+            return original(*a, **kw)
+        torch_muon._zeropower_via_newtonschulz = counted
+        self.rows = []
+
+    def train_step(self, x, y, dev) -> float:
+        from dmuon.lab.dtensor_comm import CountingCommMode
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(self.model(x).flatten(0, 1), y.flatten())
+        for o in self.opts:
+            o.zero_grad(set_to_none=True)
+        loss.backward()
+        t1 = time.perf_counter()
+        before = self.ns_calls
+        with CountingCommMode() as mode:
+            for o in self.opts:
+                o.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t2 = time.perf_counter()
+        for s in self.scheds:
+            s.step()
+        self.rows.append(dict(step_s=t2 - t0, optimizer_s=t2 - t1, collectives=mode.get_total_counts(),
+                              by_op=mode.by_op(), bytes_sent=mode.bytes_sent(), ns_calls=self.ns_calls - before))
+        return loss.item()
+
+
 def worker(grid, comm, args) -> int:
     dev = grid.device
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.fsdp:  # torch.optim.Muon on 2-D DTensors warns at every redistribution; the counts say it better
+        import logging
+        logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     data = load_corpus()
-    model = tp_gpt(data["vocab_size"], grid, d=args.width, n_layer=args.layers, n_head=args.heads,
-                   context=args.context, seed=args.seed)
+    model = build_model(grid, data, args)
     groups = param_groups(model, args.optimizer, args.lr, args.adamw_lr or args.lr, args.weight_decay)
-    cls = DistributedAdamW if args.optimizer == "adamw" else DistributedMuon
-    opt = cls(groups, grid, comm=comm, layout=args.layout, bucket_numel=args.bucket_numel)
+    if args.fsdp:
+        opt = FSDPMuon([dict(g, use_muon=False) if args.optimizer == "adamw" else g for g in groups], grid, comm=comm)
+    else:
+        cls = DistributedAdamW if args.optimizer == "adamw" else DistributedMuon
+        opt = cls(groups, grid, comm=comm, layout=args.layout, bucket_numel=args.bucket_numel)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args))
     metrics_every = args.eval_every if args.metrics_every is None else args.metrics_every
-    metrics = NSMetrics(opt) if args.optimizer != "adamw" and metrics_every else None
+    metrics = NSMetrics(opt) if args.optimizer != "adamw" and metrics_every and not args.fsdp else None
+    theirs = TorchMuon(grid, data, args) if args.compare_torch_muon else None
+    torch_loss = []
     gen = torch.Generator().manual_seed(args.seed)
     rows = args.batch // grid.dp
     mine = slice(grid.dp_rank * rows, (grid.dp_rank + 1) * rows)
@@ -156,6 +239,8 @@ def worker(grid, comm, args) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     if grid.rank == 0:
         how = args.optimizer if args.optimizer == "adamw" else f"{args.optimizer}, layout {args.layout}"
+        if args.fsdp:
+            how = f"FSDP2 on dp, {args.optimizer} by FSDPMuon" + (" beside torch.optim.Muon" if theirs else "")
         print(f"tiny GPT {n_params:,} parameters on dp={grid.dp} x tp={grid.tp} ({how}); step 0: train "
               f"{first['train_loss']:.4f} val {first['val_loss']:.4f}", flush=True)
     for step in range(1, args.steps + 1):
@@ -181,6 +266,8 @@ def worker(grid, comm, args) -> int:
             t3 = time.perf_counter()
         profiler.after(step)
         sched.step()
+        if theirs is not None:
+            torch_loss.append(mean_over_ranks(comm, theirs.train_step(x, y, dev), dev))
         phases = opt.comm.ledger.summary(opt.steps_taken)["phases"]
         for k, v in (("step", t3 - t0), ("forward_backward", t1 - t0), ("waiting", t2 - t1), ("optimizer", t3 - t2)):
             times[k].append(v)
@@ -205,14 +292,26 @@ def worker(grid, comm, args) -> int:
     breakdown["communication"] = {p: mean_ms(times[p]) for p in PHASES if any(times[p])}
     breakdown["optimizer_compute"] = breakdown["optimizer"] - sum(breakdown["communication"].values())
     ledger = opt.comm.ledger.summary(opt.steps_taken)
-    everyone = comm.gather_objects(dict(time_ms=breakdown, bytes_per_step=ledger["bytes_sent"],
-                                        profile=profiler.result), "report")
+    calls = sum(p["calls"] for p in ledger["phases"].values())
+    mine = dict(time_ms=breakdown, bytes_per_step=ledger["bytes_sent"], profile=profiler.result,
+                collectives=calls, ns_calls=ledger["ns_calls"])
+    if theirs is not None:
+        mine["torch"] = dict(bytes_per_step=theirs.rows[-1]["bytes_sent"], collectives=theirs.rows[-1]["collectives"],
+                             ns_calls=theirs.rows[-1]["ns_calls"], by_op=theirs.rows[-1]["by_op"],
+                             optimizer_ms=mean_ms([r["optimizer_s"] for r in theirs.rows]),
+                             step_ms=mean_ms([r["step_s"] for r in theirs.rows]))
+    everyone = comm.gather_objects(mine, "report")
     if grid.rank != 0:
         return 0
-    split = {n: d for g in opt.param_groups for n, d in zip(g["names"], g["tp_split_dims"])}
+    compare = compare_report(everyone, breakdown, step_loss, torch_loss, args) if theirs is not None else None
+    if args.fsdp:
+        split = {n: [str(pl) for pl in p.placements] for g in opt.param_groups for n, p in zip(g["names"], g["params"])}
+    else:
+        split = {n: d for g in opt.param_groups for n, d in zip(g["names"], g["tp_split_dims"])}
     result = dict(
         script="train.py", dp=grid.dp, tp=grid.tp, world_size=grid.dp * grid.tp, optimizer=args.optimizer,
-        layout=args.layout, overlap=opt.overlap, steps=args.steps, batch=args.batch, context=args.context,
+        layout=None if args.fsdp else args.layout, overlap=getattr(opt, "overlap", None), fsdp=args.fsdp,
+        steps=args.steps, batch=args.batch, context=args.context,
         width=args.width, layers=args.layers, heads=args.heads, lr=args.lr, adamw_lr=args.adamw_lr or args.lr,
         weight_decay=args.weight_decay, warmup=args.warmup, schedule=args.schedule, seed=args.seed,
         eval_every=args.eval_every, threads=torch.get_num_threads(), n_params=n_params, tp_plan=TP_PLAN_NOTE,
@@ -221,10 +320,58 @@ def worker(grid, comm, args) -> int:
         time_ms_per_rank=[r["time_ms"] for r in everyone], bytes_per_step=ledger["bytes_sent"],
         bytes_per_step_per_rank=[r["bytes_per_step"] for r in everyone], ledger=ledger,
         state_metrics=state_metrics, profile_ms_per_rank=[r["profile"] for r in everyone] if args.profile else None,
-        state_bytes=opt.state_bytes(), backend=dist.get_backend(), device=str(dev),
-        torch=torch.__version__)
+        state_bytes=state_bytes(opt), backend=dist.get_backend(), device=str(dev),
+        torch=torch.__version__, collectives_per_step=calls, ns_calls_per_step=[r["ns_calls"] for r in everyone],
+        compare=compare)
     print(json.dumps(result), flush=True)
     return 0
+
+
+def state_bytes(opt) -> dict:
+    """Bytes of optimizer state on this rank, by kind (FSDPMuon: its local blocks)."""
+    if hasattr(opt, "state_bytes"):
+        return opt.state_bytes()
+    out: dict = {}
+    for st in opt.state.values():
+        for k, t in st.items():
+            if k != "step":
+                local = t.to_local() if hasattr(t, "to_local") else t
+                out[k] = out.get(k, 0) + local.numel() * local.element_size()
+    return out
+
+
+def compare_report(everyone, ours_ms, step_loss, torch_loss, args) -> dict:
+    """Ours and torch.optim.Muon's, side by side (rank 0's figures, totals over ranks where it matters);
+    printed as a table and returned for the JSON line."""
+    theirs = [r["torch"] for r in everyone]
+    world = len(everyone)
+    rows = dict(
+        bytes_per_step=(everyone[0]["bytes_per_step"], theirs[0]["bytes_per_step"]),
+        bytes_per_step_all_ranks=(sum(r["bytes_per_step"] for r in everyone), sum(t["bytes_per_step"] for t in theirs)),
+        collectives_per_step=(everyone[0]["collectives"], theirs[0]["collectives"]),
+        ns_calls_per_step_all_ranks=(sum(r["ns_calls"] for r in everyone), sum(t["ns_calls"] for t in theirs)),
+        optimizer_ms=(ours_ms["optimizer"], theirs[0]["optimizer_ms"]),
+        step_ms=(ours_ms["step"], theirs[0]["step_ms"]),
+        final_loss=(step_loss[-1], torch_loss[-1]))
+    print(f"\n{'per step (last step; times: mean after the first)':<52}{'dmuon FSDPMuon':>16}{'torch.optim.Muon':>18}")
+    for k, (a, b) in rows.items():
+        fmt = (lambda v: f"{v:,.4f}") if k == "final_loss" else (lambda v: f"{v:,.1f}") if k.endswith("_ms") \
+            else (lambda v: f"{v:,}")
+        print(f"{k + (' (rank 0)' if k in ('bytes_per_step', 'collectives_per_step', 'optimizer_ms', 'step_ms') else ''):<52}"
+              f"{fmt(a):>16}{fmt(b):>18}")
+    print(f"torch's collectives by op (rank 0): {theirs[0]['by_op']}; world = {world} ranks", flush=True)
+    out = {k: dict(dmuon=a, torch=b) for k, (a, b) in rows.items()}
+    out.update(step_loss_torch=torch_loss, torch_by_op=theirs[0]["by_op"],
+               bytes_per_step_per_rank=dict(dmuon=[r["bytes_per_step"] for r in everyone],
+                                            torch=[t["bytes_per_step"] for t in theirs]),
+               step_time_ratio=theirs[0]["step_ms"] / ours_ms["step"],
+               optimizer_time_ratio=theirs[0]["optimizer_ms"] / ours_ms["optimizer"],
+               how_bytes=("dmuon: the ledger (comm.py), each collective dmuon's optimizer ran, priced as a ring "
+                          "algorithm moves it, per rank; torch: each functional collective DTensor ran inside "
+                          "torch.optim.Muon.step and AdamW.step, seen by CommDebugMode, priced with the same ring "
+                          "formulas (dmuon/lab/dtensor_comm.py); FSDP2's own gathers and reduce-scatters of the "
+                          "forward/backward are the same for both and counted in neither"))
+    return out
 
 
 def parse_args(argv=None):
@@ -232,6 +379,11 @@ def parse_args(argv=None):
     add_launch_args(p)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="hybrid")
     p.add_argument("--layout", choices=LAYOUTS, default="owner", help="Distributed Muon's layout (default owner)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="wrap the model with fully_shard on 'dp' (after TP on 'tp') and optimize with dmuon.fsdp.FSDPMuon")
+    p.add_argument("--compare-torch-muon", action="store_true",
+                   help="also train the same FSDP2 model with torch.optim.Muon (+ AdamW) in this run and compare "
+                        "bytes, collectives, Newton-Schulz calls, time and loss (implies --fsdp)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch", type=int, default=32, help="global batch: windows per step over all DP ranks")
     p.add_argument("--context", type=int, default=64, help="characters per window (default 64)")
@@ -259,6 +411,12 @@ def parse_args(argv=None):
                         "models on a busy machine, where threads that wait for each other spin")
     args = p.parse_args(argv)
     check_launch_args(p, args)
+    if args.compare_torch_muon:
+        args.fsdp = True
+        if args.optimizer == "adamw":
+            p.error("--compare-torch-muon compares Muon: use --optimizer hybrid or muon")
+    if args.fsdp and args.profile:
+        p.error("--profile is not supported with --fsdp yet")
     if args.metrics_every is not None and args.metrics_every < 0:
         p.error("--metrics-every must be 0 (off) or positive")
     for name in ("profile_steps", "steps", "batch", "context", "eval_every", "eval_batches", "eval_batch", "width",
