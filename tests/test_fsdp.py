@@ -17,10 +17,11 @@ global offsets) with the same function, so the same numbers go through the same 
 matrix.** On one whole matrix torch's Newton-Schulz and ours give the same bits (checked by hand on a
 160 x 40 matrix). On FSDP2 DTensors torch's runs sharded: DTensor splits its bf16 matmuls and norms
 across ranks, sums partial results with all-reduces and gathers, so the sums happen in another order;
-bf16 keeps 8 bits, and five iterations of a degree-5 polynomial carry such last-bit differences through. Measured on this model after 3 steps: 0% to 2.7% of how far a
-matrix moved (2x1 and 2x2). A wrong orthogonalisation lands far outside: Newton-Schulz on each local
-block alone (a mutation tried once by hand on 2x1) is 22% to 43% off, over 3.5 times the tolerance. The AdamW
-vectors agree with torch.optim.AdamW exactly.
+bf16 keeps 8 bits, and five iterations of a degree-5 polynomial carry such last-bit differences
+through. Measured on this model after 3 steps: 0% to 2.7% of how far a matrix moved (2x1 and 2x2).
+A wrong orthogonalisation lands far outside: Newton-Schulz on each local block alone (a mutation
+tried once by hand on 2x1) is 22% to 43% off, over 3.5 times the tolerance. The AdamW vectors agree
+with torch.optim.AdamW exactly.
 """
 from __future__ import annotations
 

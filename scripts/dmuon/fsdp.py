@@ -217,8 +217,8 @@ def save(model, opt, path, step: int) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, opt)
-    dcp.save(dict(model=model_sd, optim=optim_sd, dmuon=dict(step=torch.tensor(step), taken=torch.tensor(opt.steps_taken))),
-             checkpoint_id=str(path))
+    counters = dict(step=torch.tensor(step), taken=torch.tensor(opt.steps_taken))
+    dcp.save(dict(model=model_sd, optim=optim_sd, dmuon=counters), checkpoint_id=str(path))
 
 
 def load(model, opt, path) -> int:
