@@ -210,6 +210,11 @@ class FSDPMuon(torch.optim.Optimizer):
 
 
 # ---- checkpoints: FSDP2's own state dicts through DCP ------------------------------------------------
+# Not checkpoint.py's format: that module builds sharded tensors by hand because ZeRO-1's pieces are flat
+# ranges cut through rows, which no DTensor placement describes. Here parameters and state already are
+# DTensors, so get_state_dict gives exactly what checkpoint.py emulates (fully qualified names, shards in
+# global coordinates) and DCP reshards it to any mesh. Not yet here: checkpoint.py's crash safety (write
+# to <path>.partial, then a marker and a rename) and its checks before reading.
 
 def save(model, opt, path, step: int) -> None:
     """Save model and optimizer with ``get_state_dict`` (FQN keys, DTensor shards) into DCP folder ``path``."""
