@@ -216,3 +216,19 @@ def test_a_torch_optimizer_with_a_scheduler_and_a_state_dict_round_trip(grid):
     assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] == 0.05 * 0.5**3
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p.full_tensor(), q.detach())
+
+
+def test_checkpoint_folder_is_complete_or_refused(grid, tmp_path):
+    from torch.distributed.fsdp import fully_shard
+    from dmuon.checkpoint import CheckpointError
+    from dmuon.fsdp import FSDPMuon, load, save
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False))
+    fully_shard(model, mesh=grid.mesh["dp"])
+    opt = FSDPMuon([dict(params=list(model.parameters()))], grid)
+    save(model, opt, tmp_path / "ck", step=7)
+    save(model, opt, tmp_path / "ck", step=8)            # over an older one: replaced whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert load(model, opt, tmp_path / "ck") == 8
+    (tmp_path / "half").mkdir()                            # what a save killed before its rename leaves
+    with pytest.raises(CheckpointError, match="no finished FSDP checkpoint"):
+        load(model, opt, tmp_path / "half")
