@@ -20,18 +20,21 @@ The engine, in the order the book introduces it (the math apart from the orchest
     distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses)
     launch         one entry point for local gloo processes and torchrun
     checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
+    fsdp_routes    FSDP2: which rank owns each matrix and where its row blocks travel (pure)
+    fsdp           FSDPMuon: Muon for fully_shard models, each matrix orthogonalised once by its owner
 
 ``dmuon.lab`` holds what the book, benchmarks and tests use beside it (synthetic problems, the
 cost model, traces, the tiny GPT, the proof of concept's bugs). The command-line entry points live
 one folder up: ``python scripts/verify.py --dp 2 --tp 2 --layout bucket,owner``.
 """
 from .distributed import DistributedAdamW, DistributedMuon
+from .fsdp import FSDPMuon
 from .grid import Grid, grid_layout
 from .layouts import LAYOUTS
 from .newton_schulz import ns5_flops, zeropower_ns5
 from .optim import AdamW, Muon, MuonW, hybrid_param_groups, routes_to_muon
 from .plan import DistMeta, ParamSpec, build_plan
 
-__all__ = ["LAYOUTS", "AdamW", "DistMeta", "DistributedAdamW", "DistributedMuon", "Grid", "Muon", "MuonW",
+__all__ = ["LAYOUTS", "AdamW", "DistMeta", "DistributedAdamW", "DistributedMuon", "FSDPMuon", "Grid", "Muon", "MuonW",
            "ParamSpec", "build_plan", "grid_layout", "hybrid_param_groups", "ns5_flops", "routes_to_muon",
            "zeropower_ns5"]
