@@ -370,12 +370,12 @@ glue("ch9-separated", "every hybrid seed ended below every AdamW seed" if max(h[
 # ## Watch it happen
 #
 # The same script, run here with each optimizer's best learning rate from the recorded study and
-# one seed, for 150 steps (its cosine schedule is therefore shorter, so the curves are not the
+# one seed, for 100 steps (its cosine schedule is therefore shorter, so the curves are not the
 # recorded ones cut short):
 
 # %%
 live = last_json(run("convergence_study.py", "--lrs-adamw", a["lr"], "--lrs-hybrid", h["lr"], "--seeds", 1,
-                     "--steps", 150, "--eval-every", 25))
+                     "--steps", 100, "--eval-every", 20))
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.0, 2.8))
@@ -398,7 +398,7 @@ glue("ch9-live-gap", f"{live['summary']['final_gap']:+.3f}", display=False)
 # learning rates.
 # ```
 #
-# After 150 steps, AdamW's validation loss minus the hybrid's is {glue:text}`ch9-live-gap` nats
+# After 100 steps, AdamW's validation loss minus the hybrid's is {glue:text}`ch9-live-gap` nats
 # in this live run.
 #
 # ## Where the time of a real step goes
@@ -412,7 +412,7 @@ glue("ch9-live-gap", f"{live['summary']['final_gap']:+.3f}", display=False)
 
 # %%
 grids = last_json(run("profile_step.py", "--grids", "4x1,1x4,2x2", "--global-batch", 64, "--steps", 3,
-                      "--layout", "owner", log="collapsed"))
+                      "--warmup", 1, "--layout", "owner", log="collapsed"))
 
 # %% tags=["hide-input"]
 parts = ["forward_backward", "waiting", "communication", "newton_schulz", "optimizer_compute"]
@@ -469,7 +469,7 @@ close = by_grid["2x2"]["muon_step_ms"] / by_grid[fastest]["muon_step_ms"] - 1
 shares = ", ".join(f"{k} {g['muon_optimizer_share']:.0%}" for k, g in by_grid.items())
 ratios = ", ".join(f"{k} {g['muon_over_adamw']:.2f}x" for k, g in by_grid.items())
 times = ", ".join(f"{k} {g['muon_step_ms']:.0f} ms" for k, g in by_grid.items())
-PROFILE = "`profile_step.py --grids 4x1,1x4,2x2 --global-batch 64 --steps 3 --layout owner`"
+PROFILE = "`profile_step.py --grids 4x1,1x4,2x2 --global-batch 64 --steps 3 --warmup 1 --layout owner`"
 STUDY = "`convergence_study.py`, recorded"
 claim_rows = [
     ("Paper: optimizer 1-3% of the step; report: 1.1%", "1-3%, 1.1%", f"Muon {shares}", PROFILE,
