@@ -30,7 +30,7 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 verify: $(STAMP)
 	$(BIN)/python scripts/verify.py --dp 2 --tp 2
