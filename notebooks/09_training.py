@@ -33,8 +33,8 @@
 #
 # - make a model tensor-parallel with `parallelize_module` and hand it to `DistributedMuon`, which
 #   reads each matrix's split from its DTensor placement;
-# - explain why four grids trained on the same data agree to a few parts in a hundred thousand,
-#   not bit for bit;
+# - explain why four grids trained on the same data agree only up to the order of floating-point
+#   sums, not bit for bit;
 # - read Muon's optimizer-state metrics: what Newton-Schulz does to the spectrum of the momentum;
 # - judge an optimizer comparison: tuned learning rates, several seeds, equal tokens;
 # - say which of the paper's and the report's claims hold for a real model on this machine.
