@@ -39,74 +39,44 @@ def tag():
 
 # ---- the built book, shared by the book and browser tests ---------------------------------------
 
-BUILD = ROOT / "_build"
+from dmuon.lab import bookbuild  # noqa: E402
+
+BUILD = bookbuild.BUILD
 
 
-_EXECUTED: dict[str, Path] = {}
+def execute_notebook(nb, timeout: float = 300):
+    """Run ``nb`` in notebooks/ with the guarded client the book build uses, in place."""
+    from dmuon.lab.nbexec import GuardedClient
 
-
-def execute_notebook(nb, timeout: float = 900):
-    """Run ``nb`` with nbclient in notebooks/ (inside the checkout whose scripts the chapters launch), in place."""
-    from nbclient import NotebookClient
-
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    GuardedClient(nb, label="test notebook", timeout=timeout,
+                  resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
     return nb
 
 
 def executed_notebook(name: str) -> Path:
-    """Execute chapter ``name`` with nbclient (in notebooks/), once per test session, and return the
-    executed copy in ``_build/executed/``. Copies from earlier sessions are never reused: they may
-    predate a change in scripts/."""
-    import nbformat
-
-    if name not in _EXECUTED:
-        nb = execute_notebook(nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4))
-        out = BUILD / "executed" / f"{name}.ipynb"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, out)
-        _EXECUTED[name] = out
-    return _EXECUTED[name]
+    """Chapter ``name`` executed as ``make book`` executes it, at most once per test session. A copy
+    that ``make book`` (or an earlier session) left in ``_build/executed/`` is reused only if its
+    inputs (the chapter, scripts/, book/data/, requirements.txt) are byte for byte unchanged."""
+    return bookbuild.executed(name)[0]
 
 
-def stage_book(dest: Path, toc: str | None = None, executed: bool = True) -> Path:
-    """Copy what the book needs into ``dest``; with ``executed``, the chapters are the executed .ipynb
-    and execution is off, so the build only renders (the chapters already ran in test_notebooks)."""
-    import shutil
-
-    from dmuon.lab.notebook import chapters
-
-    shutil.copytree(ROOT / "book", dest / "book", ignore=shutil.ignore_patterns("__pycache__"))
-    (dest / "notebooks").mkdir()
-    config = (ROOT / "_config.yml").read_text()
-    if executed:
-        for path in chapters():
-            shutil.copy(executed_notebook(path.stem), dest / "notebooks" / f"{path.stem}.ipynb")
-        config = config.replace("execute_notebooks: force", 'execute_notebooks: "off"')
-        config = config.replace('"notebooks/*.ipynb"', '"notebooks/*.py"')
-    else:
-        shutil.copytree(ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
-        for path in chapters():
-            shutil.copy(path, dest / "notebooks")
-    (dest / "_config.yml").write_text(config)
-    (dest / "_toc.yml").write_text(toc or (ROOT / "_toc.yml").read_text())
-    return dest
-
-
-def build_book(src: Path, timeout: float = 1200) -> subprocess.CompletedProcess:
-    env = dict(os.environ, DMUON_OFFLINE="require")
-    return subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", str(src), "--warningiserror", "--nitpick",
-                           "--keep-going"], cwd=src, env=env, capture_output=True, text=True, timeout=timeout)
+def stage_book(dest: Path, toc: str | None = None) -> Path:
+    """A source tree in ``dest`` with every chapter of ``toc`` executed (execution off)."""
+    stems = bookbuild.toc_chapters(toc)
+    for stem in stems:
+        executed_notebook(stem)
+    return bookbuild.stage(dest, stems, toc=toc)
 
 
 @pytest.fixture(scope="session")
 def built_book(tmp_path_factory) -> Path:
     """The whole book, built from the executed chapters; returns its html folder."""
+    import shutil
+
     src = stage_book(tmp_path_factory.mktemp("book"))
-    proc = build_book(src)
+    proc = bookbuild.render(src, offline="require")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     html = src / "_build" / "html"
-    import shutil
     shutil.rmtree(BUILD / "html-tested", ignore_errors=True)
     shutil.copytree(html, BUILD / "html-tested")  # kept as an artifact beside the screenshots
     return html

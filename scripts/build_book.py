@@ -1,0 +1,81 @@
+"""Build the book (what `make book` runs): execute every chapter, then render it into _build/html.
+
+    python scripts/build_book.py              # chapters whose inputs changed are executed, others reused
+    python scripts/build_book.py --force      # execute every chapter again
+    python scripts/build_book.py --only 05_distributed_step   # execute one chapter (no render)
+
+Each chapter runs once in a guarded nbclient (``dmuon.lab.nbexec``: no silent stalls; a stalled
+cell is named and its chapter executed again), its executed copy is kept in ``_build/executed/``,
+and the book is rendered from those copies with ``jupyter-book build -W -n --keep-going``. The time
+per chapter is printed at the end. Exits non-zero if a chapter fails or the render warns.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+os.chdir(ROOT)  # dmuon.lab.notebook finds the checkout from the working directory
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from dmuon.lab import bookbuild  # noqa: E402
+from dmuon.lab.nbexec import Report, timing_table  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--force", action="store_true", help="execute every chapter, even unchanged ones")
+    p.add_argument("--only", help="execute only these chapters (comma-separated stems) and skip the render")
+    p.add_argument("--toc", help="a _toc.yml to build instead of the repository's")
+    args = p.parse_args(argv)
+
+    toc = Path(args.toc).read_text() if args.toc else None
+    stems = bookbuild.toc_chapters(toc)
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = sorted(set(wanted) - set(stems))
+        if unknown:
+            p.error(f"not chapters of the table of contents: {', '.join(unknown)}")
+        stems = [s for s in stems if s in wanted]
+
+    started, reports = time.monotonic(), []
+    for stem in stems:
+        print(f"[build_book] {stem} ...", flush=True)
+        path, report = bookbuild.executed(stem, force=args.force)
+        reports.append(report or Report(stem + " (reused)"))
+        print(f"[build_book] {stem}: {'reused' if report is None else f'{report.seconds:.1f} s'}", flush=True)
+
+    if args.only:
+        print("\n" + timing_table(reports))
+        return 0
+    print("[build_book] rendering ...", flush=True)
+    render_started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="dmuon-book-") as tmp:
+        src = bookbuild.stage(Path(tmp), stems, toc=toc)
+        proc = bookbuild.render(src)
+        if proc.stderr.strip() and proc.returncode == 0:
+            print(proc.stderr, file=sys.stderr)  # notices (e.g. the placeholder repository URL); warnings fail
+        if proc.returncode != 0:
+            print(proc.stdout[-6000:], proc.stderr[-6000:], sep="\n", file=sys.stderr)
+            print("[build_book] the render failed (see above)", file=sys.stderr)
+            return 1
+        if not (ROOT / "book" / "_offline").exists() and (src / "book" / "_offline").exists():
+            shutil.copytree(src / "book" / "_offline", ROOT / "book" / "_offline")  # npm packs, reused next time
+        html = bookbuild.BUILD / "html"
+        shutil.rmtree(html, ignore_errors=True)
+        shutil.copytree(src / "_build" / "html", html)
+    render_s = time.monotonic() - render_started
+
+    print("\n" + timing_table(reports))
+    print(f"{'render':<28} {render_s:8.1f}\n{'whole build':<28} {time.monotonic() - started:8.1f}")
+    print(f"\nThe book is in {html.relative_to(ROOT)}/index.html")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
