@@ -46,6 +46,12 @@ def test_watchdog_names_the_chapter_and_cell_when_the_reply_never_comes():
         client._check_stall()
     client._idle_at = time.monotonic()  # idle just now: the reply may still be on its way
     client._check_stall()
+    client._idle_at, client._heard = None, False  # sent long ago, and the kernel never said busy
+    client._sent_at = time.monotonic() - nbexec.STALL_GRACE_S - 1
+    with pytest.raises(nbexec.KernelStall, match=r"cell 7: sent \d+ s ago and the kernel has said nothing"):
+        client._check_stall()
+    client._heard = True  # busy: a long cell is not a stall
+    client._check_stall()
 
 
 def _notebook(tmp_path, source='print("hello")'):

@@ -18,8 +18,9 @@ The work-around here, in three parts:
    one slice instead of a whole timeout. Polls that were rescued this way are counted
    (``late_wakeups``), which is how the stress check sees the bug happen and be absorbed.
 2. ``GuardedClient``: a watchdog. If the kernel has said it is idle after a cell (IOPub status)
-   but the cell's reply has not come within ``STALL_GRACE_S``, it raises ``KernelStall`` naming the
-   chapter and cell, instead of waiting out the cell timeout. A reply without the idle status now
+   but the cell's reply has not come within ``STALL_GRACE_S``, or has published nothing at all for
+   a cell sent that long ago, it raises ``KernelStall`` naming the chapter and cell, instead of
+   waiting out the cell timeout. A reply without the idle status now
    fails too (``raise_on_iopub_timeout``) rather than dropping outputs silently.
 3. ``execute_chapter`` retries a chapter once after a ``KernelStall`` and says so.
 
@@ -113,6 +114,8 @@ class GuardedClient(NotebookClient):
         self.on_cell_done = None   # called with the cell's index when its reply has arrived
         self._cell = None          # index of the cell being executed
         self._idle_at = None       # when the kernel reported idle for it
+        self._sent_at = None       # when it was sent
+        self._heard = False        # whether the kernel has published anything for it yet
 
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
@@ -125,10 +128,18 @@ class GuardedClient(NotebookClient):
         return kc
 
     def _check_stall(self):
-        if self._idle_at is not None and time.monotonic() - self._idle_at > STALL_GRACE_S:
+        now = time.monotonic()
+        if self._idle_at is not None and now - self._idle_at > STALL_GRACE_S:
             raise KernelStall(f"{self.label}, cell {self._cell}: the kernel went idle "
-                              f"{time.monotonic() - self._idle_at:.0f} s ago but the cell's reply never "
+                              f"{now - self._idle_at:.0f} s ago but the cell's reply never "
                               "arrived (a lost ZeroMQ wake-up; see dmuon/lab/nbexec.py)")
+        if self._sent_at is not None and not self._heard and now - self._sent_at > STALL_GRACE_S:
+            raise KernelStall(f"{self.label}, cell {self._cell}: sent {now - self._sent_at:.0f} s ago and "
+                              "the kernel has said nothing about it (not even busy)")
+
+    def process_message(self, msg, cell, cell_index):
+        self._heard = True  # the kernel has started this cell (status busy comes first)
+        return super().process_message(msg, cell, cell_index)
 
     async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index):
         await super()._async_poll_output_msg(parent_msg_id, cell, cell_index)
@@ -136,6 +147,7 @@ class GuardedClient(NotebookClient):
 
     async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
         self._cell, self._idle_at, started = cell_index, None, time.monotonic()
+        self._sent_at, self._heard = started, False
         try:
             out = await super().async_execute_cell(cell, cell_index, execution_count, store_history)
             if self.on_cell_done is not None and cell.cell_type == "code":
@@ -144,7 +156,7 @@ class GuardedClient(NotebookClient):
         finally:
             if cell.cell_type == "code":
                 self.cell_seconds[cell_index] = time.monotonic() - started
-            self._idle_at = None
+            self._idle_at = self._sent_at = None
 
 
 @dataclass
