@@ -44,7 +44,8 @@ from traitlets import Type
 
 SLICE_S = 0.5          # longest single wait on a socket; a lost wake-up costs at most this
 STALL_GRACE_S = 30.0   # kernel idle, no reply for this long: a stall (replies follow idle in milliseconds)
-CELL_TIMEOUT_S = 300   # a real hang; the slowest cell takes about a minute on 2 idle cores
+CELL_TIMEOUT_S = 600   # a real hang only (stalls are the watchdog's): the slowest cell takes about
+                       # a minute on 2 idle cores and passed 300 s with 10 processes competing
 
 
 class KernelStall(RuntimeError):
