@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # every process the tests start: dmuon.lab.nbexec.quiet_openmp
 SCRIPTS = ROOT / "scripts"
 
 

@@ -185,6 +185,7 @@ def _spawn(worker, args) -> int:
     world = args.dp * args.tp
     threads = max(1, (os.cpu_count() or 1) // world)
     os.environ.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see dmuon.lab.nbexec.quiet_openmp
     store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=args.timeout))
     ctx = _context()
