@@ -377,7 +377,18 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
 
 class DistributedMuon(ZeroOneOptimizer):
-    """Muon under ZeRO-1 x TP; groups with ``use_muon=False`` run AdamW on the same plan (the hybrid)."""
+    """Muon under ZeRO-1 x TP; groups with ``use_muon=False`` run AdamW on the same plan (the hybrid).
+
+    Keywords are ``torch.optim.Muon``'s (lr, weight_decay, momentum, nesterov, ns_coefficients, eps,
+    ns_steps, adjust_lr_fn) with its meaning, and AdamW's (betas, eps) for AdamW groups, except one
+    default: the lr adjustment is Moonshot's ``adjust_lr_fn="match_rms_adamw"`` (lr * 0.2 * sqrt(max(A, B)),
+    so AdamW's lr and weight decay carry over), where torch's default (None) is ``"original"``
+    (lr * sqrt(max(1, A/B))). Code ported from ``torch.optim.Muon`` passes ``adjust_lr_fn=None`` or
+    ``"original"`` to take the same step. ``eps`` is Newton-Schulz's (1e-7) in a Muon group and AdamW's
+    (1e-8) in an AdamW group. Gradients are averaged over DP inside ``step()``: clip with
+    ``opt.clip_grad_norm_(max_norm)``, not ``torch.nn.utils.clip_grad_norm_``. ``state_dict()`` is this
+    rank's shard: save it on every rank, or use ``dmuon.checkpoint`` (any grid, any layout).
+    """
 
     def __init__(self, params, grid, **kwargs):
         super().__init__(params, grid, use_muon=kwargs.pop("use_muon", True), **kwargs)

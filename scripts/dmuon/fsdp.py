@@ -102,7 +102,12 @@ def fsdp_piece(name: str, p: torch.Tensor, grid) -> Piece:
 
 
 class FSDPMuon(torch.optim.Optimizer):
-    """Muon (and AdamW for groups with ``use_muon=False``) on FSDP2 parameters; one owner per matrix."""
+    """Muon (and AdamW for groups with ``use_muon=False``) on FSDP2 parameters; one owner per matrix.
+
+    Keywords as ``DistributedMuon``'s: ``torch.optim.Muon``'s with its meaning, except the default lr
+    adjustment, Moonshot's ``adjust_lr_fn="match_rms_adamw"`` (torch's default None is "original").
+    Clip FSDP2's mean gradients with ``opt.clip_grad_norm_(max_norm)`` (global norm, TP counted once).
+    """
 
     def __init__(self, params, grid, comm: Comm | None = None, use_muon: bool = True, check_finite: bool = True,
                  **hyper):
