@@ -1,7 +1,7 @@
 """A training loop with FSDPMuon on an FSDP2 (``fully_shard``) model, to copy into your project (chapter 12).
 
     python scripts/loop_fsdp.py --dp 2 --tp 1 --steps 20 --save _build/loop_fsdp --every 10
-    python scripts/loop_fsdp.py --dp 1 --tp 2 --steps 40 --resume _build/loop_fsdp   # another grid
+    python scripts/loop_fsdp.py --dp 1 --tp 2 --steps 40 --resume _build/loop_fsdp/step20   # another grid
     torchrun --standalone --nproc-per-node 4 scripts/loop_fsdp.py --dp 4 --tp 1 --steps 20
 
 With ``--tp 2`` the model is tensor-parallel on "tp" first, then ``fully_shard`` on "dp" (FSDP2 x TP).
@@ -13,6 +13,7 @@ import json
 import sys
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
@@ -47,11 +48,13 @@ def worker(grid, comm, args):
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        mean = loss.detach().clone()                        # for the log: the global mean loss
+        dist.all_reduce(mean)
+        losses.append(mean.item() / dist.get_world_size())
         if args.save and (step % args.every == 0 or step == args.steps):
-            save_run(args.save, step, opt, sched, gen, run_args, model=model, fsdp=True)
+            save_run(f"{args.save}/step{step}", step, opt, sched, gen, run_args, model=model, fsdp=True)
         if grid.rank == 0 and step % 10 == 0:
-            print(f"step {step}: loss {loss.item():.4f}, grad norm {norm.item():.3f}", flush=True)
+            print(f"step {step}: loss {losses[-1]:.4f}, grad norm {norm.item():.3f}", flush=True)
     if grid.rank == 0:
         print(json.dumps(dict(first_step=start, losses=losses)), flush=True)
 

@@ -1,7 +1,7 @@
 """A training loop with DistributedMuon on a DP x TP grid, to copy into your project (chapter 12).
 
     python scripts/loop_zero1_tp.py --dp 2 --tp 2 --steps 20 --save _build/loop --every 10
-    python scripts/loop_zero1_tp.py --dp 4 --tp 1 --steps 40 --resume _build/loop   # another grid
+    python scripts/loop_zero1_tp.py --dp 4 --tp 1 --steps 40 --resume _build/loop/step20   # another grid
     torchrun --standalone --nproc-per-node 4 scripts/loop_zero1_tp.py --dp 2 --tp 2 --steps 20
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
         scripts/loop_zero1_tp.py --dp 4 --tp 4 --steps 1000            # on each of two nodes
@@ -14,6 +14,7 @@ import json
 import sys
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor.parallel import parallelize_module
 
@@ -45,11 +46,13 @@ def worker(grid, comm, args):
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())                          # this rank's loss (its DP slice)
+        mean = loss.detach().clone()                        # for the log: the global mean loss
+        dist.all_reduce(mean)
+        losses.append(mean.item() / dist.get_world_size())
         if args.save and (step % args.every == 0 or step == args.steps):
-            save_run(args.save, step, opt, sched, gen, run_args)   # every rank; loads on any grid
+            save_run(f"{args.save}/step{step}", step, opt, sched, gen, run_args)   # every rank; loads on any grid
         if grid.rank == 0 and step % 10 == 0:
-            print(f"step {step}: loss {loss.item():.4f}, grad norm {norm.item():.3f}", flush=True)
+            print(f"step {step}: loss {losses[-1]:.4f}, grad norm {norm.item():.3f}", flush=True)
     if grid.rank == 0:
         print(json.dumps(dict(first_step=start, losses=losses)), flush=True)
 

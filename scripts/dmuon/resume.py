@@ -18,8 +18,10 @@ model size, seed, optimizer, learning rates...), naming them; the grid, the layo
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -45,15 +47,24 @@ def _barrier() -> None:
         dist.barrier()
 
 
+@contextlib.contextmanager
+def _quiet():
+    """DCP on ShardedTensors (dmuon.checkpoint's pieces) warns on every rank that DTensor is preferred."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*ShardedTensor.*")
+        yield
+
+
 def save_run(path, step: int, opt, sched, data_gen: torch.Generator, run_args: dict, model=None,
              fsdp: bool = False) -> None:
     """Checkpoint after ``step`` (call on every rank, after ``opt.step()`` and ``sched.step()``)."""
-    if fsdp:
-        from .fsdp import save
-        save(model, opt, path, step)
-    else:
-        from .checkpoint import save
-        save(opt, path, step, extra=dict(run_args=run_args))
+    with _quiet():
+        if fsdp:
+            from .fsdp import save
+            save(model, opt, path, step)
+        else:
+            from .checkpoint import save
+            save(opt, path, step, extra=dict(run_args=run_args))
     if _rank() == 0:
         record = dict(step=step, scheduler=sched.state_dict(), data_rng=_b64(data_gen.get_state()),
                       torch_rng=_b64(torch.get_rng_state()), run_args=run_args)
@@ -77,12 +88,13 @@ def load_run(path, opt, sched, data_gen: torch.Generator, run_args: dict, model=
         raise ValueError(f"{path} was saved by another run: " + ", ".join(f"{k} saved {a!r}, here {b!r}"
                                                                         for k, (a, b) in differ.items())
                          + ". Resume with the same settings (the grid, layout and --steps may change)")
-    if fsdp:
-        from .fsdp import load
-        step = load(model, opt, path)
-    else:
-        from .checkpoint import load
-        step = load(opt, path)
+    with _quiet():
+        if fsdp:
+            from .fsdp import load
+            step = load(model, opt, path)
+        else:
+            from .checkpoint import load
+            step = load(opt, path)
     if step != record["step"]:
         raise CheckpointError(f"{file} is of step {record['step']} but the checkpoint of step {step}")
     sched.load_state_dict(record["scheduler"])
