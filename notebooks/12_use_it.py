@@ -14,8 +14,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # 12. Use it in your training
 #
