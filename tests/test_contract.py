@@ -311,3 +311,70 @@ def test_finding8_save_on_rank0_load_everywhere_is_refused_with_what_to_do():
     message = found[1]["adamw-rank0"]["refused"]
     assert "shard of rank dp 0, tp 0; this is rank dp 1, tp 0" in message
     assert "save opt.state_dict() on every rank" in message and "dmuon.checkpoint" in message
+
+
+# ---- FSDPMuon at world size 1 (a one-process gloo group: fully_shard needs one) -----------------------
+
+@pytest.fixture(scope="module")
+def fsdp_grid():
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield Grid.build(1, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp_model(grid):
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 12, bias=False), torch.nn.Linear(12, 6, bias=False))
+    fully_shard(model, mesh=grid.mesh["dp"])
+    return model
+
+
+def test_fsdpmuon_keeps_the_contract(fsdp_grid):
+    from dmuon.clipping import total_norm
+    from dmuon.fsdp import FSDPMuon
+    model = fsdp_model(fsdp_grid)
+    for bad, match in [(dict(lr=-1.0), "lr should be >= 0"), (dict(momentum=-0.5), "momentum should be >= 0"),
+                       (dict(weight_decay=-0.1), "weight_decay should be >= 0")]:
+        with pytest.raises(ValueError, match=match):
+            FSDPMuon(list(model.parameters()), fsdp_grid, **bad)
+    opt = FSDPMuon(list(model.parameters()), fsdp_grid, adjust_lr_fn=None, lr=0.01)
+    assert opt.param_groups[0]["adjust_lr"] == "original" and opt.param_groups[0]["eps"] == 1e-7
+    calls = []
+    opt.register_load_state_dict_pre_hook(lambda o, sd: calls.append("pre"))
+    opt.register_load_state_dict_post_hook(lambda o: calls.append("post"))
+    ref = [torch.nn.Parameter(p.detach().to_local().clone()) for p in model.parameters()]
+    ref_opt = MuonW(ref, adjust_lr_fn=None, lr=0.01)      # the single-device reference, same keywords
+    scheds = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.02, total_steps=10, base_momentum=0.8,
+                                                  max_momentum=0.95) for o in (opt, ref_opt)]
+    params = list(model.parameters())
+    momenta = []
+    for step in range(1, 4):
+        g = torch.Generator().manual_seed(step)
+        for p, r in zip(params, ref):
+            grad = torch.randn(p.shape, generator=g)
+            p.grad = torch.distributed.tensor.DTensor.from_local(grad.clone(), p.device_mesh, p.placements)
+            r.grad = grad
+        if step == 2:                                       # no gradient anywhere: skipped by both
+            params[1].grad = ref[1].grad = None
+        with torch.no_grad():                               # an edit between steps: where both start
+            params[0].to_local().clamp_(-0.1, 0.1)
+            ref[0].clamp_(-0.1, 0.1)
+        norm = opt.clip_grad_norm_(0.5)
+        ref_norm = total_norm([r.grad for r in ref if r.grad is not None])
+        torch.nn.utils.clip_grads_with_norm_(ref, 0.5, ref_norm)
+        assert torch.equal(norm, ref_norm)
+        opt.step(), ref_opt.step()
+        for sched in scheds:
+            sched.step()
+        momenta.append(opt.param_groups[0]["momentum"])
+        assert all(torch.equal(p.detach().to_local(), r.detach()) for p, r in zip(params, ref))
+        opt.zero_grad(), ref_opt.zero_grad()
+    assert momenta[0] != momenta[-1]
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    assert calls == ["pre", "post"]
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(opt)
