@@ -167,6 +167,11 @@ print(f"bytes each rank sent per step: {ledger['bytes_sent']:,} in "
 # | 5. One distributed Muon step | How does a matrix get gathered, orthogonalised and re-sharded, and how do we know it is right? |
 # | 6. Communication | How many bytes does Muon move compared with AdamW, and what does that cost in time on a cluster? |
 # | 7. Profiling | Where does a training step's time go, and which published claims hold on this machine? |
+# | 8. Beyond the proof of concept | How does one owner per matrix avoid orthogonalising every matrix on every rank? |
+# | 9. Training a model with DP x TP | Does a real model train the same on every grid, and what does each optimizer cost? |
+# | 10. Checkpoints and failures | How does a run save on one grid and resume on another, and how does a failure end? |
+# | 11. Muon on FSDP2 models | How does Muon work on `fully_shard` models without gathering every matrix everywhere? |
+# | 12. Use it in your training | What is the loop to copy, how is it started, and what differs from a torch optimizer? |
 #
 # ## Summary
 #

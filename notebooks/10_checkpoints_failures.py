@@ -276,11 +276,11 @@ table(["loading", "the error", "parameters unchanged"], rows, align="lll")
 # (`--timeout`), or, if the backend never returns, by the watchdog in `dmuon/comm.py`, which
 # names the collective it was waiting in.
 #
-# `scripts/faults.py` injects a fault on one rank at step 2. It knows nine; here the five whose
+# `scripts/faults.py` injects a fault on one rank at step 2. It knows eight; here the five whose
 # endings differ most run on a 2 x 1 grid, rank 1 misbehaving (the logs are folded; the table has
 # the launcher's verdict, the first failing rank's last words, cut at 180 characters, and how long
-# the whole run took, start-up included). The other four (nan, missing-grad, wrong-dtype,
-# watchdog) are described below; `tests/test_failures.py` runs all nine on 2 x 1 and 2 x 2 grids.
+# the whole run took, start-up included). The other three (nan, wrong-dtype, watchdog) are
+# described below; `tests/test_failures.py` runs all eight on 2 x 1 and 2 x 2 grids.
 
 # %%
 import time  # noqa: E402
@@ -305,8 +305,8 @@ table(["fault", "the launcher's verdict", "the first failing rank's last words",
 # %% [markdown]
 # How to read the rows:
 #
-# - **raise** (and nan, missing-grad, wrong-dtype, not run here): rank 1 raises; the checks on
-#   gradients (`NaN`, missing, a bf16 gradient on an fp32 parameter) run before any communication
+# - **raise** (and nan, wrong-dtype, not run here): rank 1 raises; the checks on
+#   gradients (`NaN`, a bf16 gradient on an fp32 parameter) run before any communication
 #   of the step, so the message names the parameter, the rank and the step, and nothing has
 #   changed.
 # - **kill**: rank 1 receives SIGKILL, as from the out-of-memory killer. It leaves no traceback, so

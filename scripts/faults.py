@@ -3,7 +3,6 @@
     python scripts/faults.py --dp 2 --tp 2 --fault raise   --rank 3 --step 2   # an exception mid-step
     python scripts/faults.py --dp 2 --tp 1 --fault hang    --rank 1 --timeout 5 # a rank stops answering
     python scripts/faults.py --dp 2 --tp 2 --fault nan     --rank 2             # a NaN in one gradient
-    python scripts/faults.py --dp 2 --tp 1 --fault missing-grad --rank 0        # p.grad is None on one rank
     python scripts/faults.py --dp 2 --tp 2 --fault watchdog --rank 1            # rank 1 ended by the watchdog
     python scripts/faults.py --dp 2 --tp 2 --fault kill    --rank 1             # rank 1 dies of SIGKILL (the OOM killer)
     python scripts/faults.py --dp 2 --tp 1 --fault shape-mismatch --rank 1      # rank 1 built another model
@@ -35,7 +34,7 @@ from dmuon.distributed import DistributedMuon
 from dmuon.launch import add_launch_args, check_launch_args, launch
 from dmuon.lab.synthetic import build_problem, set_grads
 
-FAULTS = ("none", "raise", "hang", "nan", "missing-grad", "watchdog", "kill", "shape-mismatch", "wrong-dtype",
+FAULTS = ("none", "raise", "hang", "nan", "watchdog", "kill", "shape-mismatch", "wrong-dtype",
           "corrupt-checkpoint")
 SHAPES = [(36, 57), (45, 28), (33, 17)]
 TP_DIMS = [0, 1, -1]
@@ -103,8 +102,6 @@ def inject(fault: str, target: bool, grid, opt, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "nan":
         first.grad.view(-1)[0] = float("nan")
-    if fault == "missing-grad":
-        first.grad = None
     if fault == "wrong-dtype":  # e.g. a mixed-precision hook on one rank; torch allows it through .data
         first.grad.data = first.grad.data.to(torch.bfloat16)
 

@@ -5,6 +5,8 @@
     python scripts/train.py --dp 2 --tp 2 --steps 10 --profile _build/traces/train   # Chrome traces of steps 2-4
     torchrun --standalone --nproc-per-node 4 scripts/train.py --dp 2 --tp 2 --optimizer hybrid --steps 50
     python scripts/train.py --fsdp --dp 2 --tp 2 --optimizer hybrid --steps 20 --compare-torch-muon
+    python scripts/train.py --dp 2 --tp 2 --clip 1.0 --save _build/run --every 10 --steps 20
+    python scripts/train.py --dp 4 --tp 1 --clip 1.0 --resume _build/run --steps 40   # another grid, same curve
 
 The model is chapter 1's character-level GPT on Python's docs, split over TP by PyTorch's own
 ``parallelize_module`` (``dmuon/lab/tpgpt.py``); the optimizer reads each parameter's TP split from
@@ -35,6 +37,12 @@ before and after Newton-Schulz). The run ends with one JSON line:
 * ``bytes_per_step``: what rank 0 sent in the optimizer's collectives (ring-algorithm bytes, from
   the ledger), with ``ledger`` per phase and ``bytes_per_step_per_rank``;
 * ``tp_split_dims`` (what the plan read from the placements) and ``state_metrics``.
+
+**Clipping and checkpoints.** ``--clip MAX_NORM`` clips the DP-mean gradient by its global norm with
+``opt.clip_grad_norm_`` (``dmuon/clipping.py``; the norms are in ``grad_norm``). ``--save DIR --every N``
+checkpoints model, optimizer, scheduler, data position and RNG every N steps (and at the last step);
+``--resume DIR`` continues from it on any grid and layout, also with ``--fsdp`` (``dmuon/resume.py``):
+``step_loss`` then starts at ``first_step``.
 
 **FSDP2** (``--fsdp``): after ``parallelize_module`` on "tp" the model is wrapped with ``fully_shard`` on
 "dp", so parameters, gradients and optimizer state are row blocks (FSDP2 gathers the weights for the
@@ -75,6 +83,11 @@ from dmuon.lab.statemetrics import NSMetrics
 from dmuon.lab.tpgpt import TP_PLAN_NOTE, tp_gpt
 from dmuon.lab.traces import breakdown as trace_breakdown, load_events, median_breakdown
 from dmuon.fsdp import FSDPMuon
+from dmuon.resume import load_run, save_run
+
+# What makes two runs the same run: a resume refuses to change these (the grid, layout and --steps may change).
+RUN_ARGS = ("optimizer", "fsdp", "batch", "context", "lr", "adamw_lr", "weight_decay", "warmup", "schedule", "seed",
+            "width", "layers", "heads", "clip")
 
 OPTIMIZERS = ("hybrid", "muon", "adamw")
 
@@ -223,6 +236,11 @@ def worker(grid, comm, args) -> int:
     rows = args.batch // grid.dp
     mine = slice(grid.dp_rank * rows, (grid.dp_rank + 1) * rows)
     tokens_per_step = args.batch * args.context
+    run_args = {k: getattr(args, k) for k in RUN_ARGS}
+    start = 1
+    if args.resume:
+        start = load_run(args.resume, opt, sched, gen, run_args, model=model, fsdp=args.fsdp) + 1
+    grad_norms = []
 
     profiler = StepProfiler(args.profile, min(2, args.steps), min(args.steps, 1 + args.profile_steps), grid)
     step_loss, evals, state_metrics = [], [], []
@@ -235,15 +253,15 @@ def worker(grid, comm, args) -> int:
         evals.append(row)
         return row
 
-    first = evaluation(0)
+    first = evaluation(start - 1)
     n_params = sum(p.numel() for p in model.parameters())
     if grid.rank == 0:
         how = args.optimizer if args.optimizer == "adamw" else f"{args.optimizer}, layout {args.layout}"
         if args.fsdp:
             how = f"FSDP2 on dp, {args.optimizer} by FSDPMuon" + (" beside torch.optim.Muon" if theirs else "")
-        print(f"tiny GPT {n_params:,} parameters on dp={grid.dp} x tp={grid.tp} ({how}); step 0: train "
-              f"{first['train_loss']:.4f} val {first['val_loss']:.4f}", flush=True)
-    for step in range(1, args.steps + 1):
+        print(f"tiny GPT {n_params:,} parameters on dp={grid.dp} x tp={grid.tp} ({how}); step {start - 1}: "
+              f"train {first['train_loss']:.4f} val {first['val_loss']:.4f}", flush=True)
+    for step in range(start, args.steps + 1):
         x, y = batch(data["train"], args.batch, args.context, gen)  # the global batch, the same on every rank
         x, y = x[mine].to(dev), y[mine].to(dev)
         measure = metrics is not None and step % metrics_every == 0
@@ -260,12 +278,16 @@ def worker(grid, comm, args) -> int:
             with record_function("wait_for_peers"):  # waiting for a slower rank is not communication
                 comm.all_reduce(torch.zeros(1, device=dev), "world", "sync")
             t2 = time.perf_counter()
+            if args.clip is not None:  # the DP-mean gradient's global norm (the step's reduce-scatter, early)
+                grad_norms.append(float(opt.clip_grad_norm_(args.clip)))
             opt.step()
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             t3 = time.perf_counter()
         profiler.after(step)
         sched.step()
+        if args.save and (step % args.every == 0 or step == args.steps):
+            save_run(args.save, step, opt, sched, gen, run_args, model=model, fsdp=args.fsdp)
         if theirs is not None:
             torch_loss.append(mean_over_ranks(comm, theirs.train_step(x, y, dev), dev))
         phases = opt.comm.ledger.summary(opt.steps_taken)["phases"]
@@ -311,7 +333,7 @@ def worker(grid, comm, args) -> int:
     result = dict(
         script="train.py", dp=grid.dp, tp=grid.tp, world_size=grid.dp * grid.tp, optimizer=args.optimizer,
         layout=None if args.fsdp else args.layout, overlap=getattr(opt, "overlap", None), fsdp=args.fsdp,
-        steps=args.steps, batch=args.batch, context=args.context,
+        steps=args.steps, first_step=start, clip=args.clip, grad_norm=grad_norms, batch=args.batch, context=args.context,
         width=args.width, layers=args.layers, heads=args.heads, lr=args.lr, adamw_lr=args.adamw_lr or args.lr,
         weight_decay=args.weight_decay, warmup=args.warmup, schedule=args.schedule, seed=args.seed,
         eval_every=args.eval_every, threads=torch.get_num_threads(), n_params=n_params, tp_plan=TP_PLAN_NOTE,
@@ -406,6 +428,11 @@ def parse_args(argv=None):
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="trace steps 2..1+--profile-steps with torch.profiler: DIR/trace_rank<r>.json per rank")
     p.add_argument("--profile-steps", type=int, default=3)
+    p.add_argument("--clip", type=float, default=None, metavar="MAX_NORM",
+                   help="clip the DP-mean gradient to this global norm (opt.clip_grad_norm_)")
+    p.add_argument("--save", default=None, metavar="DIR", help="checkpoint the run into DIR (see --every)")
+    p.add_argument("--every", type=int, default=None, help="with --save: every N steps (default: the last step only)")
+    p.add_argument("--resume", default=None, metavar="DIR", help="continue a run saved with --save, on any grid")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads per rank (default: the launcher's share of the cores). 1 is faster for tiny "
                         "models on a busy machine, where threads that wait for each other spin")
@@ -417,6 +444,13 @@ def parse_args(argv=None):
             p.error("--compare-torch-muon compares Muon: use --optimizer hybrid or muon")
     if args.fsdp and args.profile:
         p.error("--profile is not supported with --fsdp yet")
+    if args.every is not None and (args.every < 1 or not args.save):
+        p.error("--every N needs --save DIR and N >= 1")
+    args.every = args.every or args.steps
+    if args.clip is not None and not args.clip > 0:
+        p.error("--clip must be a positive norm")
+    if (args.save or args.resume) and (args.profile or args.compare_torch_muon):
+        p.error("--save/--resume do not combine with --profile or --compare-torch-muon")
     if args.metrics_every is not None and args.metrics_every < 0:
         p.error("--metrics-every must be 0 (off) or positive")
     for name in ("profile_steps", "steps", "batch", "context", "eval_every", "eval_batches", "eval_batch", "width",

@@ -174,8 +174,9 @@ def test_bad_input_is_refused_by_name(grid):
     opt = FSDPMuon([dict(params=[model[0].weight], names=["0.weight"]),
                     dict(params=[model[0].bias], names=["0.bias"], use_muon=False)], grid)
     model[0].bias.grad = torch.zeros_like(model[0].bias)
-    with pytest.raises(ValueError, match=r"'0.weight' has no gradient on rank 0"):
-        opt.step()
+    before = model[0].weight.detach().to_local().clone()
+    opt.step()  # no gradient anywhere: skipped, as torch skips it (tests/test_contract.py has the rest)
+    assert torch.equal(model[0].weight.detach().to_local(), before)
     model[0].weight.grad = torch.zeros(6, 4)
     with pytest.raises(ValueError, match=r"'0.weight': gradient a plain tensor"):
         opt.step()

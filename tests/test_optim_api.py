@@ -78,13 +78,15 @@ def test_step_calls_the_closure_and_returns_its_loss():
     assert opt.step(closure).item() == 2.5 and calls == [1]
 
 
-def test_zero_grad_clears_gradients_and_a_missing_gradient_is_a_clear_error():
+def test_zero_grad_clears_gradients_and_a_step_without_gradients_changes_nothing():
     problem, opt = make()
     set_grads(opt, problem, 1)
     opt.zero_grad()
     assert all(p.grad is None for g in opt.param_groups for p in g["params"])
-    with pytest.raises(ValueError, match="has no gradient on rank 0"):
-        opt.step()
+    before = params_of(opt)
+    opt.step()  # as torch: parameters without a gradient are skipped (tests/test_contract.py has the rest)
+    assert all(torch.equal(a, b) for a, b in zip(before, params_of(opt)))
+    assert all(int(opt.state[p]["step"]) == 0 for g in opt.param_groups for p in g["params"])
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -113,7 +115,7 @@ def test_loading_a_state_from_another_layout_or_shape_fails_before_changing_anyt
     opt.step()
     _, other = make(layout="bucket")
     before = {k: v.clone() for k, v in other.state[other.param_groups[0]["params"][0]].items()}
-    with pytest.raises(ValueError, match="saved on .*'layout': 'owner'.*resharding"):
+    with pytest.raises(ValueError, match="another grid or layout .layout: saved owner, here bucket.*dmuon.checkpoint"):
         other.load_state_dict(opt.state_dict())
     after = other.state[other.param_groups[0]["params"][0]]
     assert all(torch.equal(before[k], after[k]) for k in before)

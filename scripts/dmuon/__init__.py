@@ -18,8 +18,11 @@ The engine, in the order the book introduces it (the math apart from the orchest
     comm           every collective, with the communication ledger (bytes and Newton-Schulz work)
     flows          momentum shards -> orthogonalised shards, per layout (bucket gathers, owner all-to-all)
     distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses)
+    contract       what every torch optimizer promises (keywords, checks, skipped gradients, schedulers)
+    clipping       opt.clip_grad_norm_: the DP-mean gradient's global norm, TP counted once
     launch         one entry point for local gloo processes and torchrun
     checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
+    resume         train.py's --save/--resume: model, optimizer, scheduler, data position, RNG
     fsdp_routes    FSDP2: which rank owns each matrix and where its row blocks travel (pure)
     fsdp           FSDPMuon: Muon for fully_shard models, each matrix orthogonalised once by its owner
 

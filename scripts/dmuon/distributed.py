@@ -26,10 +26,19 @@ Hyperparameters live in ``param_groups`` (an lr scheduler works); a group may al
 TP, -1 if replicated). Parameters may be DTensors on the grid's "tp" mesh dimension (a model made
 tensor-parallel with ``parallelize_module``): their split dim is read from the placement
 (``Shard(0)`` -> 0, ``Shard(1)`` -> 1, ``Replicate()`` -> -1) and the optimizer works on their
-local shards (``placements.py``). State is per parameter, as torch keeps it: ``master`` (the fp32 copy of
-the elements this rank owns), ``momentum`` or ``exp_avg``/``exp_avg_sq`` and ``step``; each is a
-view into the bucket shard the collectives use. ``state_dict()`` / ``load_state_dict()``
-round-trip on the same grid and layout.
+local shards (``placements.py``). State is per parameter, as torch keeps it: ``master`` (the copy of
+the elements this rank owns, fp32, or fp64 for a float64 group), ``momentum`` or ``exp_avg``/``exp_avg_sq``
+and ``step``; each is a view into the bucket shard the collectives use. ``state_dict()`` /
+``load_state_dict()`` round-trip on the same grid, layout and rank (each rank saves and loads its own).
+
+**As a torch optimizer** (``contract.py``, ``tests/test_contract.py``): a step starts from the parameters'
+current values. The master is refreshed from the parameter at the start of every step wherever the
+parameter no longer equals the master rounded to the parameter's dtype: for fp32 and fp64 parameters
+that is every changed element (the master is then the parameter), for bf16/fp16 parameters the fp32
+master keeps its extra bits until someone writes the parameter (loading weights, clamping, EMA swaps).
+A gradient that is None on every rank skips its parameter as torch does; None on some ranks counts as
+zeros there (one small all-reduce per step decides, the same on every rank). Gradients are averaged
+over DP inside the step, so clipping the mean gradient is ``opt.clip_grad_norm_`` (``clipping.py``).
 
 Run it: ``python scripts/verify.py --dp 2 --tp 2 --layout bucket,owner`` (or under ``torchrun``).
 """
@@ -39,8 +48,9 @@ import torch
 from torch.profiler import record_function
 
 from .comm import Comm, Phase
+from .contract import MomentumSync, deepcopy_sharing, grads_present, lr_of, refuse_pickle
 from .flows import FLOWS
-from .optim import DEFAULTS, call_closure, check_group, param_names
+from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names
 from .placements import is_dtensor, local, resolve_tp_split_dims
 from .plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan, disagreement, plan_key
 from .sharding import local_shard, pack_bucket, unpack_bucket
@@ -64,9 +74,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     def __init__(self, params, grid, comm: Comm | None = None, layout: str = "bucket",
                  bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
                  check_finite: bool = True, overlap: str | None = None, **hyper):
-        unknown = set(hyper) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        hyper = check_hyper(hyper)
         overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {overlap!r}")
@@ -80,6 +88,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             group["tp_split_dims"] = resolve_tp_split_dims(group["names"], group["params"],
                                                            group.get("tp_split_dims"), grid)
             check_group(group, g_idx)
+        MomentumSync.of(self)
+        self.master_dtypes = [master_dtype(g, i) for i, g in enumerate(self.param_groups)]
         specs = [[ParamSpec(n, self._full_shape(p, d), d) for n, p, d in zip(g["names"], g["params"], g["tp_split_dims"])]
                  for g in self.param_groups]
         self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
@@ -90,6 +100,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         self.shards = [[self._init_shard(g, b) for b in buckets] for g, buckets in enumerate(self.plan.buckets)]
         self._bind_state()
         self.steps_taken = 0
+        self._prepared = None  # this step's gradient decisions and shards, once clip_grad_norm_ or step made them
         self._planned = True
         self.trace = None  # optional callable(stage, name, tensor), called at each stage (see trace_step.py)
 
@@ -128,11 +139,27 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     def _init_shard(self, g: int, bucket) -> dict:
         """The fp32 master shard of the bucket's parameters, and Muon's or AdamW's state for it."""
-        flat = pack_bucket([local(p.detach()) for p in self.param_groups[g]["params"]], bucket, torch.float32)
-        lo = bucket.shard_numel * self.grid.dp_rank
-        master = flat[lo: lo + bucket.shard_numel].clone()
+        master = self._param_shard(g, bucket)
         kinds = MUON_STATE if self.muon_groups[g] else ADAMW_STATE
         return {k: master if k == "master" else torch.zeros_like(master) for k in kinds}
+
+    def _param_shard(self, g: int, bucket) -> torch.Tensor:
+        """This rank's shard of the bucket's current parameter values, in the group's master dtype."""
+        flat = pack_bucket([local(p.detach()) for p in self.param_groups[g]["params"]], bucket, self.master_dtypes[g])
+        lo = bucket.shard_numel * self.grid.dp_rank
+        return flat[lo: lo + bucket.shard_numel].clone()
+
+    def _refresh_masters(self) -> None:
+        """Start the step from the parameters' current values: take the parameter wherever it no longer
+        equals the master rounded to its dtype (all of an fp32 parameter that changed; a bf16 parameter's
+        fp32 master keeps its extra bits until the parameter is written)."""
+        for g, group in enumerate(self.param_groups):
+            for bucket in self.plan.buckets[g]:
+                master = self.shards[g][bucket.bucket_idx]["master"]
+                current = self._param_shard(g, bucket)
+                dtype = group["params"][bucket.param_indices[0]].dtype
+                rounded = master if dtype == master.dtype else master.to(dtype).to(master.dtype)
+                master.copy_(torch.where(current != rounded, current, master))
 
     def _bind_state(self) -> None:
         """``self.state[p]`` holds views of this rank's part of every shard tensor, plus a step count."""
@@ -153,14 +180,22 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         return dict(dp=self.grid.dp, tp=self.grid.tp, dp_rank=self.grid.dp_rank, tp_rank=self.grid.tp_rank,
                     layout=self.layout, global_buffer_size=list(self.plan.global_buffer_size))
 
+    def __getstate__(self):
+        refuse_pickle(self)
+
+    def __deepcopy__(self, memo):
+        return deepcopy_sharing(self, memo, ("grid", "comm", "trace"))
+
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a state saved by the same optimizer on the same grid, layout and rank. Everything is
-        checked before anything changes; a mismatch is an error naming it."""
-        saved = state_dict.get("dmuon")
-        if saved != self._signature():
-            raise ValueError(f"this state was saved on {saved}; this optimizer is {self._signature()}. "
-                             "Loading onto another grid or layout needs a resharding checkpoint")
+        checked before anything changes; a mismatch is an error naming it. ``register_load_state_dict_pre_hook``
+        and ``_post_hook`` hooks run as in torch."""
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        check_signature(state_dict.get("dmuon"), self._signature())
         groups = state_dict["param_groups"]
         if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
             raise ValueError("the saved parameter groups differ from this optimizer's in number or size")
@@ -168,53 +203,118 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         for i, p in zip(ids, params):
             theirs, ours = state_dict["state"].get(i, {}), self.state[p]
-            if set(theirs) != set(ours) or any(theirs[k].shape != ours[k].shape for k in ours):
+            if set(theirs) != set(ours) or any(torch.as_tensor(theirs[k]).shape != ours[k].shape for k in ours):
                 raise ValueError(f"saved state of parameter {i} has {sorted(theirs)} with other shapes than "
                                  f"this optimizer's {sorted(ours)}")
         for i, p in zip(ids, params):
             for k, t in self.state[p].items():
-                t.copy_(state_dict["state"][i][k])
+                t.copy_(torch.as_tensor(state_dict["state"][i][k]))  # a Python-number step too
         for ours, theirs in zip(self.param_groups, groups):
             ours.update({k: v for k, v in theirs.items() if k != "params"})
+        MomentumSync.of(self).after_load(self.param_groups)
+        self._prepared = None
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
     # ---- the step ---------------------------------------------------------------------------------
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = call_closure(closure)
-        self._check_grads()
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["step"] += 1
+        self._prepare()
+        for group, present in zip(self.param_groups, self._prepared["present"]):
+            for p, here in zip(group["params"], present):
+                if here:
+                    self.state[p]["step"] += 1
         self.steps_taken += 1
         self.comm.ledger.begin_step(self.steps_taken)
-        with record_function("optimizer.step"):
-            self._update_master_shards()
-            self._gather_params()
+        try:
+            with record_function("optimizer.step"):
+                self._refresh_masters()
+                self._update_master_shards()
+                self._gather_params()
+        finally:
+            self._prepared = None
         return loss
 
+    def _prepare(self) -> None:
+        """Once per step, before anything changes: sync a scheduler's momentum, check the gradients and
+        decide, the same on every rank, which parameters have a gradient somewhere (the others are skipped)."""
+        if self._prepared is not None:
+            return
+        MomentumSync.of(self)(self.param_groups)
+        self._check_grads()
+        flat = grads_present([p for g in self.param_groups for p in g["params"]], self.grid)
+        present, i = [], 0
+        for group in self.param_groups:
+            present.append(flat[i: i + len(group["params"])])
+            i += len(group["params"])
+        self._prepared = dict(present=present, grad_shards={})
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+        """Clip the DP-mean gradient by its global norm (every rank's shards, TP shards and replicated
+        parameters counted once); returns the total norm, as ``torch.nn.utils.clip_grad_norm_``. Call it
+        between ``backward()`` and ``step()``: it runs the step's gradient reduce-scatter early and the
+        step uses the clipped shards; ``p.grad`` is left as it is (this rank's own gradient)."""
+        from .clipping import clip_zero1_
+        return clip_zero1_(self, max_norm, norm_type, error_if_nonfinite)
+
+    def _grad_shard(self, g: int, bucket) -> torch.Tensor:
+        """This rank's DP-mean gradient shard of the bucket (reduced once per step, cached)."""
+        self._prepare()
+        cache = self._prepared["grad_shards"]
+        key = (g, bucket.bucket_idx)
+        if key not in cache:
+            cache[key] = self._reduce_scatter_grads(self.param_groups[g]["params"], bucket)
+        return cache[key]
+
+    def _skipped(self, g: int, bucket) -> list[int]:
+        present = self._prepared["present"][g]
+        return [i for i in bucket.param_indices if not present[i]]
+
     def _update_master_shards(self) -> None:
-        """Reduce-scatter the gradients and update this rank's fp32 master shard of every bucket."""
+        """Reduce-scatter the gradients and update this rank's master shard of every bucket. A parameter
+        with no gradient on any rank keeps its master and state (its Newton-Schulz input is zeros)."""
         for g, group in enumerate(self.param_groups):
-            params = group["params"]
+            params, lr = group["params"], lr_of(group)
             if group["use_muon"]:
+                present = self._prepared["present"][g]
                 updates = ((bucket, self._momentum(g, group, bucket)) for bucket in self.plan.buckets[g])
                 for meta, piece in self.flow.run(group, updates):
-                    lr = group["lr"]
+                    if not present[meta.param_idx]:
+                        continue
                     master = local_shard(self.shards[g][meta.bucket_idx]["master"], self.plan, meta)
                     apply_update_(master, piece, lr, group["weight_decay"],
                                   adjust_lr(lr, meta.full_shape, group["adjust_lr"]))
                 continue
             for bucket in self.plan.buckets[g]:
-                shard = self.shards[g][bucket.bucket_idx]
-                step = int(self.state[params[bucket.param_indices[0]]]["step"])
-                adamw_step_(shard["master"], self._reduce_scatter_grads(params, bucket), shard["exp_avg"],
-                            shard["exp_avg_sq"], step, group["lr"], group["betas"], group["eps"], group["weight_decay"])
+                shard, grad = self.shards[g][bucket.bucket_idx], self._grad_shard(g, bucket)
+                steps = [int(self.state[params[i]]["step"]) for i in bucket.param_indices]
+                if not self._skipped(g, bucket) and len(set(steps)) == 1:   # the whole bucket at once
+                    adamw_step_(shard["master"], grad, shard["exp_avg"], shard["exp_avg_sq"], steps[0], lr,
+                                group["betas"], group["eps"], group["weight_decay"])
+                    continue
+                skipped = self._skipped(g, bucket)
+                for i, step in zip(bucket.param_indices, steps):   # elementwise: the same numbers per element
+                    if i not in skipped:
+                        where = self.plan.shard_slice(self.plan.metas[g][i])
+                        adamw_step_(shard["master"][where], grad[where], shard["exp_avg"][where],
+                                    shard["exp_avg_sq"][where], step, lr, group["betas"], group["eps"],
+                                    group["weight_decay"])
 
     def _momentum(self, g: int, group: dict, bucket) -> torch.Tensor:
-        """This rank's gradient shard of the bucket through Muon's momentum: the shard to orthogonalise."""
-        update = muon_momentum_(self.shards[g][bucket.bucket_idx]["momentum"],
-                                self._reduce_scatter_grads(group["params"], bucket), group["momentum"], group["nesterov"])
+        """This rank's gradient shard of the bucket through Muon's momentum: the shard to orthogonalise.
+        A skipped parameter's momentum is left as it is and its part of the result is zeros."""
+        buf, grad = self.shards[g][bucket.bucket_idx]["momentum"], self._grad_shard(g, bucket)
+        skipped = self._skipped(g, bucket)
+        if not skipped:
+            update = muon_momentum_(buf, grad, group["momentum"], group["nesterov"])
+        else:
+            update = torch.zeros_like(buf)
+            for i in bucket.param_indices:
+                if i not in skipped:
+                    where = self.plan.shard_slice(self.plan.metas[g][i])
+                    update[where] = muon_momentum_(buf[where], grad[where], group["momentum"], group["nesterov"])
         return self._trace("momentum_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", update)
 
     def _gather_params(self) -> None:
@@ -230,7 +330,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         return tensor
 
     def _reduce_scatter_grads(self, params, bucket) -> torch.Tensor:
-        flat = pack_bucket([local(p.grad) for p in params], bucket, torch.float32)
+        flat = pack_bucket([local(p.grad) if p.grad is not None else torch.zeros_like(local(p.detach()))
+                            for p in params], bucket, self.master_dtypes[bucket.buffer_idx])
         shard = self.comm.reduce_scatter_sum(flat, "dp", Phase.GRAD_REDUCE_SCATTER).div_(self.grid.dp)
         return self._trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", shard)
 
@@ -247,10 +348,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"group {g}: use_muon changed after the optimizer was built; its state is "
                                  f"{'Muon' if self.muon_groups[g] else 'AdamW'}'s")
             for name, p in zip(group["names"], group["params"]):
-                if p.grad is None:
-                    raise ValueError(f"parameter {name!r} has no gradient on {where}. ZeRO-1 reduces every "
-                                     "parameter's gradient on every rank, so every rank must have one: "
-                                     "use zeros, or leave frozen parameters out of the optimizer")
+                if p.grad is None:  # skipped if no rank has one, zeros here if another rank has one
+                    continue
                 if p.grad.shape != p.shape:
                     raise ValueError(f"parameter {name!r}: gradient shape {tuple(p.grad.shape)} differs from "
                                      f"parameter shape {tuple(p.shape)} on {where}")
@@ -278,7 +377,18 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
 
 class DistributedMuon(ZeroOneOptimizer):
-    """Muon under ZeRO-1 x TP; groups with ``use_muon=False`` run AdamW on the same plan (the hybrid)."""
+    """Muon under ZeRO-1 x TP; groups with ``use_muon=False`` run AdamW on the same plan (the hybrid).
+
+    Keywords are ``torch.optim.Muon``'s (lr, weight_decay, momentum, nesterov, ns_coefficients, eps,
+    ns_steps, adjust_lr_fn) with its meaning, and AdamW's (betas, eps) for AdamW groups, except one
+    default: the lr adjustment is Moonshot's ``adjust_lr_fn="match_rms_adamw"`` (lr * 0.2 * sqrt(max(A, B)),
+    so AdamW's lr and weight decay carry over), where torch's default (None) is ``"original"``
+    (lr * sqrt(max(1, A/B))). Code ported from ``torch.optim.Muon`` passes ``adjust_lr_fn=None`` or
+    ``"original"`` to take the same step. ``eps`` is Newton-Schulz's (1e-7) in a Muon group and AdamW's
+    (1e-8) in an AdamW group. Gradients are averaged over DP inside ``step()``: clip with
+    ``opt.clip_grad_norm_(max_norm)``, not ``torch.nn.utils.clip_grad_norm_``. ``state_dict()`` is this
+    rank's shard: save it on every rank, or use ``dmuon.checkpoint`` (any grid, any layout).
+    """
 
     def __init__(self, params, grid, **kwargs):
         super().__init__(params, grid, use_muon=kwargs.pop("use_muon", True), **kwargs)
@@ -292,7 +402,39 @@ class DistributedAdamW(ZeroOneOptimizer):
     """
 
     def __init__(self, params, grid, **kwargs):
+        if isinstance(params, torch.Tensor):
+            raise TypeError("params should be an iterable of Tensors or dicts, but got a single "
+                            f"{type(params).__name__}: pass [tensor] (as for any torch optimizer)")
         groups = list(params)
         if groups and isinstance(groups[0], dict):
             groups = [dict(g, use_muon=False) for g in groups]
         super().__init__(groups, grid, use_muon=False, **kwargs)
+
+
+def master_dtype(group: dict, g_idx: int) -> torch.dtype:
+    """fp64 for a group of float64 parameters (kept float64, as torch keeps them), fp32 otherwise."""
+    dtypes = {p.dtype for p in group["params"]}
+    if torch.float64 in dtypes and len(dtypes) > 1:
+        raise ValueError(f"group {g_idx} mixes float64 parameters with {sorted(str(d)[6:] for d in dtypes - {torch.float64})}; "
+                         "ZeRO-1 keeps one master dtype per group: put the float64 parameters in a group of their own")
+    return torch.float64 if dtypes == {torch.float64} else torch.float32
+
+
+def check_signature(saved: dict | None, ours: dict) -> None:
+    """Refuse a state_dict from another rank, grid or layout, saying which and what to do."""
+    if saved == ours:
+        return
+    if saved is None:
+        raise ValueError("this state_dict has no 'dmuon' entry: it was not saved by DistributedMuon/DistributedAdamW "
+                         "(a single-device optimizer's state cannot be loaded into ZeRO-1 shards; use dmuon.checkpoint)")
+    grid_keys = ("dp", "tp", "layout", "global_buffer_size")
+    if all(saved.get(k) == ours[k] for k in grid_keys):
+        raise ValueError(f"this state_dict is the shard of rank dp {saved.get('dp_rank')}, tp {saved.get('tp_rank')}; "
+                         f"this is rank dp {ours['dp_rank']}, tp {ours['tp_rank']} of the same grid and layout. ZeRO-1 "
+                         "keeps each rank's own shard of the optimizer state, so 'save on rank 0, load everywhere' "
+                         "cannot work: save opt.state_dict() on every rank (e.g. torch.save(opt.state_dict(), "
+                         "f'opt.{rank}.pt')) and load each rank's own file, or use dmuon.checkpoint.save/load "
+                         "(one folder, loadable on any grid and layout)")
+    differ = {k: (saved.get(k), ours[k]) for k in grid_keys if saved.get(k) != ours[k]}
+    raise ValueError(f"this state_dict was saved on another grid or layout ({', '.join(f'{k}: saved {a}, here {b}' for k, (a, b) in differ.items())}); "
+                     "a state_dict is one rank's shard of one plan: resharding goes through dmuon.checkpoint.save/load")

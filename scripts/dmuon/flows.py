@@ -50,7 +50,7 @@ class Flow:
     def newton_schulz(self, group: dict, matrix: torch.Tensor) -> torch.Tensor:
         self.comm.ledger.count_ns(ns5_flops(*matrix.shape, group["ns_steps"]))
         with record_function("muon:newton_schulz"):
-            return zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["ns_eps"])
+            return zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["eps"])
 
     def trace(self, stage: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
         return self.opt._trace(stage, name, tensor)

@@ -35,6 +35,11 @@ to say. What is shared is what matters: the owner rule, the Newton-Schulz and up
 ``exp_avg_sq``, each a DTensor placed like its parameter, created when the optimizer is built. So
 ``state_dict()`` round-trips and FSDP2's own ``get_state_dict`` / ``set_state_dict`` with DCP save on one
 grid and load on another (``save`` / ``load`` below).
+
+**As a torch optimizer** (``contract.py``): parameters are updated in place (no master copy: FSDP2 keeps
+the sharded parameters in their own dtype), so a step starts from their current values; a gradient that
+is None on every rank skips its parameter, None on some ranks counts as zeros there (one small all-reduce
+per step decides); ``opt.clip_grad_norm_`` clips FSDP2's DP-mean gradients by their global norm.
 """
 from __future__ import annotations
 
@@ -45,9 +50,15 @@ from torch.profiler import record_function
 from .comm import Comm, Phase
 from .fsdp_routes import Piece, routes
 from .newton_schulz import ns5_flops, zeropower_ns5
-from .optim import DEFAULTS, call_closure, check_group, param_names
+from .contract import MomentumSync, grads_present, lr_of, refuse_pickle
+from .optim import call_closure, check_group, check_hyper, param_names
 from .placements import is_dtensor
 from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
+
+
+def local_grad(p: torch.Tensor) -> torch.Tensor:
+    """This rank's block of ``p``'s gradient, or zeros where this rank has none (another rank has one)."""
+    return p.grad.to_local() if p.grad is not None else torch.zeros_like(p.to_local())
 
 
 def fsdp_piece(name: str, p: torch.Tensor, grid) -> Piece:
@@ -91,13 +102,17 @@ def fsdp_piece(name: str, p: torch.Tensor, grid) -> Piece:
 
 
 class FSDPMuon(torch.optim.Optimizer):
-    """Muon (and AdamW for groups with ``use_muon=False``) on FSDP2 parameters; one owner per matrix."""
+    """Muon (and AdamW for groups with ``use_muon=False``) on FSDP2 parameters; one owner per matrix.
+
+    Keywords as ``DistributedMuon``'s: ``torch.optim.Muon``'s with its meaning, except the default lr
+    adjustment, Moonshot's ``adjust_lr_fn="match_rms_adamw"`` (torch's default None is "original").
+    Clip FSDP2's mean gradients with ``opt.clip_grad_norm_(max_norm)`` (global norm, TP counted once).
+    """
 
     def __init__(self, params, grid, comm: Comm | None = None, use_muon: bool = True, check_finite: bool = True,
                  **hyper):
-        unknown = set(hyper) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        from .optim import DEFAULTS
+        hyper = check_hyper(hyper)
         self.grid, self.check_finite = grid, check_finite
         self.comm = comm or Comm(grid)
         super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **hyper))
@@ -119,6 +134,7 @@ class FSDPMuon(torch.optim.Optimizer):
         self.routes = routes([tuple(self.param_groups[g]["params"][i].shape) for g, i in where],
                              [[theirs[g][i][2] for g, i in where] for theirs in everyone], grid.tp)
         self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
+        MomentumSync.of(self)
         self.steps_taken = 0
         for group in self.param_groups:  # state now, not at the first step: get_state_dict never steps it
             for p in group["params"]:
@@ -134,28 +150,55 @@ class FSDPMuon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = call_closure(closure)
+        MomentumSync.of(self)(self.param_groups)
         self._check_grads()
+        present = dict(zip(map(id, self._all_params()), grads_present(self._all_params(), self.grid)))
         self.steps_taken += 1
         self.comm.ledger.begin_step(self.steps_taken)
         with record_function("optimizer.step"):
             for group in self.param_groups:
                 if not group["use_muon"]:
                     for p in group["params"]:
+                        if not present[id(p)]:
+                            continue
                         st = self.state[p]
                         st["step"] += 1
-                        adamw_step_(p.to_local(), p.grad.to_local(), st["exp_avg"].to_local(),
-                                    st["exp_avg_sq"].to_local(), int(st["step"]), group["lr"], group["betas"],
+                        adamw_step_(p.to_local(), local_grad(p), st["exp_avg"].to_local(),
+                                    st["exp_avg_sq"].to_local(), int(st["step"]), lr_of(group), group["betas"],
                                     group["eps"], group["weight_decay"])
             if self.muon_params:
-                self._muon_step()
+                self._muon_step(present)
         return loss
 
-    def _muon_step(self) -> None:
+    def _all_params(self) -> list:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+        """Clip FSDP2's DP-mean gradients in place by their global norm (blocks of every rank, TP-replicated
+        parameters counted once); returns the total norm, as ``torch.nn.utils.clip_grad_norm_``."""
+        from .clipping import clip_fsdp_
+        return clip_fsdp_(self, max_norm, norm_type, error_if_nonfinite)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        MomentumSync.of(self).after_load(self.param_groups)
+
+    def __getstate__(self):
+        refuse_pickle(self)
+
+    def __deepcopy__(self, memo):
+        raise TypeError("FSDPMuon cannot be deep-copied: its parameters are FSDP2 DTensors that belong to the "
+                        "model; copy the model and build a new FSDPMuon on it, then load_state_dict(opt.state_dict())")
+
+    def _muon_step(self, present: dict) -> None:
         groups = {id(p): g for g in self.param_groups if g["use_muon"] for p in g["params"]}
         updates = []
         for p in self.muon_params:
             g = groups[id(p)]
-            updates.append(muon_momentum_(self.state[p]["momentum_buffer"].to_local(), p.grad.to_local(),
+            if not present[id(p)]:  # skipped: momentum kept, Newton-Schulz runs on zeros, nothing applied
+                updates.append(torch.zeros_like(p.to_local()))
+                continue
+            updates.append(muon_momentum_(self.state[p]["momentum_buffer"].to_local(), local_grad(p),
                                           g["momentum"], g["nesterov"]))
         r, me = self.routes, self.grid.rank
         out = [updates[m].reshape(-1) for ms in r.outgoing(me) for m in ms]
@@ -174,7 +217,7 @@ class FSDPMuon(torch.optim.Optimizer):
             g = groups[id(self.muon_params[m])]
             self.comm.ledger.count_ns(ns5_flops(*r.shapes[m], g["ns_steps"]))
             with record_function("muon:newton_schulz"):
-                ortho[m] = zeropower_ns5(whole[m], g["ns_steps"], g["ns_coefficients"], g["ns_eps"])
+                ortho[m] = zeropower_ns5(whole[m], g["ns_steps"], g["ns_coefficients"], g["eps"])
         back = [ortho[m][r.pieces[q][m].slices()].reshape(-1) for q in range(r.world) for m in r.owned(me)]
         send = torch.cat(back) if back else torch.zeros(0, dtype=torch.bfloat16)
         got = self.comm.all_to_all(send, r.back_counts(me), r.back_recv_counts(me), "world", Phase.NS_FROM_OWNER).wait()
@@ -182,9 +225,10 @@ class FSDPMuon(torch.optim.Optimizer):
         for owner in range(r.world):
             for m in r.owned(owner):
                 p, piece = self.muon_params[m], r.pieces[me][m]
-                g, lr = groups[id(p)], groups[id(p)]["lr"]
-                apply_update_(p.to_local(), got[offset: offset + piece.numel].view(piece.shape), lr,
-                              g["weight_decay"], adjust_lr(lr, r.shapes[m], g["adjust_lr"]))
+                g, lr = groups[id(p)], lr_of(groups[id(p)])
+                if present[id(p)]:
+                    apply_update_(p.to_local(), got[offset: offset + piece.numel].view(piece.shape), lr,
+                                  g["weight_decay"], adjust_lr(lr, r.shapes[m], g["adjust_lr"]))
                 offset += piece.numel
 
     def _check_grads(self) -> None:
@@ -194,9 +238,8 @@ class FSDPMuon(torch.optim.Optimizer):
             if bool(group["use_muon"]) != self.muon_groups[g]:
                 raise ValueError(f"group {g}: use_muon changed after the optimizer was built")
             for name, p in zip(group["names"], group["params"]):
-                if p.grad is None:
-                    raise ValueError(f"parameter {name!r} has no gradient on {where}; every rank must have one "
-                                     "(its owner waits for its block): use zeros, or leave it out of the optimizer")
+                if p.grad is None:  # skipped if no rank has one, zeros here if another rank has one
+                    continue
                 if not is_dtensor(p.grad) or p.grad.placements != p.placements or p.grad.shape != p.shape:
                     raise ValueError(f"parameter {name!r}: gradient {getattr(p.grad, 'placements', 'a plain tensor')} "
                                      f"of shape {tuple(p.grad.shape)} is not placed like its parameter {p.placements} "

@@ -15,18 +15,32 @@ from typing import Iterable
 
 import torch
 
-from .newton_schulz import NS_COEFFICIENTS, NS_EPS, NS_STEPS, zeropower_ns5
+from .contract import MomentumSync, check_group_contract, fill_group, lr_of, normalize_hyper
+from .newton_schulz import NS_COEFFICIENTS, NS_STEPS, zeropower_ns5
 from .updates import LR_ADJUSTMENTS, adamw_step_, adjust_lr, apply_update_, muon_momentum_
 
 # Hyperparameters of both kinds of group. Muon's defaults are torch.optim.Muon's except the lr
-# adjustment, which is Moonshot's; AdamW's are torch.optim.AdamW's except weight decay, which
-# is shared with Muon (0.1, as in Moonshot's recipe).
+# adjustment, which is Moonshot's ("match_rms_adamw"; pass adjust_lr_fn="original" or None for
+# torch's); AdamW's are torch.optim.AdamW's except weight decay, which is shared with Muon (0.1, as
+# in Moonshot's recipe). ``eps`` is per kind, as in torch: Newton-Schulz's 1e-7 in a Muon group,
+# AdamW's 1e-8 in an AdamW group (None here: filled in per group by ``contract.fill_group``).
+# ``adjust_lr_fn`` (torch.optim.Muon's keyword) is accepted and stored as ``adjust_lr``.
 DEFAULTS = dict(
-    lr=1e-3, weight_decay=0.1,
+    lr=1e-3, weight_decay=0.1, eps=None,
     momentum=0.95, nesterov=True, ns_steps=NS_STEPS, ns_coefficients=NS_COEFFICIENTS,
-    ns_eps=NS_EPS, adjust_lr="match_rms_adamw",          # Muon groups
-    betas=(0.9, 0.999), eps=1e-8,                         # AdamW groups
+    adjust_lr="match_rms_adamw",                          # Muon groups
+    betas=(0.9, 0.999),                                   # AdamW groups (a Muon group's betas[0] is its momentum)
 )
+
+
+def check_hyper(hyper: dict) -> dict:
+    """Refuse unknown keywords; map torch.optim.Muon's names onto ours."""
+    hyper = normalize_hyper(hyper)
+    unknown = set(hyper) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {sorted(DEFAULTS)} "
+                        "(and adjust_lr_fn, torch.optim.Muon's name for adjust_lr)")
+    return hyper
 
 # Module names whose matrices are not "hidden layers": token/position embeddings and output heads.
 NOT_MUON_MODULES = {"embed", "embedding", "embeddings", "tok_embeddings", "wte", "wpe",
@@ -78,7 +92,9 @@ def param_names(group: dict, group_idx: int) -> list[str]:
 
 
 def check_group(group: dict, group_idx: int) -> None:
-    """Validate one filled-in parameter group (shared by single-device and distributed optimizers)."""
+    """Fill in per-kind defaults and validate one parameter group (shared by every optimizer class)."""
+    fill_group(group)
+    check_group_contract(group, group_idx)
     if group["adjust_lr"] not in LR_ADJUSTMENTS:
         raise ValueError(f"group {group_idx}: adjust_lr must be one of {LR_ADJUSTMENTS}, got {group['adjust_lr']!r}")
     if group["use_muon"]:
@@ -98,16 +114,19 @@ class MuonW(torch.optim.Optimizer):
     """Muon on groups with ``use_muon=True``, AdamW on the others; one process, no communication."""
 
     def __init__(self, params, use_muon: bool = True, **hyper):
-        unknown = set(hyper) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(f"unknown hyperparameters {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-        super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **hyper))
+        super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **check_hyper(hyper)))
         for g_idx, group in enumerate(self.param_groups):
             check_group(group, g_idx)
+        MomentumSync.of(self)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        MomentumSync.of(self).after_load(self.param_groups)
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = call_closure(closure)
+        MomentumSync.of(self)(self.param_groups)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -123,8 +142,8 @@ class MuonW(torch.optim.Optimizer):
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p.grad)
         update = muon_momentum_(state["momentum_buffer"], p.grad, group["momentum"], group["nesterov"])
-        ortho = zeropower_ns5(update, group["ns_steps"], group["ns_coefficients"], group["ns_eps"])
-        lr = group["lr"]
+        ortho = zeropower_ns5(update, group["ns_steps"], group["ns_coefficients"], group["eps"])
+        lr = lr_of(group)
         apply_update_(p, ortho, lr, group["weight_decay"], adjust_lr(lr, p.shape, group["adjust_lr"]))
 
     def _adamw(self, p: torch.Tensor, group: dict) -> None:
@@ -134,7 +153,7 @@ class MuonW(torch.optim.Optimizer):
             state["exp_avg"] = torch.zeros_like(p)
             state["exp_avg_sq"] = torch.zeros_like(p)
         state["step"] += 1
-        adamw_step_(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], group["lr"],
+        adamw_step_(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], lr_of(group),
                     group["betas"], group["eps"], group["weight_decay"])
 
 

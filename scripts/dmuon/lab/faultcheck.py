@@ -22,7 +22,6 @@ EXPECTED = {
               True),
     "hang": ([r"timed out|has not finished"], False),
     "nan": ([r"gradient of parameter 'w0' has 1 NaN/Inf value\(s\) on rank {rank} \(dp {dp}, tp {tp}\), step 2"], True),
-    "missing-grad": ([r"parameter 'w0' has no gradient on rank {rank} \(dp {dp}, tp {tp}\), step 2"], True),
     "watchdog": ([r"\[dmuon watchdog\] \(injected\) rank {rank} ended at step 2"], True),
     "kill": ([r"killed by signal SIGKILL"], True),
     "shape-mismatch": ([r"the ranks disagree about the parameters they optimize: parameter 'w2': full shape "

@@ -100,10 +100,12 @@ class Problem:
     full: dict = field(default_factory=dict)  # name -> full fp32 tensor
 
     def param_groups(self, tp: int = 1, tp_rank: int = 0, device=None) -> list[dict]:
-        """Optimizer groups of fresh ``nn.Parameter``s on ``device``: whole (tp=1) or this TP rank's shards."""
+        """Optimizer groups of fresh ``nn.Parameter``s on ``device``: whole (tp=1) or this TP rank's shards.
+        Each call copies (a row shard would otherwise be a view of ``self.full``, shared by every optimizer
+        built from the problem, and each optimizer's step starts from its parameters' current values)."""
         out = []
         for g in self.groups:
-            params = [torch.nn.Parameter(tp_shard(self.full[n], d, tp, tp_rank, n).to(device))
+            params = [torch.nn.Parameter(tp_shard(self.full[n], d, tp, tp_rank, n).to(device, copy=True))
                       for n, d in zip(g["names"], g["tp_split_dims"])]
             out.append(dict(g["hyper"], params=params, names=list(g["names"]),
                             tp_split_dims=list(g["tp_split_dims"]), use_muon=g["use_muon"]))

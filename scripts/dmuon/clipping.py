@@ -1,0 +1,136 @@
+"""Gradient clipping by global norm for ZeRO-1 and FSDP2: ``opt.clip_grad_norm_(max_norm, norm_type=2.0)``.
+
+Why the optimizer does it. Under DDP a user clips after ``backward()``, when ``.grad`` already holds
+the DP mean. Under ZeRO-1 (``DistributedMuon``, ``DistributedAdamW``) the mean is taken inside
+``step()`` (a reduce-scatter), so ``torch.nn.utils.clip_grad_norm_`` between ``backward()`` and
+``step()`` would see one rank's own gradient. ``opt.clip_grad_norm_`` therefore runs the step's
+reduce-scatter early, computes the norm of the mean gradient over every rank's shards and scales the
+shards that ``step()`` then uses (the convention of FSDP's ``clip_grad_norm_``). FSDP2 already leaves
+``.grad`` as the mean, placed in blocks; ``FSDPMuon.clip_grad_norm_`` scales those blocks in place.
+
+Counting each element once: DP shards are disjoint; a TP-split matrix's TP shards are disjoint; a
+matrix replicated over TP is held by every TP rank, so only TP rank 0 counts it. The partial sums
+(of ``|g|**p`` in float64, or the max for ``inf``) meet in one all-reduce over the world.
+
+Numbers. The squares of fp32 values are exact in float64 and their sum is rounded at ~1e-16, far
+below fp32's 6e-8, so the total norm rounded to fp32 does not depend on how the elements are split
+over ranks: every grid gives the norm that ``total_norm`` gives on one device (``tests/test_contract.py``
+asserts it bit for bit, and within 1e-6 of ``torch.nn.utils.get_total_norm``, whose per-tensor fp32
+norms round differently). The scaling is torch's, op for op: ``coef = max_norm / (total + 1e-6)``,
+clamped to 1, multiplied into the fp32 mean gradient; so given the same total norm the clipped
+gradient equals ``torch.nn.utils.clip_grads_with_norm_``'s bit for bit.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from .placements import local
+
+
+def _partial(tensors: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+    """This rank's part: sum of |x|**p (float64), or the max of |x| for p = inf."""
+    if math.isinf(norm_type):
+        return torch.stack([t.abs().max().to(torch.float64) for t in tensors if t.numel()] or
+                           [torch.zeros((), dtype=torch.float64)]).max()
+    total = torch.zeros((), dtype=torch.float64)
+    for t in tensors:
+        x = t.to(torch.float64).abs()
+        total = total + (x.square().sum() if norm_type == 2.0 else x.pow(norm_type).sum())
+    return total
+
+
+def _finish(partial: torch.Tensor, norm_type: float, dtype: torch.dtype) -> torch.Tensor:
+    if math.isinf(norm_type):
+        return partial.to(dtype)
+    return (partial.sqrt() if norm_type == 2.0 else partial.pow(1.0 / norm_type)).to(dtype)
+
+
+def _check(max_norm, norm_type) -> float:
+    norm_type = float(norm_type)
+    if not (norm_type > 0 or math.isinf(norm_type)) or math.isnan(norm_type):
+        raise ValueError(f"norm_type must be positive or inf, got {norm_type}")
+    if not float(max_norm) >= 0:
+        raise ValueError(f"max_norm must be >= 0, got {max_norm}")
+    return norm_type
+
+
+def _all_reduce(partial: torch.Tensor, grid, norm_type: float) -> torch.Tensor:
+    if grid.dp * grid.tp > 1:
+        partial = partial.to(grid.device)
+        dist.all_reduce(partial, op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM)
+    return partial.cpu()
+
+
+def _scale(tensors: list[torch.Tensor], max_norm: float, total: torch.Tensor) -> None:
+    """torch's clip_grads_with_norm_, op for op: grads *= min(max_norm / (total + 1e-6), 1)."""
+    coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+    for t in tensors:
+        t.mul_(coef.to(t.device))
+
+
+def _nonfinite(total: torch.Tensor, norm_type: float, error_if_nonfinite: bool) -> None:
+    if error_if_nonfinite and not torch.isfinite(total):
+        raise RuntimeError(f"the total norm of order {norm_type} of the gradients is non-finite, so it cannot be "
+                           "clipped; nothing was changed. Pass error_if_nonfinite=False to scale anyway")
+
+
+def total_norm(tensors, norm_type: float = 2.0) -> torch.Tensor:
+    """The global norm of ``tensors`` on one device, as the distributed optimizers compute it (the reference)."""
+    tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    norm_type = _check(0.0, norm_type)
+    return _finish(_partial(tensors, norm_type), norm_type, tensors[0].dtype if tensors else torch.float32)
+
+
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """Single-device clipping with the distributed optimizers' norm (the reference they are tested against)."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    total = total_norm(grads, norm_type)
+    _scale(grads, max_norm, total)
+    return total
+
+
+def clip_zero1_(opt, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
+    """``DistributedMuon`` / ``DistributedAdamW``: reduce-scatter now (the step's own, cached), norm of the
+    mean over every rank's shards, scale the shards ``step()`` will use."""
+    norm_type = _check(max_norm, norm_type)
+    opt._prepare()
+    shards, counted = [], []
+    for g, group in enumerate(opt.param_groups):
+        present = opt._prepared["present"][g]
+        for bucket in opt.plan.buckets[g]:
+            shard = opt._grad_shard(g, bucket)
+            shards.append(shard)
+            for i in bucket.param_indices:
+                meta = opt.plan.metas[g][i]
+                if present[i] and (meta.tp_split_dim != -1 or opt.grid.tp_rank == 0):
+                    counted.append(shard[opt.plan.shard_slice(meta)])
+    dtype = torch.float64 if opt.master_dtypes and all(d == torch.float64 for d in opt.master_dtypes) else torch.float32
+    total = _finish(_all_reduce(_partial(counted, norm_type), opt.grid, norm_type), norm_type, dtype)
+    _nonfinite(total, norm_type, error_if_nonfinite)
+    _scale(shards, max_norm, total)
+    return total
+
+
+def _tp_replicated(p) -> bool:
+    names = tuple(p.device_mesh.mesh_dim_names or ())
+    if "tp" not in names:
+        return True  # an FSDP2 parameter on the "dp" mesh only: every TP rank holds its own copy
+    from torch.distributed.tensor import Replicate
+    return isinstance(p.placements[names.index("tp")], Replicate)
+
+
+def clip_fsdp_(opt, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
+    """``FSDPMuon``: FSDP2's gradients are already the DP mean, in blocks; scale them in place."""
+    norm_type = _check(max_norm, norm_type)
+    params = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
+    blocks = [local(p.grad) for p in params]
+    counted = [b for p, b in zip(params, blocks) if opt.grid.tp == 1 or not _tp_replicated(p) or opt.grid.tp_rank == 0]
+    total = _finish(_all_reduce(_partial(counted, norm_type), opt.grid, norm_type),
+                    norm_type, blocks[0].dtype if blocks else torch.float32)
+    _nonfinite(total, norm_type, error_if_nonfinite)
+    _scale(blocks, max_norm, total)
+    return total
