@@ -1,0 +1,148 @@
+"""The GPU path without a GPU: every optimizer path and entry point's worker on the ``meta`` device.
+
+Each case runs a script's ``worker`` for every rank of a grid in this one process, over torch's ``fake``
+process group, with the grid's device set to ``meta`` (``dmuon/lab/devicecheck.py``). It fails on a
+tensor that is off the grid's device at a collective (NCCL would raise), on an op that mixes devices (a
+CPU batch fed to a device model, say), and on more than one host sync inside one optimizer step (the
+engine's budget: every ``.item()``/``bool(t)`` on a GPU stalls the CPU until the device catches up).
+Grids: 2x2 and 3x2; FSDP also on 3x2 with one layer (4 Muon matrices for 6 ranks: some own none).
+
+What this cannot see: NCCL itself, streams, real timings; those need scripts/gpu_smoke.sh on a GPU.
+
+    PYTHONPATH=scripts python -m pytest -q tests/test_meta_device.py
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import warnings
+
+import pytest
+import torch
+
+from conftest import SCRIPTS
+from dmuon.lab import devicecheck
+from dmuon.lab.devicecheck import simulate
+
+SYNC_BUDGET = 1  # host syncs per optimizer step: the batched finite check reads one flag
+SMALL = ["--shapes", "36x57,45x28,33x17,20x44,8x12", "--tp-dims", "0,1,none,1,0"]
+TRAIN = ["--steps", "2", "--eval-every", "2", "--eval-batches", "1", "--eval-batch", "4", "--batch", "12",
+         "--width", "32", "--heads", "2", "--context", "16", "--metrics-every", "0"]
+
+
+def entry(name: str):
+    """Import ``scripts/<name>.py`` as a module (it is a script, not part of the package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def args_of(name: str, argv: list[str]):
+    """The parsed arguments ``scripts/<name>.py argv`` would hand its worker (its own parser and checks)."""
+    module = entry(name)
+    if hasattr(module, "parse_args"):
+        return module.parse_args(argv)
+    seen = {}
+    launch = module.launch
+    module.launch = lambda worker, args: seen.setdefault("args", args) and 0
+    try:
+        module.main(argv)
+    finally:
+        module.launch = launch
+    return seen["args"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quiet_and_small_corpus():
+    """One corpus load for all cases (the scripts read it on every rank), and no deprecation noise."""
+    from dmuon.lab import charlm
+    corpus = charlm.load_corpus()
+    saved = {}
+    for name in ("train", "profile_step"):
+        saved[name] = entry(name).load_corpus
+        entry(name).load_corpus = lambda *a, **k: corpus
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+    for name, fn in saved.items():
+        entry(name).load_corpus = fn
+
+
+CASES = {
+    # every optimizer path of the engine: three layouts of Muon, the hybrid, AdamW
+    "verify-muon-layouts": ("verify", ["--layout", "bucket,owner,aligned", "--steps", "2", *SMALL]),
+    "verify-hybrid": ("verify", ["--optimizer", "hybrid", "--layout", "owner", "--steps", "1"]),
+    "verify-adamw": ("verify", ["--optimizer", "adamw", "--steps", "1", *SMALL]),
+    # the entry points' workers
+    "trace_step": ("trace_step", SMALL),
+    "collectives": ("collectives", ["--numel", "12"]),
+    "faults-none": ("faults", ["--steps", "2", "--step", "99"]),
+    "train-hybrid-owner": ("train", TRAIN),
+    "train-muon-bucket": ("train", [*TRAIN, "--optimizer", "muon", "--layout", "bucket"]),
+    "train-adamw": ("train", [*TRAIN, "--optimizer", "adamw"]),
+    "train-fsdp": ("train", [*TRAIN, "--fsdp"]),
+    "bench": ("bench", ["--steps", "1", "--warmup", "0", "--layout", "bucket,owner", *SMALL]),
+    "inspect_grid": ("inspect_grid", []),
+    "measure_links": ("measure_links", ["--points", "2", "--reps", "1"]),
+}
+
+
+@pytest.mark.parametrize("grid", [(2, 2), (3, 2)], ids=["2x2", "3x2"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_meta_device(case, grid):
+    name, argv = CASES[case]
+    dp, tp = grid
+    args = args_of(name, [*argv, "--dp", str(dp), "--tp", str(tp)])
+    audit = simulate(entry(name).worker, dp, tp, args)
+    assert audit.problems(SYNC_BUDGET) == []
+    if name in ("verify", "train", "faults", "trace_step", "bench"):
+        assert audit.steps > 0, "no optimizer step was seen: the check would pass vacuously"
+
+
+def test_fsdp_more_ranks_than_matrices():
+    """3x2 grid, one layer: 4 Muon matrices for 6 ranks, so two ranks own none and send an empty buffer."""
+    args = args_of("train", [*TRAIN, "--fsdp", "--layers", "1", "--dp", "3", "--tp", "2"])
+    audit = simulate(entry("train").worker, 3, 2, args)
+    assert audit.problems(SYNC_BUDGET) == []
+    assert audit.steps == 6 * 2
+
+
+def test_the_check_catches_each_kind():
+    """The audit is not vacuous: a CPU tensor at a collective, a mixed-device op and two syncs in a step
+    are each reported."""
+    from dmuon.distributed import DistributedMuon
+
+    def worker(grid, comm, args):
+        comm.all_gather(torch.ones(4), "dp", "demo")                       # off the grid's device
+        try:
+            torch.ones(3, device=grid.device) + torch.ones(3)              # mixes meta and cpu
+        except RuntimeError:
+            pass
+        p = torch.nn.Parameter(torch.ones(4, 4, device=grid.device))
+        opt = DistributedMuon([p], grid, comm=comm)
+        opt.register_step_pre_hook(lambda o, a, k: (bool(p.sum() > 0), float(p.sum())) and None)  # two syncs in a step
+        p.grad = torch.ones_like(p)
+        opt.step()
+
+    problems = simulate(worker, 2, 2, None).problems(SYNC_BUDGET)
+    assert any("collective c10d._allgather_base_" in p and "cpu" in p for p in problems), problems
+    assert any("mixes devices" in p for p in problems), problems
+    assert any("host syncs in optimizer step" in p for p in problems), problems
+
+
+def test_checkpoint_placement_names_the_device_index():
+    """ShardedTensor compares a shard's placement device with its tensor's device: cuda:1 is not cuda."""
+    from torch.distributed._shard.sharded_tensor.metadata import ShardMetadata
+
+    from dmuon.checkpoint import placement
+    assert placement(3, torch.device("cuda", 1)) == "rank:3/cuda:1"
+    assert ShardMetadata([0], [1], placement(3, torch.device("cuda", 1))).placement.device() == torch.device("cuda", 1)
+    assert placement(0, torch.device("cpu")) == "rank:0/cpu"
+
+
+def test_meta_handle_is_removed():
+    """simulate() lends torch a stand-in device module for meta and takes it back."""
+    assert not hasattr(torch, "meta") or not isinstance(torch.meta, devicecheck._MetaHandle)
