@@ -73,8 +73,8 @@ def quiet_and_small_corpus():
 
 CASES = {
     # every optimizer path of the engine: three layouts of Muon, the hybrid, AdamW
-    "verify-muon-layouts": ("verify", ["--layout", "bucket,owner,aligned", "--steps", "2", *SMALL]),
-    "verify-hybrid": ("verify", ["--optimizer", "hybrid", "--layout", "owner", "--steps", "1"]),
+    "verify-muon-layouts": ("verify", ["--layout", "bucket,owner,aligned", "--steps", "1", *SMALL]),
+    "verify-hybrid": ("verify", ["--optimizer", "hybrid", "--layout", "owner", "--steps", "1", *SMALL]),
     "verify-adamw": ("verify", ["--optimizer", "adamw", "--steps", "1", *SMALL]),
     # the entry points' workers
     "trace_step": ("trace_step", SMALL),
@@ -88,16 +88,21 @@ CASES = {
     "inspect_grid": ("inspect_grid", []),
     "measure_links": ("measure_links", ["--points", "2", "--reps", "1"]),
 }
+# 3x2 (DP shards that do not divide evenly, six ranks) for the paths whose plan depends on it; FSDP on 3x2 is below.
+ON_3X2 = ("verify-muon-layouts", "verify-hybrid", "train-hybrid-owner", "faults-none", "collectives")
+# trace_step's hook reads the norm of every intermediate tensor by design (a teaching trace, not a training path)
+SYNCS_BY_DESIGN = ("trace_step",)
 
 
-@pytest.mark.parametrize("grid", [(2, 2), (3, 2)], ids=["2x2", "3x2"])
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case,grid", [(c, (2, 2)) for c in sorted(CASES)] + [(c, (3, 2)) for c in ON_3X2],
+                         ids=lambda v: v if isinstance(v, str) else f"{v[0]}x{v[1]}")
 def test_meta_device(case, grid):
     name, argv = CASES[case]
     dp, tp = grid
     args = args_of(name, [*argv, "--dp", str(dp), "--tp", str(tp)])
-    audit = simulate(entry(name).worker, dp, tp, args)
-    assert audit.problems(SYNC_BUDGET) == []
+    audit = simulate(entry(name).worker, dp, tp, args, passes=2 if "--fsdp" in argv else 1)
+    budget = 10**9 if case in SYNCS_BY_DESIGN else SYNC_BUDGET
+    assert audit.problems(budget) == []
     if name in ("verify", "train", "faults", "trace_step", "bench"):
         assert audit.steps > 0, "no optimizer step was seen: the check would pass vacuously"
 
@@ -105,7 +110,7 @@ def test_meta_device(case, grid):
 def test_fsdp_more_ranks_than_matrices():
     """3x2 grid, one layer: 4 Muon matrices for 6 ranks, so two ranks own none and send an empty buffer."""
     args = args_of("train", [*TRAIN, "--fsdp", "--layers", "1", "--dp", "3", "--tp", "2"])
-    audit = simulate(entry("train").worker, 3, 2, args)
+    audit = simulate(entry("train").worker, 3, 2, args, passes=2)
     assert audit.problems(SYNC_BUDGET) == []
     assert audit.steps == 6 * 2
 

@@ -32,11 +32,13 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
+
+from .devices import Span
 
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -103,6 +105,14 @@ class Record:
     bytes_sent: int
     bytes_recv: int
     seconds: float = 0.0  # wall time this rank spent in the call (and in waiting for it, if asynchronous)
+    spans: list = field(default_factory=list, repr=False)  # on CUDA: event pairs, read into seconds when asked
+
+    def total_seconds(self) -> float:
+        """``seconds``, with any CUDA event spans read (and folded in) now."""
+        if self.spans:
+            self.seconds += sum(s.seconds() for s in self.spans)
+            self.spans.clear()
+        return self.seconds
 
 
 def ring_bytes(op: str, group_size: int, shard_numel: int, element_size: int) -> int:
@@ -154,7 +164,7 @@ class Ledger:
             p = phases.setdefault(r.phase, dict(calls=0, numel=0, bytes_sent=0, bytes_recv=0, seconds=0.0,
                                                  group=r.group, dtype=r.dtype))
             p["calls"] += 1
-            p["seconds"] += r.seconds
+            p["seconds"] += r.total_seconds()
             p["numel"] += r.numel
             p["bytes_sent"] += r.bytes_sent
             p["bytes_recv"] += r.bytes_recv
@@ -317,6 +327,7 @@ class Comm:
         if waiting:
             self._inflight = (time.monotonic(), what)
         start = time.perf_counter()
+        span = Span(self.grid.device) if self.grid.device.type == "cuda" else None
         try:
             with record_function(f"{name}:{rec.phase}"):
                 return call()
@@ -324,7 +335,10 @@ class Comm:
             kind = "timed out" if "imeout" in str(e) or "imed out" in str(e) else "failed"
             raise CollectiveError(f"{what} {kind}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
         finally:
-            rec.seconds += time.perf_counter() - start
+            if span is None:
+                rec.seconds += time.perf_counter() - start
+            else:  # NCCL returns once the collective is queued: the events time it on the GPU's stream
+                rec.spans.append(span.stop())
             if waiting:
                 self._inflight = None
 

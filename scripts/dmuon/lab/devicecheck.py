@@ -26,8 +26,9 @@ Used by tests/test_meta_device.py.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
-import traceback
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -42,10 +43,12 @@ SYNC_OPS = {aten._local_scalar_dense.default, aten.equal.default, aten.nonzero.d
 
 def _where() -> str:
     """The innermost frame of dmuon or an entry point that led here (what a finding points at)."""
-    for frame in reversed(traceback.extract_stack()[:-3]):
-        path = frame.filename.replace("\\", "/")
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
         if "/scripts/" in path and "devicecheck.py" not in path:
-            return f"{path.split('/scripts/')[-1]}:{frame.lineno} ({frame.name})"
+            return f"{path.split('/scripts/')[-1]}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
     return "?"
 
 
@@ -98,7 +101,8 @@ class DeviceAudit(TorchDispatchMode):
             if len(devices) > 1:
                 a.mixed.append((a.rank, name, sorted(devices), _where()))
         on_device = [t for t in tensors if t.device.type != "cpu"]
-        to_host = func is aten._to_copy.default and on_device and torch.device(kwargs.get("device", "cpu")).type == "cpu"
+        to_host = (func is aten._to_copy.default and bool(on_device) and kwargs.get("device") is not None
+                   and torch.device(kwargs["device"]).type == "cpu")
         if (func in SYNC_OPS and on_device) or to_host:
             a.syncs.append((a.rank, a._step, name, _where()))
             if any(t.device.type == "meta" for t in on_device):
@@ -143,23 +147,44 @@ def _is_dmuon(opt) -> bool:
     return type(opt).__module__.startswith("dmuon")
 
 
-def simulate(worker, dp: int, tp: int, args, device: str = "meta", audit: Audit | None = None) -> Audit:
-    """Run ``worker(grid, comm, args)`` for every rank of a ``dp`` x ``tp`` grid on ``device`` over the fake
-    process group, under ``DeviceAudit``; return what it recorded (the second pass's findings)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+@contextlib.contextmanager
+def _meta_patches(device: str):
+    """What running on ``meta`` needs from torch, lent for the run and given back after: a device module
+    ``torch.meta`` (DTensor and FSDP2 look theirs up as ``torch.<type>``), and FSDP2's refusal to train
+    parameters on meta switched off (they are never filled in; here that is the point)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
+    if device != "meta":
+        yield
+        return
+    had_handle, no_meta_check = hasattr(torch, "meta"), FSDPParamGroup._validate_no_meta_params
+    if not had_handle:
+        torch.meta = _MetaHandle()
+    FSDPParamGroup._validate_no_meta_params = lambda self: None
+    try:
+        yield
+    finally:
+        FSDPParamGroup._validate_no_meta_params = no_meta_check
+        if not had_handle:
+            del torch.meta
+
+
+def simulate(worker, dp: int, tp: int, args, device: str = "meta", passes: int = 1) -> Audit:
+    """Run ``worker(grid, comm, args)`` for every rank of a ``dp`` x ``tp`` grid on ``device`` over the fake
+    process group, under ``DeviceAudit``; return what it recorded in the last pass. With one pass,
+    ``gather_objects`` gives every rank its own object for everyone's; ``passes=2`` first records what
+    each rank contributes (FSDPMuon builds its owner table from them) and hands it out in the second."""
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from ..comm import Comm
     from ..grid import Grid
 
-    world, gathered = dp * tp, {}
-    for attempt in (0, 1):
-        audit = Audit(torch.device(device)) if attempt == 1 or audit is None else audit
-        audit.off_device.clear(), audit.mixed.clear(), audit.syncs.clear()
-        audit.steps = 0
+    world, gathered, original = dp * tp, {}, Comm.gather_objects
+    for attempt in range(passes):
+        last = attempt == passes - 1
+        audit = Audit(torch.device(device))
         contributed: dict = collections.defaultdict(dict)
-        counter = itertools.count()
 
         def pre(opt, a, kw):
             if _is_dmuon(opt):
@@ -171,48 +196,37 @@ def simulate(worker, dp: int, tp: int, args, device: str = "meta", audit: Audit 
             if _is_dmuon(opt):
                 audit._step = None
 
-        hooks = [register_optimizer_step_pre_hook(pre),
-                 register_optimizer_step_post_hook(post)]
-        original = Comm.gather_objects
+        hooks = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+        try:
+            with _meta_patches(device):
+                for rank in range(world):
+                    calls = itertools.count()
 
-        had_handle = hasattr(torch, "meta")
-        if device == "meta" and not had_handle:
-            torch.meta = _MetaHandle()  # DTensor and FSDP2 look their device's module up as torch.<type>
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-        no_meta_check = FSDPParamGroup._validate_no_meta_params
-        if device == "meta":  # FSDP2 refuses to train parameters on meta (they are never filled in); here that is the point
-            FSDPParamGroup._validate_no_meta_params = lambda self: None
-        for rank in range(world):
-            calls = itertools.count()
+                    def gather_objects(self, obj, phase, _rank=rank, _calls=calls):
+                        k = next(_calls)
+                        contributed[k][_rank] = obj
+                        return [gathered.get(k, {}).get(q, obj) for q in range(world)]
 
-            def gather_objects(self, obj, phase, _rank=rank, _calls=calls):
-                k = next(_calls)
-                contributed[k][_rank] = obj
-                return [gathered.get(k, {}).get(q, obj) for q in range(world)]
-
-            Comm.gather_objects = gather_objects
-            # DTensor caches sharding decisions by mesh, and meshes of different ranks compare equal: a cached
-            # decision would carry the previous rank's mesh (and its coordinates) into this one.
-            _clear_sharding_prop_cache()
-            audit.rank = rank
-            dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
-            try:
-                grid = Grid.build(dp, tp, device)
-                comm = Comm(grid)
-                with DeviceAudit(audit):
-                    worker(grid, comm, args)
-                comm.close()
-            except Exception:
-                if attempt == 1:
-                    raise
-            finally:
-                Comm.gather_objects = original
-                dist.destroy_process_group()
-        for h in hooks:
-            h.remove()
-        FSDPParamGroup._validate_no_meta_params = no_meta_check
-        if device == "meta" and not had_handle:
-            del torch.meta
+                    Comm.gather_objects = gather_objects
+                    # DTensor caches sharding decisions by mesh, and meshes of different ranks compare equal: a
+                    # cached decision would carry the previous rank's mesh (and its coordinates) into this one.
+                    _clear_sharding_prop_cache()
+                    audit.rank = rank
+                    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+                    try:
+                        grid = Grid.build(dp, tp, device)
+                        comm = Comm(grid)
+                        with DeviceAudit(audit):
+                            worker(grid, comm, args)
+                        comm.close()
+                    except Exception:
+                        if last:
+                            raise
+                    finally:
+                        Comm.gather_objects = original
+                        dist.destroy_process_group()
+        finally:
+            for h in hooks:
+                h.remove()
         gathered = dict(contributed)
-        del counter
     return audit
