@@ -12,8 +12,14 @@ Why one wrapper:
   about, and ``Ledger.summary`` says so.
 * **Errors that say which collective.** A failure or a timeout is re-raised as
   ``CollectiveError`` naming the op, group, dtype, size, phase, step and rank. A watchdog thread
-  also ends the process with that message if a collective outlives its timeout by more than a
-  few seconds without the backend raising (a hung NCCL kernel, say).
+  also ends the process with that message if a call blocks the host past its timeout by more than a
+  few seconds without the backend raising. On NCCL a collective returns once it is queued, so the
+  host rarely blocks in one: there ProcessGroupNCCL's own watchdog ends a collective that outlives
+  the group's timeout ("Watchdog caught collective operation timeout: WorkNCCL(...) ran for N
+  milliseconds before timing out"), which is why ``Grid.build`` gives every group ``--timeout``.
+* **Time.** ``Record.seconds`` is host time on a CPU; on CUDA each call is bracketed by CUDA events
+  (``devices.Span``), read only when a summary is asked for, so the ledger times what the GPU spent
+  without a host sync per collective.
 * **Work.** ``Ledger.count_ns`` records every Newton-Schulz run (calls and FLOPs), so a step
   reports how often each matrix was orthogonalised, beside what it moved.
 * **Profiling.** Every collective runs inside a profiler range named ``comm:<phase>`` (and the
@@ -332,7 +338,7 @@ class Comm:
             with record_function(f"{name}:{rec.phase}"):
                 return call()
         except Exception as e:  # gloo raises on timeouts and on dead peers
-            kind = "timed out" if "imeout" in str(e) or "imed out" in str(e) else "failed"
+            kind = "timed out" if any(w in str(e) for w in ("imeout", "imed out", "timing out")) else "failed"
             raise CollectiveError(f"{what} {kind}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
         finally:
             if span is None:
