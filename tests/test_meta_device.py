@@ -171,3 +171,43 @@ def test_subgroups_get_the_timeout():
                    for backend, opts in options.values())
     finally:
         dist.destroy_process_group()
+
+
+def test_finite_check_reads_one_flag_and_still_names_the_bad_parameters():
+    """All finite: one host sync (counted on meta). Not: the error names the first bad gradient with its count, in
+    the wording faultcheck expects, and lists the others."""
+    import re
+
+    from dmuon.finite import check_finite, nonfinite
+    from dmuon.lab.devicecheck import Audit, DeviceAudit
+    from dmuon.lab.faultcheck import EXPECTED
+
+    audit = Audit(torch.device("meta"))
+    audit._step = "step"
+    with DeviceAudit(audit):
+        check_finite([(f"w{i}", torch.ones(3, 3, device="meta")) for i in range(21)], where="rank 0")
+    assert audit.syncs_per_step() == {(0, "step"): 1}
+
+    grads = [("w0", torch.tensor([1.0, float("nan")])), ("w1", torch.ones(2)), ("w2", torch.tensor([float("inf")] * 3))]
+    assert nonfinite(grads) == [("w0", 1), ("w2", 3)]
+    with pytest.raises(FloatingPointError) as e:
+        check_finite(grads, where="rank 3 (dp 1, tp 1), step 2")
+    assert re.search(EXPECTED["nan"][0][0].format(rank=3, dp=1, tp=1), str(e.value)), str(e.value)
+    assert "also non-finite: 'w2' (3)" in str(e.value)
+    assert nonfinite([("w", torch.ones(2))]) == [] and nonfinite([]) == []
+
+
+def test_rank_device_under_torchrun_and_one_gpu_per_process(monkeypatch):
+    """cuda:{LOCAL_RANK % visible GPUs}: all GPUs visible -> its own index; one visible (a scheduler's
+    CUDA_VISIBLE_DEVICES per task) -> cuda:0, not a cuda:5 that does not exist. gloo -> the CPU."""
+    from dmuon.devices import rank_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert rank_device("nccl") == torch.device("cuda", 5)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert rank_device("nccl") == torch.device("cuda", 0)
+    assert rank_device("gloo") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        rank_device("nccl")

@@ -14,9 +14,12 @@ the grid's device set to ``meta`` (tensors with shapes and dtypes but no data: n
   the CPU until the device has caught up, so the engine allows at most one per step.
 
 Reading a value off the meta device is impossible, so a host sync returns a stand-in (True, 1, zeros):
-code that branches on values takes the "all is well" path. ``Comm.gather_objects`` (reports, the
-FSDP owner table) is emulated by running every rank twice: the first pass records what each rank
-contributes to each call, the second hands every rank the others' contributions.
+code that branches on values takes the "all is well" path. ``Comm.gather_objects`` (reports, the FSDP
+owner table) does not communicate either: each rank gets its own object for everyone's, or, with
+``passes=2``, the objects every rank contributed in a first pass. Three things torch needs for this are
+lent for the run and given back: a ``torch.meta`` device module (CPU stand-ins), FSDP2's refusal to
+train meta parameters switched off, and DTensor's sharding cache cleared between ranks (meshes of
+different ranks compare equal, so a cached decision would carry the previous rank's coordinates).
 
     audit = simulate(worker, dp=2, tp=2, args=args)     # runs worker(grid, comm, args) for each rank
     assert audit.problems(sync_budget=1) == []
