@@ -19,6 +19,8 @@ The engine, in the order the book introduces it (the math apart from the orchest
     flows          momentum shards -> orthogonalised shards, per layout (bucket gathers, owner all-to-all)
     distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses)
     launch         one entry point for local gloo processes and torchrun
+    devices        a rank's device (cuda:{LOCAL_RANK % visible GPUs}), device-inclusive clocks, CUDA-event spans
+    finite         the gradients' NaN/Inf check with one host sync
     checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
     fsdp_routes    FSDP2: which rank owns each matrix and where its row blocks travel (pure)
     fsdp           FSDPMuon: Muon for fully_shard models, each matrix orthogonalised once by its owner
