@@ -22,7 +22,7 @@ from dmuon.launch import add_launch_args, check_launch_args, launch
 
 def worker(grid, comm, args) -> int:
     world = grid.dp * grid.tp
-    full = torch.arange(args.numel, dtype=torch.float32) + 100 * grid.rank
+    full = torch.arange(args.numel, dtype=torch.float32, device=grid.device) + 100 * grid.rank
     shard = full.view(world, -1)[grid.rank].clone()
     results = {
         "input (full)": full,

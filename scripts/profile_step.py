@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from dmuon.lab.charlm import batch, load_corpus
 from dmuon.distributed import DistributedAdamW, DistributedMuon
 from dmuon.layouts import LAYOUTS
-from dmuon.launch import add_launch_args, check_launch_args, launch
+from dmuon.launch import add_launch_args, check_launch_args, launch, under_torchrun, without_torchrun
 from dmuon.optim import hybrid_param_groups
 from dmuon.lab.tpgpt import tp_gpt
 from dmuon.lab.traces import breakdown, load_events, median_breakdown
@@ -137,7 +138,7 @@ def compare_grids(args, argv: list[str]) -> int:
         cmd = [sys.executable, __file__, "--dp", str(dp), "--tp", str(tp), "--batch", str(args.global_batch // dp),
                *passed, "--out", str(Path(args.out) / f"{dp}x{tp}")]
         print(f"== {dp}x{tp}: {' '.join(cmd[1:])}", flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=without_torchrun())
         print(proc.stdout, end="", flush=True)
         if proc.returncode != 0:
             print(proc.stderr[-4000:], file=sys.stderr)
@@ -182,6 +183,9 @@ def main(argv=None) -> int:
     if args.width % args.heads:
         p.error(f"--width {args.width} must divide by --heads {args.heads}")
     if args.grids:
+        if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+            p.error("--grids launches one run per grid itself: start it once, with python (or torchrun "
+                    "--nproc-per-node 1), not as one of several torchrun ranks")
         try:
             grids = parse_grids(args.grids)
         except ValueError as e:

@@ -23,7 +23,7 @@ from dmuon.lab.synthetic import add_problem_args, build_problem, check_problem_a
 
 def worker(grid, comm, args) -> int:
     problem = build_problem("muon", args.shapes, args.tp_dims, 1, args.seed, grid.tp)
-    opt = DistributedMuon(problem.param_groups(grid.tp, grid.tp_rank), grid, comm=comm, bucket_numel=args.bucket_numel)
+    opt = DistributedMuon(problem.param_groups(grid.tp, grid.tp_rank, grid.device), grid, comm=comm, bucket_numel=args.bucket_numel)
     events = []
     opt.trace = lambda stage, name, t: events.append(
         dict(stage=stage, name=name, shape=list(t.shape), dtype=str(t.dtype).replace("torch.", ""),

@@ -74,6 +74,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from dmuon.comm import PHASES
+from dmuon.devices import clock
 from dmuon.distributed import DistributedAdamW, DistributedMuon
 from dmuon.layouts import LAYOUTS
 from dmuon.launch import add_launch_args, check_launch_args, launch
@@ -192,12 +193,12 @@ class TorchMuon:
 
     def train_step(self, x, y, dev) -> float:
         from dmuon.lab.dtensor_comm import CountingCommMode
-        t0 = time.perf_counter()
+        t0 = clock(dev)
         loss = F.cross_entropy(self.model(x).flatten(0, 1), y.flatten())
         for o in self.opts:
             o.zero_grad(set_to_none=True)
         loss.backward()
-        t1 = time.perf_counter()
+        t1 = clock(dev)
         before = self.ns_calls
         with CountingCommMode() as mode:
             for o in self.opts:
@@ -269,21 +270,19 @@ def worker(grid, comm, args) -> int:
             metrics.active = measure
         profiler.before(step)
         with record_function("train_step"):
-            t0 = time.perf_counter()
+            t0 = clock(dev)  # clock(): perf_counter after a device synchronize on CUDA (devices.py)
             with record_function("forward_backward"):
                 loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-            t1 = time.perf_counter()
+            t1 = clock(dev)
             with record_function("wait_for_peers"):  # waiting for a slower rank is not communication
                 comm.all_reduce(torch.zeros(1, device=dev), "world", "sync")
-            t2 = time.perf_counter()
+            t2 = clock(dev)
             if args.clip is not None:  # the DP-mean gradient's global norm (the step's reduce-scatter, early)
                 grad_norms.append(float(opt.clip_grad_norm_(args.clip)))
             opt.step()
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            t3 = time.perf_counter()
+            t3 = clock(dev)
         profiler.after(step)
         sched.step()
         if args.save and (step % args.every == 0 or step == args.steps):

@@ -21,6 +21,8 @@ The engine, in the order the book introduces it (the math apart from the orchest
     contract       what every torch optimizer promises (keywords, checks, skipped gradients, schedulers)
     clipping       opt.clip_grad_norm_: the DP-mean gradient's global norm, TP counted once
     launch         one entry point for local gloo processes and torchrun
+    devices        a rank's device (cuda:{LOCAL_RANK % visible GPUs}), device-inclusive clocks, CUDA-event spans
+    finite         the gradients' NaN/Inf check with one host sync
     checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
     resume         train.py's --save/--resume: model, optimizer, scheduler, data position, RNG
     fsdp_routes    FSDP2: which rank owns each matrix and where its row blocks travel (pure)

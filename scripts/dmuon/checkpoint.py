@@ -88,6 +88,12 @@ def rectangles(local_shape, tp_split_dim: int, tp_rank: int, piece: slice) -> li
     return out
 
 
+def placement(rank: int, device: torch.device) -> str:
+    """A shard's placement, ``rank:N/cuda:I``: ShardedTensor compares its device with the local shard's tensor,
+    and ``cuda`` is not ``cuda:1``. Other ranks' shards name only the type: their index is theirs to know."""
+    return f"rank:{rank}/{device}"
+
+
 def _sharded(opt, global_shape, writers, mine, dtype):
     """A ShardedTensor of ``global_shape``: ``writers`` are (rank, offsets, sizes) of every rank's
     rectangles, ``mine`` this rank's (offsets, sizes, tensor). In one process (no process group), the
@@ -100,9 +106,10 @@ def _sharded(opt, global_shape, writers, mine, dtype):
         for off, size, t in mine:
             whole[off[0]:off[0] + size[0], off[1]:off[1] + size[1]] = t
         return whole
-    device = opt.grid.device.type
-    metas = [ShardMetadata(list(off), list(size), f"rank:{r}/{device}") for r, off, size in writers]
-    local = [Shard(t, ShardMetadata(list(off), list(size), f"rank:{opt.grid.rank}/{device}")) for off, size, t in mine]
+    me, device = opt.grid.rank, opt.grid.device
+    metas = [ShardMetadata(list(off), list(size), placement(r, device if r == me else torch.device(device.type)))
+             for r, off, size in writers]
+    local = [Shard(t, ShardMetadata(list(off), list(size), placement(me, device))) for off, size, t in mine]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ShardedTensor's deprecation notice: DCP still reads and writes it
         return ShardedTensor._init_from_local_shards_and_global_metadata(

@@ -12,8 +12,14 @@ Why one wrapper:
   about, and ``Ledger.summary`` says so.
 * **Errors that say which collective.** A failure or a timeout is re-raised as
   ``CollectiveError`` naming the op, group, dtype, size, phase, step and rank. A watchdog thread
-  also ends the process with that message if a collective outlives its timeout by more than a
-  few seconds without the backend raising (a hung NCCL kernel, say).
+  also ends the process with that message if a call blocks the host past its timeout by more than a
+  few seconds without the backend raising. On NCCL a collective returns once it is queued, so the
+  host rarely blocks in one: there ProcessGroupNCCL's own watchdog ends a collective that outlives
+  the group's timeout ("Watchdog caught collective operation timeout: WorkNCCL(...) ran for N
+  milliseconds before timing out"), which is why ``Grid.build`` gives every group ``--timeout``.
+* **Time.** ``Record.seconds`` is host time on a CPU; on CUDA each call is bracketed by CUDA events
+  (``devices.Span``), read only when a summary is asked for, so the ledger times what the GPU spent
+  without a host sync per collective.
 * **Work.** ``Ledger.count_ns`` records every Newton-Schulz run (calls and FLOPs), so a step
   reports how often each matrix was orthogonalised, beside what it moved.
 * **Profiling.** Every collective runs inside a profiler range named ``comm:<phase>`` (and the
@@ -32,11 +38,13 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
+
+from .devices import Span
 
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -103,6 +111,14 @@ class Record:
     bytes_sent: int
     bytes_recv: int
     seconds: float = 0.0  # wall time this rank spent in the call (and in waiting for it, if asynchronous)
+    spans: list = field(default_factory=list, repr=False)  # on CUDA: event pairs, read into seconds when asked
+
+    def total_seconds(self) -> float:
+        """``seconds``, with any CUDA event spans read (and folded in) now."""
+        if self.spans:
+            self.seconds += sum(s.seconds() for s in self.spans)
+            self.spans.clear()
+        return self.seconds
 
 
 def ring_bytes(op: str, group_size: int, shard_numel: int, element_size: int) -> int:
@@ -154,7 +170,7 @@ class Ledger:
             p = phases.setdefault(r.phase, dict(calls=0, numel=0, bytes_sent=0, bytes_recv=0, seconds=0.0,
                                                  group=r.group, dtype=r.dtype))
             p["calls"] += 1
-            p["seconds"] += r.seconds
+            p["seconds"] += r.total_seconds()
             p["numel"] += r.numel
             p["bytes_sent"] += r.bytes_sent
             p["bytes_recv"] += r.bytes_recv
@@ -317,14 +333,18 @@ class Comm:
         if waiting:
             self._inflight = (time.monotonic(), what)
         start = time.perf_counter()
+        span = Span(self.grid.device) if self.grid.device.type == "cuda" else None
         try:
             with record_function(f"{name}:{rec.phase}"):
                 return call()
         except Exception as e:  # gloo raises on timeouts and on dead peers
-            kind = "timed out" if "imeout" in str(e) or "imed out" in str(e) else "failed"
+            kind = "timed out" if any(w in str(e) for w in ("imeout", "imed out", "timing out")) else "failed"
             raise CollectiveError(f"{what} {kind}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
         finally:
-            rec.seconds += time.perf_counter() - start
+            if span is None:
+                rec.seconds += time.perf_counter() - start
+            else:  # NCCL returns once the collective is queued: the events time it on the GPU's stream
+                rec.spans.append(span.stop())
             if waiting:
                 self._inflight = None
 

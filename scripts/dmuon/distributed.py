@@ -47,6 +47,7 @@ from __future__ import annotations
 import torch
 from torch.profiler import record_function
 
+from .finite import check_finite
 from .comm import Comm, Phase
 from .contract import MomentumSync, deepcopy_sharing, grads_present, lr_of, refuse_pickle
 from .flows import FLOWS
@@ -343,6 +344,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     def _check_grads(self) -> None:
         """Fail on this rank, before any collective, with a message naming the parameter."""
         where = f"rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank}), step {self.steps_taken + 1}"
+        grads = []  # checked for NaN/Inf together after the loop: one host sync (finite.py)
         for g, group in enumerate(self.param_groups):
             if bool(group["use_muon"]) != self.muon_groups[g]:
                 raise ValueError(f"group {g}: use_muon changed after the optimizer was built; its state is "
@@ -361,10 +363,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"parameter {name!r} is a DTensor placed {p.placements} but its gradient is "
                                      f"{getattr(p.grad, 'placements', 'a plain tensor')} on {where}; the optimizer "
                                      "reduces gradients over DP only, so a gradient must be placed as its parameter")
-                if self.check_finite and not torch.isfinite(local(p.grad)).all():
-                    bad = (~torch.isfinite(local(p.grad))).sum().item()
-                    raise FloatingPointError(f"gradient of parameter {name!r} has {bad} NaN/Inf value(s) on "
-                                             f"{where}; the step was not taken and nothing was changed")
+                grads.append((name, local(p.grad)))
+        if self.check_finite:
+            check_finite(grads, where)
 
     def state_bytes(self) -> dict:
         """Bytes of optimizer state on this rank, by kind (the master shard is listed apart)."""

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from .finite import check_finite
 from .comm import Comm, Phase
 from .fsdp_routes import Piece, routes
 from .newton_schulz import ns5_flops, zeropower_ns5
@@ -202,7 +203,7 @@ class FSDPMuon(torch.optim.Optimizer):
                                           g["momentum"], g["nesterov"]))
         r, me = self.routes, self.grid.rank
         out = [updates[m].reshape(-1) for ms in r.outgoing(me) for m in ms]
-        send = torch.cat(out).to(torch.bfloat16) if out else torch.zeros(0, dtype=torch.bfloat16)
+        send = torch.cat(out).to(torch.bfloat16) if out else torch.zeros(0, dtype=torch.bfloat16, device=self.grid.device)
         got = self.comm.all_to_all(send, r.send_counts(me), r.recv_counts(me), "world", Phase.NS_TO_OWNER).wait()
         whole, offset = {}, 0
         for src, ms in enumerate(r.incoming(me)):
@@ -219,7 +220,7 @@ class FSDPMuon(torch.optim.Optimizer):
             with record_function("muon:newton_schulz"):
                 ortho[m] = zeropower_ns5(whole[m], g["ns_steps"], g["ns_coefficients"], g["eps"])
         back = [ortho[m][r.pieces[q][m].slices()].reshape(-1) for q in range(r.world) for m in r.owned(me)]
-        send = torch.cat(back) if back else torch.zeros(0, dtype=torch.bfloat16)
+        send = torch.cat(back) if back else torch.zeros(0, dtype=torch.bfloat16, device=self.grid.device)
         got = self.comm.all_to_all(send, r.back_counts(me), r.back_recv_counts(me), "world", Phase.NS_FROM_OWNER).wait()
         offset = 0
         for owner in range(r.world):
@@ -234,6 +235,7 @@ class FSDPMuon(torch.optim.Optimizer):
     def _check_grads(self) -> None:
         """Fail on this rank, before any collective, with a message naming the parameter."""
         where = f"rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank}), step {self.steps_taken + 1}"
+        grads = []  # checked for NaN/Inf together after the loop: one host sync (finite.py)
         for g, group in enumerate(self.param_groups):
             if bool(group["use_muon"]) != self.muon_groups[g]:
                 raise ValueError(f"group {g}: use_muon changed after the optimizer was built")
@@ -247,9 +249,9 @@ class FSDPMuon(torch.optim.Optimizer):
                 if p.grad.to_local().shape != p.to_local().shape:
                     raise ValueError(f"parameter {name!r}: local gradient block {tuple(p.grad.to_local().shape)} "
                                      f"differs from the parameter's {tuple(p.to_local().shape)} on {where}")
-                if self.check_finite and not torch.isfinite(p.grad.to_local()).all():
-                    raise FloatingPointError(f"gradient of parameter {name!r} has NaN/Inf values on {where}; the "
-                                             "step was not taken")
+                grads.append((name, p.grad.to_local()))
+        if self.check_finite:
+            check_finite(grads, where)
 
 
 # ---- checkpoints: FSDP2's own state dicts through DCP ------------------------------------------------

@@ -12,6 +12,7 @@ real groups with ``init_device_mesh(..., mesh_dim_names=("dp", "tp"))`` after
 """
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,22 @@ def check_grid(dp: int, tp: int, world_size: int | None = None) -> None:
             f"world size {world_size} does not equal dp*tp = {dp}*{tp} = {dp * tp}; "
             f"launch exactly {dp * tp} processes (e.g. torchrun --nproc-per-node {dp * tp}) or change --dp/--tp"
         )
+
+
+def subgroup_options(timeout: datetime.timedelta | None) -> dict | None:
+    """``init_device_mesh``'s ``backend_override`` that gives the dp and tp groups ``timeout`` (gloo, NCCL).
+    None (the backend's defaults) without a timeout or for another backend (the fake group of the tests)."""
+    if timeout is None or not dist.is_initialized():
+        return None
+    backend = dist.get_backend()
+    if backend == "gloo":
+        options = dist.ProcessGroupGloo._Options()
+    elif backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+    else:
+        return None
+    options._timeout = timeout
+    return {"dp": (backend, options), "tp": (backend, options)}
 
 
 def grid_layout(dp: int, tp: int) -> list[dict]:
@@ -53,13 +70,25 @@ class Grid:
     mesh: object = None
 
     @classmethod
-    def build(cls, dp: int, tp: int, device: torch.device | str = "cpu") -> "Grid":
-        """Make the DP and TP groups of the current job (needs ``init_process_group`` first)."""
+    def build(cls, dp: int, tp: int, device: torch.device | str = "cpu", timeout: datetime.timedelta | None = None
+              ) -> "Grid":
+        """Make the DP and TP groups of the current job (needs ``init_process_group`` first).
+
+        On CUDA this rank's GPU becomes the current device first (NCCL, ``all_gather_object`` and a model
+        moved with ``.cuda()`` all use the current device). ``timeout`` bounds every collective of the dp
+        and tp groups too: subgroups do not inherit the world group's timeout (NCCL's default is 10 min).
+        """
         from torch.distributed.device_mesh import init_device_mesh
 
         check_grid(dp, tp, dist.get_world_size())
         device = torch.device(device)
-        mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+        if device.type == "cuda":
+            if device.index is None:
+                raise ValueError("Grid.build needs a CUDA device with an index (cuda:I): use "
+                                 "dmuon.devices.rank_device('nccl'), which picks cuda:{LOCAL_RANK % device_count()}")
+            torch.cuda.set_device(device)
+        mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"),
+                                backend_override=subgroup_options(timeout))
         rank = dist.get_rank()
         me = grid_layout(dp, tp)[rank]
         grid = cls(dp, tp, rank, me["dp_rank"], me["tp_rank"], mesh.get_group("dp"),

@@ -4,8 +4,9 @@
   Colab, CI). The parent hosts the rendezvous store on a free port, so parallel runs never
   collide, and splits the CPU cores between the ranks.
 * ``torchrun --standalone --nproc-per-node 4 scripts/verify.py --dp 2 --tp 2`` (or multi-node with
-  ``--nnodes``/``--rdzv-endpoint``): each process is one rank; NCCL on ``cuda:LOCAL_RANK`` when CUDA
-  is there, gloo otherwise.
+  ``--nnodes``/``--rdzv-endpoint``): each process is one rank; NCCL on ``cuda:{LOCAL_RANK % visible
+  GPUs}`` when CUDA is there (``devices.rank_device``: also right where each process sees only its own
+  GPU), gloo otherwise.
 
 Failure handling, the part that makes distributed code debuggable:
 
@@ -19,8 +20,8 @@ Failure handling, the part that makes distributed code debuggable:
   non-zero code (a check that failed) is not a crash: the others finish, and the run exits with
   the largest code. Ranks die with the launcher too (``PR_SET_PDEATHSIG``, or a pidfd for ranks
   started by the fork server), so nothing is left behind even if the launcher is killed.
-* Every collective has a timeout (``--timeout``, seconds); ``comm.Comm`` turns a timeout into an
-  error naming the collective.
+* Every collective has a timeout (``--timeout``, seconds), on the world group and on the dp and tp
+  groups alike; ``comm.Comm`` turns a timeout into an error naming the collective.
 
 A worker is ``worker(grid, comm, args) -> int | None`` (the exit code), defined at module level
 so that spawned processes can import it.
@@ -46,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import Comm, report_fatal
+from .devices import rank_device
 from .grid import Grid, check_grid
 
 
@@ -83,6 +85,17 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
 
 
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+def without_torchrun(env: dict | None = None) -> dict:
+    """``env`` (default: this process's) without the variables torchrun sets for its ranks, for a child that
+    must launch its own run: inheriting them, it would take itself for a torchrun rank of this job."""
+    env = dict(os.environ if env is None else env)
+    return {k: v for k, v in env.items() if k not in TORCHRUN_VARIABLES and not k.startswith("TORCHELASTIC_")}
+
+
 def launch(worker, args) -> int:
     """Run ``worker`` on dp*tp ranks (spawned here, or this process under torchrun); return an exit code."""
     check_grid(args.dp, args.tp)
@@ -101,16 +114,15 @@ def _backend(args) -> str:
 
 def _run_rank(worker, args, rank: int, world: int, store) -> int:
     backend = _backend(args)
-    device = torch.device("cpu")
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
+    device = rank_device(backend)  # cuda:{LOCAL_RANK % visible GPUs} for NCCL; Grid.build makes it current
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before the process group, so NCCL binds this rank to its own GPU
     timeout = datetime.timedelta(seconds=args.timeout)
     if store is None:
         dist.init_process_group(backend, timeout=timeout)
     else:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-    grid = Grid.build(args.dp, args.tp, device)
+    grid = Grid.build(args.dp, args.tp, device, timeout=timeout)
     comm = Comm(grid, timeout_s=args.timeout)
     code = worker(grid, comm, args)  # on an exception, skip the teardown: peers may be mid-collective
     comm.close()

@@ -74,9 +74,10 @@ class TinyGPT(nn.Module):
 def evaluate(model, ids: torch.Tensor, batches: int = 8, batch_size: int = 64, seed: int = 1234) -> float:
     """Mean cross-entropy (nats per character) on fixed random windows of ``ids``."""
     gen = torch.Generator().manual_seed(seed)
-    losses = [F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
-              for x, y in (batch(ids, batch_size, model.context, gen) for _ in range(batches))]
-    return sum(losses) / len(losses)
+    dev = next(model.parameters()).device  # windows are drawn on the CPU (one generator everywhere), used there
+    total = sum(F.cross_entropy(model(x.to(dev)).flatten(0, 1), y.to(dev).flatten()).double()
+                for x, y in (batch(ids, batch_size, model.context, gen) for _ in range(batches)))
+    return total.item() / batches  # one host sync for the whole evaluation
 
 
 def train(model, optimizer, data: dict, steps: int = 200, batch_size: int = 32, seed: int = 0,
@@ -87,7 +88,8 @@ def train(model, optimizer, data: dict, steps: int = 200, batch_size: int = 32, 
     start = time.perf_counter()
     for step in range(1, steps + 1):
         x, y = batch(data["train"], batch_size, model.context, gen)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        dev = next(model.parameters()).device
+        loss = F.cross_entropy(model(x.to(dev)).flatten(0, 1), y.to(dev).flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

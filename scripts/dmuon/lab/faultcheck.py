@@ -20,7 +20,9 @@ STOPPED = r"=== the run was stopped: all \d+ ranks ended, exit code 1 ==="
 EXPECTED = {
     "raise": ([r"Traceback \(most recent call last\)", r"InjectedFault: injected failure on rank {rank} at step 2"],
               True),
-    "hang": ([r"timed out|has not finished"], False),
+    # gloo raises "timed out"; dmuon's watchdog says "has not finished"; NCCL's watchdog "Watchdog caught collective
+    # operation timeout: WorkNCCL(...) ran for N milliseconds before timing out" (ProcessGroupNCCL.cpp)
+    "hang": ([r"timed out|has not finished|Watchdog caught collective operation timeout|NCCL timeout"], False),
     "nan": ([r"gradient of parameter 'w0' has 1 NaN/Inf value\(s\) on rank {rank} \(dp {dp}, tp {tp}\), step 2"], True),
     "watchdog": ([r"\[dmuon watchdog\] \(injected\) rank {rank} ended at step 2"], True),
     "kill": ([r"killed by signal SIGKILL"], True),
