@@ -47,7 +47,7 @@ from __future__ import annotations
 import torch
 from torch.profiler import record_function
 
-from .finite import check_finite
+from .finite import check_finite, finite_flag
 from .comm import Comm, Phase
 from .contract import MomentumSync, deepcopy_sharing, grads_present, lr_of, refuse_pickle
 from .flows import FLOWS
@@ -244,8 +244,11 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         if self._prepared is not None:
             return
         MomentumSync.of(self)(self.param_groups)
-        self._check_grads()
-        flat = grads_present([p for g in self.param_groups for p in g["params"]], self.grid)
+        grads, where = self._check_grads()
+        flag = finite_flag(grads) if self.check_finite else None
+        flat, finite = grads_present([p for g in self.param_groups for p in g["params"]], self.grid, flag)
+        if flag is not None:
+            check_finite(grads, where, known_finite=finite)
         present, i = [], 0
         for group in self.param_groups:
             present.append(flat[i: i + len(group["params"])])
@@ -341,8 +344,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         full = self.comm.all_gather(master.to(dtype), "dp", Phase.PARAM_ALL_GATHER)
         unpack_bucket(full, bucket, self.plan.metas[bucket.buffer_idx], [local(p.data) for p in params])
 
-    def _check_grads(self) -> None:
-        """Fail on this rank, before any collective, with a message naming the parameter."""
+    def _check_grads(self):
+        """Fail on this rank, before any collective, with a message naming the parameter. Returns the
+        local gradients and where we are, for the NaN/Inf check read with the step's one host sync."""
         where = f"rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank}), step {self.steps_taken + 1}"
         grads = []  # checked for NaN/Inf together after the loop: one host sync (finite.py)
         for g, group in enumerate(self.param_groups):
@@ -364,8 +368,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                                      f"{getattr(p.grad, 'placements', 'a plain tensor')} on {where}; the optimizer "
                                      "reduces gradients over DP only, so a gradient must be placed as its parameter")
                 grads.append((name, local(p.grad)))
-        if self.check_finite:
-            check_finite(grads, where)
+        return grads, where
 
     def state_bytes(self) -> dict:
         """Bytes of optimizer state on this rank, by kind (the master shard is listed apart)."""

@@ -12,6 +12,14 @@ from __future__ import annotations
 import torch
 
 
+def finite_flag(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor | None:
+    """One on-device bool: every tensor in ``named`` is finite (None when there is none). No host sync:
+    the caller reads it together with whatever else the step reads (``contract.grads_present``)."""
+    if not named:
+        return None
+    return torch.stack([t.isfinite().all() for _, t in named]).all()
+
+
 def nonfinite(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, int]]:
     """(name, count of NaN/Inf values) of each tensor that has any; [] after a single host sync when none has."""
     if not named:
@@ -23,9 +31,13 @@ def nonfinite(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, int]]:
 
 
 def check_finite(named: list[tuple[str, torch.Tensor]], where: str,
-                 note: str = "the step was not taken and nothing was changed") -> None:
-    """Raise ``FloatingPointError`` naming the first gradient with NaN/Inf values (and listing the others)."""
-    bad = nonfinite(named)
+                 note: str = "the step was not taken and nothing was changed", known_finite: bool | None = None) -> None:
+    """Raise ``FloatingPointError`` naming the first gradient with NaN/Inf values (and listing the others).
+    ``known_finite``: the flag already read (``finite_flag``); True skips the check, False names the culprits."""
+    if known_finite:
+        return
+    bad = nonfinite(named) if known_finite is None else [(n, c) for n, c in
+                                                        ((n, int((~t.isfinite()).sum())) for n, t in named) if c]
     if bad:
         (name, count), rest = bad[0], bad[1:]
         also = f"; also non-finite: {', '.join(f'{n!r} ({c})' for n, c in rest)}" if rest else ""

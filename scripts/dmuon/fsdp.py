@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from .finite import check_finite
+from .finite import check_finite, finite_flag
 from .comm import Comm, Phase
 from .fsdp_routes import Piece, routes
 from .newton_schulz import ns5_flops, zeropower_ns5
@@ -152,8 +152,12 @@ class FSDPMuon(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = call_closure(closure)
         MomentumSync.of(self)(self.param_groups)
-        self._check_grads()
-        present = dict(zip(map(id, self._all_params()), grads_present(self._all_params(), self.grid)))
+        grads, where = self._check_grads()
+        flag = finite_flag(grads) if self.check_finite else None
+        flags, finite = grads_present(self._all_params(), self.grid, flag)
+        if flag is not None:
+            check_finite(grads, where, known_finite=finite)
+        present = dict(zip(map(id, self._all_params()), flags))
         self.steps_taken += 1
         self.comm.ledger.begin_step(self.steps_taken)
         with record_function("optimizer.step"):
@@ -232,8 +236,9 @@ class FSDPMuon(torch.optim.Optimizer):
                                   g["weight_decay"], adjust_lr(lr, r.shapes[m], g["adjust_lr"]))
                 offset += piece.numel
 
-    def _check_grads(self) -> None:
-        """Fail on this rank, before any collective, with a message naming the parameter."""
+    def _check_grads(self):
+        """Fail on this rank, before any collective, with a message naming the parameter. Returns the
+        local gradients and where we are, for the NaN/Inf check read with the step's one host sync."""
         where = f"rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank}), step {self.steps_taken + 1}"
         grads = []  # checked for NaN/Inf together after the loop: one host sync (finite.py)
         for g, group in enumerate(self.param_groups):
@@ -250,8 +255,7 @@ class FSDPMuon(torch.optim.Optimizer):
                     raise ValueError(f"parameter {name!r}: local gradient block {tuple(p.grad.to_local().shape)} "
                                      f"differs from the parameter's {tuple(p.to_local().shape)} on {where}")
                 grads.append((name, p.grad.to_local()))
-        if self.check_finite:
-            check_finite(grads, where)
+        return grads, where
 
 
 # ---- checkpoints: FSDP2's own state dicts through DCP ------------------------------------------------

@@ -121,8 +121,10 @@ class DeviceAudit(TorchDispatchMode):
     @staticmethod
     def _stand_in(func, args, kwargs):
         """A value for a read off the meta device: the 'all is well' answer."""
-        if func is aten._to_copy.default:
-            return torch.zeros(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype)
+        if func is aten._to_copy.default:  # flags (bool/int: "present", "finite") read as 1, values as 0
+            dtype = kwargs.get("dtype") or args[0].dtype
+            fill = torch.ones if dtype == torch.bool or not (dtype.is_floating_point or dtype.is_complex) else torch.zeros
+            return fill(args[0].shape, dtype=dtype)
         if func is aten._local_scalar_dense.default:
             return True if args[0].dtype == torch.bool else 1.0 if args[0].is_floating_point() else 1
         if func is aten.nonzero.default:
