@@ -140,15 +140,15 @@ class MomentumSync:
         self.reset(param_groups)
 
 
-def grads_present(params: list[torch.Tensor], grid) -> list[bool]:
+def grads_present(params: list[torch.Tensor], comm) -> list[bool]:
     """For each parameter: whether any rank has a gradient for it. One all-reduce (MAX) of one int per
     parameter over the world, so every rank takes the same decision; with one rank, no communication.
-    A few bytes of control: kept out of the ledger, whose bytes are the algorithm's."""
+    Through ``comm`` (its timeout watchdog names a peer that never comes), under the phase "contract",
+    which the ledger's summaries leave out: their bytes are the algorithm's."""
     mine = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
-    if grid.dp * grid.tp > 1 and len(params):
+    if comm.grid.dp * comm.grid.tp > 1 and len(params):
         import torch.distributed as dist
-        mine = mine.to(grid.device)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        mine = comm.all_reduce(mine.to(comm.grid.device), "world", "contract", op=dist.ReduceOp.MAX)
     return [bool(x) for x in mine.tolist()]
 
 

@@ -242,9 +242,10 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         decide, the same on every rank, which parameters have a gradient somewhere (the others are skipped)."""
         if self._prepared is not None:
             return
+        self.comm.ledger.begin_step(self.steps_taken + 1)  # clip_grad_norm_'s reduce-scatter belongs to this step
         MomentumSync.of(self)(self.param_groups)
         self._check_grads()
-        flat = grads_present([p for g in self.param_groups for p in g["params"]], self.grid)
+        flat = grads_present([p for g in self.param_groups for p in g["params"]], self.comm)
         present, i = [], 0
         for group in self.param_groups:
             present.append(flat[i: i + len(group["params"])])

@@ -152,7 +152,7 @@ class FSDPMuon(torch.optim.Optimizer):
         loss = call_closure(closure)
         MomentumSync.of(self)(self.param_groups)
         self._check_grads()
-        present = dict(zip(map(id, self._all_params()), grads_present(self._all_params(), self.grid)))
+        present = dict(zip(map(id, self._all_params()), grads_present(self._all_params(), self.comm)))
         self.steps_taken += 1
         self.comm.ledger.begin_step(self.steps_taken)
         with record_function("optimizer.step"):
