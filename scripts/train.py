@@ -40,8 +40,9 @@ before and after Newton-Schulz). The run ends with one JSON line:
 
 **Clipping and checkpoints.** ``--clip MAX_NORM`` clips the DP-mean gradient by its global norm with
 ``opt.clip_grad_norm_`` (``dmuon/clipping.py``; the norms are in ``grad_norm``). ``--save DIR --every N``
-checkpoints model, optimizer, scheduler, data position and RNG every N steps (and at the last step);
-``--resume DIR`` continues from it on any grid and layout, also with ``--fsdp`` (``dmuon/resume.py``):
+checkpoints model, optimizer, scheduler, data position and RNG into ``DIR/step<N>`` every N steps (and at
+the last step); ``--resume DIR`` continues from the newest of them (or from ``DIR/step<N>`` given
+itself) on any grid and layout, also with ``--fsdp`` (``dmuon/resume.py``):
 ``step_loss`` then starts at ``first_step``.
 
 **FSDP2** (``--fsdp``): after ``parallelize_module`` on "tp" the model is wrapped with ``fully_shard`` on
@@ -286,7 +287,7 @@ def worker(grid, comm, args) -> int:
         profiler.after(step)
         sched.step()
         if args.save and (step % args.every == 0 or step == args.steps):
-            save_run(args.save, step, opt, sched, gen, run_args, model=model, fsdp=args.fsdp)
+            save_run(f"{args.save}/step{step}", step, opt, sched, gen, run_args, model=model, fsdp=args.fsdp)
         if theirs is not None:
             torch_loss.append(mean_over_ranks(comm, theirs.train_step(x, y, dev), dev))
         phases = opt.comm.ledger.summary(opt.steps_taken)["phases"]

@@ -35,8 +35,9 @@ def test_every_fault_ends_the_run_with_a_clear_message_and_no_orphans(fault, dp,
     proc = script("faults.py", "--dp", str(dp), "--tp", str(tp), "--fault", fault, "--rank", str(rank), "--step", "2",
                   "--timeout", "5", tag=tag, timeout=120)
     assert judge(fault, dp, tp, rank, proc.returncode, proc.stdout, proc.stderr) == [], proc.stderr[-3000:]
-    if fault == "hang" and tp == 1:  # the waiting rank names the collective it waited in
-        assert "reduce_scatter over the dp group" in proc.stderr and "phase grad_reduce_scatter, step 2" in proc.stderr
+    if fault == "hang" and tp == 1:  # the waiting rank names the collective it waited in: the step's first,
+        # where every rank says which parameters have a gradient (dmuon/contract.py)
+        assert "all_reduce over the world group" in proc.stderr and "phase contract, step 2" in proc.stderr
     assert_no_orphans(tag)
 
 

@@ -57,10 +57,12 @@ def _check(max_norm, norm_type) -> float:
     return norm_type
 
 
-def _all_reduce(partial: torch.Tensor, grid, norm_type: float) -> torch.Tensor:
-    if grid.dp * grid.tp > 1:
-        partial = partial.to(grid.device)
-        dist.all_reduce(partial, op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM)
+def _all_reduce(partial: torch.Tensor, comm, norm_type: float) -> torch.Tensor:
+    """Through ``comm`` (timeout watchdog, clear errors), phase "grad_norm": not one of the step's phases,
+    so the ledger's summaries (the algorithm's bytes) leave it out."""
+    if comm.grid.dp * comm.grid.tp > 1:
+        partial = comm.all_reduce(partial.to(comm.grid.device), "world", "grad_norm",
+                                  op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM)
     return partial.cpu()
 
 
@@ -109,7 +111,7 @@ def clip_zero1_(opt, max_norm: float, norm_type: float = 2.0, error_if_nonfinite
                 if present[i] and (meta.tp_split_dim != -1 or opt.grid.tp_rank == 0):
                     counted.append(shard[opt.plan.shard_slice(meta)])
     dtype = torch.float64 if opt.master_dtypes and all(d == torch.float64 for d in opt.master_dtypes) else torch.float32
-    total = _finish(_all_reduce(_partial(counted, norm_type), opt.grid, norm_type), norm_type, dtype)
+    total = _finish(_all_reduce(_partial(counted, norm_type), opt.comm, norm_type), norm_type, dtype)
     _nonfinite(total, norm_type, error_if_nonfinite)
     _scale(shards, max_norm, total)
     return total
@@ -129,7 +131,7 @@ def clip_fsdp_(opt, max_norm: float, norm_type: float = 2.0, error_if_nonfinite:
     params = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
     blocks = [local(p.grad) for p in params]
     counted = [b for p, b in zip(params, blocks) if opt.grid.tp == 1 or not _tp_replicated(p) or opt.grid.tp_rank == 0]
-    total = _finish(_all_reduce(_partial(counted, norm_type), opt.grid, norm_type),
+    total = _finish(_all_reduce(_partial(counted, norm_type), opt.comm, norm_type),
                     norm_type, blocks[0].dtype if blocks else torch.float32)
     _nonfinite(total, norm_type, error_if_nonfinite)
     _scale(blocks, max_norm, total)

@@ -140,19 +140,19 @@ class MomentumSync:
         self.reset(param_groups)
 
 
-def grads_present(params: list[torch.Tensor], grid, finite: torch.Tensor | None = None):
+def grads_present(params: list[torch.Tensor], comm, finite: torch.Tensor | None = None):
     """For each parameter: whether any rank has a gradient for it. One all-reduce (MAX) of one int per
     parameter over the world, so every rank takes the same decision; with one rank, no communication.
-    A few bytes of control: kept out of the ledger, whose bytes are the algorithm's.
+    Through ``comm`` (its timeout watchdog names a peer that never comes), under the phase "contract",
+    which the ledger's summaries leave out: their bytes are the algorithm's.
 
     ``finite`` (this rank's on-device "all gradients finite" flag, ``finite.finite_flag``) is read in
     the same host transfer, so a step costs one host sync in all. Returns (present, finite as a bool
     or None)."""
     mine = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
-    if grid.dp * grid.tp > 1 and len(params):
+    if comm.grid.dp * comm.grid.tp > 1 and len(params):
         import torch.distributed as dist
-        mine = mine.to(grid.device)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        mine = comm.all_reduce(mine.to(comm.grid.device), "world", "contract", op=dist.ReduceOp.MAX)
     if finite is None:
         return [bool(x) for x in mine.tolist()], None
     values = torch.cat([mine.to(finite.device), finite.reshape(1).to(torch.int32)]).tolist()  # the one sync

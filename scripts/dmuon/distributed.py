@@ -243,10 +243,11 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         decide, the same on every rank, which parameters have a gradient somewhere (the others are skipped)."""
         if self._prepared is not None:
             return
+        self.comm.ledger.begin_step(self.steps_taken + 1)  # clip_grad_norm_'s reduce-scatter belongs to this step
         MomentumSync.of(self)(self.param_groups)
         grads, where = self._check_grads()
         flag = finite_flag(grads) if self.check_finite else None
-        flat, finite = grads_present([p for g in self.param_groups for p in g["params"]], self.grid, flag)
+        flat, finite = grads_present([p for g in self.param_groups for p in g["params"]], self.comm, flag)
         if flag is not None:
             check_finite(grads, where, known_finite=finite)
         present, i = [], 0

@@ -154,7 +154,7 @@ class FSDPMuon(torch.optim.Optimizer):
         MomentumSync.of(self)(self.param_groups)
         grads, where = self._check_grads()
         flag = finite_flag(grads) if self.check_finite else None
-        flags, finite = grads_present(self._all_params(), self.grid, flag)
+        flags, finite = grads_present(self._all_params(), self.comm, flag)
         if flag is not None:
             check_finite(grads, where, known_finite=finite)
         present = dict(zip(map(id, self._all_params()), flags))

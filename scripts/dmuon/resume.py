@@ -1,8 +1,8 @@
 """Save and resume a training run (model, optimizer, scheduler, data position, RNG) on any grid and layout.
 
     from dmuon import resume
-    resume.save_run(path, step, opt, sched, data_gen, run_args, model=model, fsdp=False)   # every rank
-    step = resume.load_run(path, opt, sched, data_gen, run_args, model=model, fsdp=False)  # any grid
+    resume.save_run(f"{folder}/step{step}", step, opt, sched, data_gen, run_args, model=model, fsdp=False)
+    step = resume.load_run(folder, opt, sched, data_gen, run_args, model=model, fsdp=False)  # the newest step<N>
 
 The model and optimizer go through the resharding checkpoints: ``dmuon.checkpoint`` for ZeRO-1
 (``DistributedMuon`` / ``DistributedAdamW``: the parameters are the optimizer's masters, saved in global
@@ -74,10 +74,21 @@ def save_run(path, step: int, opt, sched, data_gen: torch.Generator, run_args: d
     _barrier()
 
 
+def latest(path) -> Path:
+    """``path`` itself if it is a saved run, else its newest complete ``step<N>`` folder (train.py saves
+    ``DIR/step<N>`` every N steps, so ``--resume DIR`` continues from the last one)."""
+    path = Path(path)
+    if (path / TRAIN_FILE).is_file() or not path.is_dir():
+        return path
+    steps = sorted((int(d.name[4:]), d) for d in path.glob("step*") if d.name[4:].isdigit() and (d / TRAIN_FILE).is_file())
+    return steps[-1][1] if steps else path
+
+
 def load_run(path, opt, sched, data_gen: torch.Generator, run_args: dict, model=None, fsdp: bool = False) -> int:
     """Restore a ``save_run`` folder into this run (any grid, any layout); returns the step it was saved at.
     Everything that can be checked is checked before the model or optimizer change."""
     from .checkpoint import CheckpointError
+    path = latest(path)
     file = Path(path) / TRAIN_FILE
     if not file.is_file():
         raise CheckpointError(f"{path} has no {TRAIN_FILE}: not a run saved by train.py --save (or the save did "
