@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from dmuon.lab.notebook import chapters, repository_url
-from conftest import ROOT, build_book, stage_book
+from conftest import ROOT
 
 
 def toc_files():
@@ -102,22 +102,31 @@ def _make_book(checkout):
 
 def test_make_book_executes_chapters_and_fails_when_a_script_breaks(tmp_path):
     """What `make book` runs (scripts/build_book.py), on chapter 0 in a copy of the checkout: it
-    executes the chapter, renders it and prints the time per chapter; once the script the chapter
-    launches is broken, the build fails and shows why."""
+    reuses an executed chapter whose inputs are unchanged, renders it and prints the time per chapter;
+    once the script the chapter launches is broken (an input changed), it executes the chapter again,
+    and the build fails and shows why."""
     good = _copy_of_the_checkout(tmp_path / "good")
+    # The copy's inputs are byte for byte the checkout's, so the chapter this session executed is
+    # reused (its fingerprint matches): the good build only renders, the broken one must execute.
+    from conftest import executed_notebook
+    import shutil
+    (good / "_build" / "executed").mkdir(parents=True)
+    for suffix in (".ipynb", ".fingerprint"):
+        shutil.copy(executed_notebook("00_start_here").with_suffix(suffix), good / "_build" / "executed")
     proc = _make_book(good)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     page = (good / "_build/html/notebooks/00_start_here.html").read_text()
     assert "largest |distributed - single process|" in page
     assert "cell_output" in page and "output traceback" not in page
-    assert "00_start_here" in proc.stdout.split("chapter")[-1] and "whole build" in proc.stdout  # the timing table
+    assert "00_start_here: reused" in proc.stdout and "whole build" in proc.stdout  # the timing table
     # While repository.url is the placeholder, the build says so loudly (on stderr; -W forbids warnings).
     if repository_url() == "https://github.com/dmuon-book/distributed-muon":  # offline_assets.PLACEHOLDER_URL
         assert "is still the placeholder" in proc.stderr
 
     broken = _copy_of_the_checkout(tmp_path / "broken")
     verify = broken / "scripts" / "verify.py"
-    verify.write_text('raise SystemExit("broken on purpose")\n' + verify.read_text())
+    verify.write_text(verify.read_text().replace("from __future__ import annotations\n",
+                                                 "from __future__ import annotations\nraise SystemExit('broken on purpose')\n", 1))
     proc = _make_book(broken)
     assert proc.returncode != 0
     assert "broken on purpose" in proc.stdout + proc.stderr
