@@ -96,9 +96,11 @@ def test_real_build_executes_chapters_and_fails_when_a_script_breaks(tmp_path):
         assert "is still the placeholder" in proc.stderr
 
     broken = stage_book(tmp_path / "broken", toc=MINI_TOC, executed=False)
-    verify = broken / "scripts" / "verify.py"
-    verify.write_text(verify.read_text().replace("def worker(grid, comm, args) -> int:\n",
-                                                 "def worker(grid, comm, args) -> int:\n    raise RuntimeError('broken on purpose')\n"))
+    verify = broken / "scripts" / "dmuon" / "verify.py"  # scripts/verify.py is a wrapper around it
+    source = verify.read_text()
+    assert "def worker(grid, comm, args) -> int:\n" in source
+    verify.write_text(source.replace("def worker(grid, comm, args) -> int:\n",
+                                     "def worker(grid, comm, args) -> int:\n    raise RuntimeError('broken on purpose')\n"))
     proc = build_book(broken)
     assert proc.returncode != 0
     assert "broken on purpose" in proc.stdout + proc.stderr
