@@ -124,9 +124,11 @@ def test_make_book_executes_chapters_and_fails_when_a_script_breaks(tmp_path):
         assert "is still the placeholder" in proc.stderr
 
     broken = _copy_of_the_checkout(tmp_path / "broken")
-    verify = broken / "scripts" / "verify.py"
-    verify.write_text(verify.read_text().replace("from __future__ import annotations\n",
-                                                 "from __future__ import annotations\nraise SystemExit('broken on purpose')\n", 1))
+    verify = broken / "scripts" / "dmuon" / "verify.py"  # scripts/verify.py is a wrapper around it
+    source = verify.read_text()
+    assert "def worker(grid, comm, args) -> int:\n" in source
+    verify.write_text(source.replace("def worker(grid, comm, args) -> int:\n",
+                                     "def worker(grid, comm, args) -> int:\n    raise RuntimeError('broken on purpose')\n"))
     proc = _make_book(broken)
     assert proc.returncode != 0
     assert "broken on purpose" in proc.stdout + proc.stderr

@@ -27,11 +27,19 @@ The engine, in the order the book introduces it (the math apart from the orchest
     resume         train.py's --save/--resume: model, optimizer, scheduler, data position, RNG
     fsdp_routes    FSDP2: which rank owns each matrix and where its row blocks travel (pure)
     fsdp           FSDPMuon: Muon for fully_shard models, each matrix orthogonalised once by its owner
+    verify, bench  the checks the README advertises, runnable from an install: python -m dmuon.verify
+    requires       the torch this needs, checked on import
 
 ``dmuon.lab`` holds what the book, benchmarks and tests use beside it (synthetic problems, the
 cost model, traces, the tiny GPT, the proof of concept's bugs). The command-line entry points live
 one folder up: ``python scripts/verify.py --dp 2 --tp 2 --layout bucket,owner``.
 """
+__version__ = "0.3.0"  # the one place the version is written: pyproject.toml reads it from here
+
+from .requires import check_torch as _check_torch
+
+_check_torch()  # on too old a torch, stop here with a message that names the version and the missing APIs
+
 from .distributed import DistributedAdamW, DistributedMuon
 from .fsdp import FSDPMuon
 from .grid import Grid, grid_layout

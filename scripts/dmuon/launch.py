@@ -36,7 +36,9 @@ import multiprocessing.connection
 import os
 import select
 import signal
+import site
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -225,6 +227,14 @@ def _context():
         raise ValueError(f"DMUON_START_METHOD must be 'forkserver' or 'spawn', got {method!r}")
     if method == "spawn":
         return mp.get_context("spawn")
+    # The fork server does not take this process's sys.path (Python 3.11 ignores it), so a dmuon found
+    # through the script's folder (python scripts/verify.py in a checkout) would be imported there from
+    # wherever the server's own path finds one (an installed copy, another checkout), and the ranks would
+    # run that copy's worker (dmuon.verify's, say): put this dmuon first. An installed one needs nothing.
+    here = str(Path(__file__).resolve().parents[1])
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if here not in (*site.getsitepackages(), sysconfig.get_paths()["purelib"]) and paths[0] != here:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "dmuon.distributed", "dmuon.launch", "__main__"])
     return ctx
