@@ -30,8 +30,14 @@ TRAIN = ["--steps", "1", "--eval-every", "1", "--eval-batches", "1", "--eval-bat
          "--width", "16", "--heads", "2", "--context", "8", "--layers", "1", "--metrics-every", "0"]
 
 
+PACKAGED = {"verify", "bench"}  # scripts/verify.py and bench.py wrap dmuon.verify / dmuon.bench
+
+
 def entry(name: str):
-    """Import ``scripts/<name>.py`` as a module (it is a script, not part of the package)."""
+    """Import ``scripts/<name>.py`` as a module (it is a script, not part of the package), or, for the
+    checks that live in the package, the module the script wraps."""
+    if name in PACKAGED:
+        return importlib.import_module(f"dmuon.{name}")
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
