@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+# Before anything imports torch (OpenMP reads it when it loads): this process and every one the tests
+# start. dmuon.lab.nbexec.quiet_openmp says why; importing it here would import torch first.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # every process the tests start: dmuon.lab.nbexec.quiet_openmp
 SCRIPTS = ROOT / "scripts"
 
 

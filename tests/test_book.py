@@ -7,16 +7,9 @@ import re
 import pytest
 import yaml
 
+from dmuon.lab.bookbuild import toc_files  # noqa: F401  (test_browser imports it from here)
 from dmuon.lab.notebook import chapters, repository_url
 from conftest import ROOT
-
-
-def toc_files():
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-    for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
-        files += [c["file"] for c in part["chapters"]]
-    return files
 
 
 def test_every_page_of_the_toc_is_built(built_book):

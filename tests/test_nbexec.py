@@ -12,10 +12,11 @@ import nbformat
 import pytest
 from jupyter_client.channels import AsyncZMQSocketChannel
 
-from dmuon.lab import nbexec
-from conftest import SCRIPTS, script
-
 import sys
+
+from dmuon.lab import nbexec
+from conftest import SCRIPTS, last_json, script
+
 sys.path.insert(0, str(SCRIPTS))
 from nb_stall_repro import lost_wakeup  # noqa: E402
 
@@ -94,6 +95,5 @@ def test_cell_times_and_the_timing_table(tmp_path):
 def test_stress_script_runs_and_reports(tmp_path):
     proc = script("nbstress.py", "--synthetic", "--rounds", "1", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    from conftest import last_json
     result = last_json(proc.stdout)
     assert result["runs"] == 1 and result["stalls"] == 0 and result["client"] == "guarded"
