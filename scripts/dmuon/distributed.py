@@ -222,15 +222,15 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = call_closure(closure)
-        self._prepare()
-        for group, present in zip(self.param_groups, self._prepared["present"]):
-            for p, here in zip(group["params"], present):
-                if here:
-                    self.state[p]["step"] += 1
-        self.steps_taken += 1
-        self.comm.ledger.begin_step(self.steps_taken)
         try:
-            with record_function("optimizer.step"):
+            with record_function("optimizer.step"):  # the contract's checks (_prepare) belong to the step
+                self._prepare()
+                for group, present in zip(self.param_groups, self._prepared["present"]):
+                    for p, here in zip(group["params"], present):
+                        if here:
+                            self.state[p]["step"] += 1
+                self.steps_taken += 1
+                self.comm.ledger.begin_step(self.steps_taken)
                 self._refresh_masters()
                 self._update_master_shards()
                 self._gather_params()

@@ -151,16 +151,16 @@ class FSDPMuon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = call_closure(closure)
-        MomentumSync.of(self)(self.param_groups)
-        grads, where = self._check_grads()
-        flag = finite_flag(grads) if self.check_finite else None
-        flags, finite = grads_present(self._all_params(), self.comm, flag)
-        if flag is not None:
-            check_finite(grads, where, known_finite=finite)
-        present = dict(zip(map(id, self._all_params()), flags))
-        self.steps_taken += 1
-        self.comm.ledger.begin_step(self.steps_taken)
-        with record_function("optimizer.step"):
+        with record_function("optimizer.step"):  # the contract's checks belong to the step
+            MomentumSync.of(self)(self.param_groups)
+            grads, where = self._check_grads()
+            flag = finite_flag(grads) if self.check_finite else None
+            flags, finite = grads_present(self._all_params(), self.comm, flag)
+            if flag is not None:
+                check_finite(grads, where, known_finite=finite)
+            present = dict(zip(map(id, self._all_params()), flags))
+            self.steps_taken += 1
+            self.comm.ledger.begin_step(self.steps_taken)
             for group in self.param_groups:
                 if not group["use_muon"]:
                     for p in group["params"]:

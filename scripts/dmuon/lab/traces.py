@@ -46,7 +46,8 @@ def _total(events, match) -> float:
 def breakdown(events: list[dict], step_name: str = "train_step") -> list[dict]:
     """Per step (ms): step, forward_backward, waiting, optimizer, communication, newton_schulz, optimizer_compute.
 
-    Collectives of the phase "sync" (the barrier inside ``wait_for_peers``) count as waiting, not communication.
+    Communication is the collectives inside ``optimizer.step`` (so it never exceeds the optimizer); the barrier
+    inside ``wait_for_peers`` counts as waiting, and a ``clip_grad_norm_`` before the step as the step's rest.
     """
     steps = []
     for step in (e for e in events if e["name"] == step_name and e.get("cat") == "user_annotation"):
@@ -54,7 +55,8 @@ def breakdown(events: list[dict], step_name: str = "train_step") -> list[dict]:
         fb = _total(inner, lambda n: n == "forward_backward")
         wait = _total(inner, lambda n: n == "wait_for_peers")
         opt = _total(inner, lambda n: n == "optimizer.step")
-        comm = _total(inner, lambda n: n.startswith(("comm:", "comm_wait:")) and not n.endswith(":sync"))
+        in_opt = [e for o in inner if o["name"] == "optimizer.step" for e in _within(inner, o["ts"], o["ts"] + o["dur"])]
+        comm = _total(in_opt, lambda n: n.startswith(("comm:", "comm_wait:")))  # so communication <= optimizer
         ns = _total(inner, lambda n: n == "muon:newton_schulz")
         steps.append(dict(step=step["dur"] / 1000.0, forward_backward=fb, waiting=wait, optimizer=opt,
                           communication=comm, newton_schulz=ns, optimizer_compute=opt - comm))
