@@ -19,7 +19,7 @@ Failure handling, the part that makes distributed code debuggable:
   collective watchdog (``comm.py``) reports like a rank that raised. A worker that *returns* a
   non-zero code (a check that failed) is not a crash: the others finish, and the run exits with
   the largest code. Ranks die with the launcher too (``PR_SET_PDEATHSIG``, or a pidfd for ranks
-  started by the fork server), so nothing is left behind even if the launcher is killed.
+  started by a fork server), so nothing is left behind even if the launcher is killed.
 * Every collective has a timeout (``--timeout``, seconds), on the world group and on the dp and tp
   groups alike; ``comm.Comm`` turns a timeout into an error naming the collective.
 
@@ -171,13 +171,16 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _child(rank, world, port, worker, args, threads, err_dir, launcher) -> None:
+def _child(rank, world, port_pipe, worker, args, threads, err_dir, launcher) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked rank inherits the launcher's handler
     _die_with_launcher(launcher)
     os.environ["LOCAL_RANK"] = str(rank)  # one machine: with --backend nccl, rank r uses cuda:r
     os.environ["DMUON_ERROR_FILE"] = str(Path(err_dir, f"rank{rank}.txt"))
     torch.set_num_threads(threads)
     try:
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
+        if not port_pipe.poll(args.timeout):
+            raise TimeoutError(f"the launcher did not open its rendezvous store within --timeout {args.timeout} s")
+        store = dist.TCPStore("127.0.0.1", port_pipe.recv(), world, is_master=False,
                               timeout=datetime.timedelta(seconds=args.timeout))
         code = _run_rank(worker, args, rank, world, store)
         if code:  # a deliberate non-zero return (a failed check): say so, or it would count as a crash
@@ -200,33 +203,59 @@ def _spawn(worker, args) -> int:
     threads = max(1, (os.cpu_count() or 1) // world)
     os.environ.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see dmuon.lab.nbexec.quiet_openmp
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=args.timeout))
     ctx = _context()
+    # The ranks start before the store exists (so a forked rank copies no store thread) and wait for
+    # its port, which each reads from its own pipe once the store listens.
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
     with tempfile.TemporaryDirectory(prefix="dmuon-") as err_dir:
-        procs = [ctx.Process(target=_child, args=(r, world, store.port, worker, args, threads, err_dir, os.getpid()),
+        procs = [ctx.Process(target=_child, args=(r, world, pipes[r][0], worker, args, threads, err_dir, os.getpid()),
                              name=f"rank{r}") for r in range(world)]
         previous = signal.signal(signal.SIGTERM, _raise_exit)
         try:
+            sys.stdout.flush()  # a forked rank would print what the launcher's buffers still hold
+            sys.stderr.flush()
             for p in procs:
                 p.start()
+            store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,  # noqa: F841
+                                  timeout=datetime.timedelta(seconds=args.timeout))
+            for _, port_out in pipes:
+                port_out.send(store.port)
             return _wait(procs, err_dir, args)
         finally:
             _stop(procs)
             signal.signal(signal.SIGTERM, previous)
 
 
+def _threads() -> int | None:
+    return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
+
+
+_THREADS_AT_IMPORT = _threads()
+
+
+def _fork_is_safe() -> bool:
+    """Whether forking this process is safe: it runs only the main thread and the one that ``import
+    torch`` starts (torch 2.13), now and when this module was imported. Any other thread, above all an
+    OpenMP pool left by tensor work in this process, would make a forked rank hang in its first
+    parallel region (it inherits the pool's state, not its threads); a store or a user thread could
+    hold a lock the child then waits on forever."""
+    return _THREADS_AT_IMPORT is not None and _threads() <= _THREADS_AT_IMPORT <= 2
+
+
 def _context():
-    """How ranks start. On Linux, a fork server: one process imports torch, dmuon and the script
-    once, then forks a rank per request, so a rank starts in a fraction of a second instead of paying
-    the imports again (seconds each, far more on a busy machine). It forks before any rank has made a
-    thread or a process group. Elsewhere, spawn: a fresh interpreter per rank. The environment
-    variable ``DMUON_START_METHOD=spawn`` (or ``forkserver``) chooses."""
-    method = os.environ.get("DMUON_START_METHOD") or ("forkserver" if sys.platform == "linux" else "spawn")
-    if method not in ("forkserver", "spawn"):
-        raise ValueError(f"DMUON_START_METHOD must be 'forkserver' or 'spawn', got {method!r}")
+    """How ranks start. On Linux, the ranks are forked from this process, which has already imported
+    torch, dmuon and the script, so a rank starts in milliseconds: this is the normal case (a script
+    that parses its arguments and launches). Forking is safe only before this process has started a
+    thread (``_fork_is_safe``), so a process that has gets a fork server instead: a fresh process
+    imports torch, dmuon and the script once, then forks each rank (seconds more per launch). Elsewhere, spawn: a fresh interpreter per rank. The environment variable
+    ``DMUON_START_METHOD`` (``fork``, ``forkserver`` or ``spawn``) chooses."""
+    method = os.environ.get("DMUON_START_METHOD") or ("fork" if sys.platform == "linux" else "spawn")
+    if method not in ("fork", "forkserver", "spawn"):
+        raise ValueError(f"DMUON_START_METHOD must be 'fork', 'forkserver' or 'spawn', got {method!r}")
     if method == "spawn":
         return mp.get_context("spawn")
+    if method == "fork" and _fork_is_safe():
+        return mp.get_context("fork")
     # The fork server does not take this process's sys.path (Python 3.11 ignores it), so a dmuon found
     # through the script's folder (python scripts/verify.py in a checkout) would be imported there from
     # wherever the server's own path finds one (an installed copy, another checkout), and the ranks would

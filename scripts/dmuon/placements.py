@@ -21,16 +21,16 @@ placement.
 """
 from __future__ import annotations
 
-import torch
+import sys
 
-try:  # torch >= 2.4; older torch has no public DTensor, and then no parameter is one
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-except ImportError:  # pragma: no cover
-    DTensor = Replicate = Shard = None
+import torch
 
 
 def is_dtensor(t) -> bool:
-    return DTensor is not None and isinstance(t, DTensor)
+    """Whether ``t`` is a DTensor. Only once something has imported ``torch.distributed.tensor`` can one
+    exist, so this never imports it (that import costs each process about a second of CPU)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -40,6 +40,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 def _placement_dim(name: str, placement, ndim: int, mesh_dim: str) -> int:
     """-1 for Replicate, d for Shard(d) (negative dims normalised); an error for anything else."""
+    from torch.distributed.tensor import Replicate, Shard
     if type(placement) is Replicate:
         return -1
     if type(placement) is Shard:
