@@ -329,8 +329,8 @@ table(["fault", "the launcher's verdict", "the first failing rank's last words",
 # names one failed rank without the grid coordinates, gives a rank that ignores SIGTERM 30 s (a
 # constant in torch) before killing it, and its report itself fails on a half-written error file.
 # Meeting the requirements took our own supervision on top of it, more code than the launcher it
-# would replace. `dmuon/launch.py` keeps the small one, and starts ranks from a fork server that
-# has imported torch once, so the ranks do not each pay for importing it again.
+# would replace. `dmuon/launch.py` keeps the small one, and forks the ranks from the launcher once it
+# has imported torch, so the ranks do not each pay for importing it again.
 #
 # ### Every time, and under load
 #
