@@ -94,7 +94,8 @@ def worker(grid, comm, args) -> int:
     if grid.rank == 0:
         n_params = sum(p.numel() for p in models["muon"].parameters())
         print(f"tiny GPT, {n_params:,} parameters, batch {args.batch} x {models['muon'].context} characters per DP "
-              f"replica, dp={grid.dp} x tp={grid.tp}; medians of {args.steps} profiled steps (ms)")
+              f"replica, dp={grid.dp} x tp={grid.tp}; medians of {args.steps} profiled steps (ms)"
+              + ("; the parts are device time (CUDA kernels), the step wall time" if dev.type == "cuda" else ""))
         print(f"{'rank':>4} {'optimizer':<7}{'step':>9}{'fwd+bwd':>9}{'wait':>7}{'comm':>8}{'NS':>8}{'opt. compute':>14}"
               f"{'opt. share':>12}")
         for r, rank in enumerate(everyone):

@@ -80,6 +80,25 @@ def test_trace_breakdown_on_a_known_trace(tmp_path):
         median_breakdown(breakdown(load_events(_trace(tmp_path, events)), "train_step:adamw"))
 
 
+def test_trace_breakdown_reads_device_time_on_a_cuda_trace(tmp_path):
+    """On CUDA the CPU ranges time launches (an NCCL call returns once queued); the parts come from the
+    gpu_user_annotation ranges (one per stream, overlaps counted once), the step from the CPU range."""
+    cpu = [dict(name="train_step:muon", ts=1000, dur=1000), dict(name="forward_backward", ts=1000, dur=50),
+           dict(name="optimizer.step", ts=1060, dur=40), dict(name="comm:grad_reduce_scatter", ts=1061, dur=2),
+           dict(name="muon:newton_schulz", ts=1065, dur=3)]
+    gpu = [dict(name="forward_backward", ts=1010, dur=400, tid=7),
+           dict(name="optimizer.step", ts=1420, dur=500, tid=7),             # compute stream
+           dict(name="optimizer.step", ts=1430, dur=300, tid=9),             # NCCL stream, inside the other
+           dict(name="comm:grad_reduce_scatter", ts=1430, dur=300, tid=9),
+           dict(name="muon:newton_schulz", ts=1750, dur=150, tid=7)]        # overlaps the collective
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": [dict(ph="X", cat="user_annotation", pid=1, tid=1, **e) for e in cpu]
+                                + [dict(ph="X", cat="gpu_user_annotation", pid=0, **e) for e in gpu]}))
+    (step,) = breakdown(load_events(path), "train_step:muon")
+    assert step == dict(step=1.0, forward_backward=0.4, waiting=0.0, optimizer=0.5, communication=0.3,
+                        newton_schulz=0.15, optimizer_compute=pytest.approx(0.2))
+
+
 def test_ledger_keeps_a_bounded_window_of_steps():
     from dmuon.comm import Comm
     from dmuon.distributed import DistributedMuon

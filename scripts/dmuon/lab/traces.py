@@ -11,8 +11,15 @@ every collective, so a trace carries these user annotations:
     muon:newton_schulz  one Newton-Schulz call
 
 ``breakdown`` turns them into milliseconds per step: forward-backward, waiting, communication (the
-optimizer's collectives only), Newton-Schulz, the rest of the optimizer, and the whole step. (HolisticTraceAnalysis reads the same files, but its
-analyses need GPU kernel events; CPU gloo traces have none, so this small parser does the job.)
+optimizer's collectives only), Newton-Schulz, the rest of the optimizer, and the whole step.
+
+On CUDA the CPU ranges time kernel launches, not kernels: the GPU runs behind the host, and an NCCL
+collective returns once it is queued. A CUDA trace also holds each range as a ``gpu_user_annotation``
+(from its first kernel's start to its last kernel's end, one event per stream), and then every part
+but the step is read from those: the time the device spent in the range, on any stream. The step
+itself stays the CPU range, which ends with a ``torch.cuda.synchronize`` (``profile_step.py``).
+(HolisticTraceAnalysis reads the same files, but its analyses need GPU kernel events; CPU gloo traces
+have none, so this small parser does the job for both.)
 Open the JSON files themselves at https://ui.perfetto.dev or chrome://tracing.
 """
 from __future__ import annotations
@@ -34,12 +41,15 @@ def _within(events, start, end):
 
 
 def _total(events, match) -> float:
-    """Summed duration (ms) of the outermost events whose name satisfies ``match``."""
+    """Time (ms) covered by the events whose name satisfies ``match``: nested or overlapping ones (a
+    range on two CUDA streams) count once."""
     total, covered_until = 0.0, float("-inf")
     for e in events:
-        if match(e["name"]) and e["ts"] >= covered_until:
-            total += e["dur"]
-            covered_until = e["ts"] + e["dur"]
+        if match(e["name"]):
+            start, end = max(e["ts"], covered_until), e["ts"] + e["dur"]
+            if end > start:
+                total += end - start
+                covered_until = end
     return total / 1000.0
 
 
@@ -49,13 +59,15 @@ def breakdown(events: list[dict], step_name: str = "train_step") -> list[dict]:
     Communication is the collectives inside ``optimizer.step`` (so it never exceeds the optimizer); the barrier
     inside ``wait_for_peers`` counts as waiting, and a ``clip_grad_norm_`` before the step as the step's rest.
     """
+    parts = "gpu_user_annotation" if any(e.get("cat") == "gpu_user_annotation" for e in events) else "user_annotation"
     steps = []
     for step in (e for e in events if e["name"] == step_name and e.get("cat") == "user_annotation"):
-        inner = [e for e in _within(events, step["ts"], step["ts"] + step["dur"]) if e.get("cat") == "user_annotation"]
+        inner = [e for e in _within(events, step["ts"], step["ts"] + step["dur"]) if e.get("cat") == parts]
         fb = _total(inner, lambda n: n == "forward_backward")
         wait = _total(inner, lambda n: n == "wait_for_peers")
         opt = _total(inner, lambda n: n == "optimizer.step")
-        in_opt = [e for o in inner if o["name"] == "optimizer.step" for e in _within(inner, o["ts"], o["ts"] + o["dur"])]
+        in_opt = sorted((e for o in inner if o["name"] == "optimizer.step" for e in _within(inner, o["ts"], o["ts"] + o["dur"])),
+                        key=lambda e: e["ts"])
         comm = _total(in_opt, lambda n: n.startswith(("comm:", "comm_wait:")))  # so communication <= optimizer
         ns = _total(inner, lambda n: n == "muon:newton_schulz")
         steps.append(dict(step=step["dur"] / 1000.0, forward_backward=fb, waiting=wait, optimizer=opt,
