@@ -217,3 +217,45 @@ def test_rank_device_under_torchrun_and_one_gpu_per_process(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         rank_device("nccl")
+
+
+def test_bucket_prefetch_keeps_at_most_two_gathered_buckets_alive(monkeypatch):
+    """The bucket layout with prefetch gathers one bucket ahead: at most two DP-gathered bf16 buckets are
+    alive at once (gathered and not yet orthogonalised), not every bucket of the model; the numbers are
+    those of the unprefetched step (zero tolerance: the same kernels on the same numbers)."""
+    from dmuon import DistributedMuon, Grid
+    from dmuon.comm import Pending
+
+    def params():
+        g = torch.Generator().manual_seed(0)
+        return [torch.nn.Parameter(torch.randn(24, 40, generator=g)) for _ in range(6)]
+
+    result = {}
+    for overlap in ("none", "prefetch"):
+        ps = params()
+        opt = DistributedMuon(ps, Grid.single(), layout="bucket", bucket_numel=1000, overlap=overlap, lr=0.02)
+        alive, most, started = [0], [0], [0]
+        start = opt.comm.all_gather_async
+
+        def counting(shard, group, phase, wait_now=False, start=start):
+            out = start(shard, group, phase, wait_now=wait_now)
+            if phase != "ns_gather_dp":
+                return out
+            alive[0] += 1
+            started[0] += 1
+            most[0] = max(most[0], alive[0])
+
+            def finish():
+                alive[0] -= 1
+                return Pending.wait(out)
+            return type("Counted", (), {"wait": staticmethod(finish)})()
+
+        monkeypatch.setattr(opt.comm, "all_gather_async", counting)
+        for step in range(2):
+            for i, p in enumerate(ps):
+                p.grad = torch.full_like(p, 0.25 * (i + step + 1)).add_(torch.arange(p.numel()).view_as(p) % 7)
+            opt.step()
+        assert started[0] >= 2 * 4, "the test needs several buckets per step"
+        result[overlap] = ([p.detach().clone() for p in ps], most[0])
+    assert result["prefetch"][1] == 2 and result["none"][1] == 1
+    assert all(torch.equal(a, b) for a, b in zip(result["none"][0], result["prefetch"][0]))

@@ -60,14 +60,16 @@ class BucketFlow(Flow):
     """Every rank gathers whole buckets over DP and every matrix over TP, and orthogonalises it."""
 
     def run(self, group: dict, updates: Updates) -> Pieces:
+        """With prefetch, the next bucket's DP gather travels while this one is orthogonalised: one bucket
+        ahead, so at most two gathered buckets are alive at once (not the whole TP-local model)."""
         prefetch = self.opt.overlap == "prefetch"
         in_flight = []
         for bucket, update in updates:
             gather = self.comm.all_gather_async(update.to(torch.bfloat16), "dp", Phase.NS_GATHER_DP,
                                                 wait_now=not prefetch)
             in_flight.append((bucket, gather))
-            if not prefetch:
-                yield from self._orthogonalise_bucket(group, *in_flight.pop())
+            if len(in_flight) > (1 if prefetch else 0):
+                yield from self._orthogonalise_bucket(group, *in_flight.pop(0))
         for item in in_flight:
             yield from self._orthogonalise_bucket(group, *item)
 
