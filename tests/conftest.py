@@ -61,7 +61,62 @@ def executed_notebook(name: str) -> Path:
     """Chapter ``name`` executed as ``make book`` executes it, at most once per test session. A copy
     that ``make book`` (or an earlier session) left in ``_build/executed/`` is reused only if its
     inputs (the chapter, scripts/, book/data/, requirements.txt) are byte for byte unchanged."""
-    return bookbuild.executed(name)[0]
+    _wait_for_background_chapters()
+    return bookbuild.executed(name)[0]  # a chapter the background run failed on runs here, and fails here
+
+
+# ---- the chapters execute in the background while the other tests run ----------------------------
+# Executing the chapters is half the suite's time, and a chapter leaves a core idle much of it (its
+# kernel waits for the scripts it launches, which wait for their ranks' collectives). So the session
+# starts `scripts/build_book.py --only <chapters>` at once, in its own process group, and runs the
+# tests that read executed chapters (`_reads_chapters`) last; by then the
+# chapters are executed and fingerprinted, and `executed_notebook` reuses them. The chapters are every
+# stale one if a selected test uses `built_book`, else those named in the selected tests' ids. DMUON_TEST_CHAPTERS=
+# inline executes them in the test process instead, when the first test needs one (the old order).
+
+_background: dict = {}
+
+
+def _reads_chapters(item) -> bool:
+    """Whether a test reads executed chapters: it uses `built_book` or calls `executed_notebook`."""
+    import inspect
+
+    if "built_book" in getattr(item, "fixturenames", ()):
+        return True
+    function = getattr(item, "function", None)
+    return function is not None and "executed_notebook(" in inspect.getsource(function)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    readers = [i for i in items if _reads_chapters(i)]
+    items[:] = [i for i in items if not _reads_chapters(i)] + readers
+    everything = any("built_book" in getattr(i, "fixturenames", ()) for i in readers)
+    wanted = [s for s in bookbuild.toc_chapters() if everything or any(s in i.nodeid for i in readers)]
+    stale = [s for s in wanted if not bookbuild.is_fresh(s)]
+    if stale and not config.option.collectonly and os.environ.get("DMUON_TEST_CHAPTERS", "background") == "background":
+        log = BUILD / "test-chapters.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        _background["log"] = log
+        _background["proc"] = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "build_book.py"), "--only", ",".join(stale)], cwd=ROOT,
+            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for_background_chapters() -> None:
+    proc = _background.pop("proc", None)
+    if proc is not None and proc.wait() != 0:  # the failing chapter executes again in this process
+        print(f"[conftest] the background chapter run failed; its log: {_background['log']}", file=sys.stderr)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    proc = _background.pop("proc", None)
+    if proc is not None and proc.poll() is None:  # the session ended early (-x, ^C): stop it and its kernels
+        import signal
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def stage_book(dest: Path, toc: str | None = None) -> Path:

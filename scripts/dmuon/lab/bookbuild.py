@@ -63,15 +63,21 @@ def fingerprint(stem: str) -> str:
     return _digest([ROOT / "notebooks" / f"{stem}.ipynb", ROOT / "requirements.txt", *shared])
 
 
+def is_fresh(stem: str) -> bool:
+    """Whether chapter ``stem`` has an executed copy whose inputs are unchanged."""
+    stamp = EXECUTED / f"{stem}.fingerprint"
+    return (EXECUTED / f"{stem}.ipynb").exists() and stamp.exists() and stamp.read_text() == fingerprint(stem)
+
+
 def executed(stem: str, force: bool = False) -> tuple[Path, Report | None]:
     """The executed copy of chapter ``stem``: reused if its inputs are unchanged, else executed now.
     Returns its path and the execution report (None when reused)."""
     import nbformat
 
     out, stamp = EXECUTED / f"{stem}.ipynb", EXECUTED / f"{stem}.fingerprint"
-    want = fingerprint(stem)
-    if not force and out.exists() and stamp.exists() and stamp.read_text() == want:
+    if not force and is_fresh(stem):
         return out, None
+    want = fingerprint(stem)
     nb, report = execute_chapter(ROOT / "notebooks" / f"{stem}.ipynb", cwd=ROOT / "notebooks")
     out.parent.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
