@@ -243,6 +243,7 @@ from IPython.display import Markdown, display
 
 from dmuon.lab.costmodel import dp_gather_bytes, step_bytes
 from dmuon.lab.synthetic import build_problem
+from dmuon.lab.verdicts import fastest, fastest_text, spread_text
 
 grids = {f"{r['dp']}x{r['tp']}": r for r in sweep["sweep"]}
 poc = build_problem("muon").groups
@@ -254,10 +255,11 @@ batch_effect = ("a bigger batch brought it closer to 1" if abs(step_ratio_big - 
                 else "a bigger batch did not bring it closer to 1 here (forward-backward times are noisy on 2 shared cores)")
 share32, share128 = share(profile, "muon"), share(profile_big, "muon")
 g22 = grids["2x2"]
-fastest = min(grids, key=lambda k: grids[k]["variants"]["muon"]["step_seconds"])
+muon_steps = {k: r["variants"]["muon"]["step_seconds_all"] for k, r in grids.items()}
+winners = fastest(muon_steps)  # a winner only outside the noise (dmuon/lab/verdicts.py), else a tie
 naive_m = v["muon-naive"]["comm_seconds"] / v["muon"]["comm_seconds"]
 naive_a = v["adamw-naive"]["comm_seconds"] / v["adamw"]["comm_seconds"]
-grid_times = ", ".join(f"{k}: {r['variants']['muon']['step_seconds'] * 1e3:.0f} ms" for k, r in grids.items())
+grid_times = ", ".join(f"{k} {spread_text(v)}" for k, v in muon_steps.items())
 PROFILE = "`profile_step.py --dp 2 --steps 5` (`--batch 128`)"
 SWEEP = "`bench.py --sweep --grids 4x1,1x4,2x2 --steps 3`"
 ASYNC = "`bench.py --dp 2 --tp 2 --bucket-numel 200000 --overlap none,naive,prefetch`"
@@ -283,8 +285,9 @@ rows = [
      "The ratio depends on how long forward-backward takes against Newton-Schulz: the report simulated its forward "
      f"pass with fixed matmuls on GPUs; here it is a real tiny model on a CPU, and {batch_effect}."),
     ("Report: DP2xTP2 fastest of DP4, TP4, DP2xTP2", "DP2xTP2",
-     f"{fastest} fastest for Muon ({grid_times})",
-     SWEEP, "Optimizer step only, on CPU; every rank orthogonalises every matrix, so grids differ mostly in redundant work."),
+     f"{fastest_text(muon_steps)} for Muon (optimizer step, median (min-max) of 3: {grid_times})", SWEEP,
+     ("Agrees. " if winners == ["2x2"] else "Agrees within the noise. " if "2x2" in winners else "Differs here. ")
+     + "Optimizer step only, on CPU; every rank orthogonalises every matrix, so grids differ mostly in redundant work."),
     ("Report: naive async_op=True is slower", "Muon 2.1x, AdamW 1.5x",
      f"Muon x{naive_m:.2f}, AdamW x{naive_a:.2f} time in collectives", ASYNC,
      "Asynchronous issue followed by an immediate wait overlaps nothing; the change is overhead and noise."),

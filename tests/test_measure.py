@@ -99,6 +99,22 @@ def test_trace_breakdown_reads_device_time_on_a_cuda_trace(tmp_path):
                         newton_schulz=0.15, optimizer_compute=pytest.approx(0.2))
 
 
+def test_a_timing_verdict_needs_a_gap_outside_the_noise():
+    from dmuon.lab.verdicts import beats, fastest, fastest_text, spread_text
+
+    clear, slow = [0.100, 0.102, 0.105], [0.130, 0.128, 0.135]
+    assert beats(clear, slow) and not beats(slow, clear)
+    assert not beats([0.100, 0.101, 0.131], slow)          # medians far apart, but the ranges overlap
+    assert not beats([0.100, 0.100], [0.105, 0.106])       # no overlap, but within the 10% band
+    assert fastest({"4x1": slow, "2x2": clear}) == ["2x2"] and fastest_text({"4x1": slow, "2x2": clear}) == "2x2 fastest"
+    tied = {"1x4": [0.5, 0.52], "4x1": [0.365, 0.36, 0.37], "2x2": [0.370, 0.368, 0.375]}  # 365 vs 370 ms
+    assert fastest(tied) == ["4x1", "2x2"]
+    assert fastest_text(tied) == "tie between 4x1 and 2x2 (within the noise)"
+    assert spread_text([0.3, 0.312, 0.33]) == "312 ms (300-330)"
+    with pytest.raises(ValueError, match="at least one measurement"):
+        fastest({"2x2": []})
+
+
 def test_ledger_keeps_a_bounded_window_of_steps():
     from dmuon.comm import Comm
     from dmuon.distributed import DistributedMuon
@@ -154,6 +170,7 @@ def test_bench_sweep_dp_only_gives_exactly_the_papers_bound():
     runs = last_json(proc.stdout)["sweep"]
     assert [(r["dp"], r["tp"]) for r in runs] == [(2, 1), (3, 1)]
     assert all(r["bytes_ratio"] == 1.25 and r["closed_form"]["bytes_ratio"] == 1.25 for r in runs)
+    assert last_json(proc.stdout)["fastest_muon_grids"] and set(last_json(proc.stdout)["fastest_muon_grids"]) <= {"2x1", "3x1"}
 
 
 def test_profile_step_traces_and_splits_a_real_training_step(tmp_path):
