@@ -18,7 +18,7 @@
 # # 6. Communication: Muon vs AdamW, in bytes and in time
 #
 # ```{admonition} What this chapter runs
-# `scripts/bench.py` on a 2 x 2 grid (both optimizers, 5 steps each), `scripts/measure_links.py` on 4
+# [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) on a 2 x 2 grid (both optimizers, 5 steps each), [`scripts/measure_links.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/measure_links.py) on 4
 # processes, and the closed-form cost model. About 30 seconds on a 2-core laptop.
 # ```
 
@@ -46,7 +46,7 @@ elif importlib.util.find_spec("dmuon") is None:
 
 # %% [markdown]
 # ```{admonition} What this chapter runs
-# `scripts/bench.py` on a 2 x 2 grid (both optimizers, 5 steps each), `scripts/measure_links.py` on 4
+# [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) on a 2 x 2 grid (both optimizers, 5 steps each), [`scripts/measure_links.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/measure_links.py) on 4
 # processes, and the closed-form cost model. About 30 seconds on a 2-core laptop.
 # ```
 
@@ -68,7 +68,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## The ledger of one step
 #
-# `scripts/bench.py` runs Distributed Muon and Distributed AdamW side by side in one job, with the
+# [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) runs Distributed Muon and Distributed AdamW side by side in one job, with the
 # same parameters (the five matrices of the proof of concept), the same gradients and the same
 # 2 x 2 grid, alternating their steps. Each has its own ledger, so every byte is attributed:
 
@@ -92,7 +92,7 @@ print(f"Muon / AdamW bytes: {bench['bytes_ratio']:.4f} (per rank per step)")
 # %% [markdown]
 # ## Theory: the closed form
 #
-# Every term above has a formula (chapter 2's ring counts, `dmuon/costmodel.py`). Per bucket of
+# Every term above has a formula (chapter 2's ring counts, [`dmuon/lab/costmodel.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/costmodel.py)). Per bucket of
 # $P$ TP-local elements padded to a multiple of $d$ (the DP size), with shard $s = P/d$:
 #
 # | phase | dtype | bytes per rank | who |

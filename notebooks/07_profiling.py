@@ -18,7 +18,7 @@
 # # 7. Profiling: where a training step's time goes
 #
 # ```{admonition} What this chapter runs
-# `scripts/profile_step.py` twice (2 processes, tiny GPT, batch 32 and 128), `scripts/bench.py` with
+# [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) twice (2 processes, tiny GPT, batch 32 and 128), [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) with
 # three overlap modes on a 2 x 2 grid, and `bench.py --sweep` over three 4-process grids. About 2
 # minutes on a 2-core laptop.
 # ```
@@ -63,13 +63,13 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## A real training step, profiled
 #
-# `scripts/profile_step.py` trains two copies of chapter 1's tiny GPT on two data-parallel ranks,
+# [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) trains two copies of chapter 1's tiny GPT on two data-parallel ranks,
 # one with Distributed MuonW (Muon on the hidden matrices, AdamW on the rest) and one with
 # Distributed AdamW, alternating their steps, from the same weights on the same batches. Every
 # step is forward, backward, then the ZeRO-1 optimizer. Between them a barrier makes the faster rank
 # wait for the slower one *before* the optimizer starts, so that waiting shows as waiting rather
 # than as slow communication. After two warm-up steps the profiler records everything on every
-# rank; each rank then parses its own trace (`dmuon/traces.py`).
+# rank; each rank then parses its own trace ([`dmuon/lab/traces.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/traces.py)).
 
 # %%
 from dmuon.lab.notebook import last_json, run
@@ -206,7 +206,7 @@ glue("ch7-share-note", "as it must" if falls else "against expectation: a sign o
 # asynchronously and then waiting for it at once overlaps nothing; it only adds the cost of the
 # handle. Real overlap needs independent work to do while the bytes travel. Distributed Muon has
 # some: Newton-Schulz of one bucket (or matrix) does not depend on the gather of the next. The
-# engine's `overlap` option has three modes (`dmuon/distributed.py`): `none`; `naive` (every
+# engine's `overlap` option has three modes ([`dmuon/distributed.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/distributed.py)): `none`; `naive` (every
 # collective asynchronous, waited for at once, as in the report); and `prefetch` (start every
 # bucket's DP gather and every matrix's TP gather first, then orthogonalise while later ones
 # arrive). All three give identical parameters (the tests check it). Measured side by side, on a
@@ -305,7 +305,7 @@ display(Markdown(table))
 # ## Summary
 #
 # - `torch.profiler` plus a few named ranges splits a step into forward-backward, communication,
-#   Newton-Schulz and the rest; `dmuon/traces.py` does the arithmetic on the Chrome JSON.
+#   Newton-Schulz and the rest; [`dmuon/lab/traces.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/traces.py) does the arithmetic on the Chrome JSON.
 # - The optimizer's share of a step shrinks as the work per step grows; small models on CPUs
 #   exaggerate it.
 # - `async_op=True` followed by `wait()` is not overlap. Overlap needs independent work, arranged in

@@ -77,7 +77,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # pieces, on every TP rank) to the owner, in bf16; the owner joins the DP pieces into TP shards and the
 # TP shards into the matrix, runs Newton-Schulz **once**, cuts the result into the same pieces and
 # sends each back. One uneven `all_to_all_single` per bucket goes each way
-# (`scripts/dmuon/flows.py`). A third layout, **aligned**, cuts the ZeRO-1 shards on matrix
+# ([`scripts/dmuon/flows.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/flows.py)). A third layout, **aligned**, cuts the ZeRO-1 shards on matrix
 # boundaries, as Megatron's layer-wise optimizer does: a matrix then lies on one DP rank, its owner
 # is one of that rank's TP peers, and nothing crosses DP for Newton-Schulz; the shards are uneven,
 # and every shard travels padded to the largest.
@@ -118,7 +118,7 @@ assert layouts["owner"]["ns_calls"] == layouts["aligned"]["ns_calls"] == n_matri
 # Every rank must pick the same owner for every matrix without talking, so the rule uses only the
 # plan's geometry: take the matrices in order of decreasing Newton-Schulz FLOPs
 # ($5(4m^2n + 2m^3)$ for $m \le n$, chapter 1) and give each to the rank with the least work so far,
-# ties going to the rank that already holds most of the matrix (`scripts/dmuon/layouts.py`). This is
+# ties going to the rank that already holds most of the matrix ([`scripts/dmuon/layouts.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/layouts.py)). This is
 # the *longest processing time first* rule: no rank ends with more than the mean plus one matrix.
 # Here it is for the proof of concept's five matrices on a 2 x 2 grid, computed from the plan alone:
 
@@ -148,9 +148,9 @@ assert max(load) <= total / 4 + max(ns5_flops(*m.full_shape) for m in plan.metas
 # rule balances well, as the next sections measure.
 #
 # Balancing FLOPs balances time only if Newton-Schulz runs at the rate of the matmuls it is made
-# of. `scripts/ns_speed.py` times NS5 on a 1024 x 1024 matrix beside one matmul of the same size, in
+# of. [`scripts/ns_speed.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/ns_speed.py) times NS5 on a 1024 x 1024 matrix beside one matmul of the same size, in
 # the dtype NS5 really computes in on this machine (bf16 where the CPU has a fast bf16 GEMM,
-# otherwise fp32 on bf16-rounded values, `dmuon/newton_schulz.py`):
+# otherwise fp32 on bf16-rounded values, [`dmuon/newton_schulz.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/newton_schulz.py)):
 
 # %%
 speed = last_json(run("ns_speed.py"))
@@ -166,7 +166,7 @@ assert speed["ratio"] > 0.5, "Newton-Schulz runs far below the matmul rate: FLOP
 #
 # The owner layouts move different bytes on different ranks (an owner receives more than it sends),
 # so the ledger is read per rank. Each rank's ledger in the check above, phase by phase, against
-# the closed form (`dmuon/lab/costmodel.py`: byte formulas written from the algorithm, geometry read
+# the closed form ([`dmuon/lab/costmodel.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/costmodel.py): byte formulas written from the algorithm, geometry read
 # from the plan), for every rank of the 3 x 2 grid:
 
 # %%

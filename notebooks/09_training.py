@@ -25,8 +25,8 @@
 # it trains, weighs Muon against AdamW in a study with tuned learning rates and several seeds, and
 # profiles whole training steps on three 4-rank grids.
 #
-# **What it runs**: `scripts/train.py` on four grids, the convergence study's script at a short
-# length, and `scripts/profile_step.py` on three grids. The full study is too long to rerun on
+# **What it runs**: [`scripts/train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/train.py) on four grids, the convergence study's script at a short
+# length, and [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) on three grids. The full study is too long to rerun on
 # every build; its recorded result is read from `book/data/`, with the command that made it.
 #
 # **Learning goals.** After this chapter you can
@@ -65,7 +65,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # ## The model, split with PyTorch's own layers
 #
 # The model is chapter 1's character-level GPT ({glue:text}`ch9-model`, trained on Python's own
-# documentation), made tensor-parallel by `dmuon/lab/tpgpt.py` with
+# documentation), made tensor-parallel by [`dmuon/lab/tpgpt.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/tpgpt.py) with
 # `torch.distributed.tensor.parallel.parallelize_module` on the grid's "tp" mesh dimension. It is
 # Megatron-LM's split {cite:p}`shoeybi2019megatron`: in each block the fused query-key-value
 # projection and the first MLP matrix are `ColwiseParallel` (each TP rank holds some of the output
@@ -187,7 +187,7 @@ glue("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}", display=False)
 # two half-batch means where one process takes one mean over the whole batch, and TP splits each
 # matrix product in two and adds the halves with an all-reduce. The same numbers are added in
 # another order, so fp32 results differ in their last bits, and Newton-Schulz, which runs in bf16,
-# can round such a difference up to a bf16 step. `tests/test_train.py` allows 2e-3 nats, far below
+# can round such a difference up to a bf16 step. [`tests/test_train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_train.py) allows 2e-3 nats, far below
 # what a real fault does: it explains the margin, and exercise 4 lets you break the data split and
 # watch the curves part.
 #
@@ -196,7 +196,7 @@ glue("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}", display=False)
 # While it trains, `train.py` can measure, for every Muon matrix, what goes into Newton-Schulz (the
 # momentum) and what comes out (the update), the "optimizer-state metrics" of the original Muon
 # tutorial. They are computed where the matrix is orthogonalised, by its owner, and only the scalars
-# travel: no extra matrix is gathered (`dmuon/lab/statemetrics.py`). The **effective rank** of a
+# travel: no extra matrix is gathered ([`dmuon/lab/statemetrics.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/statemetrics.py)). The **effective rank** of a
 # matrix's singular values is the exponential of their entropy once normalised: the number of
 # directions that carry weight, equal to the rank when all singular values are equal and 1 when
 # one dominates. **Largest / median** says how lopsided the spectrum is.
@@ -259,7 +259,7 @@ assert gain > 1.5, gain  # the text says Newton-Schulz raises every matrix's eff
 # The paper reports that Muon needs about half of AdamW's training compute for the same loss
 # {cite:p}`liu2025muonscalable`, and the Muon tutorial measured 34% lower loss than AdamW on MNIST
 # after 3 epochs {cite:p}`wei2025muontutorial`. A comparison is only as fair as its baseline: an
-# AdamW run at a poor learning rate makes anything look good. `scripts/convergence_study.py`
+# AdamW run at a poor learning rate makes anything look good. [`scripts/convergence_study.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/convergence_study.py)
 # therefore
 #
 # 1. sweeps the learning rate of each optimizer (AdamW; the hybrid, whose AdamW groups take the same
@@ -553,6 +553,6 @@ display(Markdown(out))
 #    measuring it.
 # 4. The 2 x 1 run now averages two gradients of the same half batch: it trains on half the data
 #    of each step (and reports that half's loss), so its curve is off the 1 x 1 one from the first
-#    step, by several times the 2e-3 nats `tests/test_train.py` allows, and the gap grows as the
+#    step, by several times the 2e-3 nats [`tests/test_train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_train.py) allows, and the gap grows as the
 #    run goes on (undo the change afterwards).
 # :::
