@@ -142,3 +142,39 @@ def test_the_checks_catch_what_they_are_for():
     assert include_problems("```{literalinclude} ../scripts/dmuon/plan.py\n:start-after: NO MARKER\n```", folder)
     assert not include_problems("```{literalinclude} ../scripts/dmuon/flows.py\n:pyobject: BucketFlow.run\n```",
                                 folder)
+
+
+# ---- the front door: the road map comes from _toc.yml, the first page says how to start --------------
+
+def test_the_road_map_lists_every_page_of_the_toc():
+    from dmuon.lab.bookbuild import toc_files
+    from dmuon.lab.roadmap import rows, table_markdown
+
+    listed = toc_files()[1:]
+    assert [r[0] for r in rows()] == listed
+    table = table_markdown()
+    assert all(f"</{p}>`" in table for p in listed)
+    assert "12. Use it in your training" in table   # titles come from each page's first heading
+    by_name = {p.name: md for p, md in pages()}
+    assert "```{chapter-table}" in by_name["index.md"] and "{list-table}" not in by_name["index.md"]
+    source = (ROOT / "notebooks" / "00_start_here.py").read_text()
+    assert "table_markdown()" in source and "| 12." not in source
+
+
+def test_a_chapter_without_a_road_map_question_is_an_error():
+    from dmuon.lab.roadmap import rows
+
+    toc = "format: jb-book\nroot: book/index\nchapters:\n  - file: notebooks/00_start_here\n  - file: notebooks/99_new\n"
+    with pytest.raises(KeyError, match="99_new"):
+        rows(toc)
+
+
+def test_chapter_0_starts_with_the_real_repository_and_make_setup():
+    source = (ROOT / "notebooks" / "00_start_here.py").read_text()
+    assert "<this repository>" not in source
+    assert "repository_url()" in source and "make setup" in source
+    markdown = "\n\n".join(c.source for c in jupytext.read(ROOT / "notebooks" / "00_start_here.py").cells
+                           if c.cell_type == "markdown")
+    first = next(p for p in markdown.split("\n\n") if "proof of concept" in " ".join(p.split()))
+    assert "{cite:p}`moonshot2025moonlight`" in first, "the proof of concept is not cited where it is introduced"
+    assert "moonshot2025moonlight" in (ROOT / "book" / "references.bib").read_text()
