@@ -61,10 +61,10 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## What a Muon checkpoint holds
 #
-# Take the tiny GPT of chapter 1 with the hybrid split (Muon for the attention and MLP matrices,
+# Take the tiny GPT of {doc}`chapter 1 <01_muon>` with the hybrid split (Muon for the attention and MLP matrices,
 # AdamW for embeddings, head, norms and biases), build a Distributed Muon and a Distributed AdamW
 # for it in this process (a 1 x 1 grid), and save each with `dmuon.checkpoint.save`. The checkpoint
-# is a folder written by `torch.distributed.checkpoint` (DCP); its metadata lists every tensor it
+# is a folder written by `torch.distributed.checkpoint` ({term}`DCP`); its metadata lists every tensor it
 # holds, so we can count the bytes of each kind of state without loading any of them:
 
 # %%
@@ -188,7 +188,7 @@ table(["saved on", "resumed on", "compared", "max |param - uninterrupted run| pe
 # %% [markdown]
 # Zero at every step: the resumed runs are the uninterrupted run, bit for bit, on a grid with
 # another DP size and another layout, and in one process. (The check is exact because the same
-# kernels run on the same numbers everywhere; chapter 5 explains why the synthetic gradients make
+# kernels run on the same numbers everywhere; {doc}`chapter 5 <05_distributed_step>` explains why the synthetic gradients make
 # the DP sum exact in any order.) The tests repeat this from 2 x 2 into 3 x 1, 1 x 4, 3 x 2 and
 # 1 x 1, with every layout.
 #
@@ -273,7 +273,7 @@ table(["loading", "the error", "parameters unchanged"], rows, align="lll")
 # in full and every other rank in one line (`--- then ...`), stops every rank and exits with code
 # 1. A rank killed by a signal is the root cause (nothing else explains it); ranks the launcher
 # stopped itself are never blamed. A rank that hangs is ended by its peers' collective timeout
-# (`--timeout`), or, if the backend never returns, by the watchdog in [`dmuon/comm.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/comm.py), which
+# (`--timeout`), or, if the backend never returns, by the {term}`watchdog <collective timeout>` in [`dmuon/comm.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/comm.py), which
 # names the collective it was waiting in.
 #
 # [`scripts/faults.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/faults.py) injects a fault on one rank at step 2. It knows eight; here the five whose
@@ -375,7 +375,7 @@ glue("ch10-bench-clean", f"{sum(r['clean'] for r in bench['per_fault'].values())
 #   synthetic gradients, whose DP sums are exact in any order, a resumed run is the uninterrupted
 #   run bit for bit on every grid shown; a real model's gradients are summed in an order that
 #   depends on the grid, so a run resumed on another grid agrees to rounding, not bit for bit
-#   (chapter 9 compares grids on a real model).
+#   ({doc}`chapter 9 <09_training>` compares grids on a real model).
 # - Muon's optimizer state is one moment per matrix, AdamW's two: half on the matrices Muon handles.
 # - A save is complete only when its marker exists; a load checks before it reads and changes
 #   nothing when it fails.

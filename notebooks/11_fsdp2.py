@@ -19,7 +19,7 @@
 #
 # "Does it work with FSDP2?" is the question asked most often in every Muon repository. PyTorch's
 # `torch.optim.Muon` accepts a `fully_shard` model without complaint, and its results are right. But
-# Newton-Schulz needs whole matrices and FSDP2 gives every rank a block of rows, so DTensor quietly
+# Newton-Schulz needs whole matrices and {term}`FSDP2` gives every rank a block of rows, so {term}`DTensor` quietly
 # gathers each matrix on every rank, and every rank orthogonalises every matrix. This chapter puts the
 # three ways of sharding a Muon model side by side, ZeRO-1 x TP (chapters 4 to 9), FSDP2, and FSDP2 x
 # TP, and measures `dmuon.fsdp.FSDPMuon`, which sends each matrix to one owner, against
@@ -73,7 +73,7 @@ elif importlib.util.find_spec("dmuon") is None:
 #
 # Where does each block sit? DTensor knows: `compute_local_shape_and_global_offset` gives every
 # rank's rectangle of the whole matrix, uneven rows included, and for FSDP2 over TP the rows of a TP
-# shard, cut again over DP (a `_StridedShard`). `FSDPMuon` collects every rank's rectangles once when
+# shard, cut again over DP (a `_StridedShard`). {term}`FSDPMuon` collects every rank's rectangles once when
 # it is built and sends each matrix's blocks to its owner in one bf16 all-to-all, and the results back
 # in another. The owners are chosen by the same rule as the engine's "owner" layout (largest matrices
 # first, each to the least-loaded rank).

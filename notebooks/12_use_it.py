@@ -109,7 +109,7 @@ table(["step", "2 x 2, uninterrupted", "4 x 1, resumed from step 10", "differenc
 #
 # With `fully_shard` the parameters are row blocks (DTensors) and FSDP2 does the data-parallel
 # communication itself; `FSDPMuon` sends each matrix's blocks to one owner for Newton-Schulz
-# (chapter 11). The loop is the same but for three lines: `fully_shard(model, mesh=grid.mesh["dp"])`,
+# ({doc}`chapter 11 <11_fsdp2>`). The loop is the same but for three lines: `fully_shard(model, mesh=grid.mesh["dp"])`,
 # `FSDPMuon(groups, grid)`, and `model=model, fsdp=True` for the checkpoint (FSDP2's own state dicts,
 # through DCP).
 

@@ -52,7 +52,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## The decision
 #
-# 1. **Is the model sharded with FSDP2 (`fully_shard`)?** Use **`FSDPMuon`** (chapter 11). FSDP2
+# 1. **Is the model sharded with FSDP2 (`fully_shard`)?** Use **`FSDPMuon`** ({doc}`chapter 11 <11_fsdp2>`). FSDP2
 #    already reduce-scatters the gradients and gathers the parameters; Muon adds only the trip of
 #    each matrix to its one owner and back, and runs Newton-Schulz once per matrix.
 #    (`torch.optim.Muon` also runs on FSDP2 parameters, but gathers every matrix on every rank.)
@@ -131,7 +131,7 @@ glue("ch13-poc-aligned", f"{by[(poc, (4, 1), 'aligned')]['vs_adamw']:.2f}", disp
 #   matrix: on the stack of equal layers the busiest rank does {glue:text}`ch13-stack-ns-gain` times
 #   less Newton-Schulz work than under bucket on 4 ranks. On the proof of concept's shapes one
 #   matrix holds most of the work, so its owner is the busiest rank and the gain is small: Newton-
-#   Schulz of a matrix is not split (chapter 8).
+#   Schulz of a matrix is not split ({doc}`chapter 8 <08_beyond_poc>`).
 # - **aligned** moves nothing over DP for Newton-Schulz on the even stack (1.00 x AdamW on 4 x 1),
 #   but on the proof of concept's uneven shapes its shards are uneven, the collectives carry the
 #   padding, and it costs {glue:text}`ch13-poc-aligned` x AdamW, with more state per rank.
@@ -140,8 +140,8 @@ glue("ch13-poc-aligned", f"{by[(poc, (4, 1), 'aligned')]['vs_adamw']:.2f}", disp
 #   concept did.
 #
 # Time is another matter: bytes turn into seconds through the network's latency and bandwidth, and
-# Newton-Schulz through the GPUs' matmul rate. Chapter 6 prices the bytes on a cluster, chapter 7
-# profiles a step, and chapter 8 measures the layouts against each other.
+# Newton-Schulz through the GPUs' matmul rate. {doc}`Chapter 6 <06_communication>` prices the bytes on a cluster, {doc}`chapter 7 <07_profiling>`
+# profiles a step, and {doc}`chapter 8 <08_beyond_poc>` measures the layouts against each other.
 #
 # ## Summary
 #

@@ -178,3 +178,22 @@ def test_chapter_0_starts_with_the_real_repository_and_make_setup():
     first = next(p for p in markdown.split("\n\n") if "proof of concept" in " ".join(p.split()))
     assert "{cite:p}`moonshot2025moonlight`" in first, "the proof of concept is not cited where it is introduced"
     assert "moonshot2025moonlight" in (ROOT / "book" / "references.bib").read_text()
+
+
+# ---- reading aids: chapters 6-13 link the chapters they mention and their terms to the glossary --------
+
+def test_chapters_6_to_13_link_the_chapters_they_mention_and_their_terms():
+    glossary = (ROOT / "book" / "glossary.md").read_text()
+    defined = {t.strip().lower() for t in re.findall(r"^(\S[^\n]*)\n  \S", glossary, re.M)}
+    for path, markdown in pages():
+        if not (path.suffix == ".py" and 6 <= int(path.name[:2]) <= 13):
+            continue
+        lines = [line for line in prose(markdown).splitlines()
+                 if not line.startswith(("#", ":", "```"))]
+        text = re.sub(r"\{doc\}`[^`]*`|`[^`]*`", "", "\n".join(lines))
+        plain = re.findall(r"\b[Cc]hapter \d+\b", text)
+        assert not plain, f"{path.name}: {plain} are not links ({{doc}}`chapter N <NN_name>`)"
+        terms = [t.split("<")[-1].rstrip(">").strip().lower() for t in re.findall(r"\{term\}`([^`]*)`", markdown)]
+        assert all(t in defined for t in terms), f"{path.name}: {set(terms) - defined} not in the glossary"
+        if int(path.name[:2]) <= 11:
+            assert terms, f"{path.name} links none of its terms to the glossary"
