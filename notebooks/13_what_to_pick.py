@@ -140,8 +140,9 @@ glue("ch13-poc-aligned", f"{by[(poc, (4, 1), 'aligned')]['vs_adamw']:.2f}", disp
 #   concept did.
 #
 # Time is another matter: bytes turn into seconds through the network's latency and bandwidth, and
-# Newton-Schulz through the GPUs' matmul rate. {doc}`Chapter 6 <06_communication>` prices the bytes on a cluster, {doc}`chapter 7 <07_profiling>`
-# profiles a step, and {doc}`chapter 8 <08_beyond_poc>` measures the layouts against each other.
+# Newton-Schulz through the GPUs' matmul rate. {doc}`Chapter 6 <06_communication>` prices the
+# bytes on a cluster, {doc}`chapter 7 <07_profiling>` profiles a step, and
+# {doc}`chapter 8 <08_beyond_poc>` measures the layouts against each other.
 #
 # ## Summary
 #

@@ -164,7 +164,8 @@ def test_the_road_map_lists_every_page_of_the_toc():
 def test_a_chapter_without_a_road_map_question_is_an_error():
     from dmuon.lab.roadmap import rows
 
-    toc = "format: jb-book\nroot: book/index\nchapters:\n  - file: notebooks/00_start_here\n  - file: notebooks/99_new\n"
+    toc = ("format: jb-book\nroot: book/index\nchapters:\n"
+           "  - file: notebooks/00_start_here\n  - file: notebooks/99_new\n")
     with pytest.raises(KeyError, match="99_new"):
         rows(toc)
 
