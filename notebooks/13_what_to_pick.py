@@ -139,6 +139,40 @@ glue("ch13-poc-aligned", f"{by[(poc, (4, 1), 'aligned')]['vs_adamw']:.2f}", disp
 #   Newton-Schulz), which they need so that the owners work at once; bucket runs as the proof of
 #   concept did.
 #
+# ## Under FSDP2
+#
+# With an FSDP2 model the gradient reduce-scatter and the parameter gathers are FSDP2's (how many,
+# and in which precision, depends on how it is configured), so the table compares only what Muon
+# adds: the trips of each matrix to its {term}`owner` and back, under ZeRO-1 with the owner layout
+# and under FSDP2 with `FSDPMuon` (the routes `FSDPMuon` computes, on FSDP2's blocks of rows), on
+# DP-only grids.
+
+# %% tags=["hide-input"]
+from dmuon.lab.choice import fsdp2_extra, zero1_owner_extra
+
+rows, extra = [], {}
+for name, groups in SETS.items():
+    shapes = groups[0]["shapes"]
+    for dp in (2, 4):
+        fsdp = fsdp2_extra(shapes, dp)
+        zero1 = zero1_owner_extra([dict(groups[0], tp_split_dims=[-1] * len(shapes))], dp, DEFAULT_BUCKET_NUMEL)
+        extra[(name, dp)] = (zero1, fsdp["extra_bytes_per_rank"])
+        rows.append([name, f"{dp} x 1", f"{zero1 / 1e6:.2f} MB", f"{fsdp['extra_bytes_per_rank'] / 1e6:.2f} MB",
+                     f"{fsdp['busiest_ns_flops'] / 1e9:.1f} GFLOP"])
+table(["matrices", "grid", "Muon's extra, ZeRO-1 owner", "Muon's extra, FSDP2 + FSDPMuon", "busiest NS (FSDP2)"],
+      rows, align="llrrr")
+# The text below: FSDP2 never moves less for Muon than ZeRO-1's owner layout, and more on uneven shapes.
+assert all(f >= z for z, f in extra.values())
+assert all(f > z for (name, _), (z, f) in extra.items() if name == poc)
+
+# %% [markdown]
+# FSDP2 cuts every matrix into blocks of rows on every rank, so every matrix has pieces away from
+# its owner; ZeRO-1's flat buffer leaves a matrix that falls inside one rank's shard whole there.
+# So Muon's extra traffic under FSDP2 is never below the owner layout's here, and above it on the
+# proof of concept's uneven shapes ({doc}`chapter 11 <11_fsdp2>` measures the same on a real
+# model). Either way Newton-Schulz runs once per matrix. The choice between them is the model's:
+# a model already under `fully_shard` keeps FSDP2 and takes `FSDPMuon`.
+#
 # Time is another matter: bytes turn into seconds through the network's latency and bandwidth, and
 # Newton-Schulz through the GPUs' matmul rate. {doc}`Chapter 6 <06_communication>` prices the
 # bytes on a cluster, {doc}`chapter 7 <07_profiling>` profiles a step, and

@@ -29,3 +29,18 @@ def test_layout_costs_on_an_even_stack_and_an_uneven_grid():
     grid = {c["layout"]: c for c in layout_costs(groups, 3, 2, 100_000)}
     assert grid["owner"]["bytes_per_rank"] <= grid["bucket"]["bytes_per_rank"]
     assert grid["bucket"]["ns_runs_per_matrix"] == 6 and grid["owner"]["overlap"] == "prefetch"
+
+
+def test_fsdp2_pieces_follow_torch_chunk_and_the_extra_is_the_owner_round_trip():
+    import torch
+
+    from dmuon.lab.choice import fsdp2_extra, fsdp2_row_pieces
+
+    for rows, dp in [(10, 4), (3, 4), (8, 2), (7, 3)]:
+        pieces = fsdp2_row_pieces((rows, 5), dp)
+        chunks = [c.shape[0] for c in torch.empty(rows).chunk(dp)]
+        assert [p.shape[0] for p in pieces] == chunks + [0] * (dp - len(chunks))
+        assert sum(p.numel for p in pieces) == rows * 5
+    # one 64 x 32 matrix on 4 ranks: its owner receives 3 blocks of 16 rows and sends them back
+    extra = fsdp2_extra([(64, 32)], 4)
+    assert extra["extra_bytes_per_rank"] == 2 * 3 * 16 * 32 * 2 / 4

@@ -10,11 +10,16 @@ a kernel. For a set of Muon matrices on a ``dp x tp`` grid, each layout's row gi
 - optimizer state per rank (fp32 master and momentum for the largest shard, padding included);
 - the overlap mode the optimizer picks by default (``distributed.default_overlap``).
 
+``fsdp2_extra`` prices what Muon adds under FSDP2 on a DP-only grid (``FSDPMuon``: each matrix's row
+blocks to one owner and back, ``fsdp_routes``), beside what the owner layout adds under ZeRO-1; FSDP2's
+own gathers and reduce-scatters depend on how it is configured and are left out of both.
+
     python -m dmuon.lab.choice      # the tables for the proof of concept's shapes and a small stack
 """
 from __future__ import annotations
 
 from ..distributed import default_overlap
+from ..fsdp_routes import Piece, routes
 from ..layouts import LAYOUTS
 from ..newton_schulz import ns5_flops
 from . import costmodel
@@ -44,6 +49,35 @@ def layout_costs(groups: list[dict], dp: int, tp: int, bucket_numel: int | None)
                          state_bytes_per_rank=max(p.local_state_numel() for p in plans) * STATE_BYTES,
                          overlap=default_overlap(layout)))
     return rows
+
+
+def fsdp2_row_pieces(shape: tuple[int, int], dp: int) -> list[Piece]:
+    """Each DP rank's block of rows of a ``shape`` matrix under FSDP2's ``Shard(0)``: ``torch.chunk``'s
+    split, ``ceil(rows / dp)`` rows per rank, the last ranks fewer (maybe none)."""
+    rows, cols = shape
+    chunk = -(-rows // dp)
+    out = []
+    for d in range(dp):
+        start = min(rows, d * chunk)
+        out.append(Piece((start, 0), (min(rows, start + chunk) - start, cols)))
+    return out
+
+
+def fsdp2_extra(shapes: list[tuple[int, int]], dp: int) -> dict:
+    """What Muon adds per step on a DP-only FSDP2 grid: bf16 bytes each rank sends to and from the owners
+    (mean over ranks), and the Newton-Schulz FLOPs of the busiest owner."""
+    by_rank = [fsdp2_row_pieces(s, dp) for s in shapes]
+    r = routes(list(shapes), [[by_rank[m][d] for m in range(len(shapes))] for d in range(dp)], tp=1)
+    sent = [sum(r.send_counts(q)) - r.send_counts(q)[q] + sum(r.back_counts(q)) - r.back_counts(q)[q]
+            for q in range(dp)]
+    load = [sum(ns5_flops(*shapes[m]) for m in r.owned(q)) for q in range(dp)]
+    return dict(extra_bytes_per_rank=sum(sent) * costmodel.NS_BYTES / dp, busiest_ns_flops=max(load))
+
+
+def zero1_owner_extra(groups: list[dict], dp: int, bucket_numel: int | None) -> float:
+    """What Muon adds per step under ZeRO-1 with the owner layout on a DP-only grid (mean bytes per rank)."""
+    b = costmodel.step_bytes(groups, dp, 1, bucket_numel, layout="owner")
+    return b["ns_to_owner"] + b["ns_from_owner"]
 
 
 if __name__ == "__main__":
