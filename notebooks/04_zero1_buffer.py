@@ -312,6 +312,21 @@ def explore(shapes="100x100,124x324,456x124,676x876,128x128", tp_dims="0,1,none,
 widgets.interact(explore, dp=widgets.IntSlider(value=3, min=1, max=8), tp=widgets.IntSlider(value=2, min=1, max=4),
                  bucket=widgets.IntSlider(value=100_000, min=5_000, max=800_000, step=5_000));
 
+# %% tags=["remove-cell"]
+# The exercises' answers, computed (the solutions below quote them).
+sizes = range(5_000, 800_001, 5_000)
+straddlers = {b: straddling([build_plan(specs, 2, r, TP, b) for r in range(2)]) for b in sizes}
+fewest = min(len(v) for v in straddlers.values())
+best = [b for b, v in straddlers.items() if len(v) == fewest]
+assert fewest >= 1, "some bucket size leaves no matrix straddling: exercise 1's answer is wrong"
+glue("ch4-ex1-fewest", fewest, display=False)
+glue("ch4-ex1-which", ", ".join(sorted({n for b in best for n in straddlers[b]})), display=False)
+glue("ch4-ex1-from", f"{best[0]:,}", display=False)
+dp4 = [build_plan(specs, 4, r, TP, BUCKET) for r in range(4)]
+none_on_3 = [m.name for m in dp4[3].metas[0] if m.local_numel == 0]
+glue("ch4-ex2-none", Markdown(", ".join(f"`{n}`" for n in none_on_3)), display=False)
+glue("ch4-ex2-count", len(none_on_3), display=False)
+
 # %% [markdown]
 # ## Summary
 #
@@ -324,8 +339,8 @@ widgets.interact(explore, dp=widgets.IntSlider(value=3, min=1, max=8), tp=widget
 #
 # ## Exercises
 #
-# 1. In the explorer, find a bucket size for which no matrix straddles with `dp = 2`. What does it
-#    cost in padding?
+# 1. Is there a bucket size for which no matrix straddles with `dp = 2` (and `tp = 2`)? Try a few
+#    in the explorer. What would it take to have none?
 # 2. With `dp = 4`, which matrices does rank 3 own nothing of? How much work will it do for them
 #    in the proof of concept's step (chapter 5)?
 # 3. Why must the buffer be padded at all? What would a reduce-scatter do with 7 elements over 2 ranks?
@@ -333,12 +348,17 @@ widgets.interact(explore, dp=widgets.IntSlider(value=3, min=1, max=8), tp=widget
 # :::{admonition} Solutions
 # :class: dropdown
 #
-# 1. A matrix straddles when a shard boundary falls inside it. With one matrix per bucket every
-#    matrix with more than one element per rank straddles; try small buckets and large ones and
-#    read the title. The cost of any choice is the padding (grey) plus larger or smaller collectives.
-# 2. Move the slider to dp = 4 in {numref}`fig-ch4-explorer` and hover over rank 3's shards: the
-#    matrices outside them are the ones rank 3 owns nothing of. In the proof of concept's step it
-#    still gathers their bucket and orthogonalises them in full (chapter 5), then keeps nothing.
+# 1. No. A matrix straddles when a shard boundary falls inside it, and with `dp = 2` every bucket
+#    is cut at its middle. Trying every bucket size from 5,000 to 800,000 in steps of 5,000 (a
+#    hidden cell of this page does), the fewest straddling matrices is
+#    {glue:text}`ch4-ex1-fewest` ({glue:text}`ch4-ex1-which`, from a bucket size of
+#    {glue:text}`ch4-ex1-from` up): alone in a bucket it is cut in half, and in a bucket with the
+#    others the middle falls inside it. To have none, the shards must be cut on matrix boundaries
+#    instead of at equal sizes: the aligned layout of chapter 8, at the price of uneven shards.
+# 2. With `dp = 4` (`tp = 2`, buckets of at most 100,000), rank 3 owns nothing of
+#    {glue:md}`ch4-ex2-none:myst` ({glue:text}`ch4-ex2-count` matrices; slider at dp = 4 in
+#    {numref}`fig-ch4-explorer`). In the proof of concept's step it still gathers their bucket and
+#    orthogonalises each of them in full (chapter 5), then keeps nothing of the result.
 # 3. Reduce-scatter and all-gather need equal shards on every rank (the collectives take one
 #    shard size). Seven elements cannot be split into two equal shards; one padding element makes
 #    two shards of four.
