@@ -380,6 +380,20 @@ print(f"flat-view bug with every matrix split over TP: ok={hidden['ok']}, max di
 # and shows how each run ends: every rank stopped, the rank that failed first named with its
 # traceback, a non-zero exit code.
 
+# %% tags=["remove-cell"]
+# The exercises' answers, computed (the solutions below quote them).
+from dmuon.lab.costmodel import dp_gather_bytes
+
+dp3 = [build_plan(specs, 3, d, 1, DEFAULT_BUCKET_NUMEL) for d in range(3)]
+w1_owners = [d for d, p in enumerate(dp3) if next(m for m in p.metas[0] if m.name == "w1").local_numel]
+assert len(w1_owners) == 1, "exercise 1's answer says one DP rank owns w1"
+glue("ch5-ex1-which", ", ".join(map(str, w1_owners)), display=False)
+groups = [dict(shapes=DEFAULT_SHAPES, tp_split_dims=DEFAULT_TP_DIMS, use_muon=True)]
+whole, straddlers = (dp_gather_bytes(groups, 2, 2, DEFAULT_BUCKET_NUMEL, v) for v in ("bucket", "straddlers"))
+assert whole == phases["ns_gather_dp"]["bytes_sent"]  # the closed form is what the traced step sent
+glue("ch5-ex3-whole", f"{whole:,.0f}", display=False)
+glue("ch5-ex3-straddlers", f"{straddlers:,.0f}", display=False)
+
 # %% [markdown]
 # ## Summary
 #
@@ -402,11 +416,15 @@ print(f"flat-view bug with every matrix split over TP: ok={hidden['ok']}, max di
 # :::{admonition} Solutions
 # :class: dropdown
 #
-# 1. Run it and read the `dp_shard` lines: every DP rank whose shard range overlaps `w1`'s
-#    `global_range` keeps a non-empty piece (chapter 4's explorer shows the same for any `dp`).
+# 1. One, DP rank {glue:text}`ch5-ex1-which`. A rank keeps a piece of `w1` only where its shard
+#    overlaps `w1`'s `global_range`; with `dp = 3` and one bucket, `w1` lies inside the first
+#    shard, so the other two ranks keep nothing of it (chapter 4's explorer shows the shards for
+#    any `dp`).
 # 2. With one group the stale list *is* the right list, so the check passes: the bug is invisible.
 #    A test of a distributed optimizer must use several parameter groups (and shapes), or it tests
 #    less than the code does.
-# 3. Only the straddling matrices need a gather, and only among the ranks that share them; chapter 6
-#    computes it with `dp_gather_bytes(..., "straddlers")`.
+# 3. Only the straddling matrices need a gather, and only among the ranks that share them: on the
+#    2 x 2 grid traced above, {glue:text}`ch5-ex3-straddlers` bytes per rank on average instead of
+#    the {glue:text}`ch5-ex3-whole` of the whole-bucket DP gather (`dp_gather_bytes(...,
+#    "straddlers")`, which chapter 6 derives).
 # :::
