@@ -18,7 +18,7 @@
 # # 0. Start here
 #
 # ```{admonition} What this chapter runs
-# One 4-process run of `scripts/verify.py` (a 2 x 2 grid over gloo). About 20 seconds on a
+# One 4-process run of [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py) (a 2 x 2 grid over gloo). About 20 seconds on a
 # 2-core laptop.
 # ```
 
@@ -51,6 +51,12 @@ elif importlib.util.find_spec("dmuon") is None:
 # {cite:p}`liu2025muonscalable` (ZeRO-1 data parallel x tensor parallel) and checks every claim it
 # makes with code that you can run.
 #
+# Moonshot released its distributed Muon code with the paper {cite:p}`moonshot2025moonlight`. A
+# community tutorial {cite:p}`wei2025muondistributed` made that code run on a CPU, named its pieces
+# and found two bugs in it; like the tutorial, this book calls Moonshot's code **the proof of
+# concept**. Its design (a flat ZeRO-1 buffer, whole buckets gathered for Newton-Schulz) is what
+# chapters 3-7 build and measure; from chapter 8 on, the book goes beyond it.
+#
 # **Learning goals.** After this chapter you can
 #
 # - say what the book covers and in which order;
@@ -61,8 +67,8 @@ elif importlib.util.find_spec("dmuon") is None:
 # ## How this book is built
 #
 # Each chapter is a notebook. The notebooks *explain* and *launch*; the algorithm lives in one
-# place, the small package `dmuon` in `scripts/`, and the command-line scripts beside it. A
-# chapter that needs several processes runs a script such as `scripts/verify.py` as a subprocess:
+# place, the small package `dmuon` in [`scripts/`](https://github.com/dmuon-book/distributed-muon/tree/main/scripts), and the command-line scripts beside it. A
+# chapter that needs several processes runs a script such as [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py) as a subprocess:
 # processes spawned from inside a notebook kernel cannot import functions defined in its cells, so
 # distributed code must live in files. The helper `dmuon.lab.notebook.run` streams the script's output
 # into the cell and **raises if the script fails**, so a broken script can never leave a green
@@ -99,7 +105,7 @@ print("bf16 matmul on this CPU:",
 # %% [markdown]
 # ## A first distributed run
 #
-# `scripts/verify.py` runs Distributed Muon on a grid of processes: here 2 data-parallel
+# [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py) runs Distributed Muon on a grid of processes: here 2 data-parallel
 # replicas x 2 tensor-parallel shards, i.e. 4 processes talking over gloo, the CPU backend.
 # Each rank gets different gradients (as if it saw a different slice of the batch). Rank 0 also
 # runs ordinary single-process Muon on the whole matrices with the *averaged* gradients, and after
@@ -115,17 +121,33 @@ result = last_json(run("verify.py", "--dp", 2, "--tp", 2, "--steps", 3))
 # The script's last line is a JSON record, which the cell above parsed. Its verdict:
 
 # %%
+from myst_nb import glue
+
 ledger = result["ledger"]
 print(f"grid: {result['dp']} x {result['tp']} = {result['world_size']} processes, backend {result['backend']}")
 print(f"largest |distributed - single process| over {result['steps']} steps: {result['max_abs_diff']}")
 print(f"verdict: {'identical, bit for bit' if result['max_abs_diff'] == 0 else 'DIFFERENT'}")
-print(f"bytes each rank sent per step: {ledger['bytes_sent']:,} in "
-      f"{sum(p['calls'] for p in ledger['phases'].values())} collectives")
+calls = {name: p["calls"] for name, p in ledger["phases"].items()}
+print(f"bytes each rank sent per step: {ledger['bytes_sent']:,} in {sum(calls.values())} collectives: "
+      + ", ".join(f"{n} {name}" for name, n in calls.items()))
+# One reduce-scatter, one DP gather and one parameter all-gather per bucket (the text below says so).
+per_bucket = {calls[k] for k in ("grad_reduce_scatter", "ns_gather_dp", "param_all_gather")}
+assert len(per_bucket) == 1
+glue("ch0-collectives", sum(calls.values()), display=False)
+glue("ch0-buckets", per_bucket.pop(), display=False)
+glue("ch0-tp-gathers", calls["ns_gather_tp"], display=False)
 
 # %% [markdown]
 # A difference of exactly zero is the right standard here: every rank runs the same arithmetic
 # on the same numbers as the single process, just on a different slice of it. Chapter 5 explains
 # why that holds, and shows what happens when it does not.
+#
+# The {glue:text}`ch0-collectives` collectives are, per bucket of parameters, one gradient
+# reduce-scatter, one gather of the momentum for Newton-Schulz and one parameter all-gather
+# (`verify.py` puts the matrices into two parameter groups, so there are
+# {glue:text}`ch0-buckets` buckets), plus {glue:text}`ch0-tp-gathers` gathers over TP, one per
+# matrix split over TP. Chapter 5 traces a step with one group, hence one bucket and fewer
+# collectives; it goes through each of these stages.
 #
 # ## Three ways to run this book
 #
@@ -136,14 +158,27 @@ print(f"bytes each rank sent per step: {ledger['bytes_sent']:,} in "
 # cell clones the repository and installs only what Colab lacks. Colab gives you two CPU cores,
 # the same as the machine these pages were built on.
 #
-# **Your machine.** With Python 3.10 or newer and `make`:
-#
-# ```bash
-# git clone <this repository> && cd distributed-muon
-# make book     # creates .venv, executes every chapter, builds _build/html
-# make test     # the test suite
-# .venv/bin/jupyter lab notebooks/   # to run the chapters interactively
-# ```
+# **Your machine.** With Python 3.10 or newer, `git` and `make`, set up once and open the
+# chapters in Jupyter (the repository's address is the one in the book's `_config.yml`):
+
+# %% tags=["remove-input"]
+from IPython.display import Markdown
+
+from dmuon.lab.notebook import repository_url
+
+url = repository_url()
+folder = url.rstrip("/").rsplit("/", 1)[-1]
+Markdown(f"""```bash
+git clone {url}
+cd {folder}
+make setup                          # .venv with torch (CPU), the Jupyter kernel and dmuon
+.venv/bin/pip install jupyterlab    # once, unless you open the notebooks with a Jupyter you have
+.venv/bin/jupyter lab notebooks/    # run the chapters; start with 00_start_here.ipynb
+```""")
+
+# %% [markdown]
+# `make test` runs the test suite and `make book` executes every chapter and builds these pages
+# into `_build/html` (both take a while on a laptop; `make help` lists the rest).
 #
 # **A GPU cluster.** Every script the chapters launch also runs under `torchrun`, which starts
 # one process per GPU and lets the script use NCCL:
@@ -158,24 +193,18 @@ print(f"bytes each rank sent per step: {ledger['bytes_sent']:,} in "
 #
 # ## The road ahead
 #
-# | Chapter | Question it answers |
-# |---|---|
-# | 1. Muon from first principles | What does Muon do to an update, and how does Newton-Schulz do it with matmuls alone? |
-# | 2. A map of distributed training | What does each rank store under DP, TP, ZeRO and FSDP, and what does each collective move? |
-# | 3. The 2-D grid | How are processes arranged into DP and TP groups, and who holds what? |
-# | 4. The ZeRO-1 virtual buffer | How is optimizer state split, and why do some matrices straddle two ranks? |
-# | 5. One distributed Muon step | How does a matrix get gathered, orthogonalised and re-sharded, and how do we know it is right? |
-# | 6. Communication | How many bytes does Muon move compared with AdamW, and what does that cost in time on a cluster? |
-# | 7. Profiling | Where does a training step's time go, and which published claims hold on this machine? |
-# | 8. Beyond the proof of concept | How does one owner per matrix avoid orthogonalising every matrix on every rank? |
-# | 9. Training a model with DP x TP | Does a real model train the same on every grid, and what does each optimizer cost? |
-# | 10. Checkpoints and failures | How does a run save on one grid and resume on another, and how does a failure end? |
-# | 11. Muon on FSDP2 models | How does Muon work on `fully_shard` models without gathering every matrix everywhere? |
-# | 12. Use it in your training | What is the loop to copy, how is it started, and what differs from a torch optimizer? |
-#
+# Every page of the book, in order, with the question it answers (generated from the book's table
+# of contents, so it lists every chapter there is):
+
+# %% tags=["remove-input"]
+from dmuon.lab.roadmap import table_markdown
+
+Markdown(table_markdown())
+
+# %% [markdown]
 # ## Summary
 #
-# - The algorithm lives in `scripts/dmuon`; chapters explain it and launch it through scripts.
+# - The algorithm lives in [`scripts/dmuon`](https://github.com/dmuon-book/distributed-muon/tree/main/scripts/dmuon); chapters explain it and launch it through scripts.
 # - `verify.py` compares a distributed run with a single process after every step; on one machine
 #   they agree exactly.
 # - The same scripts run on a laptop (gloo) and on GPU clusters (`torchrun`, NCCL).

@@ -18,7 +18,7 @@
 # # 2. A map of distributed training
 #
 # ```{admonition} What this chapter runs
-# `scripts/collectives.py` on 4 processes over gloo; everything else is closed-form arithmetic.
+# [`scripts/collectives.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/collectives.py) on 4 processes over gloo; everything else is closed-form arithmetic.
 # About 15 seconds on a 2-core laptop.
 # ```
 
@@ -65,7 +65,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # Training keeps four things per parameter: the parameter, its gradient, an fp32 master copy that
 # the optimizer updates, and the optimizer's own state. With mixed precision (bf16 parameters and
 # gradients) and AdamW that is 2 + 2 + 4 + 8 = 16 bytes per parameter, before any activations.
-# The calculator in `dmuon/memory.py` does this arithmetic:
+# The calculator in [`dmuon/lab/memory.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/memory.py) does this arithmetic:
 
 # %%
 from dmuon.lab.memory import STRATEGIES, per_rank_bytes
@@ -161,7 +161,7 @@ plt.close(fig)
 # - **{term}`all-reduce`**: every rank contributes a full tensor and receives the full sum. It is a
 #   reduce-scatter followed by an all-gather.
 #
-# A fourth, **broadcast**, copies one rank's tensor to all. `scripts/collectives.py` runs all four
+# A fourth, **broadcast**, copies one rank's tensor to all. [`scripts/collectives.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/collectives.py) runs all four
 # on 4 processes over gloo. Rank $r$'s values are $100r + i$, so you can see where every number
 # came from; its full printout is folded below, and {numref}`fig-ch2-collectives` draws it.
 
@@ -190,7 +190,7 @@ plt.close("all")
 # **Counting bytes.** In the ring algorithm that NCCL uses for large tensors, the ranks pass shards
 # around a ring: in an all-gather over $n$ ranks with shards of $s$ elements, each rank sends
 # (and receives) $(n-1)s$ elements; a reduce-scatter is the same; an all-reduce is twice that. Every
-# collective in this book goes through one wrapper (`dmuon/comm.py`) that records these counts in a
+# collective in this book goes through one wrapper ([`dmuon/comm.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/comm.py)) that records these counts in a
 # *ledger*. For the run above (fp32, 4 bytes per element):
 
 # %%

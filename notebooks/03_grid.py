@@ -18,7 +18,7 @@
 # # 3. The 2-D grid
 #
 # ```{admonition} What this chapter runs
-# `scripts/inspect_grid.py` on 8 processes (a 2 x 4 grid), and one launch of `scripts/verify.py`
+# [`scripts/inspect_grid.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/inspect_grid.py) on 8 processes (a 2 x 4 grid), and one launch of [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py)
 # that is meant to fail before starting. About 20 seconds on a 2-core laptop.
 # ```
 
@@ -68,7 +68,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # So the TP groups are runs of consecutive ranks ($\{0,1,2,3\}, \{4,5,6,7\}$ for a 2 x 4 grid) and
 # the DP groups are the ranks `tp` apart ($\{0,4\}, \{1,5\}, \ldots$). This is the order PyTorch's
 # `init_device_mesh(device, (dp, tp), mesh_dim_names=("dp", "tp"))` uses, and the one place in
-# our code that builds the groups is `dmuon/grid.py`.
+# our code that builds the groups is [`dmuon/grid.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/grid.py).
 #
 # Consecutive ranks are the ones that `torchrun` starts on the same node (`--nproc-per-node`
 # at a time). Putting TP on consecutive ranks therefore keeps each TP group inside a node, on its
@@ -78,7 +78,7 @@ elif importlib.util.find_spec("dmuon") is None:
 #
 # ## The grid of a real run
 #
-# `scripts/inspect_grid.py` starts 8 processes as a 2 x 4 grid ({term}`data parallel (DP)` x
+# [`scripts/inspect_grid.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/inspect_grid.py) starts 8 processes as a 2 x 4 grid ({term}`data parallel (DP)` x
 # {term}`tensor parallel (TP)`). Each builds its groups and its
 # Distributed Muon optimizer, then reports the ranks in its DP and TP group *as the process groups
 # themselves list them*, the part of the optimizer state it owns, and its bytes of state.
@@ -170,10 +170,15 @@ for r in ranks:
     whole = sum(p["global_range"][1] - p["global_range"][0] for p in r["params"])
     rows.append([r["rank"], r["dp_rank"], r["tp_rank"], owned, whole, f"{owned / whole:.0%}", sum(r["state_bytes"].values())])
 table(["rank", "dp", "tp", "owned elements", "TP-local elements", "share", "state bytes"], rows)
+assert len({row[-1] for row in rows}) == 1, "ranks keep different amounts of optimizer state"
+assert all(2 * row[3] == row[4] for row in rows), "with dp = 2 each rank should own half of its TP-local elements"
 
 # %% [markdown]
 # Every rank owns half of its TP-local elements because `dp = 2`, and all ranks keep the same
-# amount because the shards are equal by construction (the buffer is padded to make them so).
+# amount of state because the shards are equal by construction (the buffer is padded to a
+# multiple of `dp` to make them so). Here no padding was needed; where it is, the padding lies in
+# the last DP rank's shards, which then hold a few fewer parameter elements in the same state
+# (chapter 4 shows such a case).
 #
 # ## When a matrix cannot be split
 #

@@ -18,7 +18,7 @@
 # # 4. The ZeRO-1 virtual buffer
 #
 # ```{admonition} What this chapter runs
-# The ZeRO-1 plan computed in the notebook, then `scripts/inspect_grid.py` on 6 processes (3 x 2)
+# The ZeRO-1 plan computed in the notebook, then [`scripts/inspect_grid.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/inspect_grid.py) on 6 processes (3 x 2)
 # to check it. About 15 seconds on a 2-core laptop.
 # ```
 
@@ -74,7 +74,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # must fit in memory when gathered, so buckets are capped (here at 100,000 elements; a matrix
 # bigger than the cap gets a bucket of its own). Each bucket is padded to a multiple of `dp` and
 # split into `dp` equal **shards**; DP rank `r` owns shard `r` of every bucket. `build_plan` in
-# `dmuon/plan.py` does all of this, as pure arithmetic:
+# [`dmuon/plan.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/plan.py) does all of this, as pure arithmetic:
 
 # %%
 from IPython.display import Markdown
@@ -94,6 +94,14 @@ table(["bucket", "starts at", "elements", "padding", "shards", "shard size", "ho
         ", ".join(specs[0][i].name for i in b.param_indices)] for b in buckets])
 
 # %% [markdown]
+# Here is how `build_plan` cuts a group into buckets (the real code, read from the file when the
+# book is built):
+#
+# ```{literalinclude} ../scripts/dmuon/plan.py
+# :pyobject: split_into_buckets
+# :caption: dmuon/plan.py
+# ```
+#
 # ## The plan, drawn
 #
 # {numref}`fig-ch4-plan` draws it.
@@ -188,6 +196,24 @@ table(["name", "buffer_idx", "bucket_idx", "shape", "full_shape", "global_range"
 #   start of the rank's shard.
 # - `tp_split_dim`: 0 (rows) or 1 (columns) split over TP, -1 not split.
 #
+# `build_plan` fills them in for one bucket like this: each matrix takes the next `numel` elements
+# of the buffer (`global_range`), and its `local_range` is where that range meets this rank's shard:
+#
+# ```{literalinclude} ../scripts/dmuon/plan.py
+# :start-after: BOOK-START dist-meta
+# :end-before: BOOK-END dist-meta
+# :dedent:
+# :caption: dmuon/plan.py, build_plan: the dist_meta of each matrix of a bucket
+# ```
+#
+# The optimizer's state for a matrix is then a view of the rank's shard of the bucket, the elements
+# between the two ends of `local_range` (an empty view where the rank owns none):
+#
+# ```{literalinclude} ../scripts/dmuon/sharding.py
+# :pyobject: local_shard
+# :caption: dmuon/sharding.py
+# ```
+#
 # The owned pieces of a matrix, taken over all DP ranks, cover it exactly once. Check it for
 # every matrix (the tests check it for thousands of random layouts):
 
@@ -221,8 +247,23 @@ assert mismatches == 0, "the real run used a different plan"
 state = {r["rank"]: r["state_bytes"] for r in real["ranks"]}
 print(f"rank 0 keeps {state[0]['momentum']:,} bytes of momentum and {state[0]['master']:,} of fp32 master\n"
       f"weights: {plans[0].local_state_numel():,} elements each, 1/{DP} of the padded buffer")
+# Every rank keeps the same state (equal shards); the parameter elements it owns differ by padding.
+assert len({sum(b.values()) for b in state.values()}) == 1
+owned = [sum(m.local_numel for m in p.metas[0]) for p in plans]
+padding = sum(b.padded_numel - b.numel for b in buckets)
+assert sum(owned) == sum(b.numel for b in buckets) and owned[-1] == owned[0] - padding
+glue("ch4-owned-first", f"{owned[0]:,}", display=False)
+glue("ch4-owned-last", f"{owned[-1]:,}", display=False)
+glue("ch4-padding", padding, display=False)
+glue("ch4-state-numel", f"{plans[0].local_state_numel():,}", display=False)
 
 # %% [markdown]
+# Every rank keeps the same optimizer state, {glue:text}`ch4-state-numel` elements per state
+# tensor, as chapter 3 said: the shards are equal by construction. The *parameter* elements they
+# own (the script's "owned elements") are not quite equal: {glue:text}`ch4-owned-first` on DP
+# ranks 0 and 1, {glue:text}`ch4-owned-last` on DP rank 2, because the {glue:text}`ch4-padding`
+# padding elements sit at the ends of buckets, in the last DP rank's shards.
+#
 # ## Try your own shapes
 #
 # Move the slider of {numref}`fig-ch4-explorer` to change the DP size for the same five matrices
@@ -271,6 +312,21 @@ def explore(shapes="100x100,124x324,456x124,676x876,128x128", tp_dims="0,1,none,
 widgets.interact(explore, dp=widgets.IntSlider(value=3, min=1, max=8), tp=widgets.IntSlider(value=2, min=1, max=4),
                  bucket=widgets.IntSlider(value=100_000, min=5_000, max=800_000, step=5_000));
 
+# %% tags=["remove-cell"]
+# The exercises' answers, computed (the solutions below quote them).
+sizes = range(5_000, 800_001, 5_000)
+straddlers = {b: straddling([build_plan(specs, 2, r, TP, b) for r in range(2)]) for b in sizes}
+fewest = min(len(v) for v in straddlers.values())
+best = [b for b, v in straddlers.items() if len(v) == fewest]
+assert fewest >= 1, "some bucket size leaves no matrix straddling: exercise 1's answer is wrong"
+glue("ch4-ex1-fewest", fewest, display=False)
+glue("ch4-ex1-which", ", ".join(sorted({n for b in best for n in straddlers[b]})), display=False)
+glue("ch4-ex1-from", f"{best[0]:,}", display=False)
+dp4 = [build_plan(specs, 4, r, TP, BUCKET) for r in range(4)]
+none_on_3 = [m.name for m in dp4[3].metas[0] if m.local_numel == 0]
+glue("ch4-ex2-none", Markdown(", ".join(f"`{n}`" for n in none_on_3)), display=False)
+glue("ch4-ex2-count", len(none_on_3), display=False)
+
 # %% [markdown]
 # ## Summary
 #
@@ -283,8 +339,8 @@ widgets.interact(explore, dp=widgets.IntSlider(value=3, min=1, max=8), tp=widget
 #
 # ## Exercises
 #
-# 1. In the explorer, find a bucket size for which no matrix straddles with `dp = 2`. What does it
-#    cost in padding?
+# 1. Is there a bucket size for which no matrix straddles with `dp = 2` (and `tp = 2`)? Try a few
+#    in the explorer. What would it take to have none?
 # 2. With `dp = 4`, which matrices does rank 3 own nothing of? How much work will it do for them
 #    in the proof of concept's step (chapter 5)?
 # 3. Why must the buffer be padded at all? What would a reduce-scatter do with 7 elements over 2 ranks?
@@ -292,12 +348,17 @@ widgets.interact(explore, dp=widgets.IntSlider(value=3, min=1, max=8), tp=widget
 # :::{admonition} Solutions
 # :class: dropdown
 #
-# 1. A matrix straddles when a shard boundary falls inside it. With one matrix per bucket every
-#    matrix with more than one element per rank straddles; try small buckets and large ones and
-#    read the title. The cost of any choice is the padding (grey) plus larger or smaller collectives.
-# 2. Move the slider to dp = 4 in {numref}`fig-ch4-explorer` and hover over rank 3's shards: the
-#    matrices outside them are the ones rank 3 owns nothing of. In the proof of concept's step it
-#    still gathers their bucket and orthogonalises them in full (chapter 5), then keeps nothing.
+# 1. No. A matrix straddles when a shard boundary falls inside it, and with `dp = 2` every bucket
+#    is cut at its middle. Trying every bucket size from 5,000 to 800,000 in steps of 5,000 (a
+#    hidden cell of this page does), the fewest straddling matrices is
+#    {glue:text}`ch4-ex1-fewest` ({glue:text}`ch4-ex1-which`, from a bucket size of
+#    {glue:text}`ch4-ex1-from` up): alone in a bucket it is cut in half, and in a bucket with the
+#    others the middle falls inside it. To have none, the shards must be cut on matrix boundaries
+#    instead of at equal sizes: the aligned layout of chapter 8, at the price of uneven shards.
+# 2. With `dp = 4` (`tp = 2`, buckets of at most 100,000), rank 3 owns nothing of
+#    {glue:md}`ch4-ex2-none:myst` ({glue:text}`ch4-ex2-count` matrices; slider at dp = 4 in
+#    {numref}`fig-ch4-explorer`). In the proof of concept's step it still gathers their bucket and
+#    orthogonalises each of them in full (chapter 5), then keeps nothing of the result.
 # 3. Reduce-scatter and all-gather need equal shards on every rank (the collectives take one
 #    shard size). Seven elements cannot be split into two equal shards; one padding element makes
 #    two shards of four.

@@ -18,8 +18,8 @@
 # # 5. One distributed Muon step
 #
 # ```{admonition} What this chapter runs
-# `scripts/trace_step.py` on 4 processes, `scripts/verify.py` on five grids of 2 to 4 processes, and
-# five short runs that reproduce the proof of concept's bugs and a failing rank. About 1-2 minutes
+# [`scripts/trace_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/trace_step.py) on 4 processes, [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py) on five grids of 2 to 4 processes, and
+# three short runs that put the proof of concept's two bugs back. About 1-2 minutes
 # on a 2-core laptop.
 # ```
 
@@ -66,8 +66,8 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## The flow
 #
-# Each rank holds its TP-local parameters and gradients. One step, per bucket (the code is
-# `DistributedMuon` in `dmuon/distributed.py`, about a hundred lines):
+# Each rank holds its TP-local parameters and gradients. One step, per bucket, in eight stages
+# (the numbers are the ones used in the figures and the code below):
 #
 # 1. **Gradients**: pack the bucket's gradients into a flat fp32 buffer and *reduce-scatter* it
 #    over the DP group, dividing by `dp`: each rank receives the averaged gradient of its shard.
@@ -77,17 +77,108 @@ elif importlib.util.find_spec("dmuon") is None:
 # 4. **TP gather**: for each matrix split over TP, all-gather the slices over the TP group and join
 #    them along `tp_split_dim`: the whole matrix.
 # 5. **Newton-Schulz** on the whole matrix.
-# 6. **TP shard**: keep this TP rank's slice of the result. **DP shard**: keep the part of it in
+# 6. **TP shard, then DP shard**: keep this TP rank's slice of the result, and of that the part in
 #    this rank's shard (`local_range`).
 # 7. **Update** the fp32 master shard: weight decay and the scaled Muon step.
 # 8. **Parameters**: *all-gather* the master shards over DP, so every rank has the new parameters.
 #
-# Steps 1, 2 (with Adam's math), 7 and 8 are exactly Distributed AdamW under ZeRO-1. Steps 3-6 are
+# Stages 1, 2 (with Adam's math), 7 and 8 are exactly Distributed AdamW under ZeRO-1. Stages 3-6 are
 # what Muon adds.
+#
+# ## The code, stage by stage
+#
+# The optimizer is `ZeroOneOptimizer` in [`dmuon/distributed.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/distributed.py)
+# (`DistributedMuon` is a thin subclass of it); stages 3-6 are the layout's *flow*, here the proof
+# of concept's `BucketFlow` in [`dmuon/flows.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/flows.py). The excerpts below
+# are read from those files when the book is built, so they are the code that ran in this chapter.
+# `step()` calls two methods, one for stages 1-7 and one for stage 8:
+#
+# ```{literalinclude} ../scripts/dmuon/distributed.py
+# :pyobject: ZeroOneOptimizer.step
+# :dedent:
+# :caption: dmuon/distributed.py: the step
+# ```
+#
+# Stages 1-7 for a Muon group. The generator `updates` hands the flow each bucket's momentum shard
+# (stages 1-2); the flow hands back this rank's piece of every orthogonalised matrix (stages 3-6),
+# which stage 7 applies to the master shard:
+#
+# ```{literalinclude} ../scripts/dmuon/distributed.py
+# :start-after: BOOK-START muon-group
+# :end-before: BOOK-END muon-group
+# :dedent:
+# :caption: dmuon/distributed.py, ZeroOneOptimizer._update_master_shards: a Muon group
+# ```
+#
+# **Stage 1**, the gradient reduce-scatter (the same as AdamW's):
+#
+# ```{literalinclude} ../scripts/dmuon/distributed.py
+# :pyobject: ZeroOneOptimizer._reduce_scatter_grads
+# :dedent:
+# :caption: dmuon/distributed.py
+# ```
+#
+# **Stage 2**, momentum, elementwise, so it runs on the flat shard unchanged:
+#
+# ```{literalinclude} ../scripts/dmuon/updates.py
+# :pyobject: muon_momentum_
+# :caption: dmuon/updates.py
+# ```
+#
+# **Stage 3**, the DP gather of each bucket (bf16), started per bucket:
+#
+# ```{literalinclude} ../scripts/dmuon/flows.py
+# :pyobject: BucketFlow.run
+# :dedent:
+# :caption: dmuon/flows.py
+# ```
+#
+# **Stages 4-6** for every matrix of a gathered bucket: cut the matrix out of the bucket *as a
+# matrix*, TP gather, Newton-Schulz, TP shard, DP shard (the comments name the stages):
+#
+# ```{literalinclude} ../scripts/dmuon/flows.py
+# :pyobject: BucketFlow._orthogonalise_bucket
+# :dedent:
+# :caption: dmuon/flows.py
+# ```
+#
+# The helpers it calls are a few lines each: cutting a matrix out of the gathered bucket (with
+# `.view(meta.shape)`: the proof of concept's second bug, below, was a flat `.view(-1)` here),
+# joining the TP slices, and keeping this DP rank's part:
+#
+# ```{literalinclude} ../scripts/dmuon/sharding.py
+# :pyobject: bucket_matrix
+# :caption: dmuon/sharding.py
+# ```
+#
+# ```{literalinclude} ../scripts/dmuon/sharding.py
+# :pyobject: tp_unshard
+# :caption: dmuon/sharding.py
+# ```
+#
+# ```{literalinclude} ../scripts/dmuon/sharding.py
+# :pyobject: dp_shard_of
+# :caption: dmuon/sharding.py
+# ```
+#
+# **Stage 7**, decoupled weight decay and the scaled step, on the fp32 master shard:
+#
+# ```{literalinclude} ../scripts/dmuon/updates.py
+# :pyobject: apply_update_
+# :caption: dmuon/updates.py
+# ```
+#
+# **Stage 8**, the parameter all-gather (AdamW's too):
+#
+# ```{literalinclude} ../scripts/dmuon/distributed.py
+# :pyobject: ZeroOneOptimizer._all_gather_params
+# :dedent:
+# :caption: dmuon/distributed.py
+# ```
 #
 # ## A step, traced
 #
-# `scripts/trace_step.py` runs one step of the real optimizer on a 2 x 2 grid with its trace hook
+# [`scripts/trace_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/trace_step.py) runs one step of the real optimizer on a 2 x 2 grid with its trace hook
 # on: at each stage the optimizer reports the tensor it holds. Follow the 676 x 876 matrix `w3`,
 # which is split over TP by columns and straddles the DP shard boundary:
 
@@ -122,17 +213,19 @@ plt.close("all")
 # :name: fig-ch5-flow
 #
 # One Distributed Muon step on a 2 x 2 grid, following the 676 x 876 matrix `w3` (split over TP
-# by columns, dashed). Each row is a rank; the filled part is what the rank holds of `w3`: its DP
-# shard of the momentum (1), the whole TP half after the DP gather (2), the whole matrix after the
-# TP gather (3), orthogonalised (4), and the elements it keeps (5). Labels: shapes (or element
-# counts of flat buffers, the whole bucket for 1 and 2) and dtypes from the run's trace.
+# by columns, dashed). Each row is a rank; the filled part is what the rank holds of `w3`, numbered
+# as the stages of the list above: its DP shard of the momentum (2), the whole TP half after the DP
+# gather (3), the whole matrix after the TP gather (4), orthogonalised (5), and the elements it
+# keeps (6). Labels: shapes (or element counts of flat buffers, the whole bucket for 2 and 3) and
+# dtypes from the run's trace.
 # ```
 
 # %%
 ORDER = ["grad_shard", "momentum_shard", "dp_gathered", "ns_input", "tp_gathered", "orthogonalised", "tp_shard", "dp_shard"]
-LABEL = {"grad_shard": "grad shard\n(after reduce-scatter)", "momentum_shard": "momentum\nshard",
-         "dp_gathered": "DP gather\n(whole bucket)", "ns_input": "matrix, TP-local", "tp_gathered": "TP gather\n(whole matrix)",
-         "orthogonalised": "Newton-Schulz", "tp_shard": "TP shard", "dp_shard": "DP shard\n(my elements)"}
+LABEL = {"grad_shard": "1. grad shard\n(after reduce-scatter)", "momentum_shard": "2. momentum\nshard",
+         "dp_gathered": "3. DP gather\n(whole bucket)", "ns_input": "3. matrix, TP-local",
+         "tp_gathered": "4. TP gather\n(whole matrix)", "orthogonalised": "5. Newton-Schulz",
+         "tp_shard": "6. TP shard", "dp_shard": "6. DP shard\n(my elements)"}
 rank0 = trace["ranks"][0]
 w3_bucket = next(e["name"] for e in rank0["events"] if e["stage"] == "dp_gathered")  # w3's bucket (there is one)
 stages = [next(e for e in rank0["events"] if e["stage"] == s and e["name"] in ("w3", w3_bucket)) for s in ORDER]
@@ -160,8 +253,8 @@ plt.close(fig)
 # :name: fig-ch5-stages
 #
 # One step on rank 0 (dp 0, tp 0), following `w3`: the shape and dtype of what the optimizer holds
-# at each stage, read from the trace (left column first). Blue: as in AdamW's step; orange: what
-# Muon adds.
+# at each stage, read from the trace (left column first), numbered as in the list above. Blue: as
+# in AdamW's step; orange: what Muon adds.
 # ```
 
 # %% [markdown]
@@ -189,7 +282,7 @@ print(f"the two DP ranks of a TP slice keep {kept[0] + kept[2]:,} = 676 x 438 el
 #
 # ## What each stage costs
 #
-# Every collective went through the ledger (`dmuon/comm.py`). Bytes per rank for this step:
+# Every collective went through the ledger ([`dmuon/comm.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/comm.py)). Bytes per rank for this step:
 
 # %%
 phases = trace["ledger"]["phases"]
@@ -206,7 +299,7 @@ table(["phase", "group", "dtype", "calls", "bytes sent per rank"],
 #
 # ## Is it right? Checking against one process
 #
-# `scripts/verify.py` runs Distributed Muon beside single-process Muon (on rank 0) for several
+# [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py) runs Distributed Muon beside single-process Muon (on rank 0) for several
 # steps, with different gradients on every DP rank, and compares every rank's parameters with the
 # reference after each step. Shapes that do not divide evenly, matrices that straddle shards,
 # several parameter groups with different learning rates: all included. Five grids; each run's
@@ -239,7 +332,7 @@ glue("ch5-verdict", "Every difference is exactly zero" if all_zero else "NOT eve
 # ## The proof of concept's two bugs
 #
 # The community tutorial found two bugs in Moonshot's proof of concept
-# {cite:p}`wei2025muondistributed`. `dmuon/poc_bugs.py` puts each one back into this engine as a
+# {cite:p}`wei2025muondistributed`. [`dmuon/lab/poc_bugs.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/poc_bugs.py) puts each one back into this engine as a
 # one-method change, and `verify.py --poc-bug ...` runs the check with it.
 #
 # **Bug 1: a stale `params`.** The second loop over parameter groups forgot
@@ -277,7 +370,7 @@ hidden = last_json(run("verify.py", "--tp", 2, "--shapes", "64x64,64x96", "--tp-
 print(f"flat-view bug with every matrix split over TP: ok={hidden['ok']}, max difference {hidden['max_abs_diff']}")
 
 # %% [markdown]
-# Both bugs have regression tests (`tests/test_distributed.py`) that assert the check catches them.
+# Both bugs have regression tests ([`tests/test_distributed.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_distributed.py)) that assert the check catches them.
 #
 # ## When a rank fails
 #
@@ -286,6 +379,20 @@ print(f"flat-view bug with every matrix split over TP: ok={hidden['ok']}, max di
 # exception, a hang, a rank killed by a signal, a rank with another model, a corrupt checkpoint...)
 # and shows how each run ends: every rank stopped, the rank that failed first named with its
 # traceback, a non-zero exit code.
+
+# %% tags=["remove-cell"]
+# The exercises' answers, computed (the solutions below quote them).
+from dmuon.lab.costmodel import dp_gather_bytes
+
+dp3 = [build_plan(specs, 3, d, 1, DEFAULT_BUCKET_NUMEL) for d in range(3)]
+w1_owners = [d for d, p in enumerate(dp3) if next(m for m in p.metas[0] if m.name == "w1").local_numel]
+assert len(w1_owners) == 1, "exercise 1's answer says one DP rank owns w1"
+glue("ch5-ex1-which", ", ".join(map(str, w1_owners)), display=False)
+groups = [dict(shapes=DEFAULT_SHAPES, tp_split_dims=DEFAULT_TP_DIMS, use_muon=True)]
+whole, straddlers = (dp_gather_bytes(groups, 2, 2, DEFAULT_BUCKET_NUMEL, v) for v in ("bucket", "straddlers"))
+assert whole == phases["ns_gather_dp"]["bytes_sent"]  # the closed form is what the traced step sent
+glue("ch5-ex3-whole", f"{whole:,.0f}", display=False)
+glue("ch5-ex3-straddlers", f"{straddlers:,.0f}", display=False)
 
 # %% [markdown]
 # ## Summary
@@ -309,11 +416,15 @@ print(f"flat-view bug with every matrix split over TP: ok={hidden['ok']}, max di
 # :::{admonition} Solutions
 # :class: dropdown
 #
-# 1. Run it and read the `dp_shard` lines: every DP rank whose shard range overlaps `w1`'s
-#    `global_range` keeps a non-empty piece (chapter 4's explorer shows the same for any `dp`).
+# 1. One, DP rank {glue:text}`ch5-ex1-which`. A rank keeps a piece of `w1` only where its shard
+#    overlaps `w1`'s `global_range`; with `dp = 3` and one bucket, `w1` lies inside the first
+#    shard, so the other two ranks keep nothing of it (chapter 4's explorer shows the shards for
+#    any `dp`).
 # 2. With one group the stale list *is* the right list, so the check passes: the bug is invisible.
 #    A test of a distributed optimizer must use several parameter groups (and shapes), or it tests
 #    less than the code does.
-# 3. Only the straddling matrices need a gather, and only among the ranks that share them; chapter 6
-#    computes it with `dp_gather_bytes(..., "straddlers")`.
+# 3. Only the straddling matrices need a gather, and only among the ranks that share them: on the
+#    2 x 2 grid traced above, {glue:text}`ch5-ex3-straddlers` bytes per rank on average instead of
+#    the {glue:text}`ch5-ex3-whole` of the whole-bucket DP gather (`dp_gather_bytes(...,
+#    "straddlers")`, which chapter 6 derives).
 # :::

@@ -18,7 +18,7 @@
 # # 6. Communication: Muon vs AdamW, in bytes and in time
 #
 # ```{admonition} What this chapter runs
-# `scripts/bench.py` on a 2 x 2 grid (both optimizers, 5 steps each), `scripts/measure_links.py` on 4
+# [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) on a 2 x 2 grid (both optimizers, 5 steps each), [`scripts/measure_links.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/measure_links.py) on 4
 # processes, and the closed-form cost model. About 30 seconds on a 2-core laptop.
 # ```
 
@@ -46,7 +46,7 @@ elif importlib.util.find_spec("dmuon") is None:
 
 # %% [markdown]
 # ```{admonition} What this chapter runs
-# `scripts/bench.py` on a 2 x 2 grid (both optimizers, 5 steps each), `scripts/measure_links.py` on 4
+# [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) on a 2 x 2 grid (both optimizers, 5 steps each), [`scripts/measure_links.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/measure_links.py) on 4
 # processes, and the closed-form cost model. About 30 seconds on a 2-core laptop.
 # ```
 
@@ -63,12 +63,12 @@ elif importlib.util.find_spec("dmuon") is None:
 # - read the communication ledger of a step, collective by collective;
 # - derive the (1, 1.25] bound, and say which layout sits at each end and what TP adds;
 # - explain why a time ratio is not a byte ratio (latency, number of calls, the backend);
-# - use an alpha-beta model to project a step's communication to a cluster.
+# - use an {term}`alpha-beta model` to project a step's communication to a cluster.
 
 # %% [markdown]
 # ## The ledger of one step
 #
-# `scripts/bench.py` runs Distributed Muon and Distributed AdamW side by side in one job, with the
+# [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) runs Distributed Muon and Distributed AdamW side by side in one job, with the
 # same parameters (the five matrices of the proof of concept), the same gradients and the same
 # 2 x 2 grid, alternating their steps. Each has its own ledger, so every byte is attributed:
 
@@ -92,7 +92,7 @@ print(f"Muon / AdamW bytes: {bench['bytes_ratio']:.4f} (per rank per step)")
 # %% [markdown]
 # ## Theory: the closed form
 #
-# Every term above has a formula (chapter 2's ring counts, `dmuon/costmodel.py`). Per bucket of
+# Every term above has a formula ({doc}`chapter 2 <02_distributed_map>`'s ring counts, [`dmuon/lab/costmodel.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/costmodel.py)). Per bucket of
 # $P$ TP-local elements padded to a multiple of $d$ (the DP size), with shard $s = P/d$:
 #
 # | phase | dtype | bytes per rank | who |
@@ -128,10 +128,10 @@ for kind, measured in (("muon", muon), ("adamw", adamw)):
 #
 # whatever the shapes and the padding (every term of a bucket scales with the same shard).
 # That is the paper's upper bound. The gather exists only because some matrices are cut by shard
-# boundaries (chapter 4). A layout could gather **only the straddling matrices**, among the ranks
+# boundaries ({doc}`chapter 4 <04_zero1_buffer>`). A layout could gather **only the straddling matrices**, among the ranks
 # that share them; and a layout that cuts the shards on matrix boundaries, so that every matrix lies
 # whole on one rank, needs **no DP gather** at all, so Muon moves exactly AdamW's bytes: the
-# bound's lower end, 1, which no layout with balanced shards reaches exactly, hence "(1". Chapter 8
+# bound's lower end, 1, which no layout with balanced shards reaches exactly, hence "(1". {doc}`Chapter 8 <08_beyond_poc>`
 # builds such layouts for real (`owner` and `aligned`). The closed form for all three variants of
 # the gather (`dp_gather_bytes`), for the five proof-of-concept matrices and for the matrices of a
 # 1.2B-parameter transformer: 24 layers, each with a QKV projection (6144 x 2048), an output
@@ -193,7 +193,7 @@ for label, g in (("proof of concept", poc), ("1.2B transformer", stack)):
 # those that happen to sit on a shard boundary straddle, and the ratio falls towards 1. (The bucket
 # size matters: with one matrix per bucket, every matrix straddles every boundary.) Cutting shards
 # between matrices removes the gather; giving each matrix one owner also removes the repeated
-# Newton-Schulz of chapter 5 (chapter 8).
+# Newton-Schulz of {doc}`chapter 5 <05_distributed_step>` ({doc}`chapter 8 <08_beyond_poc>`).
 #
 # **What TP adds on top.** AdamW's TP ranks never talk in the optimizer: its update is elementwise
 # on whatever slice a rank holds. Muon must rebuild every TP-split matrix, so its TP gathers come on
@@ -207,7 +207,7 @@ for tp in (1, 2, 4):
 
 # %% [markdown]
 # The paper's bound is about the data-parallel traffic that crosses the cluster network; TP gathers
-# stay inside a node (chapter 3), on links several times faster. Bytes alone do not say what a byte
+# stay inside a node ({doc}`chapter 3 <03_grid>`), on links several times faster. Bytes alone do not say what a byte
 # costs, which brings us to time.
 #
 # ## Time is not bytes
@@ -262,12 +262,12 @@ for name in ("muon", "adamw"):
 # GPUs {cite:p}`wei2025muonreproducibility`; the two optimizers did not run the same collectives. With
 # the same plan and buckets for both, as here, Muon moves at least AdamW's bytes and makes at least
 # as many calls, so on the same links it cannot spend less time communicating, unless its
-# collectives are placed or overlapped better. Chapter 7 comes back to the report's claims one by one.
+# collectives are placed or overlapped better. {doc}`Chapter 7 <07_profiling>` comes back to the report's claims one by one.
 #
 # ## Projecting to a cluster
 #
 # On a cluster the ranks of a node share fast links (NVLink-class) and nodes share a slower
-# network (InfiniBand-class); chapter 3's layout keeps TP groups inside a node. The model below
+# network (InfiniBand-class); {doc}`chapter 3 <03_grid>`'s layout keeps TP groups inside a node. The model below
 # uses **assumed** link constants, not measurements, which you can change: 8 GPUs per node, 3 µs
 # and 150 GB/s per GPU inside a node, 10 µs and 40 GB/s per GPU between nodes. The model is the
 # same stack of {glue:text}`ch6-n-matrices` matrices as above (QKV and MLP-in split by rows over
@@ -359,7 +359,7 @@ widgets.interact(explore, dp=widgets.IntSlider(value=16, min=1, max=128), tp=wid
 #   and, with TP, a TP gather per split matrix. The ledger equals the closed form exactly.
 # - Gathering whole buckets costs exactly 1.25 x AdamW's bytes on a DP-only grid, the paper's upper
 #   bound; gathering only straddling matrices costs less; shards cut between matrices cost AdamW's
-#   bytes (plus padding, chapter 8).
+#   bytes (plus padding, {doc}`chapter 8 <08_beyond_poc>`).
 # - Time ratios differ from byte ratios: latency per call, waiting for peers, and the backend's own
 #   algorithms (gloo's reduce-scatter is an all-reduce). Compare like with like: same plan, same calls.
 #

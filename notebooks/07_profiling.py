@@ -18,7 +18,7 @@
 # # 7. Profiling: where a training step's time goes
 #
 # ```{admonition} What this chapter runs
-# `scripts/profile_step.py` twice (2 processes, tiny GPT, batch 32 and 128), `scripts/bench.py` with
+# [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) twice (2 processes, tiny GPT, batch 32 and 128), [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) with
 # three overlap modes on a 2 x 2 grid, and `bench.py --sweep` over three 4-process grids. About 2
 # minutes on a 2-core laptop.
 # ```
@@ -46,7 +46,7 @@ elif importlib.util.find_spec("dmuon") is None:
                               "start Jupyter from its .venv (or `pip install -e .` into this kernel's Python)")
 
 # %% [markdown]
-# Chapter 6 counted bytes. A training step also computes: the forward and backward passes, and
+# {doc}`Chapter 6 <06_communication>` counted bytes. A training step also computes: the forward and backward passes, and
 # for Muon, Newton-Schulz. Moonshot reports the optimizer at 1-3% of the step
 # {cite:p}`liu2025muonscalable`; the community report measured 1.1% on four GPUs
 # {cite:p}`wei2025muonreproducibility`. This chapter profiles real training steps with
@@ -63,13 +63,13 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## A real training step, profiled
 #
-# `scripts/profile_step.py` trains two copies of chapter 1's tiny GPT on two data-parallel ranks,
+# [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) trains two copies of {doc}`chapter 1 <01_muon>`'s tiny GPT on two data-parallel ranks,
 # one with Distributed MuonW (Muon on the hidden matrices, AdamW on the rest) and one with
 # Distributed AdamW, alternating their steps, from the same weights on the same batches. Every
 # step is forward, backward, then the ZeRO-1 optimizer. Between them a barrier makes the faster rank
 # wait for the slower one *before* the optimizer starts, so that waiting shows as waiting rather
 # than as slow communication. After two warm-up steps the profiler records everything on every
-# rank; each rank then parses its own trace (`dmuon/traces.py`).
+# rank; each rank then parses its own trace ([`dmuon/lab/traces.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/traces.py)).
 
 # %%
 from dmuon.lab.notebook import last_json, run
@@ -118,7 +118,7 @@ glue("ch7-batch", f"{profile['batch']} x {profile['context']}", display=False)
 # %% [markdown]
 # ## Reading a trace
 #
-# Each rank wrote a Chrome trace (`_build/traces/trace_rank0.json` and `..._rank1.json`). To look at
+# Each rank wrote a {term}`Chrome trace` (`_build/traces/trace_rank0.json` and `..._rank1.json`). To look at
 # one yourself, open <https://ui.perfetto.dev> (or `chrome://tracing`) and drop the file onto the page:
 # every PyTorch operator is a slice, and the ranges this book's code marks (`train_step:muon`,
 # `forward_backward`, `optimizer.step`, `comm:<phase>`, `muon:newton_schulz`) sit above them. Here
@@ -197,7 +197,7 @@ glue("ch7-share-note", "as it must" if falls else "against expectation: a sign o
 # 1-3% of an LLM run on GPUs: its matrices are small, so each is cheap to multiply in the forward
 # pass but the optimizer's per-matrix overheads (several collectives, five Newton-Schulz steps)
 # weigh more, and every rank repeats Newton-Schulz for every matrix (the proof of concept's layout,
-# chapter 5). In an LLM, a step processes millions of tokens per optimizer update.
+# {doc}`chapter 5 <05_distributed_step>`). In an LLM, a step processes millions of tokens per optimizer update.
 #
 # ## The asynchronous-communication experiment
 #
@@ -206,7 +206,7 @@ glue("ch7-share-note", "as it must" if falls else "against expectation: a sign o
 # asynchronously and then waiting for it at once overlaps nothing; it only adds the cost of the
 # handle. Real overlap needs independent work to do while the bytes travel. Distributed Muon has
 # some: Newton-Schulz of one bucket (or matrix) does not depend on the gather of the next. The
-# engine's `overlap` option has three modes (`dmuon/distributed.py`): `none`; `naive` (every
+# engine's {term}`overlap` option has three modes ([`dmuon/distributed.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/distributed.py)): `none`; `naive` (every
 # collective asynchronous, waited for at once, as in the report); and `prefetch` (start every
 # bucket's DP gather and every matrix's TP gather first, then orthogonalise while later ones
 # arrive). All three give identical parameters (the tests check it). Measured side by side, on a
@@ -308,7 +308,7 @@ display(Markdown(table))
 # ## Summary
 #
 # - `torch.profiler` plus a few named ranges splits a step into forward-backward, communication,
-#   Newton-Schulz and the rest; `dmuon/traces.py` does the arithmetic on the Chrome JSON.
+#   Newton-Schulz and the rest; [`dmuon/lab/traces.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/traces.py) does the arithmetic on the Chrome JSON.
 # - The optimizer's share of a step shrinks as the work per step grows; small models on CPUs
 #   exaggerate it.
 # - `async_op=True` followed by `wait()` is not overlap. Overlap needs independent work, arranged in

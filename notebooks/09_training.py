@@ -21,18 +21,18 @@
 # gradients. That isolates the optimizer, but it leaves two questions a reader who wants to train
 # something cannot skip: does Distributed Muon work on a model split the way people split models,
 # with PyTorch's own tensor-parallel layers; and is it worth it, once AdamW gets the same care in
-# tuning? This chapter trains chapter 1's tiny GPT on four grids, looks inside the optimizer while
+# tuning? This chapter trains {doc}`chapter 1 <01_muon>`'s tiny GPT on four grids, looks inside the optimizer while
 # it trains, weighs Muon against AdamW in a study with tuned learning rates and several seeds, and
 # profiles whole training steps on three 4-rank grids.
 #
-# **What it runs**: `scripts/train.py` on four grids, the convergence study's script at a short
-# length, and `scripts/profile_step.py` on three grids. The full study is too long to rerun on
+# **What it runs**: [`scripts/train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/train.py) on four grids, the convergence study's script at a short
+# length, and [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) on three grids. The full study is too long to rerun on
 # every build; its recorded result is read from `book/data/`, with the command that made it.
 #
 # **Learning goals.** After this chapter you can
 #
 # - make a model tensor-parallel with `parallelize_module` and hand it to `DistributedMuon`, which
-#   reads each matrix's split from its DTensor placement;
+#   reads each matrix's split from its {term}`DTensor` placement;
 # - explain why four grids trained on the same data agree only up to the order of floating-point
 #   sums, not bit for bit;
 # - read Muon's optimizer-state metrics: what Newton-Schulz does to the spectrum of the momentum;
@@ -64,8 +64,8 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## The model, split with PyTorch's own layers
 #
-# The model is chapter 1's character-level GPT ({glue:text}`ch9-model`, trained on Python's own
-# documentation), made tensor-parallel by `dmuon/lab/tpgpt.py` with
+# The model is {doc}`chapter 1 <01_muon>`'s character-level GPT ({glue:text}`ch9-model`, trained on Python's own
+# documentation), made tensor-parallel by [`dmuon/lab/tpgpt.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/tpgpt.py) with
 # `torch.distributed.tensor.parallel.parallelize_module` on the grid's "tp" mesh dimension. It is
 # Megatron-LM's split {cite:p}`shoeybi2019megatron`: in each block the fused query-key-value
 # projection and the first MLP matrix are `ColwiseParallel` (each TP rank holds some of the output
@@ -78,11 +78,11 @@ elif importlib.util.find_spec("dmuon") is None:
 # The optimizer is given no list of which matrix is split how. `DistributedMuon` reads it from each
 # parameter's DTensor placement (`Shard(0)`: rows, `Shard(1)`: columns, `Replicate()` or a plain
 # tensor: not split) and works on the local shards. For Newton-Schulz it gathers a split matrix
-# whole, as chapter 5 did for the synthetic ones, because orthogonalising each shard alone would
+# whole, as {doc}`chapter 5 <05_distributed_step>` did for the synthetic ones, because orthogonalising each shard alone would
 # give a different (wrong) update.
 #
 # The first run trains for 30 steps on a 2 x 2 grid with the hybrid optimizer (Muon for the block
-# matrices, AdamW for embeddings, head and norms) and the owner layout of chapter 8. It measures
+# matrices, AdamW for embeddings, head and norms) and the owner layout of {doc}`chapter 8 <08_beyond_poc>`. It measures
 # the optimizer-state metrics every 10 steps:
 
 # %%
@@ -187,7 +187,7 @@ glue("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}", display=False)
 # two half-batch means where one process takes one mean over the whole batch, and TP splits each
 # matrix product in two and adds the halves with an all-reduce. The same numbers are added in
 # another order, so fp32 results differ in their last bits, and Newton-Schulz, which runs in bf16,
-# can round such a difference up to a bf16 step. `tests/test_train.py` allows 2e-3 nats, far below
+# can round such a difference up to a bf16 step. [`tests/test_train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_train.py) allows 2e-3 nats, far below
 # what a real fault does: it explains the margin, and exercise 4 lets you break the data split and
 # watch the curves part.
 #
@@ -196,7 +196,7 @@ glue("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}", display=False)
 # While it trains, `train.py` can measure, for every Muon matrix, what goes into Newton-Schulz (the
 # momentum) and what comes out (the update), the "optimizer-state metrics" of the original Muon
 # tutorial. They are computed where the matrix is orthogonalised, by its owner, and only the scalars
-# travel: no extra matrix is gathered (`dmuon/lab/statemetrics.py`). The **effective rank** of a
+# travel: no extra matrix is gathered ([`dmuon/lab/statemetrics.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/statemetrics.py)). The **effective rank** of a
 # matrix's singular values is the exponential of their entropy once normalised: the number of
 # directions that carry weight, equal to the rank when all singular values are equal and 1 when
 # one dominates. **Largest / median** says how lopsided the spectrum is.
@@ -245,11 +245,11 @@ assert gain > 1.5, gain  # the text says Newton-Schulz raises every matrix's eff
 # Newton-Schulz (dashed) and of the update that leaves it (solid).
 # ```
 #
-# The momentum is lopsided: a few directions carry most of it, as chapter 1 showed for gradients.
+# The momentum is lopsided: a few directions carry most of it, as {doc}`chapter 1 <01_muon>` showed for gradients.
 # Newton-Schulz multiplies every matrix's effective rank by at least {glue:text}`ch9-rank-gain`
 # and brings largest / median down towards 1: the update moves the weights in many directions
 # at once instead of a few. It does not make the spectrum exactly flat: the quintic iteration's
-# coefficients trade exactness for speed, and leave singular values spread around 1 (chapter 1).
+# coefficients trade exactness for speed, and leave singular values spread around 1 ({doc}`chapter 1 <01_muon>`).
 # The update RMS, after Moonshot's per-matrix scale `0.2 * sqrt(max(A, B))`, is
 # {glue:text}`ch9-update-rms` for every matrix, near the 0.2 typical of AdamW's updates, which is
 # what that scale is for {cite:p}`liu2025muonscalable`: the same learning rate suits both.
@@ -259,7 +259,7 @@ assert gain > 1.5, gain  # the text says Newton-Schulz raises every matrix's eff
 # The paper reports that Muon needs about half of AdamW's training compute for the same loss
 # {cite:p}`liu2025muonscalable`, and the Muon tutorial measured 34% lower loss than AdamW on MNIST
 # after 3 epochs {cite:p}`wei2025muontutorial`. A comparison is only as fair as its baseline: an
-# AdamW run at a poor learning rate makes anything look good. `scripts/convergence_study.py`
+# AdamW run at a poor learning rate makes anything look good. [`scripts/convergence_study.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/convergence_study.py)
 # therefore
 #
 # 1. sweeps the learning rate of each optimizer (AdamW; the hybrid, whose AdamW groups take the same
@@ -403,7 +403,7 @@ glue("ch9-live-gap", f"{live['summary']['final_gap']:+.3f}", display=False)
 #
 # ## Where the time of a real step goes
 #
-# Chapter 7 profiled a data-parallel step. `profile_step.py` now takes the tensor-parallel model
+# {doc}`Chapter 7 <07_profiling>` profiled a data-parallel step. `profile_step.py` now takes the tensor-parallel model
 # too, so the report's comparison of three 4-rank grids {cite:p}`wei2025muonreproducibility` can be
 # made on a real model: DP4, TP4 and DP2 x TP2, with the same 64 sequences per step split over the
 # DP replicas. Each rank alternates a Muon step and an AdamW step of two copies of the model, so
@@ -457,7 +457,7 @@ plt.close(fig)
 #
 # ## The claims, on a real model
 #
-# Chapter 7 checked the paper's and the report's claims on the synthetic step and on a
+# {doc}`Chapter 7 <07_profiling>` checked the paper's and the report's claims on the synthetic step and on a
 # data-parallel model. Here are the ones a real tensor-parallel model can answer:
 
 # %% tags=["hide-input"]
@@ -554,6 +554,6 @@ display(Markdown(out))
 #    measuring it.
 # 4. The 2 x 1 run now averages two gradients of the same half batch: it trains on half the data
 #    of each step (and reports that half's loss), so its curve is off the 1 x 1 one from the first
-#    step, by several times the 2e-3 nats `tests/test_train.py` allows, and the gap grows as the
+#    step, by several times the 2e-3 nats [`tests/test_train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_train.py) allows, and the gap grows as the
 #    run goes on (undo the change afterwards).
 # :::

@@ -61,10 +61,10 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## What a Muon checkpoint holds
 #
-# Take the tiny GPT of chapter 1 with the hybrid split (Muon for the attention and MLP matrices,
+# Take the tiny GPT of {doc}`chapter 1 <01_muon>` with the hybrid split (Muon for the attention and MLP matrices,
 # AdamW for embeddings, head, norms and biases), build a Distributed Muon and a Distributed AdamW
 # for it in this process (a 1 x 1 grid), and save each with `dmuon.checkpoint.save`. The checkpoint
-# is a folder written by `torch.distributed.checkpoint` (DCP); its metadata lists every tensor it
+# is a folder written by `torch.distributed.checkpoint` ({term}`DCP`); its metadata lists every tensor it
 # holds, so we can count the bytes of each kind of state without loading any of them:
 
 # %%
@@ -154,7 +154,7 @@ plt.close(fig)
 # rectangle. This is DCP's own convention: its `get_state_dict` / `set_state_dict` also key
 # optimizer state by fully qualified parameter names and store sharded tensors in global
 # coordinates. They expect the shards to be DTensor placements, and a ZeRO-1 cut through the rows
-# of a matrix is not one, so `dmuon/checkpoint.py` describes the rectangles itself. The grid and
+# of a matrix is not one, so [`dmuon/checkpoint.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/checkpoint.py) describes the rectangles itself. The grid and
 # layout that wrote the checkpoint, every parameter's shape and kinds, and the hyperparameters go to
 # a small `dmuon.json` beside the data.
 
@@ -188,7 +188,7 @@ table(["saved on", "resumed on", "compared", "max |param - uninterrupted run| pe
 # %% [markdown]
 # Zero at every step: the resumed runs are the uninterrupted run, bit for bit, on a grid with
 # another DP size and another layout, and in one process. (The check is exact because the same
-# kernels run on the same numbers everywhere; chapter 5 explains why the synthetic gradients make
+# kernels run on the same numbers everywhere; {doc}`chapter 5 <05_distributed_step>` explains why the synthetic gradients make
 # the DP sum exact in any order.) The tests repeat this from 2 x 2 into 3 x 1, 1 x 4, 3 x 2 and
 # 1 x 1, with every layout.
 #
@@ -196,7 +196,7 @@ table(["saved on", "resumed on", "compared", "max |param - uninterrupted run| pe
 # whole with `torch.save`, the marker inside; `torch.load("ckpt.pt", weights_only=True)` reads it
 # back without running any pickled code, and `checkpoint.load_single` puts it into the
 # single-device `MuonW`, or into PyTorch's own `torch.optim.Muon`, whose `momentum_buffer` is the
-# same momentum (`tests/test_checkpoint.py` continues a run there: bit for bit where the CPU has a
+# same momentum ([`tests/test_checkpoint.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_checkpoint.py) continues a run there: bit for bit where the CPU has a
 # native bf16 matrix product, within a bf16 rounding of the update elsewhere):
 
 # %%
@@ -269,18 +269,18 @@ table(["loading", "the error", "parameters unchanged"], rows, align="lll")
 # In a distributed run the failing rank is rarely the one that reports first. If rank 1 raises,
 # ranks 0, 2 and 3 are still waiting in a collective; when the launcher stops them, or when their
 # peer's connection closes, they fail too, with errors that say nothing about the cause. The
-# launcher (`dmuon/launch.py`) therefore names the rank that failed **first**, prints its traceback
+# launcher ([`dmuon/launch.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/launch.py)) therefore names the rank that failed **first**, prints its traceback
 # in full and every other rank in one line (`--- then ...`), stops every rank and exits with code
 # 1. A rank killed by a signal is the root cause (nothing else explains it); ranks the launcher
 # stopped itself are never blamed. A rank that hangs is ended by its peers' collective timeout
-# (`--timeout`), or, if the backend never returns, by the watchdog in `dmuon/comm.py`, which
+# (`--timeout`), or, if the backend never returns, by the {term}`watchdog <collective timeout>` in [`dmuon/comm.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/comm.py), which
 # names the collective it was waiting in.
 #
-# `scripts/faults.py` injects a fault on one rank at step 2. It knows eight; here the five whose
+# [`scripts/faults.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/faults.py) injects a fault on one rank at step 2. It knows eight; here the five whose
 # endings differ most run on a 2 x 1 grid, rank 1 misbehaving (the logs are folded; the table has
 # the launcher's verdict, the first failing rank's last words, cut at 180 characters, and how long
 # the whole run took, start-up included). The other three (nan, wrong-dtype, watchdog) are
-# described below; `tests/test_failures.py` runs all eight on 2 x 1 and 2 x 2 grids.
+# described below; [`tests/test_failures.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_failures.py) runs all eight on 2 x 1 and 2 x 2 grids.
 
 # %%
 import time  # noqa: E402
@@ -329,14 +329,14 @@ table(["fault", "the launcher's verdict", "the first failing rank's last words",
 # names one failed rank without the grid coordinates, gives a rank that ignores SIGTERM 30 s (a
 # constant in torch) before killing it, and its report itself fails on a half-written error file.
 # Meeting the requirements took our own supervision on top of it, more code than the launcher it
-# would replace. `dmuon/launch.py` keeps the small one, and forks the ranks from the launcher once it
+# would replace. [`dmuon/launch.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/launch.py) keeps the small one, and forks the ranks from the launcher once it
 # has imported torch, so the ranks do not each pay for importing it again.
 #
 # ### Every time, and under load
 #
 # A failure path that works once on an idle machine can still hang or leave processes behind on a
 # busy one: a rank is slow to start, or the report is read while a rank writes it. (Both happened
-# to earlier versions of this launcher.) `scripts/fault_bench.py` repeats every fault 20 times
+# to earlier versions of this launcher.) [`scripts/fault_bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/fault_bench.py) repeats every fault 20 times
 # while busy processes compete for the CPU, and counts the runs that ended cleanly (exit code 1,
 # the right message, the right rank named first) and the processes left behind. Its result is
 # kept in the repository with the command, commit and machine that produced it:
@@ -371,8 +371,11 @@ glue("ch10-bench-clean", f"{sum(r['clean'] for r in bench['per_fault'].values())
 # ## Summary
 #
 # - A checkpoint stores every state tensor whole, keyed by parameter name, each rank writing the
-#   rectangles of its piece; so it loads on any grid, any layout, or one process, and a resumed run
-#   is the uninterrupted run, bit for bit.
+#   rectangles of its piece; so it loads on any grid, any layout, or one process. With the checks'
+#   synthetic gradients, whose DP sums are exact in any order, a resumed run is the uninterrupted
+#   run bit for bit on every grid shown; a real model's gradients are summed in an order that
+#   depends on the grid, so a run resumed on another grid agrees to rounding, not bit for bit
+#   ({doc}`chapter 9 <09_training>` compares grids on a real model).
 # - Muon's optimizer state is one moment per matrix, AdamW's two: half on the matrices Muon handles.
 # - A save is complete only when its marker exists; a load checks before it reads and changes
 #   nothing when it fails.

@@ -19,7 +19,7 @@
 #
 # "Does it work with FSDP2?" is the question asked most often in every Muon repository. PyTorch's
 # `torch.optim.Muon` accepts a `fully_shard` model without complaint, and its results are right. But
-# Newton-Schulz needs whole matrices and FSDP2 gives every rank a block of rows, so DTensor quietly
+# Newton-Schulz needs whole matrices and {term}`FSDP2` gives every rank a block of rows, so {term}`DTensor` quietly
 # gathers each matrix on every rank, and every rank orthogonalises every matrix. This chapter puts the
 # three ways of sharding a Muon model side by side, ZeRO-1 x TP (chapters 4 to 9), FSDP2, and FSDP2 x
 # TP, and measures `dmuon.fsdp.FSDPMuon`, which sends each matrix to one owner, against
@@ -73,7 +73,7 @@ elif importlib.util.find_spec("dmuon") is None:
 #
 # Where does each block sit? DTensor knows: `compute_local_shape_and_global_offset` gives every
 # rank's rectangle of the whole matrix, uneven rows included, and for FSDP2 over TP the rows of a TP
-# shard, cut again over DP (a `_StridedShard`). `FSDPMuon` collects every rank's rectangles once when
+# shard, cut again over DP (a `_StridedShard`). {term}`FSDPMuon` collects every rank's rectangles once when
 # it is built and sends each matrix's blocks to its owner in one bf16 all-to-all, and the results back
 # in another. The owners are chosen by the same rule as the engine's "owner" layout (largest matrices
 # first, each to the least-loaded rank).
@@ -132,20 +132,30 @@ same_owner_traffic = {k: zero1_muon[k]["bytes_sent"] for k in ("ns_to_owner", "n
 print("ZeRO-1 AdamW's phases:", sorted(zero1_adamw))
 print("Muon's extra under ZeRO-1 (to and from the owners):", same_owner_traffic)
 print("FSDPMuon's whole traffic under FSDP2 x TP:", {k: v["bytes_sent"] for k, v in fsdp_ns.items()})
+owner_bytes = {"zero1": sum(same_owner_traffic.values()),
+               "fsdp": sum(fsdp_ns[k]["bytes_sent"] for k in ("ns_to_owner", "ns_from_owner"))}
+# The text below: the owner trips are larger under FSDP2, whose Shard(0) cuts every matrix over DP.
+assert owner_bytes["fsdp"] > owner_bytes["zero1"], owner_bytes
+glue("ch11-owner-zero1", f"{owner_bytes['zero1']:,}", display=False)
+glue("ch11-owner-fsdp", f"{owner_bytes['fsdp']:,}", display=False)
 
 # %% [markdown]
 # Read it this way. ZeRO-1's AdamW moves the gradients in and the parameters out; Muon adds the
 # trips to and from each matrix's owner. Under FSDP2 the first two belong to FSDP2, so FSDPMuon's
 # ledger holds only the owner trips, and for the hybrid's AdamW parameters nothing at all. The owner
 # trips are of the same kind in both (bf16 blocks of every Muon matrix that is not already on its
-# owner), so their size depends on how much of each matrix lives elsewhere, not on the layout.
+# owner), so their size depends on how much of each matrix lives away from its owner, and that is
+# what the sharding decides. FSDP2's `Shard(0)` cuts every matrix's rows over DP, so every matrix
+# has pieces elsewhere; ZeRO-1's flat buffer leaves a matrix that falls inside one rank's shard
+# whole there. On the same 2 x 2 grid rank 0's owner trips move {glue:text}`ch11-owner-fsdp` bytes
+# under FSDP2 against {glue:text}`ch11-owner-zero1` under ZeRO-1.
 
 # %% [markdown]
 # ## FSDPMuon against torch.optim.Muon, on the same FSDP2 model
 #
 # `train.py --compare-torch-muon` trains both on the same batches in one run. torch's traffic is
 # counted by `CommDebugMode` around its optimizer step, each collective priced with the same ring
-# formulas as our ledger (`dmuon/lab/dtensor_comm.py`); its Newton-Schulz calls are counted by
+# formulas as our ledger ([`dmuon/lab/dtensor_comm.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/dtensor_comm.py)); its Newton-Schulz calls are counted by
 # wrapping its Newton-Schulz function.
 
 # %%
@@ -183,7 +193,7 @@ print("torch's collectives by op, rank 0, 2x2:", c22["torch_by_op"])
 # run it {glue:text}`ch11-ns-ours` times: once per matrix. Its optimizer step took
 # {glue:text}`ch11-time-ratio` times as long as ours here (times on a shared 2-core CPU are noisy;
 # the counts are not). The two loss curves differ by at most {glue:text}`ch11-loss-gap` nats per
-# step: the same method, summed in another order (`tests/test_fsdp.py` checks FSDPMuon bit for bit
+# step: the same method, summed in another order ([`tests/test_fsdp.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_fsdp.py) checks FSDPMuon bit for bit
 # against single-device Muon on 2x1, 4x1, 2x2 and, after resharding a checkpoint, 3x1 and 1x1, and
 # within a stated tolerance of `torch.optim.Muon`).
 #
@@ -225,6 +235,6 @@ print("torch's collectives by op, rank 0, 2x2:", c22["torch_by_op"])
 # 1. Run `python scripts/train.py --fsdp --dp 3 --tp 1 --batch 12 --steps 6 --compare-torch-muon` (uneven rows).
 #    How do the bytes per rank differ between the three ranks, and why?
 # 2. In the FSDP2 x TP run, which matrices are sent by only one of two TP ranks, and why is that
-#    enough? (Hint: `dmuon/fsdp_routes.py`, "senders".)
+#    enough? (Hint: [`dmuon/fsdp_routes.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/fsdp_routes.py), "senders".)
 # 3. With `--optimizer muon`, the embeddings and the head join Muon. Predict how the owner traffic
 #    changes, then measure it.

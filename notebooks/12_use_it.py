@@ -57,7 +57,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## The loop, ZeRO-1 x TP
 #
-# `scripts/loop_zero1_tp.py` is the whole program: the grid, the tiny GPT made tensor-parallel with
+# [`scripts/loop_zero1_tp.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py) is the whole program: the grid, the tiny GPT made tensor-parallel with
 # PyTorch's `parallelize_module` on `grid.mesh["tp"]`, the hybrid parameter groups (Muon for the
 # hidden matrices, AdamW for embeddings, head and norms), `DistributedMuon(..., layout="owner")`, a
 # warm-up scheduler, clipping, and a checkpoint every N steps that any grid can resume. Replace the
@@ -101,7 +101,7 @@ table(["step", "2 x 2, uninterrupted", "4 x 1, resumed from step 10", "differenc
 # momentum, AdamW moments, step counts), the scheduler, the position in the data and the RNG all came
 # back. The differences are in the last digits: a 4 x 1 grid adds its numbers in another order than a
 # 2 x 2 grid (the DP mean of four gradients instead of two, whole matmuls instead of TP partial
-# sums). `tests/test_resume.py` resumes on another layout of the same grid, where the order is the
+# sums). [`tests/test_resume.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_resume.py) resumes on another layout of the same grid, where the order is the
 # same, and requires the curves to be equal bit for bit.
 
 # %% [markdown]
@@ -109,7 +109,7 @@ table(["step", "2 x 2, uninterrupted", "4 x 1, resumed from step 10", "differenc
 #
 # With `fully_shard` the parameters are row blocks (DTensors) and FSDP2 does the data-parallel
 # communication itself; `FSDPMuon` sends each matrix's blocks to one owner for Newton-Schulz
-# (chapter 11). The loop is the same but for three lines: `fully_shard(model, mesh=grid.mesh["dp"])`,
+# ({doc}`chapter 11 <11_fsdp2>`). The loop is the same but for three lines: `fully_shard(model, mesh=grid.mesh["dp"])`,
 # `FSDPMuon(groups, grid)`, and `model=model, fsdp=True` for the checkpoint (FSDP2's own state dicts,
 # through DCP).
 
@@ -146,7 +146,7 @@ table(["step", "FSDP2 2 x 1, uninterrupted", "FSDP2 x TP 1 x 2, resumed from ste
 # %% [markdown]
 # ## What differs from a single-device optimizer, and why
 #
-# Everything else behaves as `torch.optim` documents, and `tests/test_contract.py` checks it against
+# Everything else behaves as `torch.optim` documents, and [`tests/test_contract.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_contract.py) checks it against
 # `torch.optim.Muon` and `torch.optim.AdamW` at world sizes 1 to 4: a step starts from the parameters'
 # current values (load weights or clamp them whenever you like); a parameter whose gradient is None on
 # every rank is skipped (frozen layers can stay in the groups), and None on only some ranks counts as

@@ -232,8 +232,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 self.steps_taken += 1
                 self.comm.ledger.begin_step(self.steps_taken)
                 self._refresh_masters()
-                self._update_master_shards()
-                self._gather_params()
+                self._update_master_shards()   # stages 1-7
+                self._gather_params()          # stage 8
         finally:
             self._prepared = None
         return loss
@@ -283,14 +283,17 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         for g, group in enumerate(self.param_groups):
             params, lr = group["params"], lr_of(group)
             if group["use_muon"]:
+                # BOOK-START muon-group (chapter 5 shows the lines up to BOOK-END)
                 present = self._prepared["present"][g]
+                # stages 1-2 (reduce-scatter, momentum), per bucket, as the flow asks for them
                 updates = ((bucket, self._momentum(g, group, bucket)) for bucket in self.plan.buckets[g])
-                for meta, piece in self.flow.run(group, updates):
+                for meta, piece in self.flow.run(group, updates):  # stages 3-6: the layout's flow
                     if not present[meta.param_idx]:
                         continue
                     master = local_shard(self.shards[g][meta.bucket_idx]["master"], self.plan, meta)
-                    apply_update_(master, piece, lr, group["weight_decay"],
+                    apply_update_(master, piece, lr, group["weight_decay"],              # stage 7
                                   adjust_lr(lr, meta.full_shape, group["adjust_lr"]))
+                # BOOK-END muon-group
                 continue
             for bucket in self.plan.buckets[g]:
                 shard, grad = self.shards[g][bucket.bucket_idx], self._grad_shard(g, bucket)

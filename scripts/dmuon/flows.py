@@ -65,6 +65,7 @@ class BucketFlow(Flow):
         prefetch = self.opt.overlap == "prefetch"
         in_flight = []
         for bucket, update in updates:
+            # stage 3: DP gather (bf16, the whole bucket)
             gather = self.comm.all_gather_async(update.to(torch.bfloat16), "dp", Phase.NS_GATHER_DP,
                                                 wait_now=not prefetch)
             in_flight.append((bucket, gather))
@@ -82,17 +83,17 @@ class BucketFlow(Flow):
         for i in bucket.param_indices:
             meta = metas[i]
             matrix = self.trace("ns_input", meta.name, self.unpack_ns_input(bucket_update, bucket, meta))
-            if meta.tp_split_dim != -1 and self.grid.tp > 1:                                    # TP gather
+            if meta.tp_split_dim != -1 and self.grid.tp > 1:                            # stage 4: TP gather
                 matrix = self.comm.all_gather_async(matrix, "tp", Phase.NS_GATHER_TP,
                                                     wait_now=self.opt.overlap != "prefetch")
             matrices.append((meta, matrix))
         for meta, matrix in matrices:
             if isinstance(matrix, Pending):
                 matrix = self.trace("tp_gathered", meta.name, tp_unshard(matrix.wait(), meta, self.grid.tp))
-            ortho = self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix))
-            tp_part = self.trace("tp_shard", meta.name,                                         # TP shard
+            ortho = self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix))  # stage 5
+            tp_part = self.trace("tp_shard", meta.name,                                 # stage 6: TP shard
                                  tp_shard(ortho, meta.tp_split_dim, self.grid.tp, self.grid.tp_rank, meta.name))
-            yield meta, self.trace("dp_shard", meta.name, dp_shard_of(tp_part, meta))           # DP shard
+            yield meta, self.trace("dp_shard", meta.name, dp_shard_of(tp_part, meta))   # stage 6: DP shard
 
     def unpack_ns_input(self, bucket_update: torch.Tensor, bucket: Bucket, meta: DistMeta) -> torch.Tensor:
         """A matrix's TP-local block of the gathered bucket, as a matrix (the PoC's bug #2 was a flat view)."""

@@ -210,6 +210,7 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
             cuts = aligned_cuts(sizes_in, dp) if aligned else even_cuts(numel, dp)
             shard = max(b - a for a, b in zip(cuts, cuts[1:]))
             bucket = Bucket(buffer_idx, bucket_idx, offset, numel, shard * dp, tuple(members), dp, cuts)
+            # BOOK-START dist-meta (chapter 4 shows the lines up to BOOK-END)
             shard_lo, shard_hi = bucket.shard_range(dp_rank)
             start = offset
             for i in members:
@@ -219,6 +220,7 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
                 metas[i] = DistMeta(specs[i].name, buffer_idx, bucket_idx, shapes[i], tuple(specs[i].full_shape),
                                     (start, end), local, specs[i].tp_split_dim, i)
                 start = end
+            # BOOK-END dist-meta
             buckets.append(bucket)
             offset += bucket.padded_numel
         all_buckets.append(buckets)

@@ -78,12 +78,15 @@ def collectives_diagram(demo: dict):
 
 # ---- one Muon step on a 2 x 2 grid -------------------------------------------------------------
 
+# Numbered as the stages of chapter 5's list and of the code's comments (flows.py, distributed.py):
+# 1 reduce-scatter, 2 momentum, 3 DP gather, 4 TP gather, 5 Newton-Schulz, 6 TP shard + DP shard,
+# 7 update, 8 parameter all-gather. The figure draws 2-6, the stages that move the momentum.
 FLOW_STAGES = [
-    ("momentum_shard", "1. my DP shard\n(momentum, fp32)", "shard"),
-    ("dp_gathered", "2. DP gather\n(bucket, bf16)", "tp_block"),
-    ("tp_gathered", "3. TP gather\n(whole matrix)", "whole"),
-    ("orthogonalised", "4. Newton-Schulz\n(whole matrix)", "whole"),
-    ("dp_shard", "5. TP shard, then\nDP shard: kept", "shard"),
+    ("momentum_shard", "2. momentum:\nmy DP shard (fp32)", "shard"),
+    ("dp_gathered", "3. DP gather\n(bucket, bf16)", "tp_block"),
+    ("tp_gathered", "4. TP gather\n(whole matrix)", "whole"),
+    ("orthogonalised", "5. Newton-Schulz\n(whole matrix)", "whole"),
+    ("dp_shard", "6. TP shard, then\nDP shard: kept", "shard"),
 ]
 
 

@@ -1,0 +1,200 @@
+"""The book's prose points at real files: every ``scripts/...``, ``dmuon/...`` and ``tests/...`` path it
+mentions exists, a path written alone in a code span is a link to that file on the repository, and
+every ``{literalinclude}`` (the code excerpts of chapters 4 and 5) names a file, a ``:pyobject:`` and
+markers that exist. Nothing is executed: the Jupytext sources and book/*.md are parsed (about a second).
+
+    PYTHONPATH=scripts python -m pytest -q tests/test_book_links.py
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import jupytext
+import pytest
+
+from dmuon.lab.notebook import repository_url
+from conftest import ROOT
+
+# A path in prose: not part of a longer path or URL (``../scripts/x``, ``.../blob/main/scripts/x``).
+PATH = re.compile(r"(?<![\w/.-])((?:scripts|dmuon|tests)/[\w./-]*)")
+# A code span holding nothing but such a path, and whether a Markdown link wraps it.
+SPAN = re.compile(r"(\[)?`((?:scripts|dmuon|tests)/[\w./-]*)`(\]\(([^)\s]+)\))?")
+FENCE = re.compile(r"^(```+|:::+)(.*)$")
+INCLUDE = re.compile(r"^```\{literalinclude\}\s+(\S+)\s*\n((?::[\w-]+:.*\n)*)", re.M)
+
+
+def repo_path(mention: str) -> Path:
+    """Where a mention lives in the checkout: ``dmuon/x`` is ``scripts/dmuon/x``."""
+    mention = mention.rstrip(".,;:")
+    return ROOT / ("scripts/" + mention if mention.startswith("dmuon/") else mention)
+
+
+def prose(markdown: str) -> str:
+    """The text outside plain code fences (directive fences such as ```{admonition} are prose)."""
+    out, fence = [], None
+    for line in markdown.splitlines():
+        m = FENCE.match(line.strip())
+        if fence is None and m and m.group(1).startswith("```") and not m.group(2).startswith("{"):
+            fence = m.group(1)
+            continue
+        if fence is not None:
+            if line.strip() == fence:
+                fence = None
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+def problems(markdown: str, url: str) -> list[str]:
+    """What is wrong with the paths in one page's (or cell's) Markdown."""
+    found, text = [], prose(markdown)
+    for m in PATH.finditer(text):
+        if not repo_path(m.group(1)).exists():
+            found.append(f"{m.group(1)!r} does not exist")
+    for m in SPAN.finditer(text):
+        bracket, path, _, href = m.groups()
+        where = repo_path(path)
+        kind = "tree" if where.is_dir() else "blob"
+        want = f"{url}/{kind}/main/{where.relative_to(ROOT).as_posix()}".rstrip("/")
+        if not (bracket and href):
+            found.append(f"`{path}` is not a link (want [`{path}`]({want}))")
+        elif href.rstrip("/") != want:
+            found.append(f"`{path}` links to {href}, want {want}")
+    for href in re.findall(re.escape(url) + r"/(?:blob|tree)/main/([^)\s#]+)", text):
+        if not (ROOT / href).exists():
+            found.append(f"a link to {href}, which does not exist")
+    return found
+
+
+def include_problems(markdown: str, folder: Path) -> list[str]:
+    """A literalinclude whose file, pyobject or markers are missing (paths resolve from ``folder``,
+    as Sphinx resolves them from the page's own folder)."""
+    found = []
+    for m in INCLUDE.finditer(markdown):
+        target = (folder / m.group(1)).resolve()
+        if not target.is_file():
+            found.append(f"literalinclude {m.group(1)}: no such file from {folder.name}/")
+            continue
+        source = target.read_text()
+        options = dict(re.findall(r"^:([\w-]+):\s*(.*)$", m.group(2), re.M))
+        if "pyobject" in options and options["pyobject"] not in python_objects(source):
+            found.append(f"literalinclude {m.group(1)}: no {options['pyobject']}")
+        for key in ("start-after", "end-before"):
+            if key in options and options[key].strip() not in source:
+                found.append(f"literalinclude {m.group(1)}: no {key} marker {options[key]!r}")
+    return found
+
+
+def python_objects(source: str) -> set[str]:
+    """``f``, ``C`` and ``C.m`` for every top-level function, class and method."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            names |= {f"{node.name}.{n.name}" for n in node.body if isinstance(n, ast.FunctionDef)}
+    return names
+
+
+def pages() -> list[tuple[Path, str]]:
+    """Every page's Markdown: the markdown cells of each chapter's .py source, and book/*.md."""
+    out = []
+    for py in sorted((ROOT / "notebooks").glob("*.py")):
+        nb = jupytext.read(py)
+        out.append((py, "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")))
+    out += [(md, md.read_text()) for md in sorted((ROOT / "book").glob("*.md"))]
+    return out
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p[0].name)
+def test_paths_in_prose_exist_and_link_to_the_repository(page):
+    path, markdown = page
+    assert not problems(markdown, repository_url()), path.name
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p[0].name)
+def test_code_excerpts_resolve(page):
+    path, markdown = page
+    assert not include_problems(markdown, path.parent), path.name
+
+
+def test_the_chapters_with_the_step_show_its_code():
+    by_name = {p.name: md for p, md in pages()}
+    for name in ("04_zero1_buffer.py", "05_distributed_step.py"):
+        assert INCLUDE.search(by_name[name]), f"{name} includes no code excerpt"
+    assert "BucketFlow._orthogonalise_bucket" in by_name["05_distributed_step.py"]
+
+
+def test_the_checks_catch_what_they_are_for():
+    """The checks above can fail: a missing path, a bare path, a wrong link, a missing excerpt."""
+    url = "https://github.com/o/r"
+    assert problems("see `dmuon/nothing_here.py`", url)
+    assert problems("see `scripts/verify.py`", url)
+    assert problems(f"see [`scripts/verify.py`]({url}/blob/main/scripts/other.py)", url)
+    assert not problems(f"see [`scripts/verify.py`]({url}/blob/main/scripts/verify.py)", url)
+    assert not problems(f"run `python scripts/verify.py --dp 2` or\n```bash\nls scripts/nowhere\n```", url)
+    assert problems("run `python scripts/nowhere.py`", url)
+    folder = ROOT / "notebooks"
+    assert include_problems("```{literalinclude} ../scripts/dmuon/flows.py\n:pyobject: NoSuch.thing\n```", folder)
+    assert include_problems("```{literalinclude} ../scripts/missing.py\n```", folder)
+    assert include_problems("```{literalinclude} ../scripts/dmuon/plan.py\n:start-after: NO MARKER\n```", folder)
+    assert not include_problems("```{literalinclude} ../scripts/dmuon/flows.py\n:pyobject: BucketFlow.run\n```",
+                                folder)
+
+
+# ---- the front door: the road map comes from _toc.yml, the first page says how to start --------------
+
+def test_the_road_map_lists_every_page_of_the_toc():
+    from dmuon.lab.bookbuild import toc_files
+    from dmuon.lab.roadmap import rows, table_markdown
+
+    listed = toc_files()[1:]
+    assert [r[0] for r in rows()] == listed
+    table = table_markdown()
+    assert all(f"</{p}>`" in table for p in listed)
+    assert "12. Use it in your training" in table   # titles come from each page's first heading
+    by_name = {p.name: md for p, md in pages()}
+    assert "```{chapter-table}" in by_name["index.md"] and "{list-table}" not in by_name["index.md"]
+    source = (ROOT / "notebooks" / "00_start_here.py").read_text()
+    assert "table_markdown()" in source and "| 12." not in source
+
+
+def test_a_chapter_without_a_road_map_question_is_an_error():
+    from dmuon.lab.roadmap import rows
+
+    toc = ("format: jb-book\nroot: book/index\nchapters:\n"
+           "  - file: notebooks/00_start_here\n  - file: notebooks/99_new\n")
+    with pytest.raises(KeyError, match="99_new"):
+        rows(toc)
+
+
+def test_chapter_0_starts_with_the_real_repository_and_make_setup():
+    source = (ROOT / "notebooks" / "00_start_here.py").read_text()
+    assert "<this repository>" not in source
+    assert "repository_url()" in source and "make setup" in source
+    markdown = "\n\n".join(c.source for c in jupytext.read(ROOT / "notebooks" / "00_start_here.py").cells
+                           if c.cell_type == "markdown")
+    first = next(p for p in markdown.split("\n\n") if "proof of concept" in " ".join(p.split()))
+    assert "{cite:p}`moonshot2025moonlight`" in first, "the proof of concept is not cited where it is introduced"
+    assert "moonshot2025moonlight" in (ROOT / "book" / "references.bib").read_text()
+
+
+# ---- reading aids: chapters 6-13 link the chapters they mention and their terms to the glossary --------
+
+def test_chapters_6_to_13_link_the_chapters_they_mention_and_their_terms():
+    glossary = (ROOT / "book" / "glossary.md").read_text()
+    defined = {t.strip().lower() for t in re.findall(r"^(\S[^\n]*)\n  \S", glossary, re.M)}
+    for path, markdown in pages():
+        if not (path.suffix == ".py" and 6 <= int(path.name[:2]) <= 13):
+            continue
+        lines = [line for line in prose(markdown).splitlines()
+                 if not line.startswith(("#", ":", "```"))]
+        text = re.sub(r"\{doc\}`[^`]*`|`[^`]*`", "", "\n".join(lines))
+        plain = re.findall(r"\b[Cc]hapter \d+\b", text)
+        assert not plain, f"{path.name}: {plain} are not links ({{doc}}`chapter N <NN_name>`)"
+        terms = [t.split("<")[-1].rstrip(">").strip().lower() for t in re.findall(r"\{term\}`([^`]*)`", markdown)]
+        assert all(t in defined for t in terms), f"{path.name}: {set(terms) - defined} not in the glossary"
+        if int(path.name[:2]) <= 11:
+            assert terms, f"{path.name} links none of its terms to the glossary"
