@@ -44,7 +44,7 @@ from dmuon.layouts import LAYOUTS
 from dmuon.launch import add_launch_args, check_launch_args, launch, under_torchrun, without_torchrun
 from dmuon.optim import hybrid_param_groups
 from dmuon.lab.tpgpt import tp_gpt
-from dmuon.lab.traces import breakdown, load_events, median_breakdown
+from dmuon.lab.traces import breakdown, like_for_like_steps, load_events, median_breakdown
 from dmuon.lab.verdicts import fastest, fastest_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,18 +149,20 @@ def compare_grids(args, argv: list[str]) -> int:
             return 1
         r = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
         slowest = {k: max(rank[k]["step"] for rank in r["ranks"]) for k in ("muon", "adamw")}
+        same_fb = like_for_like_steps(r["ranks"])
         per_step = {k: [max(steps) for steps in zip(*(rank[k]["step_all"] for rank in r["ranks"]))] for k in ("muon", "adamw")}
         share = sum(rank["muon"]["optimizer_share"] for rank in r["ranks"]) / len(r["ranks"])
         rows.append(dict(grid=f"{dp}x{tp}", dp=dp, tp=tp, batch_per_replica=args.global_batch // dp,
                          muon_step_ms=slowest["muon"], adamw_step_ms=slowest["adamw"],
                          muon_step_ms_all=per_step["muon"], adamw_step_ms_all=per_step["adamw"],
-                         muon_over_adamw=slowest["muon"] / slowest["adamw"], muon_optimizer_share=share,
+                         muon_over_adamw=same_fb["muon"] / same_fb["adamw"], muon_optimizer_share=share,
                          ranks=r["ranks"]))
     print(f"\nglobal batch {args.global_batch} sequences; slowest rank's median step (ms)")
-    print(f"{'grid':<6}{'Muon':>9}{'AdamW':>9}{'Muon/AdamW':>12}{'Muon opt. share':>17}")
+    print(f"{'grid':<6}{'Muon':>9}{'AdamW':>9}{'Muon/AdamW*':>12}{'Muon opt. share':>17}")
     for row in rows:
         print(f"{row['grid']:<6}{row['muon_step_ms']:>9.1f}{row['adamw_step_ms']:>9.1f}{row['muon_over_adamw']:>12.2f}"
               f"{row['muon_optimizer_share']:>17.1%}")
+    print("* over the same forward-backward (the mean of both model copies'): the copies' own differ by noise")
     muon_steps = {row["grid"]: row["muon_step_ms_all"] for row in rows}
     print(f"Muon: {fastest_text(muon_steps)} (each step's slowest rank; a winner only outside the noise)")
     print(json.dumps(dict(global_batch=args.global_batch, width=args.width, layers=args.layers, heads=args.heads,

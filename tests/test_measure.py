@@ -80,6 +80,15 @@ def test_trace_breakdown_on_a_known_trace(tmp_path):
         median_breakdown(breakdown(load_events(_trace(tmp_path, events)), "train_step:adamw"))
 
 
+def test_like_for_like_steps_share_one_forward_backward():
+    from dmuon.lab.traces import like_for_like_steps
+
+    ranks = [dict(muon=dict(forward_backward=50.0, optimizer=30.0), adamw=dict(forward_backward=70.0, optimizer=10.0)),
+             dict(muon=dict(forward_backward=52.0, optimizer=32.0), adamw=dict(forward_backward=68.0, optimizer=12.0))]
+    steps = like_for_like_steps(ranks)  # whole steps would say 82 vs 80: noise in AdamW's copy hides Muon's cost
+    assert steps == dict(muon=pytest.approx(60.0 + 32.0), adamw=pytest.approx(60.0 + 12.0))
+
+
 def test_trace_breakdown_reads_device_time_on_a_cuda_trace(tmp_path):
     """On CUDA the CPU ranges time launches (an NCCL call returns once queued); the parts come from the
     gpu_user_annotation ranges (one per stream, overlaps counted once), the step from the CPU range."""

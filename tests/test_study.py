@@ -18,6 +18,7 @@ import math
 import pytest
 
 from conftest import ROOT, SCRIPTS, last_json, script
+from dmuon.lab.traces import like_for_like_steps
 
 spec = importlib.util.spec_from_file_location("convergence_study", SCRIPTS / "convergence_study.py")
 study = importlib.util.module_from_spec(spec)
@@ -95,7 +96,8 @@ def test_profile_step_compares_a_dp_and_a_tp_grid(tmp_path):
         assert len(g["ranks"]) == 2
         for rank in g["ranks"]:
             assert rank["muon"]["newton_schulz"] > 0 and rank["adamw"]["newton_schulz"] == 0
-        assert g["muon_over_adamw"] == pytest.approx(g["muon_step_ms"] / g["adamw_step_ms"])
+        same_fb = like_for_like_steps(g["ranks"])  # Muon's optimizer does AdamW's work and more
+        assert g["muon_over_adamw"] == pytest.approx(same_fb["muon"] / same_fb["adamw"]) and g["muon_over_adamw"] >= 1
     assert (tmp_path / "1x2" / "trace_rank1.json").exists()
     assert r["fastest_for_muon"] and set(r["fastest_for_muon"]) <= {"2x1", "1x2"}  # one, or a tie within the noise
     for g in r["grids"]:  # the verdict reads each step's slowest rank

@@ -83,3 +83,14 @@ def median_breakdown(steps: list[dict]) -> dict:
     med["optimizer_share"] = med["optimizer"] / med["step"]
     med["optimizer_compute_share"] = med["optimizer_compute"] / med["step"]
     return med
+
+
+def like_for_like_steps(ranks: list[dict]) -> dict:
+    """Muon's and AdamW's step (ms) over the same forward-backward: the slowest rank's optimizer plus
+    the mean forward-backward of both model copies. The copies run the same model on the same batches,
+    so a difference between their forward-backward is noise, which a plain ratio of whole steps would
+    credit to the optimizer (a Muon step "faster" than AdamW's). ``ranks``: per rank, per optimizer,
+    a ``median_breakdown``."""
+    kinds = ("muon", "adamw")
+    fb = statistics.mean(rank[k]["forward_backward"] for rank in ranks for k in kinds)
+    return {k: fb + max(rank[k]["optimizer"] for rank in ranks) for k in kinds}
