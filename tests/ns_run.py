@@ -71,14 +71,14 @@ def group(grid, comm) -> dict:
         if size == 1 or (name == "tp" and grid.dp == 1):
             continue
         for kind, G in matrices.items():
-            for dtype in (torch.float32, torch.bfloat16):
+            for dtype, split_b in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)):
                 before = len(comm.ledger.records)
                 long_dim, blocks = split_long_side(G, size)
                 mine = zeropower_sharded(blocks[rank], lambda t: comm.all_reduce(t, name, "ns_gram_all_reduce"),
-                                         long_dim, dtype=dtype)
+                                         long_dim, dtype=dtype, split_b=(rank, size) if split_b else None)
                 ref = torch.tensor_split(zeropower_ns5(G, dtype=dtype), size, dim=long_dim)[rank]
                 calls = comm.ledger.records[before:]
-                out[f"{name}-{kind}-{str(dtype)[6:]}"] = dict(
+                out[f"{name}-{kind}-{str(dtype)[6:]}" + ("-splitb" if split_b else "")] = dict(
                     max_abs=float((mine.double() - ref.double()).abs().max()),
                     sq_diff=float((mine.double() - ref.double()).pow(2).sum()), sq_ref=float(ref.double().pow(2).sum()),
                     all_reduces=len(calls), elements=sum(r.numel for r in calls), shape=list(mine.shape))

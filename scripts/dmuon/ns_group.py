@@ -39,13 +39,22 @@ AllReduce = Callable[[torch.Tensor], torch.Tensor]   # sums a tensor over the gr
 
 def zeropower_sharded(shard: torch.Tensor, all_reduce: AllReduce, long_dim: int, steps: int = NS_STEPS,
                       coefficients=NS_COEFFICIENTS, eps: float = NS_EPS,
-                      dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                      dtype: torch.dtype = torch.bfloat16, split_b: tuple[int, int] | None = None) -> torch.Tensor:
     """This rank's shard of ``zeropower_ns5(whole matrix)``; the matrix is split along ``long_dim``
     (0: rows of a tall matrix, 1: columns of a wide one), its long side. Every rank of the group must
-    call it together, with the same options. Returns the shard's shape, in ``dtype``."""
+    call it together, with the same options. Returns the shard's shape, in ``dtype``.
+
+    ``split_b=(rank, size)`` also divides the m^3 work of ``B = bA + cA^2``: rank i computes B's i-th
+    block of rows and one more all-reduce per step (of B with the other rows zero, exact) assembles B
+    everywhere. Per rank ``steps * (4 m^2 n_i + 2 m^3 / size)`` FLOPs and ``1 + 2 steps`` all-reduces.
+    Without it every rank computes the whole B, so as the group grows its work per rank tends to
+    ``2 m^3`` per step, a third of a square matrix's.
+    """
     if shard.ndim != 2 or long_dim not in (0, 1):
         raise ValueError(f"zeropower_sharded takes a 2-D shard and long_dim 0 or 1, got shape {tuple(shard.shape)} "
                          f"and long_dim {long_dim!r}")
+    if split_b is not None and not (len(split_b) == 2 and 0 <= split_b[0] < split_b[1]):
+        raise ValueError(f"split_b is (rank, group size) with 0 <= rank < size, got {split_b!r}")
     schedule = ns_schedule(coefficients, steps)
     if dtype == torch.bfloat16 and not native_bf16_matmul(shard.device):
         def r(t):  # bf16 emulated as in newton_schulz.zeropower_ns5
@@ -62,17 +71,36 @@ def zeropower_sharded(shard: torch.Tensor, all_reduce: AllReduce, long_dim: int,
     for a, b, c in schedule:
         partial = X.to(acc) @ X.to(acc).T                # my columns' share of X X^T, not rounded
         A = r(all_reduce(partial).to(X.dtype))
-        B = r(torch.addmm(A, A, A, beta=b, alpha=c))
+        if split_b is None:
+            B = r(torch.addmm(A, A, A, beta=b, alpha=c))
+        else:                                            # my rows of B; zeros elsewhere add exactly
+            rows = torch.tensor_split(torch.arange(A.size(0)), split_b[1])[split_b[0]]
+            lo, hi = (int(rows[0]), int(rows[-1]) + 1) if len(rows) else (0, 0)
+            mine = torch.zeros_like(A)
+            mine[lo:hi] = r(torch.addmm(A[lo:hi], A[lo:hi], A, beta=b, alpha=c))
+            B = all_reduce(mine.to(dtype)).to(X.dtype)  # in the iteration's dtype (bf16: half the bytes)
         X = r(torch.addmm(X, B, X, beta=a))
     X = X.to(dtype)
     return X.T if long_dim == 0 else X
 
 
-def sharded_collectives(rows: int, cols: int, steps: int = NS_STEPS, element_size: int = 4) -> tuple[int, int]:
+def sharded_collectives(rows: int, cols: int, steps: int = NS_STEPS, element_size: int = 4,
+                        split_b: bool = False, b_element_size: int = 2) -> tuple[int, int]:
     """(all-reduces, input bytes) that one rank of the group issues for one matrix: ``1 + steps`` calls of
-    ``element_size * (1 + steps * m^2)`` bytes in all (a ring all-reduce moves about twice its input per rank)."""
+    ``element_size * (1 + steps * m^2)`` bytes in all, plus with ``split_b`` one of B per step (m^2 in the
+    iteration's dtype). A ring all-reduce moves about twice its input per rank."""
     m = min(rows, cols)
-    return 1 + steps, element_size * (1 + steps * m * m)
+    calls, nbytes = 1 + steps, element_size * (1 + steps * m * m)
+    if split_b:
+        calls, nbytes = calls + steps, nbytes + steps * m * m * b_element_size
+    return calls, nbytes
+
+
+def sharded_flops(rows: int, cols: int, size: int, steps: int = NS_STEPS, split_b: bool = False) -> int:
+    """Newton-Schulz FLOPs on the busiest rank of a group of ``size`` (its long-side block is the ceiling)."""
+    m, n = min(rows, cols), max(rows, cols)
+    b_rows = -(-m // size) if split_b else m
+    return steps * (4 * m * m * -(-n // size) + 2 * m * m * b_rows)
 
 
 def split_long_side(matrix: torch.Tensor, k: int) -> tuple[int, list[torch.Tensor]]:
@@ -81,7 +109,7 @@ def split_long_side(matrix: torch.Tensor, k: int) -> tuple[int, list[torch.Tenso
     return long_dim, list(torch.tensor_split(matrix, k, dim=long_dim))
 
 
-def simulate(shards: list[torch.Tensor], long_dim: int, **options) -> list[torch.Tensor]:
+def simulate(shards: list[torch.Tensor], long_dim: int, split_b: bool = False, **options) -> list[torch.Tensor]:
     """Run ``zeropower_sharded`` on k shards in one process: one thread per "rank", and an all-reduce that
     waits for all k inputs and gives each the sum in rank order (fp32 additions, 0 + 1 + ... + k-1)."""
     k = len(shards)
@@ -100,7 +128,7 @@ def simulate(shards: list[torch.Tensor], long_dim: int, **options) -> list[torch
             barrier.wait()            # everyone has read the slots before they are reused
             return total
         try:
-            out[i] = zeropower_sharded(shards[i], all_reduce, long_dim, **options)
+            out[i] = zeropower_sharded(shards[i], all_reduce, long_dim, split_b=(i, k) if split_b else None, **options)
         except BaseException as e:   # noqa: BLE001 (re-raised below, in the caller's thread)
             errors.append(e)
             barrier.abort()
