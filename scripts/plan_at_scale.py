@@ -5,9 +5,10 @@ runs) and its build time, then per rank:
 
 * Newton-Schulz FLOPs under owner-per-matrix (the "owner" layout) and with the group mode
   (``layouts.assign_owners_and_groups``: a matrix above the fair share is orthogonalised by a group of
-  ranks, ``ns_group.py``), as max / mean over ranks (1.0 = perfectly balanced; the step waits for the max);
+  ranks, ``ns_group.py``), as max / mean over ranks (1.0 = perfectly balanced; the step waits for the max),
+  the group mode with every rank computing all of ``B = bA + cA^2`` and with B's rows split (``split_b``);
 * bytes sent per step by the owner layout, from the closed form (``lab/costmodel.py``'s rules, summed
-  per rank in one pass; ``tests/test_ns_group.py`` checks the two agree on a small model), and AdamW's;
+  per rank in one pass; ``tests/test_plan_at_scale.py`` checks the two agree on a small model), and AdamW's;
 * collectives per step per rank: reduce-scatter + all-gather per bucket, two all-to-alls per Muon
   bucket (to the owners and back), and with the group mode 1 + ns_steps all-reduces per grouped matrix
   on each of its members.
@@ -107,8 +108,10 @@ def grid_report(dp: int, tp: int, layers: int = LAYERS) -> dict:
     for key, rank in plan.owners.items():
         load[rank] += ns5_flops(*shapes[key])
     t0 = time.perf_counter()
-    _, groups, group_load = assign_owners_and_groups(_owner_candidates(plan, muon), world, shapes)
+    candidates = _owner_candidates(plan, muon)
+    _, groups, group_load = assign_owners_and_groups(candidates, world, shapes)
     group_s = time.perf_counter() - t0
+    _, _, group_load_b = assign_owners_and_groups(candidates, world, shapes, split_b=True)
     t0 = time.perf_counter()
     bytes_ = owner_bytes_per_rank(plan, muon)
     bytes_s = time.perf_counter() - t0
@@ -129,6 +132,8 @@ def grid_report(dp: int, tp: int, layers: int = LAYERS) -> dict:
                 owner_ns_max_tflop=max(load) / 1e12,
                 group_ns_max_over_mean=max(group_load) / mean(group_load), grouped_matrices=len(groups),
                 group_ns_max_tflop=max(group_load) / 1e12,
+                group_split_b_ns_max_over_mean=max(group_load_b) / mean(group_load_b),
+                group_split_b_ns_max_tflop=max(group_load_b) / 1e12,
                 owner_bytes_per_rank_max=max(totals), owner_bytes_per_rank_mean=mean(totals), adamw_bytes_per_rank=adamw,
                 group_extra_bytes_per_rank_max_estimate=max(gram_bytes),
                 collectives_per_rank_owner=max(coll), collectives_per_rank_group_max=max(coll_group))
@@ -149,14 +154,15 @@ def main(argv=None) -> int:
     print(f"Llama-3-70B shapes, {args.layers} layers, {7 * args.layers} Muon matrices; NS FLOPs per rank as max/mean "
           "(1.0 = balanced); bytes per rank per step (owner layout, closed form) in GB")
     print(f"{'grid':>8} {'ranks':>5} {'build s':>7} {'owner max/mean':>14} {'idle':>5} {'max TFLOP':>9} "
-          f"{'group max/mean':>14} {'grouped':>7} {'max TFLOP':>9} {'GB owner max':>12} {'GB AdamW':>8} "
+          f"{'group max/mean':>14} {'grouped':>7} {'max TFLOP':>9} {'split-B max/mean':>16} {'GB owner max':>12} {'GB AdamW':>8} "
           f"{'+GB group est':>13} {'coll owner':>10} {'coll group':>10}")
     for dp, tp in grids:
         r = grid_report(dp, tp, args.layers)
         rows.append(r)
         print(f"{dp}x{tp:<4} {r['world']:>5} {r['plan_build_s']:>7.2f} {r['owner_ns_max_over_mean']:>14.2f} "
               f"{r['owner_ranks_idle']:>5} {r['owner_ns_max_tflop']:>9.2f} {r['group_ns_max_over_mean']:>14.2f} "
-              f"{r['grouped_matrices']:>7} {r['group_ns_max_tflop']:>9.2f} {r['owner_bytes_per_rank_max'] / 1e9:>12.2f} "
+              f"{r['grouped_matrices']:>7} {r['group_ns_max_tflop']:>9.2f} {r['group_split_b_ns_max_over_mean']:>16.2f} "
+              f"{r['owner_bytes_per_rank_max'] / 1e9:>12.2f} "
               f"{r['adamw_bytes_per_rank'] / 1e9:>8.2f} {r['group_extra_bytes_per_rank_max_estimate'] / 1e9:>13.2f} "
               f"{r['collectives_per_rank_owner']:>10} {r['collectives_per_rank_group_max']:>10}")
     if args.json:

@@ -63,3 +63,13 @@ def test_llama_plan_at_scale_builds_and_reports():
     assert r["collectives_per_rank_group_max"] > r["collectives_per_rank_owner"]
     with pytest.raises(SystemExit):
         plan_at_scale.main(["--grids", "8by8"])
+
+
+def test_split_b_lowers_the_group_floor():
+    """Without split_b every member computes all of B (2 m^3 a step), a floor the group cannot go below."""
+    plan, matrices, shapes = report_plan(2, 2)
+    _, _, load = assign_owners_and_groups(matrices, 4, shapes)
+    _, _, load_b = assign_owners_and_groups(matrices, 4, shapes, split_b=True)
+    assert max(load_b) < max(load) and group_ns_flops(4096, 4096, 4, split_b=True) == 5 * 6 * 4096**3 // 4
+    r = plan_at_scale.grid_report(16, 8, layers=2)
+    assert r["group_split_b_ns_max_tflop"] < r["group_ns_max_tflop"]   # max/mean need not fall: the mean falls too
