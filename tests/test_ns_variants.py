@@ -142,3 +142,26 @@ def test_gram_form_in_bf16_stays_close_to_the_polar_factor():
                 for form in ("standard", "gram")}
         assert abs(errs["gram"] - errs["standard"]) < 0.03, errs
         assert torch.linalg.svdvals(zeropower_ns5(G, 5, coefficients, form="gram").double()).max() < 1.3
+
+
+def test_ns_batch_in_one_process_counts_one_call_per_shape_and_refuses_the_bucket_layout():
+    """1 x 1 grid, owner layout: the batched step equals single-device Muon bit for bit, with one NS call
+    per distinct shape per group (the launch tests in test_ns_group.py cover 2x1 and 2x2)."""
+    from dmuon import DistributedMuon, Grid
+    from dmuon.lab.synthetic import build_problem
+    shapes = [(12, 20), (12, 20), (9, 9), (12, 20), (9, 9), (20, 12)]
+    problem = build_problem("muon", shapes, [-1] * 6, 1, seed=3)
+    opt = DistributedMuon(problem.param_groups(), Grid.single(), layout="owner", bucket_numel=300, ns_batch=True)
+    ref_groups = problem.param_groups()
+    ref = Muon(ref_groups)
+    for step in (1, 2):
+        grads = problem.grads(step, 0)
+        for g in (*opt.param_groups, *ref_groups):
+            for n, p in zip(g["names"], g["params"]):
+                p.grad = grads[n].clone()
+        opt.step()
+        ref.step()
+    assert all(torch.equal(a, b) for g, h in zip(opt.param_groups, ref_groups) for a, b in zip(g["params"], h["params"]))
+    assert opt.comm.ledger.summary(2)["ns_calls"] == 3
+    with pytest.raises(ValueError, match="ns_batch=True .* needs layout='owner' or 'aligned'"):
+        DistributedMuon(problem.param_groups(), Grid.single(), layout="bucket", ns_batch=True)
