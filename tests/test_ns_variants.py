@@ -165,3 +165,21 @@ def test_ns_batch_in_one_process_counts_one_call_per_shape_and_refuses_the_bucke
     assert opt.comm.ledger.summary(2)["ns_calls"] == 3
     with pytest.raises(ValueError, match="ns_batch=True .* needs layout='owner' or 'aligned'"):
         DistributedMuon(problem.param_groups(), Grid.single(), layout="bucket", ns_batch=True)
+
+
+def test_variants_script_prints_every_row_and_the_bf16_path(capsys):
+    import json
+    import sys
+    from conftest import SCRIPTS
+    sys.path.insert(0, str(SCRIPTS))
+    import ns_variants as script
+    assert script.main(["--shapes", "16x24", "--repeats", "1", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16 path: " + ("native" if newton_schulz.native_bf16_matmul(torch.device("cpu")) else "emulated") in out
+    rows = json.loads(out.strip().splitlines()[-1])["rows"]
+    assert len(rows) == 2 * 2 * len(script.VARIANTS)       # inputs x dtypes x variants
+    assert all(r["ms_min"] <= r["ms_median"] <= r["ms_max"] for r in rows)
+    pe = [r for r in rows if r["coefficients"] == "polar_express" and r["dtype"] == "fp32" and r["input"] == "gaussian"]
+    assert all(r["sv_max"] < 1.15 for r in pe)
+    with pytest.raises(SystemExit):
+        script.main(["--shapes", "16by24"])
