@@ -9,7 +9,9 @@ values spread over three decades):
 * ``sv min/max``: the range of NS(G)'s singular values (1 for the exact factor);
 * ``matmuls`` and ``GFLOP`` of one run (``ns_matmuls``, ``ns_flops``; a test checks them against
   torch's FLOP counter);
-* ``ms min/med/max`` over ``--repeats`` runs, after one warm-up run.
+* ``ms min/med/max`` over ``--repeats`` rounds, after one warm-up run; each round times every variant in
+  turn, and the standard/Gram time ratio is the median of the per-round ratios (side by side, so both
+  forms meet the same load).
 
 The bf16 path is printed: native bf16 GEMMs where the CPU has them (AVX-512 BF16/AMX), otherwise
 bf16 emulated with fp32 GEMMs on bf16 values (``dmuon.newton_schulz``). Machines are shared and
@@ -52,17 +54,31 @@ def inputs(shape, seed: int = 0) -> dict[str, torch.Tensor]:
     return {"gaussian": gauss, "skewed": skewed.float()}
 
 
-def measure(G, exact, coefficients, form, dtype, repeats) -> dict:
-    out = zeropower_ns5(G, 5, coefficients, dtype=dtype, form=form)   # also the warm-up
-    sv = torch.linalg.svdvals(out.double())
-    times = []
+def measure(G, exact, dtype, repeats) -> list[dict]:
+    """Every variant on ``G``: accuracy once, then ``repeats`` rounds that time each variant in turn, so
+    that every variant meets the same machine load (the per-round gram/standard ratios compare them)."""
+    rows = []
+    for coefficients, form in VARIANTS:
+        out = zeropower_ns5(G, 5, coefficients, dtype=dtype, form=form)   # also the warm-up
+        sv = torch.linalg.svdvals(out.double())
+        rows.append(dict(coefficients=coefficients, form=form, err=float((out.double() - exact).norm() / exact.norm()),
+                         sv_min=float(sv.min()), sv_max=float(sv.max()), matmuls=ns_matmuls(5, form),
+                         gflop=ns_flops(*G.shape, 5, form) / 1e9, ms=[]))
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        zeropower_ns5(G, 5, coefficients, dtype=dtype, form=form)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return dict(err=float((out.double() - exact).norm() / exact.norm()), sv_min=float(sv.min()),
-                sv_max=float(sv.max()), matmuls=ns_matmuls(5, form), gflop=ns_flops(*G.shape, 5, form) / 1e9,
-                ms_min=min(times), ms_median=statistics.median(times), ms_max=max(times))
+        for row in rows:
+            t0 = time.perf_counter()
+            zeropower_ns5(G, 5, row["coefficients"], dtype=dtype, form=row["form"])
+            row["ms"].append((time.perf_counter() - t0) * 1e3)
+    for row in rows:
+        row.update(ms_min=min(row["ms"]), ms_median=statistics.median(row["ms"]), ms_max=max(row["ms"]))
+    return rows
+
+
+def gram_speedups(rows: list[dict]) -> dict:
+    """Per schedule, the median over rounds of standard time / Gram time (> 1: the Gram form is faster)."""
+    by = {(r["coefficients"], r["form"]): r["ms"] for r in rows}
+    return {c: statistics.median(s / g for s, g in zip(by[(c, "standard")], by[(c, "gram")]))
+            for c, f in VARIANTS if f == "gram"}
 
 
 def main(argv=None) -> int:
@@ -89,13 +105,16 @@ def main(argv=None) -> int:
             print(f"{'dtype':<5} {'coefficients':<14} {'form':<9} {'err':>8} {'sv min':>7} {'sv max':>7} "
                   f"{'matmuls':>7} {'GFLOP':>6} {'ms min/med/max':>22}")
             for dname, dtype in DTYPES.items():
-                for coefficients, form in VARIANTS:
-                    m = measure(G, exact, coefficients, form, dtype, args.repeats)
-                    rows.append(dict(shape=list(shape), input=kind, dtype=dname, coefficients=coefficients,
-                                     form=form, **m))
-                    print(f"{dname:<5} {coefficients:<14} {form:<9} {m['err']:>8.4f} {m['sv_min']:>7.3f} "
+                measured = measure(G, exact, dtype, args.repeats)
+                for m in measured:
+                    rows.append(dict(shape=list(shape), input=kind, dtype=dname, **m))
+                    print(f"{dname:<5} {m['coefficients']:<14} {m['form']:<9} {m['err']:>8.4f} {m['sv_min']:>7.3f} "
                           f"{m['sv_max']:>7.3f} {m['matmuls']:>7} {m['gflop']:>6.2f} "
                           f"{m['ms_min']:>7.1f}/{m['ms_median']:>6.1f}/{m['ms_max']:>6.1f}")
+                speed = gram_speedups(measured)
+                rows[-1]["gram_speedup"] = speed
+                print(f"{dname:<5} standard/gram time, median of {args.repeats} interleaved rounds: "
+                      + ", ".join(f"{c} {v:.2f}x" for c, v in speed.items()))
     if args.json:
         print(json.dumps(dict(bf16_native=native, threads=torch.get_num_threads(), rows=rows)))
     return 0
