@@ -18,13 +18,20 @@ bf16 inputs (products of bf16 numbers are exact in fp32), fp32 accumulation, out
 bf16. That is what bf16 tensor cores do, so the numerics are bf16's; only the order of the
 fp32 additions may differ, which moves an occasional element by one bf16 ulp.
 
+Other coefficient schedules (Polar Express, the cubic) and the Gram form are options of the same
+function (``ns_coefficients``, ``ns_form``; see ``ns_variants.py``); one matrix sharded over a group of
+ranks is ``ns_group.py``. The defaults are the paper's, computed exactly as before.
+
 Run ``python scripts/dmuon/newton_schulz.py`` to see the singular values before and after.
 """
 from __future__ import annotations
 
 import torch
 
-from .ns_variants import check_ns_form, ns_flops, ns_schedule  # noqa: F401 (ns_flops: re-exported)
+if __package__:
+    from .ns_variants import check_ns_form, ns_flops, ns_schedule  # noqa: F401 (ns_flops: re-exported)
+else:  # run as a file (python scripts/dmuon/newton_schulz.py): its folder is on the path
+    from ns_variants import check_ns_form, ns_flops, ns_schedule  # noqa: F401
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
