@@ -18,6 +18,8 @@ every layout but "aligned", whose uneven shards travel padded.
     opt = DistributedMuon(hybrid_param_groups(model.named_parameters()), grid, layout="owner")
     loss.backward(); opt.step(); opt.zero_grad()
 
+``ns_batch=True`` (owner layouts) has each owner run one batched Newton-Schulz per distinct matrix
+shape it owns, instead of one call per matrix (same parameters, bit for bit, on the CPUs we checked).
 ``overlap`` picks how transfers meet Newton-Schulz (``flows.py``); by default the bucket layout runs
 as the proof of concept did and the owner layouts prefetch (``default_overlap``).
 
@@ -74,12 +76,15 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, grid, comm: Comm | None = None, layout: str = "bucket",
                  bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
-                 check_finite: bool = True, overlap: str | None = None, **hyper):
+                 check_finite: bool = True, overlap: str | None = None, ns_batch: bool = False, **hyper):
         hyper = check_hyper(hyper)
         overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {overlap!r}")
-        self.grid, self.overlap, self.check_finite = grid, overlap, check_finite
+        if ns_batch and layout == "bucket":
+            raise ValueError("ns_batch=True batches same-shape matrices on their owner: it needs layout='owner' or "
+                             "'aligned' (the bucket layout orthogonalises every matrix on every rank)")
+        self.grid, self.overlap, self.check_finite, self.ns_batch = grid, overlap, check_finite, bool(ns_batch)
         self.comm = comm or Comm(grid)
         self.comm.naive_async = overlap == "naive"
         self._planned = False

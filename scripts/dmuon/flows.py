@@ -35,7 +35,7 @@ import torch
 from torch.profiler import record_function
 
 from .comm import Pending, Phase
-from .newton_schulz import ns5_flops, zeropower_ns5
+from .newton_schulz import NS_FORM, ns_flops, zeropower_ns5
 from .plan import Bucket, DistMeta
 from .sharding import bucket_matrix, dp_shard_of, local_shard, tp_shard, tp_unshard
 
@@ -48,9 +48,12 @@ class Flow:
         self.opt, self.plan, self.comm, self.grid = opt, opt.plan, opt.comm, opt.grid
 
     def newton_schulz(self, group: dict, matrix: torch.Tensor) -> torch.Tensor:
-        self.comm.ledger.count_ns(ns5_flops(*matrix.shape, group["ns_steps"]))
+        """One Newton-Schulz call: a matrix, or a batch of same-shape matrices (counted as one call)."""
+        form = group.get("ns_form", NS_FORM)
+        self.comm.ledger.count_ns(ns_flops(*matrix.shape[-2:], group["ns_steps"], form) *
+                                  (matrix.shape[0] if matrix.ndim == 3 else 1))
         with record_function("muon:newton_schulz"):
-            return zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["eps"])
+            return zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["eps"], form=form)
 
     def trace(self, stage: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
         return self.opt._trace(stage, name, tensor)
@@ -104,6 +107,9 @@ class OwnerFlow(Flow):
     """Each matrix travels, in pieces, to its one owner, is orthogonalised there once, and comes back."""
 
     def run(self, group: dict, updates: Updates) -> Pieces:
+        if getattr(self.opt, "ns_batch", False):
+            yield from self._run_batched(group, updates)
+            return
         naive_or_none = self.opt.overlap != "prefetch"
         if naive_or_none:
             for bucket, update in updates:
@@ -145,10 +151,40 @@ class OwnerFlow(Flow):
         return self.trace("to_owner", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", send), \
             [sum(p.numel() for p in ps) for ps in parts], recv
 
+    def _run_batched(self, group: dict, updates: Updates) -> Pieces:
+        """Same-shape batching: every bucket's pieces travel to their owners first, then each owner runs
+        one batched Newton-Schulz per distinct matrix shape it owns (over all buckets of the group),
+        then the pieces go back. Per matrix the same arithmetic as unbatched (bit-exact where the CPU's
+        batched GEMM equals its plain one, which ``tests/test_ns_variants.py`` checks)."""
+        wait_now = self.opt.overlap != "prefetch"
+        sent = [(bucket, self.comm.all_to_all(*self._to_owners(bucket, update), "world", Phase.NS_TO_OWNER,
+                                              wait_now=wait_now)) for bucket, update in updates]
+        received = [(bucket, to_owner.wait()) for bucket, to_owner in sent]
+        owned = [(bucket, self._assemble_owned(bucket, got), got[:0]) for bucket, got in received]
+        by_shape: dict[tuple[int, ...], list[tuple[DistMeta, torch.Tensor]]] = {}
+        for _, matrices, _ in owned:
+            for meta, matrix in matrices:
+                by_shape.setdefault(tuple(matrix.shape), []).append((meta, matrix))
+        ortho = {}
+        for same in by_shape.values():
+            batch = self.newton_schulz(group, torch.stack([m for _, m in same]))
+            for (meta, _), result in zip(same, batch):
+                ortho[meta.param_idx] = self.trace("orthogonalised", meta.name, result)
+        back = [(bucket, self._send_back(bucket, [(meta, ortho[meta.param_idx]) for meta, _ in matrices], wait_now,
+                                         empty)) for bucket, matrices, empty in owned]
+        for bucket, from_owner in back:
+            yield from self._pieces_back(bucket, from_owner)
+
     def _orthogonalise_owned(self, group: dict, bucket: Bucket, received: torch.Tensor,
                              wait_now: bool = True) -> Pending:
         """Assemble, orthogonalise and cut up every matrix of the bucket that this rank owns; start
         sending the pieces back."""
+        ortho = [(meta, self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix)))
+                 for meta, matrix in self._assemble_owned(bucket, received)]
+        return self._send_back(bucket, ortho, wait_now, received[:0])
+
+    def _assemble_owned(self, bucket: Bucket, received: torch.Tensor) -> list[tuple[DistMeta, torch.Tensor]]:
+        """Every matrix of the bucket that this rank owns, whole, from the pieces received."""
         me, tp, world = self.grid.rank, self.grid.tp, self.plan.world
         owned = [m for m in self._metas(bucket) if self.plan.owner_of(m) == me]
         # ``received`` holds, rank by rank, that rank's pieces of my matrices in bucket order.
@@ -160,18 +196,27 @@ class OwnerFlow(Flow):
                     n = self._piece_numel(meta, r)
                     pieces[(meta.param_idx, r)] = received[offset: offset + n]
                     offset += n
-        back: list[list[torch.Tensor]] = [[] for _ in range(world)]
+        matrices = []
         for meta in owned:
             tp_ranks = range(tp) if meta.tp_split_dim != -1 else [me % tp]
             blocks = [torch.cat([pieces[(meta.param_idx, d * tp + t)] for d in range(self.grid.dp)]).view(meta.shape)
                       for t in tp_ranks]
             matrix = torch.cat(blocks, dim=meta.tp_split_dim) if len(blocks) > 1 else blocks[0]
-            ortho = self.trace("orthogonalised", meta.name, self.newton_schulz(group, self.trace("ns_input", meta.name, matrix)))
+            matrices.append((meta, self.trace("ns_input", meta.name, matrix)))
+        return matrices
+
+    def _send_back(self, bucket: Bucket, orthos: list[tuple[DistMeta, torch.Tensor]], wait_now: bool,
+                   empty: torch.Tensor) -> Pending:
+        """Cut every orthogonalised matrix I own in this bucket (in bucket order) into the pieces each rank
+        keeps, and start sending them back with one all-to-all."""
+        me, tp, world = self.grid.rank, self.grid.tp, self.plan.world
+        back: list[list[torch.Tensor]] = [[] for _ in range(world)]
+        for meta, ortho in orthos:
             tp_parts = [tp_shard(ortho, meta.tp_split_dim, tp, t, meta.name).reshape(-1) for t in range(tp)] \
                 if meta.tp_split_dim != -1 else [ortho.reshape(-1)] * tp
             for r in range(world):
                 back[r].append(tp_parts[r % tp][self.plan.piece_slice(meta, r // tp)])
-        send = torch.cat([p for ps in back for p in ps] or [received[:0]])
+        send = torch.cat([p for ps in back for p in ps] or [empty])
         recv = [sum(self._piece_numel(m, me) for m in self._metas(bucket) if self.plan.owner_of(m) == r)
                 for r in range(world)]
         return self.comm.all_to_all(send, [sum(p.numel() for p in ps) for ps in back], recv, "world",

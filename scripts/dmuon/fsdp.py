@@ -50,7 +50,7 @@ from torch.profiler import record_function
 from .finite import check_finite, finite_flag
 from .comm import Comm, Phase
 from .fsdp_routes import Piece, routes
-from .newton_schulz import ns5_flops, zeropower_ns5
+from .newton_schulz import NS_FORM, ns_flops, zeropower_ns5
 from .contract import MomentumSync, grads_present, lr_of, refuse_pickle
 from .optim import call_closure, check_group, check_hyper, param_names
 from .placements import is_dtensor
@@ -220,9 +220,10 @@ class FSDPMuon(torch.optim.Optimizer):
         ortho = {}
         for m in r.owned(me):
             g = groups[id(self.muon_params[m])]
-            self.comm.ledger.count_ns(ns5_flops(*r.shapes[m], g["ns_steps"]))
+            form = g.get("ns_form", NS_FORM)
+            self.comm.ledger.count_ns(ns_flops(*r.shapes[m], g["ns_steps"], form))
             with record_function("muon:newton_schulz"):
-                ortho[m] = zeropower_ns5(whole[m], g["ns_steps"], g["ns_coefficients"], g["eps"])
+                ortho[m] = zeropower_ns5(whole[m], g["ns_steps"], g["ns_coefficients"], g["eps"], form=form)
         back = [ortho[m][r.pieces[q][m].slices()].reshape(-1) for q in range(r.world) for m in r.owned(me)]
         send = torch.cat(back) if back else torch.zeros(0, dtype=torch.bfloat16, device=self.grid.device)
         got = self.comm.all_to_all(send, r.back_counts(me), r.back_recv_counts(me), "world", Phase.NS_FROM_OWNER).wait()

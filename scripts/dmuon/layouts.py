@@ -88,3 +88,38 @@ def assign_owners(matrices: list[Matrix], world: int) -> dict[tuple[int, int], i
         owners[m.key] = rank
         load[rank] += m.flops
     return owners
+
+
+def group_ns_flops(rows: int, cols: int, size: int, steps: int = 5, split_b: bool = False) -> int:
+    """Newton-Schulz FLOPs on the busiest of ``size`` ranks that orthogonalise one matrix together
+    (``ns_group.sharded_flops``): the long side divides (ceil); the m^3 of ``B = bA + cA^2`` only with
+    ``split_b``."""
+    m, n = min(rows, cols), max(rows, cols)
+    return steps * (4 * m * m * -(-n // size) + 2 * m * m * (-(-m // size) if split_b else m))
+
+
+def assign_owners_and_groups(matrices: list[Matrix], world: int, shapes: dict, steps: int = 5,
+                             split_b: bool = False):
+    """Owners as ``assign_owners``, except that a matrix whose Newton-Schulz FLOPs exceed the fair share
+    (total / world) gets a *group* of ``ceil(flops / fair)`` ranks (at most ``world``, at most its long
+    side): the least-loaded ranks at that point, each charged ``group_ns_flops``. Deterministic, so the
+    same on every rank. ``shapes[key]`` is the matrix's (rows, cols). Returns (owners, groups, load):
+    owners for the others, ``groups[key]`` the sorted member ranks, ``load`` the FLOPs per rank.
+
+    Pure planning: the optimizer does not run grouped matrices yet (``ns_group.zeropower_sharded`` is the
+    kernel; routing a matrix's pieces to its group is not built), ``scripts/plan_at_scale.py`` uses this."""
+    fair = sum(m.flops for m in matrices) / world
+    load = [0] * world
+    owners, groups = {}, {}
+    for m in sorted(matrices, key=lambda m: -m.flops):
+        size = min(world, max(shapes[m.key]), -(-m.flops // max(1, int(fair))))
+        if m.flops > fair and size > 1:
+            members = sorted(sorted(range(world), key=lambda r: (load[r], r))[:size])
+            for r in members:
+                load[r] += group_ns_flops(*shapes[m.key], size, steps, split_b)
+            groups[m.key] = tuple(members)
+            continue
+        rank = min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
+        owners[m.key] = rank
+        load[rank] += m.flops
+    return owners, groups, load

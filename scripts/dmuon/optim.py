@@ -16,7 +16,8 @@ from typing import Iterable
 import torch
 
 from .contract import MomentumSync, check_group_contract, fill_group, lr_of, normalize_hyper
-from .newton_schulz import NS_COEFFICIENTS, NS_STEPS, zeropower_ns5
+from .newton_schulz import NS_COEFFICIENTS, NS_FORM, NS_STEPS, zeropower_ns5
+from .ns_variants import check_ns_options
 from .updates import LR_ADJUSTMENTS, adamw_step_, adjust_lr, apply_update_, muon_momentum_
 
 # Hyperparameters of both kinds of group. Muon's defaults are torch.optim.Muon's except the lr
@@ -27,7 +28,7 @@ from .updates import LR_ADJUSTMENTS, adamw_step_, adjust_lr, apply_update_, muon
 # ``adjust_lr_fn`` (torch.optim.Muon's keyword) is accepted and stored as ``adjust_lr``.
 DEFAULTS = dict(
     lr=1e-3, weight_decay=0.1, eps=None,
-    momentum=0.95, nesterov=True, ns_steps=NS_STEPS, ns_coefficients=NS_COEFFICIENTS,
+    momentum=0.95, nesterov=True, ns_steps=NS_STEPS, ns_coefficients=NS_COEFFICIENTS, ns_form=NS_FORM,
     adjust_lr="match_rms_adamw",                          # Muon groups
     betas=(0.9, 0.999),                                   # AdamW groups (a Muon group's betas[0] is its momentum)
 )
@@ -98,6 +99,10 @@ def check_group(group: dict, group_idx: int) -> None:
     if group["adjust_lr"] not in LR_ADJUSTMENTS:
         raise ValueError(f"group {group_idx}: adjust_lr must be one of {LR_ADJUSTMENTS}, got {group['adjust_lr']!r}")
     if group["use_muon"]:
+        try:
+            check_ns_options(group["ns_coefficients"], group["ns_steps"], group.get("ns_form", NS_FORM))
+        except ValueError as e:
+            raise ValueError(f"group {group_idx}: {e}") from None
         for name, p in zip(param_names(group, group_idx), group["params"]):
             check_muon_shape(name, tuple(p.shape))
 
@@ -142,7 +147,8 @@ class MuonW(torch.optim.Optimizer):
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p.grad)
         update = muon_momentum_(state["momentum_buffer"], p.grad, group["momentum"], group["nesterov"])
-        ortho = zeropower_ns5(update, group["ns_steps"], group["ns_coefficients"], group["eps"])
+        ortho = zeropower_ns5(update, group["ns_steps"], group["ns_coefficients"], group["eps"],
+                              form=group.get("ns_form", NS_FORM))
         lr = lr_of(group)
         apply_update_(p, ortho, lr, group["weight_decay"], adjust_lr(lr, p.shape, group["adjust_lr"]))
 

@@ -1,0 +1,75 @@
+"""The plan at scale without launching (scripts/plan_at_scale.py) and the group-mode assignment (layouts.py)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import SCRIPTS
+from dmuon.lab.costmodel import step_bytes
+from dmuon.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS, build_problem
+from dmuon.layouts import assign_owners, assign_owners_and_groups, group_ns_flops
+from dmuon.newton_schulz import ns5_flops
+from dmuon.plan import ParamSpec, _owner_candidates, build_plan
+
+sys.path.insert(0, str(SCRIPTS))
+import plan_at_scale  # noqa: E402
+
+
+def report_plan(dp, tp):
+    specs = [[ParamSpec(f"w{i}", s, d) for i, (s, d) in enumerate(zip(REPORT_SHAPES, REPORT_TP_DIMS))]]
+    plan = build_plan(specs, dp, 0, tp, bucket_numel=2**18, layout="owner")
+    shapes = {(0, m.param_idx): m.full_shape for m in plan.metas[0]}
+    return plan, _owner_candidates(plan, [True]), shapes
+
+
+def test_group_mode_splits_the_dominant_matrix_and_lowers_the_max_load():
+    """The report's shapes on 2x2: the 4096^2 matrix holds 99% of the NS FLOPs, so its owner bounds the step
+    (max/mean ~ 4); the group mode gives it all 4 ranks, each charged 5 (4 m^2 n/4 + 2 m^3)."""
+    plan, matrices, shapes = report_plan(2, 2)
+    owners = assign_owners(matrices, 4)
+    load = [0] * 4
+    for key, rank in owners.items():
+        load[rank] += ns5_flops(*shapes[key])
+    owners2, groups, load2 = assign_owners_and_groups(matrices, 4, shapes)
+    assert list(groups) == [(0, 0)] and groups[(0, 0)] == (0, 1, 2, 3)
+    assert set(owners2) == set(owners) - {(0, 0)}
+    assert sum(load2) == group_ns_flops(4096, 4096, 4) * 4 + sum(ns5_flops(*shapes[k]) for k in owners2)
+    assert max(load) / (sum(load) / 4) > 3.8 and max(load2) < 0.55 * max(load)
+    assert assign_owners_and_groups(matrices, 4, shapes) == (owners2, groups, load2)   # deterministic
+
+
+def test_owner_bytes_per_rank_equal_the_costmodel_closed_form():
+    """plan_at_scale sums the owner layout's bytes for every rank in one pass; it must equal
+    lab/costmodel's per-rank closed form (which the ledger tests check against what the engine sends)."""
+    problem = build_problem("hybrid", [(36, 57), (45, 28), (33, 17), (20, 44)], [0, 1, -1, 1], tp=2)
+    for dp, tp in [(2, 2), (3, 2), (2, 1)]:
+        specs = [[ParamSpec(f"g{g}.p{i}", tuple(s), d) for i, (s, d) in enumerate(zip(gr["shapes"], gr["tp_split_dims"]))]
+                 for g, gr in enumerate(problem.groups)]
+        muon = [g["use_muon"] for g in problem.groups]
+        plan = build_plan(specs, dp, 0, tp, 700, "owner", muon)
+        ours = plan_at_scale.owner_bytes_per_rank(plan, muon)
+        for rank in range(dp * tp):
+            theirs = step_bytes(problem.groups, dp, tp, 700, layout="owner", rank=rank)
+            assert {k: theirs[k] for k in ours[rank]} == ours[rank], (dp, tp, rank)
+
+
+def test_llama_plan_at_scale_builds_and_reports():
+    """A 2-layer Llama-3-70B slice on 16x8 (128 ranks, more ranks than matrices): most ranks own nothing,
+    the group mode spreads the big matrices. (The 80-layer plan on 1,024 ranks: scripts/plan_at_scale.py.)"""
+    r = plan_at_scale.grid_report(16, 8, layers=2)
+    assert r["muon_matrices"] == 14 and r["owner_ranks_idle"] >= 128 - 14
+    assert r["grouped_matrices"] > 0 and r["group_ns_max_over_mean"] < r["owner_ns_max_over_mean"] / 2
+    assert r["collectives_per_rank_group_max"] > r["collectives_per_rank_owner"]
+    with pytest.raises(SystemExit):
+        plan_at_scale.main(["--grids", "8by8"])
+
+
+def test_split_b_lowers_the_group_floor():
+    """Without split_b every member computes all of B (2 m^3 a step), a floor the group cannot go below."""
+    plan, matrices, shapes = report_plan(2, 2)
+    _, _, load = assign_owners_and_groups(matrices, 4, shapes)
+    _, _, load_b = assign_owners_and_groups(matrices, 4, shapes, split_b=True)
+    assert max(load_b) < max(load) and group_ns_flops(4096, 4096, 4, split_b=True) == 5 * 6 * 4096**3 // 4
+    r = plan_at_scale.grid_report(16, 8, layers=2)
+    assert r["group_split_b_ns_max_tflop"] < r["group_ns_max_tflop"]   # max/mean need not fall: the mean falls too
