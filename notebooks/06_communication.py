@@ -216,10 +216,14 @@ for tp in (1, 2, 4):
 # median over steps):
 
 # %%
+from dmuon.lab.verdicts import ratio_range
+
 table(["optimizer", "bytes", "collectives", "comm. ms", "step ms"],
       [[name, v["bytes"], v["calls"], f"{v['comm_seconds'] * 1e3:.1f}", f"{v['step_seconds'] * 1e3:.1f}"]
        for name, v in ((n, bench["variants"][n]) for n in ("muon", "adamw"))], align="lrrrr")
-print(f"Muon / AdamW: bytes {bench['bytes_ratio']:.2f}, communication time {bench['comm_time_ratio']:.2f}")
+lo, _, hi = ratio_range(*(bench["variants"][n]["comm_seconds_all"] for n in ("muon", "adamw")))
+print(f"Muon / AdamW: bytes {bench['bytes_ratio']:.2f}, communication time {bench['comm_time_ratio']:.2f} "
+      f"(from {lo:.2f} to {hi:.2f} over the steps' pairs: another run lands elsewhere in that range)")
 
 # %% [markdown]
 # The time ratio differs from the byte ratio for reasons that are worth separating:

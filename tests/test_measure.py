@@ -120,6 +120,8 @@ def test_a_timing_verdict_needs_a_gap_outside_the_noise():
     assert fastest(tied) == ["4x1", "2x2"]
     assert fastest_text(tied) == "tie between 4x1 and 2x2 (within the noise)"
     assert spread_text([0.3, 0.312, 0.33]) == "312 ms (300-330)"
+    from dmuon.lab.verdicts import ratio_range
+    assert ratio_range([2.0, 3.0, 4.0], [1.0, 1.5, 2.0]) == (1.0, 2.0, 4.0)
     with pytest.raises(ValueError, match="at least one measurement"):
         fastest({"2x2": []})
 

@@ -160,6 +160,7 @@ def worker(grid, comm, args) -> int:
             ns_flops_max_rank=max(r[name]["ns_flops"] for r in everyone),
             calls=sum(p["calls"] for p in last["phases"].values()),
             comm_seconds=statistics.median(s["seconds"] for s in per_step),
+            comm_seconds_all=[s["seconds"] for s in per_step],
             comm_seconds_per_phase={ph: statistics.median(s["phases"][ph]["seconds"] for s in per_step)
                                     for ph in last["phases"]},
             step_seconds=statistics.median(seconds[name]), step_seconds_all=seconds[name],

@@ -50,3 +50,12 @@ def fastest_text(named: dict[str, list[float]], band: float = NOISE_BAND) -> str
     if len(winners) == 1:
         return f"{winners[0]} fastest"
     return f"tie between {', '.join(winners[:-1])} and {winners[-1]} (within the noise)"
+
+
+def ratio_range(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """A ratio of two repeated timings as (lowest, of medians, highest): min(a)/max(b), median(a)/median(b),
+    max(a)/min(b). Two runs of one benchmark can give ratios anywhere in such a range."""
+    a_min, a_med, a_max = spread(a)
+    b_min, b_med, b_max = spread(b)
+    return a_min / b_max, a_med / b_med, a_max / b_min
+
