@@ -12,6 +12,8 @@ runs) and its build time, then per rank:
   the group mode with every rank computing all of ``B = bA + cA^2`` and with B's rows split (``split_b``);
 * bytes sent per step by the owner layout, from the closed form (``lab/costmodel.py``'s rules, summed
   per rank in one pass; ``tests/test_plan_at_scale.py`` checks the two agree on a small model), and AdamW's;
+* same-shape batching (``ns_batch=True``): matrices owned and Newton-Schulz calls (distinct shapes
+  owned) on the rank that owns the most, under the owner layout;
 * collectives per step per rank: reduce-scatter + all-gather per bucket, two all-to-alls per Muon
   bucket (to the owners and back), and with the group mode 1 + ns_steps all-reduces per grouped matrix
   on each of its members.
@@ -196,8 +198,11 @@ def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama
     world = dp * tp
     shapes = {(m.buffer_idx, m.param_idx): m.full_shape for m in plan.metas[0]}
     load = [0] * world
+    owned, owned_shapes = [0] * world, [set() for _ in range(world)]
     for key, rank in plan.owners.items():
         load[rank] += ns5_flops(*shapes[key])
+        owned[rank] += 1
+        owned_shapes[rank].add(shapes[key])
     t0 = time.perf_counter()
     candidates = _owner_candidates(plan, muon)
     _, groups, group_load = assign_owners_and_groups(candidates, world, shapes)
@@ -225,6 +230,7 @@ def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama
                 owner_ns_max_over_mean=max(load) / mean(load), owner_ranks_idle=sum(1 for x in load if x == 0),
                 owner_ns_max_tflop=max(load) / 1e12,
                 group_ns_max_over_mean=max(group_load) / mean(group_load), grouped_matrices=len(groups),
+                group_size_max=max(map(len, groups.values()), default=0),
                 group_ns_max_tflop=max(group_load) / 1e12,
                 group_split_b_ns_max_over_mean=max(group_load_b) / mean(group_load_b),
                 group_split_b_ns_max_tflop=max(group_load_b) / 1e12,
@@ -232,6 +238,8 @@ def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama
                 group_extra_bytes_per_rank_max_estimate=max(gram_bytes),
                 collectives_per_rank_owner=max(coll), collectives_per_rank_group_max=max(coll_group),
                 owner_ns_ms=max(owner_s) * 1e3, group_ns_ms=max(group_s_) * 1e3, group_split_b_ns_ms=max(group_b_s) * 1e3,
+                owned_max=max(owned), ns_calls_batched_max=max(len(x) for x in owned_shapes),
+                distinct_shapes=len(set(shapes.values())),
                 ideal_ns_ms=sum(load) / world / (hw["flops"] * hw["efficiency"]) * 1e3)
 
 
@@ -266,7 +274,7 @@ def main(argv=None) -> int:
               f"{r['collectives_per_rank_owner']:>10} {r['collectives_per_rank_group_max']:>10} "
               f"{r['owner_ns_ms']:>11.2f} {r['group_ns_ms']:>7.2f} {r['group_split_b_ns_ms']:>7.2f} {r['ideal_ns_ms']:>7.2f}")
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"model": args.model, "rows": rows}))   # one JSON object (lab.notebook.last_json)
     return 0
 
 
