@@ -274,7 +274,7 @@ def main(argv=None) -> int:
               f"{r['collectives_per_rank_owner']:>10} {r['collectives_per_rank_group_max']:>10} "
               f"{r['owner_ns_ms']:>11.2f} {r['group_ns_ms']:>7.2f} {r['group_split_b_ns_ms']:>7.2f} {r['ideal_ns_ms']:>7.2f}")
     if args.json:
-        print(json.dumps({"model": args.model, "rows": rows}))   # one JSON object (lab.notebook.last_json)
+        print(json.dumps({"model": args.model, "hw": H100, "rows": rows}))   # one JSON object (lab.notebook.last_json)
     return 0
 
 
