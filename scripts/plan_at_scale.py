@@ -1,4 +1,7 @@
-"""The real ZeRO-1 plan for Llama-3-70B shapes on up to 1,024 ranks, built without launching anything.
+"""The real ZeRO-1 plan for real model shapes on up to 1,024 ranks and more, built without launching anything.
+
+Models (``--model``): Llama-3-70B, Llama-3-8B and Moonlight-16B-A3B with one matrix per expert (their shapes
+and sources in the builders below).
 
 For each DP x TP grid: ``dmuon.plan.build_plan`` (buckets, cuts, owners; the same code the optimizer
 runs) and its build time, then per rank:
@@ -9,6 +12,8 @@ runs) and its build time, then per rank:
   the group mode with every rank computing all of ``B = bA + cA^2`` and with B's rows split (``split_b``);
 * bytes sent per step by the owner layout, from the closed form (``lab/costmodel.py``'s rules, summed
   per rank in one pass; ``tests/test_plan_at_scale.py`` checks the two agree on a small model), and AdamW's;
+* same-shape batching (``ns_batch=True``): matrices owned and Newton-Schulz calls (distinct shapes
+  owned) on the rank that owns the most, under the owner layout;
 * collectives per step per rank: reduce-scatter + all-gather per bucket, two all-to-alls per Muon
   bucket (to the owners and back), and with the group mode 1 + ns_steps all-reduces per grouped matrix
   on each of its members.
@@ -17,11 +22,11 @@ The group mode is planned here only: the optimizer does not yet route a matrix t
 bytes are an estimate (members receive their long-side shard of the matrix and send it back, bf16, plus
 the ring all-reduces of the m x m Gram in fp32), marked as such.
 
-Llama-3-70B: hidden 8192, intermediate 28672, 80 layers, 64 query heads and 8 KV heads of 128, vocab
-128256; Muon for the 7 matrices of each layer (q, k, v, gate, up colwise: TP split dim 0; o, down
-rowwise: 1), AdamW for the embedding, the head and the norms.
+Time model (``ns_seconds_per_rank``), per rank per step: Newton-Schulz FLOPs at a stated throughput plus
+the alpha-beta time of the group mode's all-reduces and shard trips; the step waits for the busiest rank.
+The constants (``H100``) are public H100 figures taken as assumptions, cited there, not measured here.
 
-    python scripts/plan_at_scale.py [--grids 8x8,32x8,128x8,64x16,1024x1] [--json]
+    python scripts/plan_at_scale.py [--model llama3-70b] [--grids 8x8,32x8,128x8,64x16,1024x1] [--json]
 """
 from __future__ import annotations
 
@@ -33,27 +38,112 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dmuon.lab.costmodel import collective_seconds  # noqa: E402
 from dmuon.layouts import assign_owners_and_groups  # noqa: E402
 from dmuon.newton_schulz import NS_STEPS, ns5_flops  # noqa: E402
 from dmuon.plan import ParamSpec, _owner_candidates, build_plan  # noqa: E402
 
-HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 8192, 28672, 80, 64, 8, 128, 128256
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
 
 
-def llama3_70b(layers: int = LAYERS) -> tuple[list[list[ParamSpec]], list[bool]]:
-    """(groups, muon flags): one Muon group with every layer's 7 matrices, one AdamW group."""
-    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+def llama3(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, head_dim: int = 128,
+           vocab: int = 128256) -> tuple[list[list[ParamSpec]], list[bool]]:
+    """(groups, muon flags) of a dense Llama-3: one Muon group with every layer's 7 matrices (q, k, v, gate,
+    up colwise: TP split dim 0; o, down rowwise: 1), one AdamW group (embedding, head, norms)."""
+    q, kv = heads * head_dim, kv_heads * head_dim
     muon = []
     for i in range(layers):
-        muon += [ParamSpec(f"layers.{i}.q", (q, HIDDEN), 0), ParamSpec(f"layers.{i}.k", (kv, HIDDEN), 0),
-                 ParamSpec(f"layers.{i}.v", (kv, HIDDEN), 0), ParamSpec(f"layers.{i}.o", (HIDDEN, q), 1),
-                 ParamSpec(f"layers.{i}.gate", (INTERMEDIATE, HIDDEN), 0),
-                 ParamSpec(f"layers.{i}.up", (INTERMEDIATE, HIDDEN), 0),
-                 ParamSpec(f"layers.{i}.down", (HIDDEN, INTERMEDIATE), 1)]
-    adamw = [ParamSpec("embed", (VOCAB, HIDDEN), 0), ParamSpec("head", (VOCAB, HIDDEN), 0)]
-    adamw += [ParamSpec(f"norm.{i}", (HIDDEN,), -1) for i in range(2 * layers + 1)]
+        muon += [ParamSpec(f"layers.{i}.q", (q, hidden), 0), ParamSpec(f"layers.{i}.k", (kv, hidden), 0),
+                 ParamSpec(f"layers.{i}.v", (kv, hidden), 0), ParamSpec(f"layers.{i}.o", (hidden, q), 1),
+                 ParamSpec(f"layers.{i}.gate", (intermediate, hidden), 0),
+                 ParamSpec(f"layers.{i}.up", (intermediate, hidden), 0),
+                 ParamSpec(f"layers.{i}.down", (hidden, intermediate), 1)]
+    adamw = [ParamSpec("embed", (vocab, hidden), 0), ParamSpec("head", (vocab, hidden), 0)]
+    adamw += [ParamSpec(f"norm.{i}", (hidden,), -1) for i in range(2 * layers + 1)]
     return [muon, adamw], [True, False]
+
+
+def llama3_70b(layers: int = 80):
+    """Llama-3-70B: hidden 8192, intermediate 28672, 80 layers, 64 query / 8 KV heads of 128, vocab 128256."""
+    return llama3(8192, 28672, layers, 64, 8)
+
+
+def llama3_8b(layers: int = 32):
+    """Llama-3-8B: hidden 4096, intermediate 14336, 32 layers, 32 query / 8 KV heads of 128, vocab 128256."""
+    return llama3(4096, 14336, layers, 32, 8)
+
+
+def moonlight_16b_a3b(layers: int = 27, experts: int = 64):
+    """Moonlight-16B-A3B (DeepSeek-V3 architecture), per-expert matrices.
+
+    Config of huggingface.co/moonshotai/Moonlight-16B-A3B (config.json), as restated by the Megatron
+    arguments in slime's scripts/models/moonlight.sh: hidden 2048, 27 layers of which the first is dense
+    (intermediate 11264) and the other 26 MoE with 64 routed experts (intermediate 1408 each) and 2 shared
+    experts (modelled as one MLP of 2 x 1408), 16 heads, vocab 163840. (Some NVIDIA pages say "8 shared
+    experts, intermediate 10944": that is not this config.) Attention is MLA without a query LoRA
+    (q_lora_rank null): q (16 x (128 + 64), 2048), kv_a (512 + 64, 2048), kv_b (16 x (128 + 128), 512),
+    o (2048, 16 x 128).
+
+    Simplified: every 2-D weight of attention and MLPs goes to Muon (the router (64 x 2048), norms, the
+    embedding and head to AdamW); each expert's gate/up/down is its own matrix, TP-split like a dense MLP
+    (expert tensor parallelism); expert parallelism is not modelled; kv_a is replicated over TP.
+    """
+    hidden, heads = 2048, 16
+    muon, adamw = [], [ParamSpec("embed", (163840, hidden), 0), ParamSpec("head", (163840, hidden), 0)]
+
+    def mlp(prefix, inter):
+        return [ParamSpec(f"{prefix}.gate", (inter, hidden), 0), ParamSpec(f"{prefix}.up", (inter, hidden), 0),
+                ParamSpec(f"{prefix}.down", (hidden, inter), 1)]
+
+    for i in range(layers):
+        muon += [ParamSpec(f"layers.{i}.q", (heads * 192, hidden), 0), ParamSpec(f"layers.{i}.kv_a", (576, hidden), -1),
+                 ParamSpec(f"layers.{i}.kv_b", (heads * 256, 512), 0), ParamSpec(f"layers.{i}.o", (hidden, heads * 128), 1)]
+        if i == 0:
+            muon += mlp(f"layers.{i}.mlp", 11264)
+        else:
+            muon += mlp(f"layers.{i}.shared", 2 * 1408)
+            for e in range(experts):
+                muon += mlp(f"layers.{i}.expert.{e}", 1408)
+            adamw.append(ParamSpec(f"layers.{i}.router", (experts, hidden), -1))
+        adamw += [ParamSpec(f"layers.{i}.norm.{j}", (n,), -1) for j, n in enumerate((hidden, hidden, 512))]
+    return [muon, adamw], [True, False]
+
+
+MODELS = {"llama3-70b": (llama3_70b, 80), "llama3-8b": (llama3_8b, 32), "moonlight-16b-a3b": (moonlight_16b_a3b, 27)}
+
+# The time model's constants for a projection to H100s: ASSUMPTIONS taken from public figures, not measured here.
+# - bf16 dense matmul: 989 TFLOP/s peak (NVIDIA H100 SXM datasheet, nvidia.com/en-us/data-center/h100: 1,979 "with
+#   sparsity", half that dense); Newton-Schulz is charged at NS_EFFICIENCY of it (assumed 50%: large GEMMs reach more,
+#   the small m x m iterations and the expert matrices less).
+# - NVLink 4 inside a node of 8: 900 GB/s per GPU both ways together (same datasheet), so 450 GB/s one way;
+#   latency per ring hop assumed 3 us.
+# - InfiniBand between nodes: one 400 Gb/s NDR ConnectX-7 per GPU (DGX H100 user guide), 50 GB/s one way;
+#   latency per ring hop assumed 5 us.
+H100 = dict(flops=989e12, efficiency=0.5, gpus_per_node=8, nvlink=(3e-6, 450e9), infiniband=(5e-6, 50e9))
+
+
+def ns_seconds_per_rank(load: list[int], groups: dict, shapes: dict, hw: dict = H100, steps: int = NS_STEPS,
+                        split_b: bool = False) -> list[float]:
+    """Newton-Schulz seconds of one step on every rank: its FLOPs at ``hw['flops'] * hw['efficiency']``, plus,
+    for each group it belongs to, the alpha-beta time (``costmodel.collective_seconds``) of the group's ring
+    all-reduces (1 + steps, fp32 m x m Grams; with ``split_b`` also steps bf16 B's) and of its long-side shard's
+    trip there and back (bf16, at the link's bandwidth). A group of at most ``gpus_per_node`` is priced on
+    NVLink (as if placed on one node: the assignment does not place it so yet, so this is optimistic), a
+    larger one on InfiniBand."""
+    rate = hw["flops"] * hw["efficiency"]
+    out = [x / rate for x in load]
+    for key, members in groups.items():
+        rows, cols = shapes[key]
+        m, n, size = min(rows, cols), max(rows, cols), len(members)
+        alpha, beta = hw["nvlink"] if size <= hw["gpus_per_node"] else hw["infiniband"]
+        t = collective_seconds("all_reduce", size, 4 / size, alpha, beta)
+        t += steps * collective_seconds("all_reduce", size, 4 * m * m / size, alpha, beta)
+        if split_b:
+            t += steps * collective_seconds("all_reduce", size, 2 * m * m / size, alpha, beta)
+        t += 2 * (alpha + m * -(-n // size) * NS_BYTES / beta)
+        for r in members:
+            out[r] += t
+    return out
 
 
 def owner_bytes_per_rank(plan, muon: list[bool]) -> list[dict]:
@@ -97,21 +187,30 @@ def collectives_per_rank(plan, muon: list[bool], groups: dict | None = None, ste
     return out
 
 
-def grid_report(dp: int, tp: int, layers: int = LAYERS) -> dict:
-    specs, muon = llama3_70b(layers)
+def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama3-70b", hw: dict = H100) -> dict:
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}: pick one of {', '.join(MODELS)}")
+    build, default_layers = MODELS[model]
+    specs, muon = build(default_layers if layers is None else layers)
     t0 = time.perf_counter()
     plan = build_plan(specs, dp, 0, tp, layout="owner", muon=muon)
     build_s = time.perf_counter() - t0
     world = dp * tp
     shapes = {(m.buffer_idx, m.param_idx): m.full_shape for m in plan.metas[0]}
     load = [0] * world
+    owned, owned_shapes = [0] * world, [set() for _ in range(world)]
     for key, rank in plan.owners.items():
         load[rank] += ns5_flops(*shapes[key])
+        owned[rank] += 1
+        owned_shapes[rank].add(shapes[key])
     t0 = time.perf_counter()
     candidates = _owner_candidates(plan, muon)
     _, groups, group_load = assign_owners_and_groups(candidates, world, shapes)
     group_s = time.perf_counter() - t0
-    _, _, group_load_b = assign_owners_and_groups(candidates, world, shapes, split_b=True)
+    _, groups_b, group_load_b = assign_owners_and_groups(candidates, world, shapes, split_b=True)
+    owner_s = ns_seconds_per_rank(load, {}, shapes, hw)
+    group_s_ = ns_seconds_per_rank(group_load, groups, shapes, hw)
+    group_b_s = ns_seconds_per_rank(group_load_b, groups_b, shapes, hw, split_b=True)
     t0 = time.perf_counter()
     bytes_ = owner_bytes_per_rank(plan, muon)
     bytes_s = time.perf_counter() - t0
@@ -126,23 +225,29 @@ def grid_report(dp: int, tp: int, layers: int = LAYERS) -> dict:
     coll_group = collectives_per_rank(plan, muon, groups)
     totals = [b["total"] for b in bytes_]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    return dict(dp=dp, tp=tp, world=world, muon_matrices=len(plan.metas[0]), buckets=sum(len(b) for b in plan.buckets),
+    return dict(model=model, dp=dp, tp=tp, world=world, muon_matrices=len(plan.metas[0]), buckets=sum(len(b) for b in plan.buckets),
                 plan_build_s=build_s, group_assign_s=group_s, bytes_closed_form_s=bytes_s,
                 owner_ns_max_over_mean=max(load) / mean(load), owner_ranks_idle=sum(1 for x in load if x == 0),
                 owner_ns_max_tflop=max(load) / 1e12,
                 group_ns_max_over_mean=max(group_load) / mean(group_load), grouped_matrices=len(groups),
+                group_size_max=max(map(len, groups.values()), default=0),
                 group_ns_max_tflop=max(group_load) / 1e12,
                 group_split_b_ns_max_over_mean=max(group_load_b) / mean(group_load_b),
                 group_split_b_ns_max_tflop=max(group_load_b) / 1e12,
                 owner_bytes_per_rank_max=max(totals), owner_bytes_per_rank_mean=mean(totals), adamw_bytes_per_rank=adamw,
                 group_extra_bytes_per_rank_max_estimate=max(gram_bytes),
-                collectives_per_rank_owner=max(coll), collectives_per_rank_group_max=max(coll_group))
+                collectives_per_rank_owner=max(coll), collectives_per_rank_group_max=max(coll_group),
+                owner_ns_ms=max(owner_s) * 1e3, group_ns_ms=max(group_s_) * 1e3, group_split_b_ns_ms=max(group_b_s) * 1e3,
+                owned_max=max(owned), ns_calls_batched_max=max(len(x) for x in owned_shapes),
+                distinct_shapes=len(set(shapes.values())),
+                ideal_ns_ms=sum(load) / world / (hw["flops"] * hw["efficiency"]) * 1e3)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--grids", default="8x8,32x8,128x8,64x16,1024x1")
-    p.add_argument("--layers", type=int, default=LAYERS)
+    p.add_argument("--model", default="llama3-70b", choices=sorted(MODELS))
+    p.add_argument("--layers", type=int, default=None, help="fewer layers than the model's (for a quick look)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -151,22 +256,25 @@ def main(argv=None) -> int:
     except (ValueError, AssertionError):
         p.error(f"--grids takes DPxTP,... e.g. 128x8; got {args.grids!r}")
     rows = []
-    print(f"Llama-3-70B shapes, {args.layers} layers, {7 * args.layers} Muon matrices; NS FLOPs per rank as max/mean "
-          "(1.0 = balanced); bytes per rank per step (owner layout, closed form) in GB")
+    print(f"{args.model} shapes; NS FLOPs per rank as max/mean (1.0 = balanced); bytes per rank per step (owner "
+          "layout, closed form) in GB; NS ms per step on the busiest rank, projected to H100s (assumed figures, "
+          "see H100)")
     print(f"{'grid':>8} {'ranks':>5} {'build s':>7} {'owner max/mean':>14} {'idle':>5} {'max TFLOP':>9} "
           f"{'group max/mean':>14} {'grouped':>7} {'max TFLOP':>9} {'split-B max/mean':>16} {'GB owner max':>12} {'GB AdamW':>8} "
-          f"{'+GB group est':>13} {'coll owner':>10} {'coll group':>10}")
+          f"{'+GB group est':>13} {'coll owner':>10} {'coll group':>10} {'NS ms owner':>11} {'group':>7} {'split-B':>7} "
+          f"{'ideal':>7}")
     for dp, tp in grids:
-        r = grid_report(dp, tp, args.layers)
+        r = grid_report(dp, tp, args.layers, args.model)
         rows.append(r)
         print(f"{dp}x{tp:<4} {r['world']:>5} {r['plan_build_s']:>7.2f} {r['owner_ns_max_over_mean']:>14.2f} "
               f"{r['owner_ranks_idle']:>5} {r['owner_ns_max_tflop']:>9.2f} {r['group_ns_max_over_mean']:>14.2f} "
               f"{r['grouped_matrices']:>7} {r['group_ns_max_tflop']:>9.2f} {r['group_split_b_ns_max_over_mean']:>16.2f} "
               f"{r['owner_bytes_per_rank_max'] / 1e9:>12.2f} "
               f"{r['adamw_bytes_per_rank'] / 1e9:>8.2f} {r['group_extra_bytes_per_rank_max_estimate'] / 1e9:>13.2f} "
-              f"{r['collectives_per_rank_owner']:>10} {r['collectives_per_rank_group_max']:>10}")
+              f"{r['collectives_per_rank_owner']:>10} {r['collectives_per_rank_group_max']:>10} "
+              f"{r['owner_ns_ms']:>11.2f} {r['group_ns_ms']:>7.2f} {r['group_split_b_ns_ms']:>7.2f} {r['ideal_ns_ms']:>7.2f}")
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({"model": args.model, "hw": H100, "rows": rows}))   # one JSON object (lab.notebook.last_json)
     return 0
 
 

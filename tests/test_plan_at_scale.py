@@ -73,3 +73,45 @@ def test_split_b_lowers_the_group_floor():
     assert max(load_b) < max(load) and group_ns_flops(4096, 4096, 4, split_b=True) == 5 * 6 * 4096**3 // 4
     r = plan_at_scale.grid_report(16, 8, layers=2)
     assert r["group_split_b_ns_max_tflop"] < r["group_ns_max_tflop"]   # max/mean need not fall: the mean falls too
+
+
+def test_model_shapes_add_up_to_the_published_sizes():
+    """Parameter totals of the shape builders against the published sizes (Llama-3-8B 8.03B, Llama-3-70B
+    70.55B, Moonlight-16B-A3B "16B"; MLA and per-expert matrices as in moonlight_16b_a3b's docstring)."""
+    import math
+    totals, counts = {}, {}
+    for name, (build, layers) in plan_at_scale.MODELS.items():
+        specs, muon = build(layers)
+        totals[name] = sum(math.prod(s.full_shape) for g in specs for s in g) / 1e9
+        counts[name] = len(specs[0])
+        assert muon == [True, False]
+    assert abs(totals["llama3-8b"] - 8.03) < 0.01 and abs(totals["llama3-70b"] - 70.55) < 0.01
+    assert 15.8 < totals["moonlight-16b-a3b"] < 16.1
+    assert counts == {"llama3-70b": 560, "llama3-8b": 224, "moonlight-16b-a3b": 7 + 26 * (4 + 3 + 64 * 3)}
+    with pytest.raises(ValueError, match="unknown model"):
+        plan_at_scale.grid_report(2, 2, model="llama-4")
+
+
+def test_time_model_is_flops_at_the_rate_plus_the_group_collectives():
+    """ns_seconds_per_rank: FLOPs / (peak x efficiency) everywhere; a group's members also pay 1 + steps ring
+    all-reduces (costmodel.collective_seconds) and the shard trip; a group of 16 is priced on InfiniBand."""
+    from dmuon.lab.costmodel import collective_seconds
+    hw = dict(plan_at_scale.H100)
+    rate = hw["flops"] * hw["efficiency"]
+    shapes = {(0, 0): (1024, 4096)}
+    assert plan_at_scale.ns_seconds_per_rank([rate, 0], {}, shapes) == [1.0, 0.0]
+    for size, link in [(4, "nvlink"), (16, "infiniband")]:
+        out = plan_at_scale.ns_seconds_per_rank([0] * 20, {(0, 0): tuple(range(size))}, shapes)
+        a, b = hw[link]
+        want = collective_seconds("all_reduce", size, 4 / size, a, b)
+        want += 5 * collective_seconds("all_reduce", size, 4 * 1024**2 / size, a, b)
+        want += 2 * (a + 1024 * (4096 // size) * 2 / b)
+        assert out[:size] == pytest.approx([want] * size, rel=1e-12) and out[size:] == [0.0] * (20 - size)
+
+
+def test_owner_mode_stops_scaling_when_ranks_outnumber_matrices():
+    """Llama-3-8B (224 matrices) on 1,024 ranks: most ranks idle, the projected NS time of the busiest rank
+    is the largest matrix's, far above the ideal; the group mode lowers the FLOP max/mean."""
+    r = plan_at_scale.grid_report(128, 8, model="llama3-8b")
+    assert r["owner_ranks_idle"] == 1024 - 224 and r["owner_ns_ms"] > 5 * r["ideal_ns_ms"]
+    assert r["group_ns_max_over_mean"] < r["owner_ns_max_over_mean"] / 4
