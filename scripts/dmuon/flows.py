@@ -50,10 +50,11 @@ class Flow:
     def newton_schulz(self, group: dict, matrix: torch.Tensor) -> torch.Tensor:
         """One Newton-Schulz call: a matrix, or a batch of same-shape matrices (counted as one call)."""
         form = group.get("ns_form", NS_FORM)
+        with record_function("muon:newton_schulz"):  # it checks the shape first (the PoC's bug #2: a flat view)
+            out = zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["eps"], form=form)
         self.comm.ledger.count_ns(ns_flops(*matrix.shape[-2:], group["ns_steps"], form) *
                                   (matrix.shape[0] if matrix.ndim == 3 else 1))
-        with record_function("muon:newton_schulz"):
-            return zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["eps"], form=form)
+        return out
 
     def trace(self, stage: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
         return self.opt._trace(stage, name, tensor)
