@@ -120,7 +120,7 @@ def test_bug1_stale_params_crashes_when_shapes_differ():
 def test_bug2_flat_view_reaches_newton_schulz():
     proc = script("verify.py", *verify_args("muon", 2, 1, "--poc-bug", "flat-view"))
     assert proc.returncode == 1
-    assert "Newton-Schulz needs a 2-D matrix, got a tensor of shape (2052,)" in proc.stderr
+    assert "Newton-Schulz needs a 2-D matrix (or a 3-D batch of them), got a tensor of shape (2052,)" in proc.stderr
 
 
 def test_bug2_is_hidden_when_every_matrix_is_split_over_tp():
