@@ -50,6 +50,33 @@ def test_setup_cells_are_generated_from_the_one_repository_url():
         assert "sklearn" in wanted and "torch" not in wanted  # never installs torch
 
 
+CODE_COLUMNS = 88
+# Chapters whose code cells are not wrapped yet: the lead is editing them (issue 18), and wrapping
+# waits until those edits land. Remove a chapter from here once its cells are wrapped.
+NOT_WRAPPED_YET = {"07_profiling", "08_beyond_poc", "09_training", "10_checkpoints_failures"}
+
+
+def test_code_cells_fit_the_page():
+    """Every line of a code cell (the set-up cell included) has at most 88 characters: at 1280 px a
+    code cell of the book shows that many without scrolling (tests/test_browser.py checks pages)."""
+    long_lines = []
+    for path in chapters():
+        code = False
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.startswith("# %%"):
+                code = "[markdown]" not in line
+            elif code and len(line) > CODE_COLUMNS and (
+                    path.stem not in NOT_WRAPPED_YET or _in_setup_cell(path, n)):
+                long_lines.append(f"{path.name}:{n}: {len(line)} columns")
+    assert not long_lines, f"code lines over {CODE_COLUMNS} columns: {long_lines}"
+
+
+def _in_setup_cell(path, lineno):
+    lines = path.read_text().splitlines()[:lineno]
+    start = max(i for i, line in enumerate(lines) if line.startswith("# %%"))
+    return SETUP_MARKER in "\n".join(lines[start:start + 2])
+
+
 @pytest.mark.parametrize("name", CHAPTERS)
 def test_chapter_executes(name):
     nb = nbformat.read(executed_notebook(name), as_version=4)  # raises CellExecutionError on any failure
