@@ -112,6 +112,7 @@ def chromium(width: int = 1280):
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--host-resolver-rules=MAP * ~NOTFOUND", f"--window-size={width},1000"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console errors readable
     return webdriver.Chrome(service=Service(driver_path), options=options)
 
 
