@@ -159,7 +159,7 @@ def memory_explorer(sizes_b=(0.125, 0.35, 1.3, 3, 7, 13, 34, 70, 175, 405), acti
     fig = slider_figure(frames, "model size", active=list(sizes_b).index(active_b), barmode="stack",
                         xaxis_title="GB per rank (no activations)", height=520)
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(margin=dict(l=150))
+    fig.update_layout(margin=dict(l=150, t=110))  # title above the two-row legend
     fig.add_vline(x=device_gb, line=dict(color="black", width=1, dash="dot"))
     return fig
 
@@ -186,7 +186,7 @@ def grid_memory_explorer(billions: float = 7, grids=((1, 1), (8, 1), (64, 1), (4
     fig = slider_figure(frames, "grid dp x tp", active=list(grids).index(tuple(active)), barmode="stack",
                         xaxis_title="GB per rank (no activations)", height=460)
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(margin=dict(l=150))
+    fig.update_layout(margin=dict(l=150, t=110))  # title above the two-row legend
     fig.add_vline(x=device_gb, line=dict(color="black", width=1, dash="dot"))
     return fig
 
