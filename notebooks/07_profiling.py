@@ -91,14 +91,17 @@ from dmuon.lab.diagrams import book_style
 
 book_style()
 
-parts = [("forward_backward", "forward + backward"), ("waiting", "waiting for the other rank"),
-         ("communication", "communication"), ("newton_schulz", "Newton-Schulz"), ("other", "rest of the optimizer")]
+parts = [("forward_backward", "forward + backward"),
+         ("waiting", "waiting for the other rank"),
+         ("communication", "communication"), ("newton_schulz", "Newton-Schulz"),
+         ("other", "rest of the optimizer")]
 fig, ax = plt.subplots(figsize=(6.4, 4.6))
 rows = []
 for r, rank in enumerate(profile["ranks"]):
     for kind in ("muon", "adamw"):
         b = rank[kind]
-        rows.append((f"rank {r} · {kind}", dict(b, other=b["optimizer_compute"] - b["newton_schulz"])))
+        rows.append((f"rank {r} · {kind}",
+                     dict(b, other=b["optimizer_compute"] - b["newton_schulz"])))
 left = [0.0] * len(rows)
 for key, label in parts:
     widths = [b[key] for _, b in rows]
@@ -106,7 +109,8 @@ for key, label in parts:
     left = [x + w for x, w in zip(left, widths)]
 ax.invert_yaxis()
 ax.set(xlabel="ms per step (median)")
-ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=10)  # below the axes, off the bars
+# below the axes, off the bars
+ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=10)
 fig.tight_layout()
 glue("ch7-breakdown", fig, display=False)
 plt.close(fig)
@@ -145,7 +149,8 @@ def lane(name):
         return 0
     if name.endswith(":sync"):
         return None
-    return {"forward_backward": 1, "wait_for_peers": 2, "optimizer.step": 3, "muon:newton_schulz": 5}.get(
+    return {"forward_backward": 1, "wait_for_peers": 2, "optimizer.step": 3,
+            "muon:newton_schulz": 5}.get(
         name, 4 if name.startswith(("comm:", "comm_wait:")) else None)
 
 
@@ -156,9 +161,11 @@ for ax, kind in zip(axes, ("muon", "adamw")):
     for e in events:
         i = lane(e["name"]) if e.get("cat") == "user_annotation" else None
         if i is not None and t0 <= e["ts"] <= t1:
-            ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (i - 0.4, 0.8), color=f"C{i}")
+            ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (i - 0.4, 0.8),
+                           color=f"C{i}")
     ax.set(yticks=range(len(LANES)), yticklabels=LANES,
-           xlim=(0, (t1 - t0) / 1e3), title=f"rank 0, one {'Muon' if kind == 'muon' else 'AdamW'} step")
+           xlim=(0, (t1 - t0) / 1e3),
+           title=f"rank 0, one {'Muon' if kind == 'muon' else 'AdamW'} step")
     ax.invert_yaxis()
 axes[1].set_xlabel("ms from the start of the step")
 fig.tight_layout()
@@ -181,7 +188,8 @@ plt.close(fig)
 # Run the same profile with four times the batch:
 
 # %%
-profile_big = last_json(run("profile_step.py", "--dp", 2, "--steps", 5, "--batch", 128, log="collapsed"))
+profile_big = last_json(run("profile_step.py", "--dp", 2, "--steps", 5, "--batch", 128,
+                            log="collapsed"))
 
 
 def share(p, kind):
@@ -192,10 +200,13 @@ def share(p, kind):
 from dmuon.lab.notebook import table
 
 table(["batch", "Muon: optimizer share", "AdamW: optimizer share"],
-      [[p["batch"], f"{share(p, 'muon'):.1%}", f"{share(p, 'adamw'):.1%}"] for p in (profile, profile_big)], align="rrr")
+      [[p["batch"], f"{share(p, 'muon'):.1%}", f"{share(p, 'adamw'):.1%}"]
+       for p in (profile, profile_big)], align="rrr")
 falls = share(profile_big, "muon") < share(profile, "muon")
 glue("ch7-share-trend", "falls" if falls else "does not fall", display=False)
-glue("ch7-share-note", "as it must" if falls else "against expectation: a sign of noise on this shared machine",
+glue("ch7-share-note",
+     "as it must" if falls
+     else "against expectation: a sign of noise on this shared machine",
      display=False)
 
 # %% [markdown]
@@ -220,15 +231,18 @@ glue("ch7-share-note", "as it must" if falls else "against expectation: a sign o
 # 2 x 2 grid with buckets small enough that there are several:
 
 # %%
-overlap = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--bucket-numel", 200_000, "--steps", 5,
+overlap = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--bucket-numel", 200_000,
+                        "--steps", 5,
                         "--overlap", "none,naive,prefetch", log="collapsed"))
 
 # %%
 v = overlap["variants"]
 for name in ("muon-naive", "muon-prefetch", "adamw-naive"):
     base = v[name.split("-")[0]]
-    print(f"{name:<14} step time x{v[name]['step_seconds'] / base['step_seconds']:.2f}, "
-          f"time in collectives x{v[name]['comm_seconds'] / base['comm_seconds']:.2f} (vs. no overlap)")
+    print(f"{name:<14} step time "
+          f"x{v[name]['step_seconds'] / base['step_seconds']:.2f}, "
+          f"time in collectives x{v[name]['comm_seconds'] / base['comm_seconds']:.2f} "
+          "(vs. no overlap)")
 
 # %% [markdown]
 # Read these with the machine in mind: two CPU cores shared by four processes. Gloo runs a
@@ -243,7 +257,8 @@ for name in ("muon-naive", "muon-prefetch", "adamw-naive"):
 # One more run: the three 4-process grids the report compared, with the same benchmark.
 
 # %%
-sweep = last_json(run("bench.py", "--sweep", "--grids", "4x1,1x4,2x2", "--steps", 3, log="collapsed"))
+sweep = last_json(run("bench.py", "--sweep", "--grids", "4x1,1x4,2x2", "--steps", 3,
+                      log="collapsed"))
 
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
@@ -254,16 +269,22 @@ from dmuon.lab.verdicts import fastest, fastest_text, spread_text
 
 grids = {f"{r['dp']}x{r['tp']}": r for r in sweep["sweep"]}
 poc = build_problem("muon").groups
-straddle_ratio = 1 + dp_gather_bytes(poc, 4, 1, 2**20, "straddlers") / step_bytes(poc, 4, 1, 2**20, muon=False)["total"]
+straddle_ratio = 1 + (dp_gather_bytes(poc, 4, 1, 2**20, "straddlers")
+                      / step_bytes(poc, 4, 1, 2**20, muon=False)["total"])
 full_step = {k: max(r[k]["step"] for r in profile["ranks"]) for k in ("muon", "adamw")}
-full_step_big = {k: max(r[k]["step"] for r in profile_big["ranks"]) for k in ("muon", "adamw")}
-step_ratio, step_ratio_big = (s["muon"] / s["adamw"] for s in (full_step, full_step_big))
-batch_effect = ("a bigger batch brought it closer to 1" if abs(step_ratio_big - 1) < abs(step_ratio - 1)
-                else "a bigger batch did not bring it closer to 1 here (forward-backward times are noisy on 2 shared cores)")
+full_step_big = {k: max(r[k]["step"] for r in profile_big["ranks"])
+                 for k in ("muon", "adamw")}
+step_ratio, step_ratio_big = (s["muon"] / s["adamw"]
+                              for s in (full_step, full_step_big))
+batch_effect = ("a bigger batch brought it closer to 1"
+                if abs(step_ratio_big - 1) < abs(step_ratio - 1)
+                else "a bigger batch did not bring it closer to 1 here "
+                     "(forward-backward times are noisy on 2 shared cores)")
 share32, share128 = share(profile, "muon"), share(profile_big, "muon")
 g22 = grids["2x2"]
 muon_steps = {k: r["variants"]["muon"]["step_seconds_all"] for k, r in grids.items()}
-winners = fastest(muon_steps)  # a winner only outside the noise (dmuon/lab/verdicts.py), else a tie
+# a winner only outside the noise (dmuon/lab/verdicts.py), else a tie
+winners = fastest(muon_steps)
 naive_m = v["muon-naive"]["comm_seconds"] / v["muon"]["comm_seconds"]
 naive_a = v["adamw-naive"]["comm_seconds"] / v["adamw"]["comm_seconds"]
 grid_times = ", ".join(f"{k} {spread_text(v)}" for k, v in muon_steps.items())
@@ -272,34 +293,48 @@ SWEEP = "`bench.py --sweep --grids 4x1,1x4,2x2 --steps 3`"
 ASYNC = "`bench.py --dp 2 --tp 2 --bucket-numel 200000 --overlap none,naive,prefetch`"
 rows = [
     ("Paper: Muon's communication is (1, 1.25] x AdamW's", "1.25 upper bound",
-     f"{grids['4x1']['bytes_ratio']:.3f} in bytes at DP4 (ledger = closed form); {straddle_ratio:.3f} if only "
+     f"{grids['4x1']['bytes_ratio']:.3f} in bytes at DP4 (ledger = closed form); "
+     f"{straddle_ratio:.3f} if only "
      "straddling matrices were gathered", SWEEP,
-     "Agrees: whole-bucket gathers sit exactly at the bound; the lower end needs a different layout (chapter 6)."),
+     "Agrees: whole-bucket gathers sit exactly at the bound; the lower end needs a "
+     "different layout (chapter 6)."),
     ("Paper: optimizer 1-3% of the step", "1-3%",
-     f"Muon {share32:.1%} (batch 32), {share128:.1%} (batch 128) of a tiny GPT's step", PROFILE,
-     f"A {profile['n_params'] / 1e6:.1f}M-parameter model on 2 CPU cores computes little per step, and every rank "
-     f"repeats NS; the share {'falls' if share128 < share32 else 'did not fall here'} with batch."),
+     f"Muon {share32:.1%} (batch 32), {share128:.1%} (batch 128) of a tiny GPT's step",
+     PROFILE,
+     f"A {profile['n_params'] / 1e6:.1f}M-parameter model on 2 CPU cores computes "
+     "little per step, and every rank repeats NS; the share "
+     f"{'falls' if share128 < share32 else 'did not fall here'} with batch."),
     ("Paper and report: Muon's state is half of AdamW's", "50%",
-     f"{g22['state_bytes_ratio']:.0%} (momentum vs two moments; {g22['state_with_master_ratio']:.0%} with the fp32 master)",
+     f"{g22['state_bytes_ratio']:.0%} (momentum vs two moments; "
+     f"{g22['state_with_master_ratio']:.0%} with the fp32 master)",
      SWEEP, "Agrees exactly: one fp32 buffer against two."),
     ("Report: Muon's communication time 0.57 x AdamW's (DP2xTP2)", "0.57x",
-     f"{g22['comm_time_ratio']:.2f}x ({g22['bytes_ratio']:.2f}x the bytes, {g22['variants']['muon']['calls']} vs "
+     f"{g22['comm_time_ratio']:.2f}x ({g22['bytes_ratio']:.2f}x the bytes, "
+     f"{g22['variants']['muon']['calls']} vs "
      f"{g22['variants']['adamw']['calls']} calls)", SWEEP,
-     "Here both optimizers use the same plan and buckets, so Muon moves more and waits for peers' Newton-Schulz; "
+     "Here both optimizers use the same plan and buckets, so Muon moves more and waits "
+     "for peers' Newton-Schulz; "
      "the report's AdamW made 110 calls to Muon's 40."),
     ("Report: Muon's step 1.15 x AdamW's", "1.15x",
-     f"{step_ratio:.2f}x for a whole training step (tiny GPT, DP2, batch 32); {step_ratio_big:.2f}x at batch 128", PROFILE,
-     "The ratio depends on how long forward-backward takes against Newton-Schulz: the report simulated its forward "
-     f"pass with fixed matmuls on GPUs; here it is a real tiny model on a CPU, and {batch_effect}."),
+     f"{step_ratio:.2f}x for a whole training step (tiny GPT, DP2, batch 32); "
+     f"{step_ratio_big:.2f}x at batch 128", PROFILE,
+     "The ratio depends on how long forward-backward takes against Newton-Schulz: the "
+     "report simulated its forward pass with fixed matmuls on GPUs; here it is a real "
+     f"tiny model on a CPU, and {batch_effect}."),
     ("Report: DP2xTP2 fastest of DP4, TP4, DP2xTP2", "DP2xTP2",
-     f"{fastest_text(muon_steps)} for Muon (optimizer step, median (min-max) of 3: {grid_times})", SWEEP,
-     ("Agrees. " if winners == ["2x2"] else "Agrees within the noise. " if "2x2" in winners else "Differs here. ")
-     + "Optimizer step only, on CPU; every rank orthogonalises every matrix, so grids differ mostly in redundant work."),
+     f"{fastest_text(muon_steps)} for Muon (optimizer step, median (min-max) of 3: "
+     f"{grid_times})", SWEEP,
+     ("Agrees. " if winners == ["2x2"]
+      else "Agrees within the noise. " if "2x2" in winners else "Differs here. ")
+     + "Optimizer step only, on CPU; every rank orthogonalises every matrix, so grids "
+       "differ mostly in redundant work."),
     ("Report: naive async_op=True is slower", "Muon 2.1x, AdamW 1.5x",
      f"Muon x{naive_m:.2f}, AdamW x{naive_a:.2f} time in collectives", ASYNC,
-     "Asynchronous issue followed by an immediate wait overlaps nothing; the change is overhead and noise."),
+     "Asynchronous issue followed by an immediate wait overlaps nothing; the change is "
+     "overhead and noise."),
 ]
-table = "| claim | their figure | this book's figure (command) | why they differ |\n|---|---|---|---|\n"
+table = ("| claim | their figure | this book's figure (command) | why they differ |\n"
+         "|---|---|---|---|\n")
 table += "\n".join(f"| {c} | {t} | {o} ({cmd}) | {why} |" for c, t, o, cmd, why in rows)
 display(Markdown(table))
 
