@@ -96,7 +96,8 @@ saved = {}
 for name, cls in [("Muon (hybrid)", DistributedMuon), ("AdamW", DistributedAdamW)]:
     opt = cls(hybrid_param_groups(model.named_parameters()), Grid.single())
     checkpoint.save(opt, work / name.split()[0], step=0)
-    entries = dcp.FileSystemReader(str(work / name.split()[0])).read_metadata().state_dict_metadata
+    entries = (dcp.FileSystemReader(str(work / name.split()[0]))
+               .read_metadata().state_dict_metadata)
     per_kind = dict.fromkeys(kinds, 0)
     for key, entry in entries.items():
         if hasattr(entry, "size") and not key.endswith(".step"):
@@ -104,36 +105,47 @@ for name, cls in [("Muon (hybrid)", DistributedMuon), ("AdamW", DistributedAdamW
             per_kind[kind] += entry.size.numel() * entry.properties.dtype.itemsize
     saved[name] = per_kind
     if cls is DistributedMuon:
-        keys = {k: tuple(v.size) for k, v in entries.items() if "blocks.0.fc.weight" in k}
-table(["kind of tensor", *saved], [[k, *(f"{saved[n][k] / 2**20:.2f} MiB" for n in saved)] for k in kinds])
+        keys = {k: tuple(v.size) for k, v in entries.items()
+                if "blocks.0.fc.weight" in k}
+table(["kind of tensor", *saved],
+      [[k, *(f"{saved[n][k] / 2**20:.2f} MiB" for n in saved)] for k in kinds])
 print("what the Muon checkpoint holds for one matrix (key, whole shape):",
       *(f"{k:<40} {shape}" for k, shape in sorted(keys.items())), sep="\n  ")
 
 # %%
-moments = {n: sum(v[k] for k in ("momentum", "exp_avg", "exp_avg_sq")) for n, v in saved.items()}
-muon_names = {n for g in hybrid_param_groups(model.named_parameters()) if g["use_muon"] for n in g["names"]}
-muon_share = sum(p.numel() for n, p in model.named_parameters() if n in muon_names) / sum(
-    p.numel() for p in model.parameters())
+moments = {n: sum(v[k] for k in ("momentum", "exp_avg", "exp_avg_sq"))
+           for n, v in saved.items()}
+muon_names = {n for g in hybrid_param_groups(model.named_parameters()) if g["use_muon"]
+              for n in g["names"]}
+muon_share = (sum(p.numel() for n, p in model.named_parameters() if n in muon_names)
+              / sum(p.numel() for p in model.parameters()))
 state_ratio = moments["Muon (hybrid)"] / moments["AdamW"]
-with_master = (saved["Muon (hybrid)"]["master"] + moments["Muon (hybrid)"]) / (saved["AdamW"]["master"] + moments["AdamW"])
-print(f"Muon routes {muon_share:.0%} of the parameters; its moments are {state_ratio:.3f} of AdamW's, "
+with_master = ((saved["Muon (hybrid)"]["master"] + moments["Muon (hybrid)"])
+               / (saved["AdamW"]["master"] + moments["AdamW"]))
+print(f"Muon routes {muon_share:.0%} of the parameters; its moments are "
+      f"{state_ratio:.3f} of AdamW's, "
       f"{with_master:.3f} with the fp32 master weights")
-assert abs(state_ratio - (1 - muon_share / 2)) < 1e-9  # one moment instead of two, on the Muon share only
+# one moment instead of two, on the Muon share only
+assert abs(state_ratio - (1 - muon_share / 2)) < 1e-9
 glue("ch10-muon-share", f"{muon_share:.0%}", display=False)
 glue("ch10-state-ratio", f"{state_ratio:.2f}", display=False)
 glue("ch10-master-ratio", f"{with_master:.2f}", display=False)
 
 fig, ax = plt.subplots(figsize=(6.4, 2.6))
-colors = dict(model="#bbbbbb", master="#8172b3", momentum="#4c72b0", exp_avg="#55a868", exp_avg_sq="#c44e52")
+colors = dict(model="#bbbbbb", master="#8172b3", momentum="#4c72b0", exp_avg="#55a868",
+              exp_avg_sq="#c44e52")
 for row, (name, per_kind) in enumerate(saved.items()):
     left = 0.0
     for kind in kinds:
         width = per_kind[kind] / 2**20
-        ax.barh(row, width, left=left, color=colors[kind], label=kind if row == 0 else None)
+        ax.barh(row, width, left=left, color=colors[kind],
+                label=kind if row == 0 else None)
         left += width
-ax.set(yticks=range(len(saved)), yticklabels=list(saved), xlabel="MiB in the checkpoint")
+ax.set(yticks=range(len(saved)), yticklabels=list(saved),
+       xlabel="MiB in the checkpoint")
 ax.invert_yaxis()
-ax.legend(ncol=5, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35), frameon=False)
+ax.legend(ncol=5, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35),
+          frameon=False)
 fig.tight_layout()
 glue("ch10-state", fig, display=False)
 plt.close(fig)
@@ -176,9 +188,12 @@ plt.close(fig)
 # %%
 folder = work / "run"
 problem = ["--optimizer", "hybrid"]
-run("verify.py", "--dp", 2, "--tp", 2, "--steps", 3, "--save", folder, *problem, log="collapsed")
-resumed = {(dp, tp, layout): last_json(run("verify.py", "--dp", dp, "--tp", tp, "--layout", layout, "--steps", 3,
-                                           "--resume", folder, *problem, log="collapsed"))
+run("verify.py", "--dp", 2, "--tp", 2, "--steps", 3, "--save", folder, *problem,
+    log="collapsed")
+resumed = {(dp, tp, layout): last_json(run("verify.py", "--dp", dp, "--tp", tp,
+                                           "--layout", layout, "--steps", 3,
+                                           "--resume", folder, *problem,
+                                           log="collapsed"))
            for dp, tp, layout in [(4, 1, "owner"), (1, 1, "bucket")]}
 
 # %%
@@ -186,11 +201,14 @@ rows = []
 for (dp, tp, layout), res in resumed.items():
     came = res["resumed_from"]
     diffs = res["layouts"][layout]["per_step_max_abs_diff"]
-    rows.append([f"{came['saved_on']['dp']} x {came['saved_on']['tp']}, {came['saved_on']['layout']}",
-                 f"{dp} x {tp}, {layout}", f"steps {came['step'] + 1}-{came['step'] + len(diffs)}",
+    rows.append([f"{came['saved_on']['dp']} x {came['saved_on']['tp']}, "
+                 f"{came['saved_on']['layout']}",
+                 f"{dp} x {tp}, {layout}",
+                 f"steps {came['step'] + 1}-{came['step'] + len(diffs)}",
                  ", ".join(f"{d:g}" for d in diffs)])
     assert res["ok"] and res["max_abs_diff"] == 0.0 and came["step"] == 3
-table(["saved on", "resumed on", "compared", "max |param - uninterrupted run| per step"], rows)
+table(["saved on", "resumed on", "compared",
+       "max |param - uninterrupted run| per step"], rows)
 
 # %% [markdown]
 # Zero at every step: the resumed runs are the uninterrupted run, bit for bit, on a grid with
@@ -209,7 +227,8 @@ table(["saved on", "resumed on", "compared", "max |param - uninterrupted run| pe
 # %%
 checkpoint.export(folder, work / "ckpt.pt")
 plain = torch.load(work / "ckpt.pt", weights_only=True)
-print(f"{work.name}/ckpt.pt: {len(plain) - 1} tensors, {(work / 'ckpt.pt').stat().st_size / 2**20:.1f} MiB, e.g.")
+print(f"{work.name}/ckpt.pt: {len(plain) - 1} tensors, "
+      f"{(work / 'ckpt.pt').stat().st_size / 2**20:.1f} MiB, e.g.")
 for key in sorted(k for k in plain if k.startswith("optim.state.layers.3.weight")):
     print(f"  {key:<40} {tuple(plain[key].shape)} {str(plain[key].dtype)[6:]}")
 
@@ -226,13 +245,15 @@ for key in sorted(k for k in plain if k.startswith("optim.state.layers.3.weight"
 # %%
 safe = work / "safe"
 run("verify.py", "--dp", 2, "--steps", 1, "--save", safe, *problem, log="collapsed")
-run("verify.py", "--dp", 2, "--steps", 2, "--save", safe, *problem, expect_failure=True, log="collapsed",
-    env={"DMUON_DIE_WHILE_SAVING": "1"})
+run("verify.py", "--dp", 2, "--steps", 2, "--save", safe, *problem, expect_failure=True,
+    log="collapsed", env={"DMUON_DIE_WHILE_SAVING": "1"})
 partial = Path(f"{safe}.partial")
 print(f"{safe.name}.partial: {len(list(partial.glob('*.distcp')))} data files, "
       f"dmuon.json {'present' if (partial / 'dmuon.json').exists() else 'absent'}")
-print(f"{safe.name}: the checkpoint of step {checkpoint.read_marker(safe)[1]['step']}, untouched")
-assert not (partial / "dmuon.json").exists() and checkpoint.read_marker(safe)[1]["step"] == 1
+print(f"{safe.name}: the checkpoint of step {checkpoint.read_marker(safe)[1]['step']}, "
+      "untouched")
+assert (not (partial / "dmuon.json").exists()
+        and checkpoint.read_marker(safe)[1]["step"] == 1)
 
 # %% [markdown]
 # The half-written folder has data files but no marker, and `checkpoint.load` refuses any folder
@@ -247,10 +268,13 @@ corrupt = work / "corrupt"
 corrupt.mkdir()
 for f in folder.iterdir():
     data = f.read_bytes()
-    (corrupt / f.name).write_bytes(data[: len(data) // 2] if f.suffix == ".distcp" else data)
-other_shapes = [(h, w + 1) if i == 3 else (h, w) for i, (h, w) in enumerate(DEFAULT_SHAPES)]
+    (corrupt / f.name).write_bytes(data[: len(data) // 2] if f.suffix == ".distcp"
+                                   else data)
+other_shapes = [(h, w + 1) if i == 3 else (h, w)
+                for i, (h, w) in enumerate(DEFAULT_SHAPES)]
 attempts = [
-    ("another model (one matrix one column wider)", DistributedMuon, other_shapes, folder),
+    ("another model (one matrix one column wider)", DistributedMuon, other_shapes,
+     folder),
     ("another optimizer (AdamW)", DistributedAdamW, DEFAULT_SHAPES, folder),
     ("the data files cut in half", DistributedMuon, DEFAULT_SHAPES, corrupt),
     ("a half-written save", DistributedMuon, DEFAULT_SHAPES, partial),
@@ -264,8 +288,10 @@ for what, cls, shapes, path in attempts:
         message = "loaded (this should not happen)"
     except checkpoint.CheckpointError as e:
         lines = str(e).replace(str(work), "…").splitlines()
-        message = " ".join(line.strip() for line in lines[:2]) + (f"; … ({len(lines) - 1} in all)" if len(lines) > 2 else "")
-    unchanged = all(torch.equal(a, p) for a, p in zip(before, (p for g in target.param_groups for p in g["params"])))
+        message = (" ".join(line.strip() for line in lines[:2])
+                   + (f"; … ({len(lines) - 1} in all)" if len(lines) > 2 else ""))
+    unchanged = all(torch.equal(a, p) for a, p in
+                    zip(before, (p for g in target.param_groups for p in g["params"])))
     rows.append([what, message, "yes" if unchanged else "NO"])
     assert unchanged and not message.startswith("loaded")
 table(["loading", "the error", "parameters unchanged"], rows, align="lll")
@@ -299,15 +325,16 @@ assert set(SHOWN) <= set(EXPECTED)
 rows = []
 for fault in SHOWN:
     start = time.monotonic()
-    out = run("faults.py", "--dp", 2, "--tp", 1, "--fault", fault, "--rank", 1, "--step", 2, "--timeout", 4,
-              expect_failure=True, log="collapsed")
+    out = run("faults.py", "--dp", 2, "--tp", 1, "--fault", fault, "--rank", 1,
+              "--step", 2, "--timeout", 4, expect_failure=True, log="collapsed")
     seconds = time.monotonic() - start
     verdict, last_words = first_failure(out)
     short = last_words if len(last_words) <= 180 else last_words[:180] + " …"
     rows.append([fault, verdict, short, f"{seconds:.0f} s"])
-    assert judge(fault, 2, 1, 1, 1, out, out) == [], (fault, judge(fault, 2, 1, 1, 1, out, out))
-table(["fault", "the launcher's verdict", "the first failing rank's last words", "whole run"], rows,
-      align="llll")
+    assert judge(fault, 2, 1, 1, 1, out, out) == [], (
+        fault, judge(fault, 2, 1, 1, 1, out, out))
+table(["fault", "the launcher's verdict", "the first failing rank's last words",
+       "whole run"], rows, align="llll")
 
 # %% [markdown]
 # How to read the rows:
@@ -352,19 +379,25 @@ table(["fault", "the launcher's verdict", "the first failing rank's last words",
 import json  # noqa: E402
 
 bench = json.loads((Path("..") / "book" / "data" / "fault_bench_2x1.json").read_text())
-table(["fault", "runs", "clean", "slowest run", "slowest, from the fault", "processes left", "load average"],
+table(["fault", "runs", "clean", "slowest run", "slowest, from the fault",
+       "processes left", "load average"],
       [[f, r["runs"], r["clean"], f"{r['slowest_exit_s']:.0f} s",
-        "-" if r["slowest_after_fault_s"] is None else f"{r['slowest_after_fault_s']:.0f} s", r["leftovers"],
-        r["load_average_1min"]] for f, r in bench["per_fault"].items()], align="lrrrrrr")
-print(f"recorded {bench['recorded_at']} by\n  {bench['command']}\nat commit {bench['commit'][:10]} on "
+        "-" if r["slowest_after_fault_s"] is None
+        else f"{r['slowest_after_fault_s']:.0f} s", r["leftovers"],
+        r["load_average_1min"]] for f, r in bench["per_fault"].items()],
+      align="lrrrrrr")
+print(f"recorded {bench['recorded_at']} by\n  {bench['command']}\n"
+      f"at commit {bench['commit'][:10]} on "
       f"{bench['cpu']} ({bench['cores']} cores), torch {bench['torch']}"
       + (" (the tree had uncommitted changes)" if bench["uncommitted_changes"] else ""))
 for fault, r in bench["per_fault"].items():
     if r["problems"]:
-        print(f"{fault}: {r['runs'] - r['clean']} run(s) not clean: {'; '.join(r['problems'])}")
+        print(f"{fault}: {r['runs'] - r['clean']} run(s) not clean: "
+              f"{'; '.join(r['problems'])}")
 missing = [f for f in EXPECTED if f not in bench["per_fault"]]
 if missing:
-    print(f"this recording was cut short: {', '.join(missing)} did not run (the tests run every fault once)")
+    print(f"this recording was cut short: {', '.join(missing)} did not run "
+          "(the tests run every fault once)")
 glue("ch10-bench-clean", f"{sum(r['clean'] for r in bench['per_fault'].values())} of "
      f"{sum(r['runs'] for r in bench['per_fault'].values())}", display=False)
 
