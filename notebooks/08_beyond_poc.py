@@ -98,16 +98,19 @@ from myst_nb import glue
 
 from dmuon.lab.notebook import last_json, run, table
 
-check = last_json(run("verify.py", "--dp", 3, "--tp", 2, "--layout", "bucket,owner,aligned", "--steps", 3,
+check = last_json(run("verify.py", "--dp", 3, "--tp", 2,
+                      "--layout", "bucket,owner,aligned", "--steps", 3,
                       log="collapsed"))
 
 # %%
 layouts = check["layouts"]
-table(["layout", "max abs diff", "NS runs per step", "bytes per rank (min to max)", "state_dict"],
+table(["layout", "max abs diff", "NS runs per step", "bytes per rank (min to max)",
+       "state_dict"],
       [[name, f"{res['max_abs_diff']:.1e}", res["ns_calls"],
         f"{min(r['bytes_sent'] for r in res['ledger_per_rank']):,} to "
         f"{max(r['bytes_sent'] for r in res['ledger_per_rank']):,}",
-        "round-trips" if res["state_dict_roundtrip"] else "FAILS"] for name, res in layouts.items()])
+        "round-trips" if res["state_dict_roundtrip"] else "FAILS"]
+       for name, res in layouts.items()])
 n_matrices = len(check["shapes"])
 assert all(res["ok"] and res["max_abs_diff"] == 0.0 for res in layouts.values())
 assert layouts["bucket"]["ns_calls"] == n_matrices * 3 * 2
@@ -134,16 +137,19 @@ from dmuon.newton_schulz import ns5_flops
 from dmuon.plan import ParamSpec, build_plan
 from dmuon.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
 
-specs = [[ParamSpec(f"w{i}", s, d) for i, (s, d) in enumerate(zip(DEFAULT_SHAPES, DEFAULT_TP_DIMS))]]
+specs = [[ParamSpec(f"w{i}", s, d)
+          for i, (s, d) in enumerate(zip(DEFAULT_SHAPES, DEFAULT_TP_DIMS))]]
 plan = build_plan(specs, dp=2, dp_rank=0, tp=2, layout="owner")
 load, rows = [0] * 4, []
 for meta in plan.metas[0]:
     owner = plan.owner_of(meta)
-    held = plan.piece_numel(meta, owner // 2) / meta.numel  # of the owner's TP shard, what its DP shard holds
+    # of the owner's TP shard, what its DP shard holds
+    held = plan.piece_numel(meta, owner // 2) / meta.numel
     load[owner] += ns5_flops(*meta.full_shape)
     rows.append([meta.name, "x".join(map(str, meta.full_shape)), meta.tp_split_dim,
                  f"{ns5_flops(*meta.full_shape) / 1e9:.2f}", owner, f"{held:.0%}"])
-table(["matrix", "shape", "TP split dim", "NS GFLOP", "owner", "of it on the owner"], rows, align="lrrrrr")
+table(["matrix", "shape", "TP split dim", "NS GFLOP", "owner", "of it on the owner"],
+      rows, align="lrrrrr")
 total = sum(ns5_flops(*m.full_shape) for m in plan.metas[0])
 print(f"NS GFLOP per rank, owner layout: {[round(x / 1e9, 2) for x in load]}")
 print(f"NS GFLOP per rank, bucket layout: {[round(total / 1e9, 2)] * 4}")
@@ -162,7 +168,8 @@ assert max(load) <= total / 4 + max(ns5_flops(*m.full_shape) for m in plan.metas
 # %%
 speed = last_json(run("ns_speed.py"))
 glue("ch8-ns-ratio", f"{speed['ratio']:.0%}", display=False)
-assert speed["ratio"] > 0.5, "Newton-Schulz runs far below the matmul rate: FLOPs would not predict its time"
+assert speed["ratio"] > 0.5, ("Newton-Schulz runs far below the matmul rate: FLOPs "
+                              "would not predict its time")
 
 # %% [markdown]
 # Here NS5 ran at {glue:text}`ch8-ns-ratio` of the matmul rate, so FLOPs are a fair measure of
@@ -182,24 +189,29 @@ import matplotlib.pyplot as plt
 from dmuon.lab.costmodel import PHASES, step_bytes
 from dmuon.lab.synthetic import build_problem
 
-groups = build_problem("muon", n_groups=2, tp=2).groups  # what verify.py built: the default shapes, two groups
-colors = dict(grad_reduce_scatter="#4c72b0", ns_gather_dp="#dd8452", ns_gather_tp="#c44e52",
-              ns_to_owner="#8172b3", ns_from_owner="#937860", param_all_gather="#55a868")
+# what verify.py built: the default shapes, two groups
+groups = build_problem("muon", n_groups=2, tp=2).groups
+colors = dict(grad_reduce_scatter="#4c72b0", ns_gather_dp="#dd8452",
+              ns_gather_tp="#c44e52", ns_to_owner="#8172b3", ns_from_owner="#937860",
+              param_all_gather="#55a868")
 fig, axes = plt.subplots(3, 1, figsize=(6.4, 7.2), sharex=True)
 for ax, (name, res) in zip(axes, layouts.items()):
     bottom = [0] * 6
     for phase in PHASES:
-        vals = [r["phases"].get(phase, {}).get("bytes_sent", 0) / 1e6 for r in res["ledger_per_rank"]]
+        vals = [r["phases"].get(phase, {}).get("bytes_sent", 0) / 1e6
+                for r in res["ledger_per_rank"]]
         if any(vals):
             ax.bar(range(6), vals, bottom=bottom, color=colors[phase], label=phase)
             bottom = [b + v for b, v in zip(bottom, vals)]
-    closed = [step_bytes(groups, 3, 2, check["bucket_numel"], layout=name, rank=r)["total"] / 1e6 for r in range(6)]
+    closed = [step_bytes(groups, 3, 2, check["bucket_numel"], layout=name,
+                         rank=r)["total"] / 1e6 for r in range(6)]
     ax.plot(range(6), closed, "k_", markersize=14, mew=2, label="closed form")
     ax.set(title=f"{name} layout", ylabel="MB sent per step", xticks=range(6))
     assert closed == [r["bytes_sent"] / 1e6 for r in res["ledger_per_rank"]], name
 axes[-1].set_xlabel("rank")
 handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
-fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=3, fontsize=8, frameon=False)
+fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=3, fontsize=8,
+           frameon=False)
 fig.tight_layout(rect=(0, 0.1, 1, 1))
 glue("ch8-bytes", fig, display=False)
 plt.close(fig)
@@ -232,24 +244,29 @@ plt.close(fig)
 # AdamW beside them, and one process doing the same step with all the cores:
 
 # %%
-dp4 = last_json(run("bench.py", "--dp", 4, "--tp", 1, "--layout", "bucket,owner,aligned", "--single",
+dp4 = last_json(run("bench.py", "--dp", 4, "--tp", 1,
+                    "--layout", "bucket,owner,aligned", "--single",
                     "--stack", 4, "--steps", 2, "--warmup", 1, log="collapsed"))
 
 # %%
 def layout_table(b):
     print(f"{b['dp']} x {b['tp']} grid; bf16 matmul: {b['bf16_matmul']}")
-    print(f"one process: Muon {b['single']['muon'] * 1e3:.0f} ms, AdamW {b['single']['adamw'] * 1e3:.0f} ms "
-          f"per step; the grid's AdamW: {b['variants']['adamw']['step_seconds'] * 1e3:.0f} ms")
-    table(["layout", "bytes / AdamW", "= closed form", "NS runs", "Muon step ms", "grid efficiency",
-           "Muon overhead ratio"],
-          [[name, f"{v['bytes_ratio']:.3f}", "yes" if v["closed_form_matches"] else "NO", v["ns_calls"],
-            f"{v['step_seconds'] * 1e3:.0f}", f"{v['grid_efficiency']:.2f}", f"{v['muon_overhead_ratio']:.2f}"]
+    print(f"one process: Muon {b['single']['muon'] * 1e3:.0f} ms, "
+          f"AdamW {b['single']['adamw'] * 1e3:.0f} ms per step; the grid's AdamW: "
+          f"{b['variants']['adamw']['step_seconds'] * 1e3:.0f} ms")
+    table(["layout", "bytes / AdamW", "= closed form", "NS runs", "Muon step ms",
+           "grid efficiency", "Muon overhead ratio"],
+          [[name, f"{v['bytes_ratio']:.3f}",
+            "yes" if v["closed_form_matches"] else "NO", v["ns_calls"],
+            f"{v['step_seconds'] * 1e3:.0f}",
+            f"{v['grid_efficiency']:.2f}", f"{v['muon_overhead_ratio']:.2f}"]
            for name, v in b["layouts"].items()], align="lrrrrrr")
 
 
 layout_table(dp4)
 L = dp4["layouts"]
-assert L["bucket"]["bytes_ratio"] == 1.25 and 1.0 <= L["aligned"]["bytes_ratio"] and L["owner"]["bytes_ratio"] < 1.25
+assert (L["bucket"]["bytes_ratio"] == 1.25 and 1.0 <= L["aligned"]["bytes_ratio"]
+        and L["owner"]["bytes_ratio"] < 1.25)
 assert all(v["closed_form_matches"] for v in L.values())
 
 # %% [markdown]
@@ -276,7 +293,8 @@ assert all(v["closed_form_matches"] for v in L.values())
 # layout pays a TP gather of every matrix on every rank on top of its DP gather.
 
 # %%
-tp2 = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--layout", "bucket,owner,aligned", "--single",
+tp2 = last_json(run("bench.py", "--dp", 2, "--tp", 2,
+                    "--layout", "bucket,owner,aligned", "--single",
                     "--stack", 4, "--steps", 2, "--warmup", 1, log="collapsed"))
 
 # %%
@@ -286,10 +304,15 @@ fig, axes = plt.subplots(2, 1, figsize=(6.4, 6.0), sharex=True)
 for ax, b in zip(axes, (dp4, tp2)):
     names = ["one process"] + list(b["layouts"])
     muon = [b["single"]["muon"]] + [v["step_seconds"] for v in b["layouts"].values()]
-    adamw = [b["single"]["adamw"]] + [b["variants"]["adamw"]["step_seconds"]] * len(b["layouts"])
-    ax.bar([i - 0.2 for i in range(len(names))], muon, width=0.4, label="Muon step", color="#4c72b0")
-    ax.bar([i + 0.2 for i in range(len(names))], adamw, width=0.4, label="AdamW step", color="#55a868")
-    ax.set(title=f"{b['dp']} x {b['tp']} grid (4 ranks on {b['single']['threads']} cores)", xticks=range(len(names)),
+    adamw = ([b["single"]["adamw"]]
+             + [b["variants"]["adamw"]["step_seconds"]] * len(b["layouts"]))
+    ax.bar([i - 0.2 for i in range(len(names))], muon, width=0.4, label="Muon step",
+           color="#4c72b0")
+    ax.bar([i + 0.2 for i in range(len(names))], adamw, width=0.4, label="AdamW step",
+           color="#55a868")
+    ax.set(title=f"{b['dp']} x {b['tp']} grid "
+                 f"(4 ranks on {b['single']['threads']} cores)",
+           xticks=range(len(names)),
            ylabel="seconds per step")
     ax.set_xticklabels(names)
 axes[0].legend(fontsize=8)
@@ -298,15 +321,19 @@ glue("ch8-times", fig, display=False)
 plt.close(fig)
 assert tp2["layouts"]["owner"]["ns_calls"] * 4 == tp2["layouts"]["bucket"]["ns_calls"]
 for b in (dp4, tp2):
-    ratios = {name: round(v["muon_overhead_ratio"], 2) for name, v in b["layouts"].items()}
+    ratios = {name: round(v["muon_overhead_ratio"], 2)
+              for name, v in b["layouts"].items()}
     print(f"{b['dp']} x {b['tp']}: Muon overhead ratio {ratios}")
-    assert b["layouts"]["owner"]["muon_overhead_ratio"] < b["layouts"]["bucket"]["muon_overhead_ratio"] / 2
-bucket_x = [b["layouts"]["bucket"]["step_seconds"] / b["single"]["muon"] for b in (dp4, tp2)]
+    assert (b["layouts"]["owner"]["muon_overhead_ratio"]
+            < b["layouts"]["bucket"]["muon_overhead_ratio"] / 2)
+bucket_x = [b["layouts"]["bucket"]["step_seconds"] / b["single"]["muon"]
+            for b in (dp4, tp2)]
 glue("ch8-bucket-x", f"{min(bucket_x):.1f}-{max(bucket_x):.1f}", display=False)
 efficiency = [v["grid_efficiency"] for b in (dp4, tp2) for v in b["layouts"].values()]
 glue("ch8-efficiency", f"{min(efficiency):.2f}-{max(efficiency):.2f}", display=False)
 glue("ch8-efficiency-note", "none of them above 1" if max(efficiency) <= 1.0 else
-     "those above 1 mean the one-process baseline, timed at another moment than the grid, met a busier machine",
+     "those above 1 mean the one-process baseline, timed at another moment than the "
+     "grid, met a busier machine",
      display=False)
 
 # %% [markdown]
@@ -338,15 +365,19 @@ glue("ch8-efficiency-note", "none of them above 1" if max(efficiency) <= 1.0 els
 # and no rank waits for another until the end.
 
 # %%
-ov = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--layout", "owner", "--overlap", "none,naive,prefetch",
+ov = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--layout", "owner",
+                   "--overlap", "none,naive,prefetch",
                    "--stack", 4, "--steps", 2, "--warmup", 1, log="collapsed"))
 
 # %%
 v = ov["variants"]
 table(["variant", "step ms", "in collectives ms"],
-      [[label, f"{v[name]['step_seconds'] * 1e3:.0f}", f"{v[name]['comm_seconds'] * 1e3:.0f}"]
-       for name, label in (("muon-owner-none", "owner, none"), ("muon-owner-naive", "owner, naive (async + wait)"),
-                           ("muon-owner", "owner, prefetch"), ("adamw", "AdamW, for scale"))], align="lrr")
+      [[label, f"{v[name]['step_seconds'] * 1e3:.0f}",
+        f"{v[name]['comm_seconds'] * 1e3:.0f}"]
+       for name, label in (("muon-owner-none", "owner, none"),
+                           ("muon-owner-naive", "owner, naive (async + wait)"),
+                           ("muon-owner", "owner, prefetch"),
+                           ("adamw", "AdamW, for scale"))], align="lrr")
 assert v["muon-owner"]["comm_seconds"] < v["muon-owner-none"]["comm_seconds"]
 
 # %% [markdown]
@@ -367,15 +398,20 @@ from dmuon.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS
 flops = [ns5_flops(*s) for s in REPORT_SHAPES]
 share = max(flops) / sum(flops)
 print(f"the 4096 x 4096 matrix holds {share:.1%} of the NS FLOPs")
-specs = [[ParamSpec(f"w{i}", s, d) for i, (s, d) in enumerate(zip(REPORT_SHAPES, REPORT_TP_DIMS))]]
+specs = [[ParamSpec(f"w{i}", s, d)
+          for i, (s, d) in enumerate(zip(REPORT_SHAPES, REPORT_TP_DIMS))]]
 owners = build_plan(specs, 2, 0, 2, layout="owner").owners
-busiest = sum(f for (g, i), f in zip(sorted(owners), flops) if owners[(g, i)] == owners[(0, 0)])
-print(f"on a 2 x 2 grid its owner, rank {owners[(0, 0)]}, does {busiest / sum(flops):.1%} of the work")
+busiest = sum(f for (g, i), f in zip(sorted(owners), flops)
+              if owners[(g, i)] == owners[(0, 0)])
+print(f"on a 2 x 2 grid its owner, rank {owners[(0, 0)]}, does "
+      f"{busiest / sum(flops):.1%} of the work")
 glue("ch8-big-share", f"{share:.1%}", display=False)
 import os  # noqa: E402
 
-cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-bound = cores / max(1, cores // 4) * busiest / sum(flops)  # the launcher gives each of 4 ranks cores // 4 threads
+cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+         else os.cpu_count())
+# the launcher gives each of 4 ranks cores // 4 threads
+bound = cores / max(1, cores // 4) * busiest / sum(flops)
 print(f"bound on the owner layout's Muon overhead ratio here: {bound:.2f}")
 glue("ch8-bound", f"{bound:.1f}", display=False)
 assert share > 0.98
