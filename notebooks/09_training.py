@@ -99,20 +99,25 @@ from myst_nb import glue
 from dmuon.lab.notebook import last_json, run, table
 
 COMMON = ["--optimizer", "hybrid", "--steps", 30, "--eval-every", 10, "--threads", 1]
-runs = {(2, 2): last_json(run("train.py", "--dp", 2, "--tp", 2, "--layout", "owner", *COMMON))}
+runs = {(2, 2): last_json(run("train.py", "--dp", 2, "--tp", 2, "--layout", "owner",
+                               *COMMON))}
 
 # %%
 first = runs[(2, 2)]
-glue("ch9-model", f"{first['layers']} transformer blocks, width {first['width']}, {first['heads']} heads, "
-     f"{first['n_params']:,} parameters", display=False)
+glue("ch9-model", f"{first['layers']} transformer blocks, width {first['width']}, "
+     f"{first['heads']} heads, {first['n_params']:,} parameters", display=False)
 table(["parameter", "placement the plan read", "TP split dim"],
-      [[name, {0: "Shard(0): rows", 1: "Shard(1): columns"}.get(dim, "whole on every TP rank"), dim]
+      [[name,
+        {0: "Shard(0): rows", 1: "Shard(1): columns"}.get(dim,
+                                                           "whole on every TP rank"),
+        dim]
        for name, dim in first["tp_split_dims"].items() if name.startswith("blocks.0.")])
 
 # %% tags=["hide-input"]
 from dmuon.lab.charlm import TinyGPT
 
-shapes = {n: tuple(p.shape) for n, p in TinyGPT(vocab_size=96).named_parameters() if n.startswith("blocks.0.")}
+shapes = {n: tuple(p.shape) for n, p in TinyGPT(vocab_size=96).named_parameters()
+          if n.startswith("blocks.0.")}
 matrices = [n for n in shapes if len(shapes[n]) == 2]
 tp = first["tp"]
 fig, ax = plt.subplots(figsize=(7.2, 3.0))
@@ -123,13 +128,16 @@ for name in matrices:  # side by side, drawn to one scale
     for r in range(tp):
         x0, y0 = (x, r * rows_ / tp) if dim == 0 else (x + r * cols / tp, 0)
         w, h = (cols, rows_ / tp) if dim == 0 else (cols / tp, rows_)
-        ax.add_patch(plt.Rectangle((x0, y0), w, h, facecolor=["#4c72b0", "#dd8452"][r % 2], edgecolor="white", lw=2))
-        ax.text(x0 + w / 2, y0 + h / 2, f"TP {r}", ha="center", va="center", color="white", fontsize=8,
-                rotation=90 if w < h and w < 100 else 0)
-    ax.text(x + cols / 2, -20, f"{name.split('.')[-2]}\n{rows_} x {cols}\nShard({dim})", ha="center", va="bottom",
-            fontsize=8)
+        ax.add_patch(plt.Rectangle((x0, y0), w, h,
+                                   facecolor=["#4c72b0", "#dd8452"][r % 2],
+                                   edgecolor="white", lw=2))
+        ax.text(x0 + w / 2, y0 + h / 2, f"TP {r}", ha="center", va="center",
+                color="white", fontsize=8, rotation=90 if w < h and w < 100 else 0)
+    ax.text(x + cols / 2, -20, f"{name.split('.')[-2]}\n{rows_} x {cols}\nShard({dim})",
+            ha="center", va="bottom", fontsize=8)
     x += cols + 60
-ax.set(xlim=(-10, x), ylim=(max(shapes[n][0] for n in matrices) + 10, -150), aspect="equal")
+ax.set(xlim=(-10, x), ylim=(max(shapes[n][0] for n in matrices) + 10, -150),
+       aspect="equal")
 ax.axis("off")
 fig.tight_layout()
 glue("ch9-tp-plan", fig, display=False)
@@ -154,16 +162,19 @@ plt.close(fig)
 
 # %%
 for dp, tp_ in [(1, 1), (2, 1), (1, 2)]:
-    runs[(dp, tp_)] = last_json(run("train.py", "--dp", dp, "--tp", tp_, "--layout", "owner", *COMMON,
-                                    "--metrics-every", 0, log="collapsed"))
+    runs[(dp, tp_)] = last_json(run("train.py", "--dp", dp, "--tp", tp_,
+                                    "--layout", "owner", *COMMON, "--metrics-every", 0,
+                                    log="collapsed"))
 
 # %%
 ref = runs[(1, 1)]["step_loss"]
-fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 4.4), sharex=True, height_ratios=[2, 1])
+fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 4.4), sharex=True,
+                                  height_ratios=[2, 1])
 drift = {}
 for (dp, tp_), r in runs.items():
     steps = range(1, len(r["step_loss"]) + 1)
-    top.plot(steps, r["step_loss"], label=f"{dp} x {tp_}", lw=1.5, ls="-" if (dp, tp_) == (1, 1) else "--")
+    top.plot(steps, r["step_loss"], label=f"{dp} x {tp_}", lw=1.5,
+             ls="-" if (dp, tp_) == (1, 1) else "--")
     if (dp, tp_) != (1, 1):
         diff = [abs(a - b) for a, b in zip(r["step_loss"], ref)]
         drift[f"{dp} x {tp_}"] = max(diff)
@@ -175,7 +186,8 @@ fig.tight_layout()
 glue("ch9-grids", fig, display=False)
 plt.close(fig)
 worst = max(drift.values())
-table(["grid", "largest |loss - 1 x 1| over 30 steps"], [[g, f"{d:.1e}"] for g, d in drift.items()])
+table(["grid", "largest |loss - 1 x 1| over 30 steps"],
+      [[g, f"{d:.1e}"] for g, d in drift.items()])
 assert worst < 2e-3, drift  # tests/test_train.py's tolerance, justified there
 glue("ch9-grid-drift", f"{worst:.0e}", display=False)
 glue("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}", display=False)
@@ -214,23 +226,29 @@ last = measured[-1]
 rows = []
 for name, m in last["matrices"].items():
     if name.startswith("blocks.0."):
-        rows.append([name.split(".")[-2], f"{m['momentum_norm']:.3f}", f"{m['update_rms']:.3f}",
+        rows.append([name.split(".")[-2], f"{m['momentum_norm']:.3f}",
+                     f"{m['update_rms']:.3f}",
                      f"{m['in_effective_rank']:.1f} -> {m['out_effective_rank']:.1f}",
                      f"{m['in_top_median']:.1f} -> {m['out_top_median']:.2f}"])
 print(f"step {last['step']}, block 0 (the 2 x 2 run; Newton-Schulz input -> output):")
-table(["matrix", "momentum norm", "update RMS", "effective rank", "largest / median"], rows)
+table(["matrix", "momentum norm", "update RMS", "effective rank", "largest / median"],
+      rows)
 
 fig, axes = plt.subplots(1, 2, figsize=(7.0, 2.8), sharex=True)
 for name in sorted(last["matrices"]):
     short = name.replace("blocks.", "").replace(".weight", "")
     steps = [row["step"] for row in measured]
-    line, = axes[0].plot(steps, [row["matrices"][name]["in_effective_rank"] for row in measured], "--", lw=1)
-    axes[0].plot(steps, [row["matrices"][name]["out_effective_rank"] for row in measured], "-", lw=1.5,
-                 color=line.get_color(), label=short)
-    axes[1].semilogy(steps, [row["matrices"][name]["in_top_median"] for row in measured], "--", lw=1,
-                     color=line.get_color())
-    axes[1].semilogy(steps, [row["matrices"][name]["out_top_median"] for row in measured], "-", lw=1.5,
-                     color=line.get_color())
+    line, = axes[0].plot(steps, [row["matrices"][name]["in_effective_rank"]
+                                 for row in measured], "--", lw=1)
+    axes[0].plot(steps, [row["matrices"][name]["out_effective_rank"]
+                         for row in measured],
+                 "-", lw=1.5, color=line.get_color(), label=short)
+    axes[1].semilogy(steps, [row["matrices"][name]["in_top_median"]
+                             for row in measured],
+                     "--", lw=1, color=line.get_color())
+    axes[1].semilogy(steps, [row["matrices"][name]["out_top_median"]
+                             for row in measured],
+                     "-", lw=1.5, color=line.get_color())
 axes[0].set(xlabel="step", ylabel="effective rank")
 axes[1].set(xlabel="step", ylabel="largest / median")
 axes[0].legend(fontsize=6, ncol=2)
@@ -239,9 +257,11 @@ glue("ch9-spectra", fig, display=False)
 plt.close(fig)
 rms = [m["update_rms"] for m in last["matrices"].values()]
 glue("ch9-update-rms", f"{min(rms):.2f} to {max(rms):.2f}", display=False)
-gain = min(m["out_effective_rank"] / m["in_effective_rank"] for m in last["matrices"].values())
+gain = min(m["out_effective_rank"] / m["in_effective_rank"]
+           for m in last["matrices"].values())
 glue("ch9-rank-gain", f"{gain:.1f}", display=False)
-assert gain > 1.5, gain  # the text says Newton-Schulz raises every matrix's effective rank several-fold
+# the text says Newton-Schulz raises every matrix's effective rank several-fold
+assert gain > 1.5, gain
 
 # %% [markdown]
 # ```{glue:figure} ch9-spectra
@@ -287,14 +307,18 @@ study = json.loads(Path("../book/data/convergence_study.json").read_text())
 s = study["summary"]
 cfg = study["settings"]
 print(f"command: {study['command']}\ncommit:  {study['commit']}  (uncommitted changes: "
-      f"{study['uncommitted_changes']})\nmachine: {study['cpu']}, {study['cores']} cores, torch {study['torch']}, "
+      f"{study['uncommitted_changes']})\nmachine: {study['cpu']}, "
+      f"{study['cores']} cores, torch {study['torch']}, "
       f"recorded {study['recorded_at']}")
-print(f"{len(study['runs'])} runs, {sum(r['seconds'] for r in study['runs']) / 60:.0f} minutes of runs in all")
-print(f"model: width {cfg['width']}, {cfg['layers']} layers, {cfg['heads']} heads; {cfg['steps']} steps of "
-      f"{cfg['batch']} x {cfg['context']} characters = {s['total_tokens']:,} tokens; warm-up {cfg['warmup']}, cosine")
+print(f"{len(study['runs'])} runs, "
+      f"{sum(r['seconds'] for r in study['runs']) / 60:.0f} minutes of runs in all")
+print(f"model: width {cfg['width']}, {cfg['layers']} layers, {cfg['heads']} heads; "
+      f"{cfg['steps']} steps of {cfg['batch']} x {cfg['context']} characters = "
+      f"{s['total_tokens']:,} tokens; warm-up {cfg['warmup']}, cosine")
 assert study["complete"]
 table(["learning rate", *(f"{o} final val loss" for o in ("AdamW", "hybrid Muon"))],
-      [[f"{lr:g}", *(next((f"{r['final_val_loss']:.4f}" for r in s["sweep"][o] if r["lr"] == lr), "-")
+      [[f"{lr:g}", *(next((f"{r['final_val_loss']:.4f}" for r in s["sweep"][o]
+                           if r["lr"] == lr), "-")
                      for o in ("adamw", "hybrid"))]
        for lr in sorted({r["lr"] for o in ("adamw", "hybrid") for r in s["sweep"][o]})])
 
@@ -304,21 +328,26 @@ COLORS = {"adamw": "#c44e52", "hybrid": "#4c72b0"}
 fig, (left, right) = plt.subplots(1, 2, figsize=(7.2, 3.0), width_ratios=[1, 1.6])
 for opt in ("adamw", "hybrid"):
     sweep = s["sweep"][opt]
-    left.semilogx([r["lr"] for r in sweep], [r["final_val_loss"] for r in sweep], "o-", color=COLORS[opt],
-                  label=NAMES[opt])
+    left.semilogx([r["lr"] for r in sweep], [r["final_val_loss"] for r in sweep], "o-",
+                  color=COLORS[opt], label=NAMES[opt])
     c = s["curves"][opt]
     tokens = [t / 1e6 for t in c["tokens"]]
-    right.plot(tokens, c["mean"], color=COLORS[opt], label=f"{NAMES[opt]}, lr {c['lr']:g}")
+    right.plot(tokens, c["mean"], color=COLORS[opt],
+               label=f"{NAMES[opt]}, lr {c['lr']:g}")
     right.fill_between(tokens, [m - d for m, d in zip(c["mean"], c["std"])],
-                       [m + d for m, d in zip(c["mean"], c["std"])], color=COLORS[opt], alpha=0.25, lw=0)
+                       [m + d for m, d in zip(c["mean"], c["std"])], color=COLORS[opt],
+                       alpha=0.25, lw=0)
 target = s["curves"]["adamw"]["mean"][-1]
 right.axhline(target, color="#888888", lw=0.8, ls=":")
 if s["hybrid_tokens_to_adamw_final"] is not None:
-    right.axvline(s["hybrid_tokens_to_adamw_final"] / 1e6, color="#888888", lw=0.8, ls=":")
+    right.axvline(s["hybrid_tokens_to_adamw_final"] / 1e6, color="#888888", lw=0.8,
+                  ls=":")
 left.set(xlabel="learning rate", ylabel="final validation loss", title="sweep (seed 0)")
 right.set(xlabel="tokens (millions)", ylabel="validation loss",
-          title=f"best lr, mean and spread of {len(s['curves']['adamw']['seeds'])} seeds",
-          ylim=(min(s["curves"]["hybrid"]["mean"]) - 0.1, max(c["mean"][len(c["mean"]) // 5] for c in s["curves"].values())))
+          title=f"best lr, mean and spread of {len(s['curves']['adamw']['seeds'])} "
+                "seeds",
+          ylim=(min(s["curves"]["hybrid"]["mean"]) - 0.1,
+                max(c["mean"][len(c["mean"]) // 5] for c in s["curves"].values())))
 left.legend(fontsize=8)
 right.legend(fontsize=8)
 for ax in (left, right):
@@ -330,26 +359,38 @@ plt.close(fig)
 a, h = s["curves"]["adamw"], s["curves"]["hybrid"]
 gap, frac = s["final_gap"], s["hybrid_fraction_of_adamw_tokens"]
 table(["", "AdamW", "hybrid Muon"],
-      [["best learning rate" + (" (at the sweep's edge!)" if any(s["best_at_edge"].values()) else ""),
+      [["best learning rate"
+        + (" (at the sweep's edge!)" if any(s["best_at_edge"].values()) else ""),
         f"{a['lr']:g}", f"{h['lr']:g}"],
-       ["final validation loss, mean +- std", f"{a['mean'][-1]:.4f} +- {a['std'][-1]:.4f}",
+       ["final validation loss, mean +- std",
+        f"{a['mean'][-1]:.4f} +- {a['std'][-1]:.4f}",
         f"{h['mean'][-1]:.4f} +- {h['std'][-1]:.4f}"],
-       ["seeds' final losses", ", ".join(f"{x:.4f}" for x in a["final"]), ", ".join(f"{x:.4f}" for x in h["final"])]])
-assert not any(s["best_at_edge"].values()), s["best_at_edge"]  # a best at the edge would need a wider sweep
-assert gap > 0, "the text below and the summary say the hybrid ended lower: rewrite them if it did not"
+       ["seeds' final losses", ", ".join(f"{x:.4f}" for x in a["final"]),
+        ", ".join(f"{x:.4f}" for x in h["final"])]])
+# a best at the edge would need a wider sweep
+assert not any(s["best_at_edge"].values()), s["best_at_edge"]
+assert gap > 0, ("the text below and the summary say the hybrid ended lower: rewrite "
+                 "them if it did not")
 glue("ch9-gap", f"{gap:+.3f}", display=False)
 glue("ch9-gap-rel", f"{gap / a['mean'][-1]:.1%}", display=False)
-glue("ch9-fraction", "never, within this budget" if frac is None else f"{frac:.0%}", display=False)
+glue("ch9-fraction", "never, within this budget" if frac is None else f"{frac:.0%}",
+     display=False)
 glue("ch9-tokens", f"{s['total_tokens'] / 1e6:.2f} million", display=False)
 from dmuon.lab.charlm import load_corpus
 from dmuon.optim import hybrid_param_groups
 
-gpt = TinyGPT(vocab_size=load_corpus()["vocab_size"], d=cfg["width"], n_layer=cfg["layers"])
-routed = sum(p.numel() for g in hybrid_param_groups(gpt.named_parameters()) if g["use_muon"] for p in g["params"])
-glue("ch9-params", f"{sum(p.numel() for p in gpt.parameters()) / 1e3:.0f} thousand", display=False)
-glue("ch9-muon-share", f"{routed / sum(p.numel() for p in gpt.parameters()):.0%}", display=False)
-glue("ch9-separated", "every hybrid seed ended below every AdamW seed" if max(h["final"]) < min(a["final"])
-     else ("every AdamW seed ended below every hybrid seed" if max(a["final"]) < min(h["final"])
+gpt = TinyGPT(vocab_size=load_corpus()["vocab_size"], d=cfg["width"],
+              n_layer=cfg["layers"])
+routed = sum(p.numel() for g in hybrid_param_groups(gpt.named_parameters())
+             if g["use_muon"] for p in g["params"])
+glue("ch9-params", f"{sum(p.numel() for p in gpt.parameters()) / 1e3:.0f} thousand",
+     display=False)
+glue("ch9-muon-share", f"{routed / sum(p.numel() for p in gpt.parameters()):.0%}",
+     display=False)
+glue("ch9-separated", "every hybrid seed ended below every AdamW seed"
+     if max(h["final"]) < min(a["final"])
+     else ("every AdamW seed ended below every hybrid seed"
+           if max(a["final"]) < min(h["final"])
            else "the seeds' final losses overlap"), display=False)
 
 # %% [markdown]
@@ -381,8 +422,9 @@ glue("ch9-separated", "every hybrid seed ended below every AdamW seed" if max(h[
 # recorded ones cut short):
 
 # %%
-live = last_json(run("convergence_study.py", "--lrs-adamw", a["lr"], "--lrs-hybrid", h["lr"], "--seeds", 1,
-                     "--steps", 100, "--eval-every", 20))
+live = last_json(run("convergence_study.py", "--lrs-adamw", a["lr"],
+                     "--lrs-hybrid", h["lr"], "--seeds", 1, "--steps", 100,
+                     "--eval-every", 20))
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.0, 2.8))
@@ -418,33 +460,40 @@ glue("ch9-live-gap", f"{live['summary']['final_gap']:+.3f}", display=False)
 # waiting for peers, communication, Newton-Schulz and the rest of the optimizer:
 
 # %%
-grids = last_json(run("profile_step.py", "--grids", "4x1,1x4,2x2", "--global-batch", 64, "--steps", 3,
-                      "--warmup", 1, "--layout", "owner", log="collapsed"))
+grids = last_json(run("profile_step.py", "--grids", "4x1,1x4,2x2", "--global-batch", 64,
+                      "--steps", 3, "--warmup", 1, "--layout", "owner",
+                      log="collapsed"))
 
 # %% tags=["hide-input"]
-parts = ["forward_backward", "waiting", "communication", "newton_schulz", "optimizer_compute"]
-labels = ["forward + backward", "waiting", "communication", "Newton-Schulz", "other optimizer work"]
+parts = ["forward_backward", "waiting", "communication", "newton_schulz",
+         "optimizer_compute"]
+labels = ["forward + backward", "waiting", "communication", "Newton-Schulz",
+          "other optimizer work"]
 colors = ["#bbbbbb", "#eeeeee", "#dd8452", "#4c72b0", "#8172b3"]
 rows, bars = [], []
 for g in grids["grids"]:
-    rows.append([g["grid"], f"{g['muon_step_ms']:.0f}", f"{g['adamw_step_ms']:.0f}", f"{g['muon_over_adamw']:.2f}",
-                 f"{g['muon_optimizer_share']:.1%}"])
+    rows.append([g["grid"], f"{g['muon_step_ms']:.0f}", f"{g['adamw_step_ms']:.0f}",
+                 f"{g['muon_over_adamw']:.2f}", f"{g['muon_optimizer_share']:.1%}"])
     for kind in ("muon", "adamw"):
         n = len(g["ranks"])
         bars.append((f"{g['grid']} {'Muon' if kind == 'muon' else 'AdamW'}",
                      [sum(r[kind][p] for r in g["ranks"]) / n for p in parts]))
 # the text below says forward + backward is the largest part of every step: check it
 assert all(values[0] == max(values) for _, values in bars), bars
-table(["grid", "Muon step (ms)", "AdamW step (ms)", "Muon / AdamW", "Muon's optimizer share"], rows)
+table(["grid", "Muon step (ms)", "AdamW step (ms)", "Muon / AdamW",
+       "Muon's optimizer share"], rows)
 fig, ax = plt.subplots(figsize=(6.4, 3.2))
 for i, (label, values) in enumerate(bars):
     left = 0.0
     for v, c, lab in zip(values, colors, labels):
-        ax.barh(i, v, left=left, color=c, edgecolor="#999999", lw=0.3, label=lab if i == 0 else None)
+        ax.barh(i, v, left=left, color=c, edgecolor="#999999", lw=0.3,
+                label=lab if i == 0 else None)
         left += v
-ax.set(yticks=range(len(bars)), yticklabels=[b[0] for b in bars], xlabel="ms per step (mean over ranks of medians)")
+ax.set(yticks=range(len(bars)), yticklabels=[b[0] for b in bars],
+       xlabel="ms per step (mean over ranks of medians)")
 ax.invert_yaxis()
-ax.legend(ncol=3, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
+ax.legend(ncol=3, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22),
+          frameon=False)
 fig.tight_layout()
 glue("ch9-profile", fig, display=False)
 plt.close(fig)
@@ -473,35 +522,50 @@ from IPython.display import Markdown, display
 from dmuon.lab.verdicts import beats, fastest_text, spread_text
 
 by_grid = {g["grid"]: g for g in grids["grids"]}
-winners = grids["fastest_for_muon"]  # a winner only outside the noise (dmuon/lab/verdicts.py), else a tie
+# a winner only outside the noise (dmuon/lab/verdicts.py), else a tie
+winners = grids["fastest_for_muon"]
 muon_steps = {k: g["muon_step_ms_all"] for k, g in by_grid.items()}
 shares = ", ".join(f"{k} {g['muon_optimizer_share']:.0%}" for k, g in by_grid.items())
 ratios = ", ".join(f"{k} {g['muon_over_adamw']:.2f}x" for k, g in by_grid.items())
 times = ", ".join(f"{k} {spread_text(v, scale=1)}" for k, v in muon_steps.items())
-PROFILE = "`profile_step.py --grids 4x1,1x4,2x2 --global-batch 64 --steps 3 --warmup 1 --layout owner`"
+PROFILE = ("`profile_step.py --grids 4x1,1x4,2x2 --global-batch 64 --steps 3 "
+           "--warmup 1 --layout owner`")
 STUDY = "`convergence_study.py`, recorded"
 claim_rows = [
-    ("Paper: optimizer 1-3% of the step; report: 1.1%", "1-3%, 1.1%", f"Muon {shares}", PROFILE,
-     "A model this small does little forward work per step on 2 shared CPU cores; the share falls as the "
-     "model and batch grow (chapter 7)."),
+    ("Paper: optimizer 1-3% of the step; report: 1.1%", "1-3%, 1.1%", f"Muon {shares}",
+     PROFILE,
+     "A model this small does little forward work per step on 2 shared CPU cores; the "
+     "share falls as the model and batch grow (chapter 7)."),
     ("Report: Muon's step 1.15 x AdamW's", "1.15x", ratios, PROFILE,
-     ("Close on every grid: " if all(1.0 <= g["muon_over_adamw"] <= 1.3 for g in by_grid.values()) else "")
-     + "Newton-Schulz is cubic in the matrix size, forward-backward linear in the tokens: the ratio depends on both."),
+     ("Close on every grid: "
+      if all(1.0 <= g["muon_over_adamw"] <= 1.3 for g in by_grid.values()) else "")
+     + "Newton-Schulz is cubic in the matrix size, forward-backward linear in the "
+       "tokens: the ratio depends on both."),
     ("Report: DP2 x TP2 fastest of DP4, TP4, DP2 x TP2", "DP2xTP2",
-     f"{fastest_text(muon_steps)} for Muon (whole step, median (min-max) of 3: {times})", PROFILE,
-     ("Agrees." if winners == ["2x2"] else "Agrees within the noise." if "2x2" in winners else "Differs here.")
-     + (" TP4 is slowest: on 2 cores, TP's all-reduces in every layer's forward and backward cost more than "
-        "splitting the matrices saves; on GPUs TP splits memory-bound work that DP repeats."
-        if all(beats(muon_steps[k], muon_steps["1x4"]) for k in muon_steps if k != "1x4") else "")),
+     f"{fastest_text(muon_steps)} for Muon (whole step, median (min-max) of 3: "
+     f"{times})", PROFILE,
+     ("Agrees." if winners == ["2x2"]
+      else "Agrees within the noise." if "2x2" in winners else "Differs here.")
+     + (" TP4 is slowest: on 2 cores, TP's all-reduces in every layer's forward and "
+        "backward cost more than splitting the matrices saves; on GPUs TP splits "
+        "memory-bound work that DP repeats."
+        if all(beats(muon_steps[k], muon_steps["1x4"])
+               for k in muon_steps if k != "1x4") else "")),
     ("Paper: Muon needs about half of AdamW's compute for the same loss", "~0.5",
-     f"the hybrid reached AdamW's final loss after {'never' if frac is None else f'{frac:.0%}'} of the tokens",
-     STUDY, "One tiny model and dataset; the paper's figure comes from scaling-law fits over many sizes."),
+     "the hybrid reached AdamW's final loss after "
+     f"{'never' if frac is None else f'{frac:.0%}'} of the tokens",
+     STUDY, "One tiny model and dataset; the paper's figure comes from scaling-law "
+            "fits over many sizes."),
     ("Tutorial: Muon's loss 34% below AdamW's (MNIST, 3 epochs)", "34%",
-     f"{gap / a['mean'][-1]:.1%} below, at AdamW's and Muon's best learning rates", STUDY,
-     f"Another task and model; here both learning rates were tuned over the same sweep, with {len(a['seeds'])} seeds."),
+     f"{gap / a['mean'][-1]:.1%} below, at AdamW's and Muon's best learning rates",
+     STUDY,
+     "Another task and model; here both learning rates were tuned over the same sweep, "
+     f"with {len(a['seeds'])} seeds."),
 ]
-out = "| claim | their figure | this book's figure (command) | why they differ |\n|---|---|---|---|\n"
-out += "\n".join(f"| {c} | {t} | {o} ({cmd}) | {why} |" for c, t, o, cmd, why in claim_rows)
+out = ("| claim | their figure | this book's figure (command) | why they differ |\n"
+       "|---|---|---|---|\n")
+out += "\n".join(f"| {c} | {t} | {o} ({cmd}) | {why} |"
+                 for c, t, o, cmd, why in claim_rows)
 display(Markdown(out))
 
 # %% [markdown]

@@ -51,9 +51,6 @@ def test_setup_cells_are_generated_from_the_one_repository_url():
 
 
 CODE_COLUMNS = 88
-# Chapters whose code cells are not wrapped yet: the lead is editing them (issue 18), and wrapping
-# waits until those edits land. Remove a chapter from here once its cells are wrapped.
-NOT_WRAPPED_YET = {"09_training"}
 
 
 def test_code_cells_fit_the_page():
@@ -65,16 +62,9 @@ def test_code_cells_fit_the_page():
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if line.startswith("# %%"):
                 code = "[markdown]" not in line
-            elif code and len(line) > CODE_COLUMNS and (
-                    path.stem not in NOT_WRAPPED_YET or _in_setup_cell(path, n)):
+            elif code and len(line) > CODE_COLUMNS:
                 long_lines.append(f"{path.name}:{n}: {len(line)} columns")
     assert not long_lines, f"code lines over {CODE_COLUMNS} columns: {long_lines}"
-
-
-def _in_setup_cell(path, lineno):
-    lines = path.read_text().splitlines()[:lineno]
-    start = max(i for i, line in enumerate(lines) if line.startswith("# %%"))
-    return SETUP_MARKER in "\n".join(lines[start:start + 2])
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
