@@ -1,9 +1,15 @@
 """Open every page of the built book in headless Chromium (selenium + chromedriver) with the network cut off.
 
 A page fails if it does not load, if a notebook output is an error, if a figure is missing or has
-no caption, if any math is left as raw LaTeX (MathJax must have typeset every math element), if a
-widget's saved state did not render, if any output scrolls sideways at 1280 px, or if the browser
-logs an error (a failed script, a missing font file, a CDN it could not reach). On pages with a
+no caption, if any math is left as raw LaTeX (MathJax must have typeset every math element), if
+the browser logs an error (a failed script, a missing font file, a CDN it could not reach), or on
+the layout checks of ``dmuon.lab.pagecheck`` (they also run on a partial build:
+``python -m dmuon.lab.pagecheck DIR``): at 1280 px a code cell, a table or an output that scrolls
+sideways, a table cell that breaks inside a word or a number (also at 400 px, where a table may
+scroll as a whole), or an ipywidgets control (without a kernel it moves and changes nothing).
+Exempt on purpose: the excerpts of ``scripts/`` included with ``{literalinclude}`` in chapters 4
+and 5 keep the source's lines in a scrolling box of their own; they are not code cells, so the
+code-cell check does not select them. On pages with a
 Plotly explorer, the test moves a slider and checks that the figure changes, with no kernel.
 DNS is disabled (``--host-resolver-rules``), so a page that needs a CDN fails here. Screenshots at
 1280 px and 400 px go to ``_build/screenshots/`` as build artifacts.
@@ -24,19 +30,13 @@ import pytest
 from conftest import BUILD, executed_notebook
 from test_book import toc_files
 
+from dmuon.lab.pagecheck import layout_problems, table_problems
+
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--host-resolver-rules=MAP * ~NOTFOUND", "--window-size=1280,1000"]
 SHOTS = BUILD / "screenshots"
 
-# Elements inside notebook outputs that scroll sideways (their content is cut off at the right edge).
-SCROLLING_OUTPUTS = """
-return [...document.querySelectorAll('div.cell_output, div.cell_output *')]
-  .filter(e => e.scrollWidth > e.clientWidth + 1 && !['visible', 'hidden', 'clip'].includes(getComputedStyle(e).overflowX))
-  .filter(e => !e.closest('.widget-subarea, .jupyter-widgets, .js-plotly-plot'))
-  .map(e => e.tagName.toLowerCase() + '.' + e.className + ' ' + e.scrollWidth + '>' + e.clientWidth + ': '
-             + e.textContent.slice(0, 80));
-"""
 # Figures (saved images and Plotly explorers) that are not inside a <figure> with a caption.
 UNCAPTIONED = """
 const shown = [...document.querySelectorAll('article img[src*="_images/"], article .js-plotly-plot')];
@@ -135,15 +135,10 @@ def test_page_reads_well_offline(built_book, browser, name):
     typeset = browser.execute_script("return document.querySelectorAll('mjx-container').length")
     assert typeset >= n_math, f"{n_math} formulas, {typeset} typeset"
 
-    # Widgets: every saved widget view must have been rendered by the widget manager.
-    n_views = static.count("application/vnd.jupyter.widget-view+json")
-    if n_views:
-        rendered = browser.execute_script("return document.querySelectorAll('.widget-subarea').length")
-        assert rendered >= n_views, f"{n_views} widget views, {rendered} rendered"
-
-    # Nothing in an output scrolls sideways at 1280 px.
-    scrolling = browser.execute_script(SCROLLING_OUTPUTS)
-    assert not scrolling, f"outputs that scroll sideways at 1280 px: {scrolling}"
+    # Layout at 1280 px: no code cell, table or output scrolls sideways, no table breaks a word,
+    # no ipywidgets control (dmuon.lab.pagecheck says what each check selects and exempts).
+    problems = layout_problems(browser)
+    assert not problems, f"at 1280 px: {problems}"
 
     # Figures: every image exists and is real; each figure has a numbered caption.
     images = browser.execute_script(
@@ -177,9 +172,37 @@ def test_page_reads_well_offline(built_book, browser, name):
     assert browser.save_screenshot(str(SHOTS / f"{stem}.png"))
     load(browser, page, width=400)
     assert browser.save_screenshot(str(SHOTS / f"{stem}@400px.png"))
+    broken = [p for p in table_problems(browser) if "breaks inside" in p]  # scrolling is fine here
+    assert not broken, f"at 400 px: {broken}"
 
 
 def test_at_least_one_explorer_in_the_book(built_book):
     pages = [f for f in toc_files() if "plotly-graph-div" in (built_book / f"{f}.html").read_text()]
     assert len(pages) >= 4, f"Plotly explorers on {pages}"
     assert (built_book / "offline" / "plotly" / "plotly.min.js").stat().st_size > 1_000_000
+
+
+BAD_PAGE = """<!doctype html><html><body><article>
+<div class="cell_input"><div class="highlight"><pre style="overflow-x: auto">{long_line}</pre></div></div>
+<div class="pst-scrollable-table-container" style="width: 300px; overflow-x: auto">
+  <table><tr><td>{wide_row}</td></tr></table></div>
+<table style="width: 60px"><tr><td style="overflow-wrap: anywhere">abcdefghijklmnopqrstuvwxyz</td></tr></table>
+<table style="width: 60px"><tr><td>reduce-scatter all-gather</td></tr></table>
+<div class="cell_output"><script type="application/vnd.jupyter.widget-view+json">{{}}</script></div>
+</article></body></html>"""
+
+
+def test_layout_checks_catch_what_they_should(browser, tmp_path):
+    """The checks fail where they should (a page with one of each defect) and accept a break after
+    a hyphen; they run on any built page, not only on the whole book."""
+    from dmuon.lab.pagecheck import code_problems, widget_problems
+
+    page = tmp_path / "bad.html"
+    page.write_text(BAD_PAGE.format(long_line="x = 1  # " + "y" * 400, wide_row="wide&nbsp;" * 80))
+    load(browser, page)
+    assert any("code cell" in p for p in code_problems(browser))
+    tables = table_problems(browser)
+    assert any("table scrolls" in p for p in tables), tables
+    assert any('breaks inside "abcdefghijklmnopqrstuvwxyz"' in p for p in tables), tables
+    assert not any("reduce-" in p or "scatter" in p for p in tables), tables  # after a hyphen: fine
+    assert widget_problems(browser)

@@ -46,7 +46,25 @@ def test_setup_cells_are_generated_from_the_one_repository_url():
         first = next(c for c in cells if c.cell_type == "code")
         assert SETUP_MARKER in first.source and f'REPOSITORY = "{url}"' in first.source
         assert "hide-cell" in first.metadata.get("tags", [])
-        assert "torch" not in first.source.split("missing = ")[1].split("\n")[0]  # never installs torch
+        wanted = first.source.split("wanted = ")[1].split("missing = ")[0]
+        assert "sklearn" in wanted and "torch" not in wanted  # never installs torch
+
+
+CODE_COLUMNS = 88
+
+
+def test_code_cells_fit_the_page():
+    """Every line of a code cell (the set-up cell included) has at most 88 characters: at 1280 px a
+    code cell of the book shows that many without scrolling (tests/test_browser.py checks pages)."""
+    long_lines = []
+    for path in chapters():
+        code = False
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.startswith("# %%"):
+                code = "[markdown]" not in line
+            elif code and len(line) > CODE_COLUMNS:
+                long_lines.append(f"{path.name}:{n}: {len(line)} columns")
+    assert not long_lines, f"code lines over {CODE_COLUMNS} columns: {long_lines}"
 
 
 @pytest.mark.parametrize("name", CHAPTERS)

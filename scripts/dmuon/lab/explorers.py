@@ -104,6 +104,35 @@ def ns_map_explorer(max_steps: int = 8, active: int = 5):
     return fig
 
 
+def ns_coefficient_explorer(cs=(0.0, 1.0, 1.5, 1.8, 2.0315, 2.2, 2.5), steps=(3, 5), active: float = 2.0315):
+    """Slider over the quintic coefficient c, with Jordan's a and b kept: the map after 3 and 5 steps.
+
+    Stands in for a live coefficient widget: every position is computed here, so the static page
+    moves and every curve drawn is the map of the coefficients in the title."""
+    import torch
+
+    from dmuon.newton_schulz import NS_COEFFICIENTS, singular_value_map
+
+    a, b = NS_COEFFICIENTS[0], NS_COEFFICIENTS[1]
+    sigma = torch.linspace(0, 1, 401, dtype=torch.float64)
+    frames = []
+    for c in cs:
+        traces = [go.Scatter(x=sigma.tolist(), y=singular_value_map(sigma, k, (a, b, c)).tolist(), mode="lines",
+                             name=f"{k} steps", line=dict(color=color, dash=dash))
+                  for k, color, dash in zip(steps, ("#ff7f0e", "#d62728"), ("dash", "solid"))]
+        mapped = singular_value_map(torch.linspace(1e-3, 1, 1000, dtype=torch.float64), steps[-1], (a, b, c))
+        lo, hi = mapped.min().item(), mapped.max().item()
+        outcome = (f"map [0.001, 1] into [{lo:.3f}, {hi:.3f}]" if max(abs(lo), abs(hi)) < 10
+                   else "blow up (|p| > 10 somewhere in [0.001, 1])")
+        frames.append(dict(label=f"{c:g}", traces=traces,
+                           title=f"p(x) = {a:g}x {b:+g}x³ {c:+g}x⁵: {steps[-1]} steps {outcome}"))
+    fig = slider_figure(frames, "quintic coefficient c", active=list(cs).index(active),
+                        xaxis_title="singular value before (after scaling)", yaxis_title="singular value after")
+    fig.add_hline(y=1, line=dict(color="black", width=1, dash="dot"))
+    fig.update_yaxes(range=[-1.6, 1.7])
+    return fig
+
+
 # ---- chapter 2: what one rank stores ----------------------------------------------------------
 
 MEMORY_LAYOUTS = [("DP", dict(dp=8)), ("ZeRO-1", dict(zero=1, dp=8)), ("ZeRO-2", dict(zero=2, dp=8)),
@@ -130,7 +159,34 @@ def memory_explorer(sizes_b=(0.125, 0.35, 1.3, 3, 7, 13, 34, 70, 175, 405), acti
     fig = slider_figure(frames, "model size", active=list(sizes_b).index(active_b), barmode="stack",
                         xaxis_title="GB per rank (no activations)", height=520)
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(margin=dict(l=150))
+    fig.update_layout(margin=dict(l=150, t=110))  # title above the two-row legend
+    fig.add_vline(x=device_gb, line=dict(color="black", width=1, dash="dot"))
+    return fig
+
+
+def grid_memory_explorer(billions: float = 7, grids=((1, 1), (8, 1), (64, 1), (4, 2), (2, 4), (1, 8), (8, 8), (16, 8)),
+                         active=(8, 1), device_gb: float = 80):
+    """Slider over the grid (dp x tp) at one model size: GB per rank under each ZeRO stage, for AdamW
+    and Muon (mixed precision). Stands in for a live calculator widget."""
+    from dmuon.lab.memory import STRATEGIES, per_rank_bytes
+
+    colors = ["#4c78a8", "#f58518", "#54a24b", "#b279a2"]
+    rows = [f"{name} · {opt}" for name in STRATEGIES for opt in ("AdamW", "Muon")]
+    frames = []
+    for dp, tp in grids:
+        per = [per_rank_bytes(billions * 1e9, opt.lower(), zero=zero, dp=dp, tp=tp)
+               for zero, _ in STRATEGIES.values() for opt in ("AdamW", "Muon")]
+        traces = [go.Bar(y=rows, x=[p[key] / 1e9 for p in per], name=label, orientation="h", marker_color=color,
+                         hovertemplate="%{y}: %{x:.2f} GB<extra>" + label + "</extra>")
+                  for (key, label), color in zip(MEMORY_PARTS, colors)]
+        z1 = [p["total"] / 1e9 for p in per[2:4]]
+        frames.append(dict(label=f"{dp}x{tp}", traces=traces,
+                           title=f"{billions:g}B, dp={dp} x tp={tp} ({dp * tp} devices): ZeRO-1 "
+                                 f"{z1[0]:.1f} GB (AdamW), {z1[1]:.1f} GB (Muon) per rank"))
+    fig = slider_figure(frames, "grid dp x tp", active=list(grids).index(tuple(active)), barmode="stack",
+                        xaxis_title="GB per rank (no activations)", height=460)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(margin=dict(l=150, t=110))  # title above the two-row legend
     fig.add_vline(x=device_gb, line=dict(color="black", width=1, dash="dot"))
     return fig
 
@@ -179,27 +235,51 @@ def plan_explorer(specs, tp: int = 2, bucket: int = 100_000, dps=range(1, 7), ac
     return fig
 
 
+def bucket_explorer(specs, dp: int = 3, tp: int = 2,
+                    buckets=(5_000, 20_000, 50_000, 100_000, 200_000, 400_000, 800_000), active: int = 100_000):
+    """Slider over the bucket size at one grid: the same drawing as ``plan_explorer``."""
+    frames = []
+    for bucket in buckets:
+        f = plan_frame(specs, dp, tp, bucket)
+        n = len(f["bucket_starts"]) - 1
+        frames.append(dict(label=f"{bucket:,}", traces=f["traces"],
+                           title=f"buckets of at most {bucket:,}: {n} bucket{'s' * (n > 1)}; straddling "
+                                 f"{', '.join(f['straddling']) or 'none'}"))
+    fig = slider_figure(frames, "bucket size (elements)", active=list(buckets).index(active), barmode="overlay",
+                        height=330, xaxis_title=f"offset in the virtual buffer (elements), dp={dp}, tp={tp}")
+    fig.update_layout(bargap=0.15, margin=dict(l=90), uniformtext=dict(minsize=10, mode="hide"))
+    return fig
+
+
 # ---- chapter 6: projecting communication to a cluster ------------------------------------------
 
 def projection_explorer(project, inter_gb_s=(10, 25, 50, 100, 200, 400), active: float = 50,
                         dps=(1, 2, 4, 8, 16, 32, 64), tps=(1, 8)):
     """Slider over the inter-node bandwidth per GPU; ``project(dp, tp, inter_gb_s)`` returns
     (Muon seconds, AdamW seconds) of optimizer communication per step."""
+    return link_explorer(project, inter_gb_s, "inter-node bandwidth per GPU", "{:g} GB/s between nodes",
+                         active=active, dps=dps, tps=tps)
+
+
+def link_explorer(project, values, label: str, title: str, active, dps=(1, 2, 4, 8, 16, 32, 64), tps=(1, 8)):
+    """Slider over one link constant; ``project(dp, tp, value)`` returns (Muon s, AdamW s) of
+    communication per step. ``title`` formats the value (``"{:g} GB/s between nodes"``)."""
     frames = []
-    for bw in inter_gb_s:
+    for value in values:
         traces, ratios = [], []
         for tp, dash in zip(tps, ("solid", "dash")):
-            times = [project(d, tp, bw) for d in dps]
+            times = [project(d, tp, value) for d in dps]
             ratios.append(times[-1][0] / times[-1][1])
             for k, (name, color, symbol) in enumerate((("Muon", "#d62728", "circle"), ("AdamW", "#1f77b4", "square"))):
                 traces.append(go.Scatter(x=list(dps), y=[t[k] * 1e3 for t in times], mode="lines+markers",
                                          name=f"{name}, tp={tp}", line=dict(color=color, dash=dash),
                                          marker=dict(symbol=symbol),
                                          hovertemplate="dp=%{x}: %{y:.1f} ms<extra>" + f"{name}, tp={tp}</extra>"))
-        frames.append(dict(label=f"{bw:g} GB/s", traces=traces,
-                           title=f"{bw:g} GB/s between nodes: Muon/AdamW at dp={dps[-1]} is "
+        frames.append(dict(label=title.format(value).split(" ")[0] + " " + title.format(value).split(" ")[1],
+                           traces=traces,
+                           title=title.format(value) + f": Muon/AdamW at dp={dps[-1]} is "
                                  + ", ".join(f"{r:.2f} (tp={tp})" for r, tp in zip(ratios, tps))))
-    fig = slider_figure(frames, "inter-node bandwidth per GPU", active=list(inter_gb_s).index(active),
+    fig = slider_figure(frames, label, active=list(values).index(active),
                         xaxis_title="DP size (replicas)", yaxis_title="ms per step")
     fig.update_xaxes(type="log", tickvals=list(dps), ticktext=[str(d) for d in dps])
     return fig
