@@ -271,7 +271,7 @@ print(f"NS5: {ns5_flops(*G.shape) / 1e6:.0f} MFLOP, {t_ns * 1e3:.2f} ms; SVD: {t
 # Moonshot writes the momentum as a plain sum, $M_t = \mu M_{t-1} + G_t$; that is the EMA form
 # times $1/(1-\mu)$, a scale that NS5 divides away in its first line, so both give the same
 # update up to bf16 rounding (a test in [`tests/test_math.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_math.py) checks exactly this). We use the EMA
-# form so that our Muon can be compared bit for bit with `torch.optim.Muon`.
+# form so that our Muon can be compared bit for bit with `torch.optim.Muon` {cite:p}`pytorch2025muon`.
 #
 # The factor $0.2\sqrt{\max(A, B)}$ is Moonshot's "match RMS" adjustment
 # {cite:p}`liu2025muonscalable`: an exactly orthogonal $A \times B$ matrix (every singular value 1)

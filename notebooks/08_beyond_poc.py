@@ -21,8 +21,9 @@
 # whole buckets over DP and every matrix over TP, then orthogonalises **every** matrix. The result
 # is exact, and the communication stays within the paper's bound, but the Newton-Schulz work is
 # repeated on all $d \times t$ ranks: a grid of four ranks does four times the work of one process.
-# The systems people train with give each matrix one {term}`owner` (Megatron's layer-wise optimizer,
-# torchtitan's DistMuon, Dion, modded-nanogpt). This chapter builds that for ZeRO-1 **with** tensor
+# The systems people train with give each matrix one {term}`owner` (Megatron's layer-wise optimizer
+# {cite:p}`nvidia2025megatronlayerwise`, torchtitan's DistMuon {cite:p}`liang2024torchtitan`,
+# Dion {cite:p}`ahn2025dion`, modded-nanogpt {cite:p}`jordan2024moddednanogpt`). This chapter builds that for ZeRO-1 **with** tensor
 # parallelism, checks it bit for bit against one process, and measures what the grid then costs.
 #
 # **What it runs**: one 6-rank check of three layouts and three 4-rank benchmarks on a 4-layer

@@ -32,7 +32,7 @@
 # **Learning goals.** After this chapter you can
 #
 # - make a model tensor-parallel with `parallelize_module` and hand it to `DistributedMuon`, which
-#   reads each matrix's split from its {term}`DTensor` placement;
+#   reads each matrix's split from its {term}`DTensor` placement {cite:p}`pytorch2025dtensor`;
 # - explain why four grids trained on the same data agree only up to the order of floating-point
 #   sums, not bit for bit;
 # - read Muon's optimizer-state metrics: what Newton-Schulz does to the spectrum of the momentum;

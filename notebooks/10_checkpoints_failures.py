@@ -64,7 +64,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # Take the tiny GPT of {doc}`chapter 1 <01_muon>` with the hybrid split (Muon for the attention and MLP matrices,
 # AdamW for embeddings, head, norms and biases), build a Distributed Muon and a Distributed AdamW
 # for it in this process (a 1 x 1 grid), and save each with `dmuon.checkpoint.save`. The checkpoint
-# is a folder written by `torch.distributed.checkpoint` ({term}`DCP`); its metadata lists every tensor it
+# is a folder written by `torch.distributed.checkpoint` ({term}`DCP`, {cite:t}`pytorch2025dcp`); its metadata lists every tensor it
 # holds, so we can count the bytes of each kind of state without loading any of them:
 
 # %%

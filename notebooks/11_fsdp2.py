@@ -19,7 +19,7 @@
 #
 # "Does it work with FSDP2?" is the question asked most often in every Muon repository. PyTorch's
 # `torch.optim.Muon` accepts a `fully_shard` model without complaint, and its results are right. But
-# Newton-Schulz needs whole matrices and {term}`FSDP2` gives every rank a block of rows, so {term}`DTensor` quietly
+# Newton-Schulz needs whole matrices and {term}`FSDP2` {cite:p}`pytorch2025fsdp2` gives every rank a block of rows, so {term}`DTensor` quietly
 # gathers each matrix on every rank, and every rank orthogonalises every matrix. This chapter puts the
 # three ways of sharding a Muon model side by side, ZeRO-1 x TP (chapters 4 to 9), FSDP2, and FSDP2 x
 # TP, and measures `dmuon.fsdp.FSDPMuon`, which sends each matrix to one owner, against
