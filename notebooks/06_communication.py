@@ -45,12 +45,6 @@ elif importlib.util.find_spec("dmuon") is None:
                               "start Jupyter from its .venv (or `pip install -e .` into this kernel's Python)")
 
 # %% [markdown]
-# ```{admonition} What this chapter runs
-# [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) on a 2 x 2 grid (both optimizers, 5 steps each), [`scripts/measure_links.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/measure_links.py) on 4
-# processes, and the closed-form cost model. About 30 seconds on a 2-core laptop.
-# ```
-
-# %% [markdown]
 # Moonshot's paper claims that Distributed Muon's communication is between 1 and 1.25 times that of
 # Distributed AdamW {cite:p}`liu2025muonscalable`. The community report measured Muon's
 # communication *time* at 0.57 x AdamW's on four GPUs {cite:p}`wei2025muonreproducibility`, below

@@ -17,6 +17,12 @@
 # %% [markdown]
 # # 9. Training a model with DP x TP
 #
+# ```{admonition} What this chapter runs
+# [`scripts/train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/train.py) on four grids, the convergence study's script at a short
+# length, and [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) on three grids. The full study is too long to rerun on
+# every build; its recorded result is read from `book/data/`, with the command that made it.
+# ```
+#
 # Until now every distributed step in this book worked on synthetic matrices with made-up
 # gradients. That isolates the optimizer, but it leaves two questions a reader who wants to train
 # something cannot skip: does Distributed Muon work on a model split the way people split models,
@@ -24,10 +30,6 @@
 # tuning? This chapter trains {doc}`chapter 1 <01_muon>`'s tiny GPT on four grids, looks inside the optimizer while
 # it trains, weighs Muon against AdamW in a study with tuned learning rates and several seeds, and
 # profiles whole training steps on three 4-rank grids.
-#
-# **What it runs**: [`scripts/train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/train.py) on four grids, the convergence study's script at a short
-# length, and [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) on three grids. The full study is too long to rerun on
-# every build; its recorded result is read from `book/data/`, with the command that made it.
 #
 # **Learning goals.** After this chapter you can
 #

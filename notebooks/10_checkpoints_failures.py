@@ -17,6 +17,11 @@
 # %% [markdown]
 # # 10. Checkpoints and failures
 #
+# ```{admonition} What this chapter runs
+# Two optimizers saved in this kernel, a checkpoint saved on a 2 x 2 grid and
+# resumed on two others, a save killed half-way, and five kinds of fault injected into a short run.
+# ```
+#
 # A long run on many machines is interrupted sooner or later: a node dies, the job is queued again
 # and lands on other machines, perhaps with fewer of them. Two things must then hold. The run must
 # continue **exactly** where it stopped, even on another grid and another layout; and when something
@@ -24,9 +29,6 @@
 # Both are cheap to get wrong in a distributed optimizer: a resume that silently continues from
 # other weights looks like a training instability, and a rank that hangs in a collective can hold a
 # whole allocation for hours. This chapter checks both with the real code.
-#
-# **What it runs**: two optimizers saved in this kernel, a checkpoint saved on a 2 x 2 grid and
-# resumed on two others, a save killed half-way, and five kinds of fault injected into a short run.
 #
 # **Learning goals.** After this chapter you can
 #

@@ -17,13 +17,15 @@
 # %% [markdown]
 # # 12. Use it in your training
 #
+# ```{admonition} What this chapter runs
+# Both loops as real scripts, each saved half-way on one grid and resumed on
+# another (four short launches of 2 to 4 processes, a few seconds each).
+# ```
+#
 # The chapters so far explain distributed Muon and check it against one process. This one is the
 # code you copy: a training loop with `DistributedMuon` on a DP x TP grid, the same loop with
 # `FSDPMuon` on an FSDP2 model, the commands that start them on one machine, one node or two, and a
 # table of the few things that differ from a single-device optimizer, and why.
-#
-# **What it runs**: both loops as real scripts, each saved half-way on one grid and resumed on
-# another (four short launches of 2 to 4 processes, a few seconds each).
 #
 # **Learning goals.** After this chapter you can
 #
