@@ -552,9 +552,13 @@ display(Markdown(out))
 #    arithmetic is the same whichever runs beside it; `--jobs` only changes how many run at once.
 #    (With `--threads` above 1 a matrix product may split its sums differently, and results can
 #    move in the last bits.)
-# 3. Compare the dashed lines of {numref}`fig-ch9-spectra` at the first and last measurement, or
-#    the "largest / median" column above; the answer depends on the run, which is the point of
-#    measuring it.
+# 3. The answer is the matrix with the largest value before the arrow in the "largest / median"
+#    column of the table in "What Newton-Schulz does to the momentum" (the momentum's; after the
+#    arrow is the update's), for the step printed above that table (block 0 of the 2 x 2 run). For
+#    the other measured steps, `first["state_metrics"]` holds one entry per measurement (its `step`
+#    and, per matrix, `in_top_median`), and the dashed lines of {numref}`fig-ch9-spectra` show the
+#    same at the first and last measurement. The values are this build's run, so the page does not
+#    fix them in prose.
 # 4. The 2 x 1 run now averages two gradients of the same half batch: it trains on half the data
 #    of each step (and reports that half's loss), so its curve is off the 1 x 1 one from the first
 #    step, by several times the 2e-3 nats [`tests/test_train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_train.py) allows, and the gap grows as the
