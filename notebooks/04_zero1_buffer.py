@@ -54,7 +54,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ZeRO-1 gives each data-parallel rank the optimizer state for `1/dp` of the parameters. "Of
 # the parameters" needs a precise meaning when the parameters are matrices of different shapes.
-# Moonshot's proof of concept (and Megatron's distributed optimizer) give it one: lay the
+# Moonshot's proof of concept (and Megatron's distributed optimizer {cite:p}`nvidia2025megatrondistopt`) give it one: lay the
 # parameters end to end in a flat {term}`virtual buffer`, cut it into {term}`buckets <bucket>`, and split every
 # bucket evenly over the DP ranks. This chapter draws that plan for real shapes and reads every
 # field of `dist_meta`, the record that tells each rank where a parameter lives.

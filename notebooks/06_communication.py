@@ -52,12 +52,6 @@ elif importlib.util.find_spec("dmuon") is None:
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
-# ```{admonition} What this chapter runs
-# [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) on a 2 x 2 grid (both optimizers, 5 steps each), [`scripts/measure_links.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/measure_links.py) on 4
-# processes, and the closed-form cost model. About 30 seconds on a 2-core laptop.
-# ```
-
-# %% [markdown]
 # Moonshot's paper claims that Distributed Muon's communication is between 1 and 1.25 times that of
 # Distributed AdamW {cite:p}`liu2025muonscalable`. The community report measured Muon's
 # communication *time* at 0.57 x AdamW's on four GPUs {cite:p}`wei2025muonreproducibility`, below
@@ -493,12 +487,18 @@ glue("ch6-latency", Figure(latency_figure), display=False)
 # :::{admonition} Solutions
 # :class: dropdown
 #
-# 1. Compare the sweep's 4 x 1 `bytes_ratio` with `step_bytes(g, 4, 1, ...)` for both optimizers:
-#    they agree (the tests check it). On TP4 (dp = 1) AdamW sends nothing at all, so there is no
+# 1. The sweep's 4 x 1 line reads `Muon / AdamW: bytes 1.250 (closed form 1.250, ...)`: with the
+#    default bucket layout on a DP-only grid the ratio is exactly $(4 + 2 + 4) / (4 + 4) = 1.25$, and
+#    the ledger equals `step_bytes(g, 4, 1, ...)` for both optimizers (the tests check it). On TP4
+#    (dp = 1) AdamW sends nothing at all, so the line reads `n/a (AdamW sends nothing)`: there is no
 #    ratio to form.
-# 2. Loop over bucket sizes with `dp_gather_bytes(stack, 8, 1, bucket, "straddlers")` as in the
-#    cell above and find where the ratio crosses 1.1: more matrices per bucket means a smaller
-#    fraction of them on shard boundaries.
+# 2. At a bucket of $2^{25}$ = 33,554,432 elements, the size this chapter uses: there the ratio is
+#    1.089, and one element less gives 1.152 (from $29.4$M elements up; 1.214 at $2^{24}$). Computed
+#    with `1 + dp_gather_bytes(stack, 8, 1, bucket, "straddlers") / step_bytes(stack, 8, 1, bucket,
+#    muon=False)["total"]`, as in the cell above, over bucket sizes; the ratio falls in steps, at the
+#    sizes where a shard boundary stops cutting a matrix, and stays at or below 1.089 for larger
+#    buckets up to $2^{27}$ (where it is 1.0). More matrices per bucket means a smaller fraction of
+#    them on shard boundaries.
 # 3. With tp = 8 the TP gathers stay inside a node, so Muon's extra time depends on the intra-node
 #    link (its latency, since the messages are many and small); the DP traffic, which both
 #    optimizers share, crosses the inter-node link. Try both in the live explorer.

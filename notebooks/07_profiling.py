@@ -375,9 +375,17 @@ display(Markdown(table))
 # :class: dropdown
 #
 # 1. In Perfetto, select the last `train_step:muon` range and sort the `comm:<phase>` ranges under it
-#    by duration; {numref}`fig-ch7-trace` shows the same ranges in its collectives row.
-# 2. A wider, deeper model does more work in forward and backward per token, but its matrices also
-#    grow, and Newton-Schulz grows with their size cubed: compare the two shares in the new table.
+#    by duration; {numref}`fig-ch7-trace` shows the same ranges in its collectives row. The longest
+#    one is a timing of that run, so this page cannot name it for your machine: read it from the
+#    trace (or from the width of the collectives row in the figure, which was drawn from the same
+#    file when the page was built).
+# 2. Expect the Muon optimizer's share to grow. Forward and backward cost about (tokens per step) x
+#    (width$^2$) per layer, Newton-Schulz about width$^3$ per matrix and step, whatever the batch; so
+#    doubling the width at the same batch roughly doubles Newton-Schulz's work relative to the rest,
+#    while more layers add to both in proportion and leave the share alone. The measured share is
+#    the run's: `profile_step.py` prints each rank's step, fwd+bwd and NS times, and its JSON line
+#    holds `optimizer_share` per rank (the table above averages it over the ranks); on two shared
+#    cores, check that the change is larger than the spread between two runs of the same command.
 # 3. With one bucket there is a single DP gather to wait for, but the TP gathers are still one per
 #    matrix: `prefetch` can still start them all before orthogonalising the first matrix.
 # :::

@@ -17,6 +17,12 @@
 # %% [markdown]
 # # 9. Training a model with DP x TP
 #
+# ```{admonition} What this chapter runs
+# [`scripts/train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/train.py) on four grids, the convergence study's script at a short
+# length, and [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) on three grids. The full study is too long to rerun on
+# every build; its recorded result is read from `book/data/`, with the command that made it.
+# ```
+#
 # Until now every distributed step in this book worked on synthetic matrices with made-up
 # gradients. That isolates the optimizer, but it leaves two questions a reader who wants to train
 # something cannot skip: does Distributed Muon work on a model split the way people split models,
@@ -25,14 +31,10 @@
 # it trains, weighs Muon against AdamW in a study with tuned learning rates and several seeds, and
 # profiles whole training steps on three 4-rank grids.
 #
-# **What it runs**: [`scripts/train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/train.py) on four grids, the convergence study's script at a short
-# length, and [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) on three grids. The full study is too long to rerun on
-# every build; its recorded result is read from `book/data/`, with the command that made it.
-#
 # **Learning goals.** After this chapter you can
 #
 # - make a model tensor-parallel with `parallelize_module` and hand it to `DistributedMuon`, which
-#   reads each matrix's split from its {term}`DTensor` placement;
+#   reads each matrix's split from its {term}`DTensor` placement {cite:p}`pytorch2025dtensor`;
 # - explain why four grids trained on the same data agree only up to the order of floating-point
 #   sums, not bit for bit;
 # - read Muon's optimizer-state metrics: what Newton-Schulz does to the spectrum of the momentum;
@@ -620,9 +622,13 @@ display(Markdown(out))
 #    arithmetic is the same whichever runs beside it; `--jobs` only changes how many run at once.
 #    (With `--threads` above 1 a matrix product may split its sums differently, and results can
 #    move in the last bits.)
-# 3. Compare the dashed lines of {numref}`fig-ch9-spectra` at the first and last measurement, or
-#    the "largest / median" column above; the answer depends on the run, which is the point of
-#    measuring it.
+# 3. The answer is the matrix with the largest value before the arrow in the "largest / median"
+#    column of the table in "What Newton-Schulz does to the momentum" (the momentum's; after the
+#    arrow is the update's), for the step printed above that table (block 0 of the 2 x 2 run). For
+#    the other measured steps, `first["state_metrics"]` holds one entry per measurement (its `step`
+#    and, per matrix, `in_top_median`), and the dashed lines of {numref}`fig-ch9-spectra` show the
+#    same at the first and last measurement. The values are this build's run, so the page does not
+#    fix them in prose.
 # 4. The 2 x 1 run now averages two gradients of the same half batch: it trains on half the data
 #    of each step (and reports that half's loss), so its curve is off the 1 x 1 one from the first
 #    step, by several times the 2e-3 nats [`tests/test_train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_train.py) allows, and the gap grows as the

@@ -17,6 +17,11 @@
 # %% [markdown]
 # # 10. Checkpoints and failures
 #
+# ```{admonition} What this chapter runs
+# Two optimizers saved in this kernel, a checkpoint saved on a 2 x 2 grid and
+# resumed on two others, a save killed half-way, and five kinds of fault injected into a short run.
+# ```
+#
 # A long run on many machines is interrupted sooner or later: a node dies, the job is queued again
 # and lands on other machines, perhaps with fewer of them. Two things must then hold. The run must
 # continue **exactly** where it stopped, even on another grid and another layout; and when something
@@ -24,9 +29,6 @@
 # Both are cheap to get wrong in a distributed optimizer: a resume that silently continues from
 # other weights looks like a training instability, and a rank that hangs in a collective can hold a
 # whole allocation for hours. This chapter checks both with the real code.
-#
-# **What it runs**: two optimizers saved in this kernel, a checkpoint saved on a 2 x 2 grid and
-# resumed on two others, a save killed half-way, and five kinds of fault injected into a short run.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -71,7 +73,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # Take the tiny GPT of {doc}`chapter 1 <01_muon>` with the hybrid split (Muon for the attention and MLP matrices,
 # AdamW for embeddings, head, norms and biases), build a Distributed Muon and a Distributed AdamW
 # for it in this process (a 1 x 1 grid), and save each with `dmuon.checkpoint.save`. The checkpoint
-# is a folder written by `torch.distributed.checkpoint` ({term}`DCP`); its metadata lists every tensor it
+# is a folder written by `torch.distributed.checkpoint` ({term}`DCP`, {cite:t}`pytorch2025dcp`); its metadata lists every tensor it
 # holds, so we can count the bytes of each kind of state without loading any of them:
 
 # %%

@@ -17,16 +17,18 @@
 # %% [markdown]
 # # 11. Muon on FSDP2 models
 #
+# ```{admonition} What this chapter runs
+# Four short trainings of the tiny GPT, launched as separate processes on a 2 x 2
+# and a 2 x 1 grid (a few seconds each).
+# ```
+#
 # "Does it work with FSDP2?" is the question asked most often in every Muon repository. PyTorch's
 # `torch.optim.Muon` accepts a `fully_shard` model without complaint, and its results are right. But
-# Newton-Schulz needs whole matrices and {term}`FSDP2` gives every rank a block of rows, so {term}`DTensor` quietly
+# Newton-Schulz needs whole matrices and {term}`FSDP2` {cite:p}`pytorch2025fsdp2` gives every rank a block of rows, so {term}`DTensor` quietly
 # gathers each matrix on every rank, and every rank orthogonalises every matrix. This chapter puts the
 # three ways of sharding a Muon model side by side, ZeRO-1 x TP (chapters 4 to 9), FSDP2, and FSDP2 x
 # TP, and measures `dmuon.fsdp.FSDPMuon`, which sends each matrix to one owner, against
 # `torch.optim.Muon` on the same FSDP2 model, in the same run, on the same batches.
-#
-# **What it runs**: four short trainings of the tiny GPT, launched as separate processes on a 2 x 2
-# and a 2 x 1 grid (a few seconds each).
 #
 # **Learning goals.** After this chapter you can
 #
@@ -329,6 +331,25 @@ print("torch's collectives by op, rank 0, 2x2:", c22["torch_by_op"])
 # (that is a different and wrong update).
 
 # %% [markdown]
+# ## Summary
+#
+# - ZeRO-1 x TP, FSDP2 and FSDP2 x TP shard different things (the table at the top); in all three a
+#   Muon matrix must be whole on one rank for Newton-Schulz, and {term}`FSDPMuon` sends each matrix's
+#   blocks, wherever DTensor placed them, to one owner and the results back, in one bf16 all-to-all
+#   each way.
+# - Under FSDP2 the optimizer's ledger holds only those owner trips (FSDP2 moves the gradients and
+#   weights), and nothing for AdamW. The owner trips depend on the sharding: on the same 2 x 2 grid
+#   rank 0 moved {glue:text}`ch11-owner-fsdp` bytes under FSDP2 against {glue:text}`ch11-owner-zero1`
+#   under ZeRO-1 (asserted larger), because `Shard(0)` cuts every matrix over DP.
+# - `torch.optim.Muon` on the same FSDP2 model is correct (the loss curves differ by at most
+#   {glue:text}`ch11-loss-gap` nats per step) but its step sent {glue:text}`ch11-bytes-ratio` times the
+#   bytes in {glue:text}`ch11-coll-torch` collectives against {glue:text}`ch11-coll-ours`, and ran
+#   Newton-Schulz {glue:text}`ch11-ns-torch` times against {glue:text}`ch11-ns-ours`: every rank
+#   gathers and orthogonalises every matrix.
+# - FSDPMuon's state is torch's, placed like the parameters, so DCP reshards its checkpoints
+#   (the tests resume on other grids bit for bit). Pick ZeRO-1 x TP when the weights fit on every DP
+#   rank, FSDP2 (+ TP) when they do not; {doc}`chapter 13 <13_what_to_pick>` prices the choice.
+#
 # ## Exercises
 #
 # 1. Run `python scripts/train.py --fsdp --dp 3 --tp 1 --batch 12 --steps 6 --compare-torch-muon` (uneven rows).
@@ -337,3 +358,28 @@ print("torch's collectives by op, rank 0, 2x2:", c22["torch_by_op"])
 #    enough? (Hint: [`dmuon/fsdp_routes.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/fsdp_routes.py), "senders".)
 # 3. With `--optimizer muon`, the embeddings and the head join Muon. Predict how the owner traffic
 #    changes, then measure it.
+#
+# :::{admonition} Solutions
+# :class: dropdown
+#
+# 1. The report's `bytes_per_step (rank 0)` row and the JSON's `bytes_per_step_per_rank` give, for
+#    FSDPMuon, 349,696, 349,696 and 348,160 bytes on ranks 0, 1 and 2 (`torch.optim.Muon`: 4,389,824 on
+#    each); these are byte counts of the plan, the same on any machine. FSDP2 cuts rows with
+#    `torch.chunk`, so when a matrix's rows do not divide by 3 the last rank holds fewer rows, and it
+#    sends (and gets back) fewer elements. Newton-Schulz is uneven too: `ns_calls_per_step` is
+#    `[2, 3, 3]`, the 8 matrices of the two blocks over 3 owners.
+# 2. In the hybrid run, none: every Muon matrix (qkv, proj, fc, out) is split over TP, so the two TP
+#    ranks hold different rectangles and both send. Only a matrix replicated over TP is sent once per
+#    TP pair: both TP ranks hold the same rectangle, and `routes` picks one sender per distinct
+#    rectangle (the TP rank in the owner's TP column, else the lowest). With `--optimizer muon` that
+#    is the head and the two embeddings: computed with `fsdp_routes.routes` for a head `Shard(0)` on
+#    "dp" of a 2 x 2 grid, its senders are ranks {1, 3} for owner 1, where a qkv matrix has all four.
+#    Sending both copies would move the same bytes twice; every rank still gets its own rectangle back.
+# 3. Prediction: the three new matrices add their pieces that are not on their owner, sent once per
+#    TP pair, and their Newton-Schulz runs. Measured with `python scripts/train.py --fsdp --dp 2 --tp 2
+#    --batch 8 --steps 2 --optimizer muon` against the same command with `--optimizer hybrid`
+#    (`bytes_per_step_per_rank` in the JSON line): 332,800, 324,608, 342,784 and 318,208 bytes
+#    against 311,296, 311,296, 278,528 and 278,528, and `ns_calls_per_step` `[2, 2, 4, 3]` against
+#    `[2, 2, 2, 2]` (11 matrices against 8). The increase is small because the tiny GPT's vocabulary
+#    and context are small next to its block matrices.
+# :::

@@ -17,13 +17,15 @@
 # %% [markdown]
 # # 12. Use it in your training
 #
+# ```{admonition} What this chapter runs
+# Both loops as real scripts, each saved half-way on one grid and resumed on
+# another (four short launches of 2 to 4 processes, a few seconds each).
+# ```
+#
 # The chapters so far explain distributed Muon and check it against one process. This one is the
 # code you copy: a training loop with `DistributedMuon` on a DP x TP grid, the same loop with
 # `FSDPMuon` on an FSDP2 model, the commands that start them on one machine, one node or two, and a
 # table of the few things that differ from a single-device optimizer, and why.
-#
-# **What it runs**: both loops as real scripts, each saved half-way on one grid and resumed on
-# another (four short launches of 2 to 4 processes, a few seconds each).
 #
 # **Learning goals.** After this chapter you can
 #
@@ -243,3 +245,42 @@ table(
 #   (or `FSDPMuon`) from `hybrid_param_groups`, and train as with any torch optimizer.
 # - Clip with `opt.clip_grad_norm_`, and checkpoint on every rank; a checkpoint resumes on any grid.
 # - The default lr scaling is Moonshot's; pass `adjust_lr_fn=None` for `torch.optim.Muon`'s step.
+#
+# ## Exercises
+#
+# 1. You have two nodes of 8 GPUs and a model that needs TP 4. Write the `torchrun` line for the
+#    first node. Which ranks form the first TP group and the first DP group, and does any TP group
+#    cross a node?
+# 2. Replace `opt.clip_grad_norm_(1.0)` in [`scripts/loop_zero1_tp.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py) by
+#    `torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`. What is clipped then, and why is the
+#    step no longer the single-device step?
+# 3. Resume the run this chapter saved on 2 x 2 at step 10 in one process (`--dp 1 --tp 1`). Will
+#    its losses equal the 2 x 2 run's bit for bit? Which command shows it?
+# 4. A layer must stay frozen for the first 100 steps and train afterwards. How do you set that up
+#    with `DistributedMuon`?
+#
+# :::{admonition} Solutions
+# :class: dropdown
+#
+# 1. `torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
+#    scripts/loop_zero1_tp.py --dp 4 --tp 4 ...`, the same line on both nodes (the two-node command
+#    above). Ranks are TP-fastest, so the first TP group is ranks 0-3 and the first DP group is ranks
+#    0, 4, 8 and 12 (every `tp`-th rank, as in {doc}`chapter 3 <03_grid>`). Node 0 holds ranks 0-7 and
+#    4 divides 8, so every TP group lies inside one node; the DP groups cross nodes.
+# 2. Under ZeRO-1, `.grad` between `backward()` and `step()` holds this rank's own gradient; the
+#    DP mean is formed inside `step()` by the reduce-scatter. torch's function would clip each rank's
+#    own gradient by its own norm (and, under TP, by the norm of this rank's shards only), so ranks
+#    scale by different factors and the mean that `step()` forms is not the clipped mean gradient a
+#    single device would use. `opt.clip_grad_norm_` clips the DP mean by its norm over every rank's
+#    shards, a TP shard counted once ([`dmuon/clipping.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/clipping.py)).
+# 3. No, only to rounding: one process adds the gradients and the TP partial sums in another order
+#    than the 2 x 2 grid, as the 4 x 1 resume above shows. Run `python scripts/loop_zero1_tp.py --dp 1
+#    --tp 1 --steps 20 --resume <save dir>/step10` with the save directory of the 2 x 2 run; the
+#    JSON line it prints at the end (`first_step` 11, `losses`) is compared with the second half of the
+#    2 x 2 run's `losses`. Bit-for-bit equality holds when the order is the same: another layout on
+#    the same grid ([`tests/test_resume.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_resume.py)).
+# 4. Put the layer in the parameter groups from the start (`add_param_group` is refused: the ZeRO-1
+#    plan is fixed when the optimizer is built) and set `requires_grad_(False)` on it for the first 100
+#    steps: a parameter whose gradient is None on every rank is skipped. Turn `requires_grad` back on
+#    at step 100, on every rank.
+# :::
