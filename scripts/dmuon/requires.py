@@ -33,10 +33,16 @@ def torch_release(version: str) -> tuple[int, int] | None:
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
-def missing_apis() -> list[str]:
-    """The APIs of ``APIS`` this torch lacks, each with the release that introduced it."""
+def missing_apis(import_missing: bool = True) -> list[str]:
+    """The APIs of ``APIS`` this torch lacks, each with the release that introduced it. A module not yet
+    imported is imported to look only with ``import_missing``: on a release new enough to have them all,
+    importing DTensor and FSDP here would cost every process about a second of CPU for nothing."""
+    import sys
+
     missing = []
     for module, name, since in APIS:
+        if module not in sys.modules and not import_missing:
+            continue
         try:
             present = hasattr(importlib.import_module(module), name)
         except ImportError:
@@ -52,9 +58,7 @@ def check_torch() -> None:
 
     version = str(torch.__version__)
     release = torch_release(version)
-    if release is not None and release >= MIN_TORCH and torch.distributed.is_available():
-        return  # a release this new has every API of APIS; importing them here would cost every process ~1 s
-    missing = missing_apis()
+    missing = missing_apis(import_missing=release is None or release < MIN_TORCH)
     too_old = release is not None and release < MIN_TORCH
     if not too_old and not missing:
         return
