@@ -25,7 +25,7 @@
 # The chapters so far explain distributed Muon and check it against one process. This one is the
 # code you copy: a training loop with `DistributedMuon` on a DP x TP grid, the same loop with
 # `FSDPMuon` on an FSDP2 model, the commands that start them on one machine, one node or two, and a
-# table of the few things that differ from a single-device optimizer, and why.
+# list of the few things that differ from a single-device optimizer, and why.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -230,14 +230,23 @@ table(
 # `copy.deepcopy` works; float64 parameters stay float64; negative lr, momentum or weight decay and
 # complex or integer parameters are refused when the optimizer is built.
 #
-# | | single-device (`torch.optim`) | `DistributedMuon` / `FSDPMuon` | why, and what to do |
-# |---|---|---|---|
-# | default lr scaling | `torch.optim.Muon`: `adjust_lr_fn=None`, "original" (lr x sqrt(max(1, A/B))) | "match_rms_adamw" (lr x 0.2 x sqrt(max(A, B))) | Moonshot's: AdamW's lr and weight decay carry over. Porting from torch: pass `adjust_lr_fn=None` |
-# | clipping | `torch.nn.utils.clip_grad_norm_(params, 1.0)` | `opt.clip_grad_norm_(1.0)` | ZeRO-1 averages over DP inside `step()`; FSDP2's `.grad` are blocks. The optimizer clips the DP mean by its global norm |
-# | `state_dict()` | the whole state | this rank's shard; loading another rank's is refused, saying so | save on every rank, or use `dmuon.checkpoint` / `save_run` to change grids |
-# | pickling (`torch.save(opt)`) | works | refused, naming the fix | process groups cannot be pickled; `copy.deepcopy(opt)` works (`DistributedMuon`) |
-# | `add_param_group` | adds a group | refused | the ZeRO-1 plan (and FSDPMuon's owners) are fixed when the optimizer is built |
-# | a step without any gradient | a no-op | a no-op, plus one small all-reduce | every rank must agree which parameters to skip |
+# What differs from a single-device (`torch.optim`) optimizer, each with why and what to do:
+#
+# - **Default lr scaling.** `torch.optim.Muon` (`adjust_lr_fn=None`): "original",
+#   lr x sqrt(max(1, A/B)). Ours: "match_rms_adamw", lr x 0.2 x sqrt(max(A, B)), Moonshot's, so
+#   AdamW's lr and weight decay carry over. Porting from torch: pass `adjust_lr_fn=None`.
+# - **Clipping.** Single device: `torch.nn.utils.clip_grad_norm_(params, 1.0)`. Ours:
+#   `opt.clip_grad_norm_(1.0)`. ZeRO-1 averages over DP inside `step()`, and FSDP2's `.grad` are
+#   blocks, so the optimizer clips the DP mean by its global norm.
+# - **`state_dict()`.** Single device: the whole state. Ours: this rank's shard; loading another
+#   rank's is refused, saying so. Save on every rank, or use `dmuon.checkpoint` / `save_run` to
+#   change grids.
+# - **Pickling (`torch.save(opt)`).** Single device: works. Ours: refused, naming the fix, since
+#   process groups cannot be pickled; `copy.deepcopy(opt)` works (`DistributedMuon`).
+# - **`add_param_group`.** Single device: adds a group. Ours: refused, because the ZeRO-1 plan (and
+#   FSDPMuon's owners) are fixed when the optimizer is built.
+# - **A step without any gradient.** Single device: a no-op. Ours: a no-op plus one small
+#   all-reduce, because every rank must agree which parameters to skip.
 #
 # ## Summary
 #

@@ -137,7 +137,17 @@ for i, c in enumerate(COLOURS):                       # step 1: three column blo
 axes[2].text(5, 3.5, "m x m fp32, same on every rank", ha="center", fontsize=8)
 axes[3].text(5, 0.9, "local: no traffic", ha="center", fontsize=8)
 plt.tight_layout()
-plt.show()
+glue("ch14-group-steps", fig, display=False)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} ch14-group-steps
+# :name: fig-ch14-group-steps
+#
+# One Newton-Schulz step of a matrix over a group of three ranks: the matrix is cut along its long
+# side, each rank forms its block's Gram matrix, one all-reduce sums them, and each rank updates
+# its own block with the same small $B$.
+# ```
 
 # %% [markdown]
 # It cannot be bit-exact with one process: the one-process Gram sums all $n$ columns in one
@@ -309,7 +319,17 @@ ax.set_yscale("log")
 ax.set_ylabel("NS ms per step, busiest rank")
 ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 plt.tight_layout()
-plt.show()
+glue("ch14-projection", fig, display=False)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} ch14-projection
+# :name: fig-ch14-projection
+#
+# Newton-Schulz time per step on the busiest rank (log scale), projected from the plan with the
+# assumed H100 figures: one owner per matrix, the group form, the group form with $B$ split, and an
+# even split of the work (the ideal).
+# ```
 
 # %% tags=["remove-cell"]
 b70 = big[0]
