@@ -87,6 +87,7 @@ def _reads_chapters(item) -> bool:
     return function is not None and "executed_notebook(" in inspect.getsource(function)
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected what will not run
 def pytest_collection_modifyitems(session, config, items):
     readers = [i for i in items if _reads_chapters(i)]
     items[:] = [i for i in items if not _reads_chapters(i)] + readers
