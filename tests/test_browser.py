@@ -30,7 +30,7 @@ import pytest
 from conftest import BUILD, executed_notebook
 from test_book import toc_files
 
-from dmuon.lab.pagecheck import layout_problems, table_problems
+from dmuon.lab.pagecheck import layout_problems, open_page, table_problems
 
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -79,18 +79,8 @@ def browser():
 
 
 def load(driver, page, width=1280):
-    """Open ``page`` at ``width`` px and wait until MathJax has typeset it and the widgets have rendered."""
-    driver.set_window_size(width, 1000)
-    driver.get(page.as_uri())
-    driver.set_script_timeout(60)
-    driver.execute_async_script("""
-        const done = arguments[arguments.length - 1];
-        const wait = () => (window.MathJax && MathJax.startup && MathJax.startup.promise)
-            ? MathJax.startup.promise.then(() => done(true), () => done(false)) : done(false);
-        if (document.readyState === 'complete') setTimeout(wait, 300);
-        else window.addEventListener('load', () => setTimeout(wait, 300));
-    """)
-    time.sleep(0.7)  # the widget manager and Plotly render after load
+    """Open ``page`` at ``width`` px and wait until MathJax has typeset it and Plotly has rendered."""
+    open_page(driver, page, width)
 
 
 def console_errors(driver) -> list[str]:
