@@ -51,6 +51,7 @@ from dmuon.layouts import LAYOUTS, parse_layouts
 from dmuon.newton_schulz import native_bf16_matmul
 from dmuon.optim import MuonW
 from dmuon.lab.costmodel import step_bytes
+from dmuon.lab.provenance import provenance
 from dmuon.lab.profiling import slowest_rank_seconds, step_peak_bytes, timed
 from dmuon.lab.verdicts import fastest, fastest_text
 from dmuon.lab.synthetic import (REPORT_SHAPES, REPORT_TP_DIMS, add_problem_args, build_problem, check_problem_args,
@@ -100,7 +101,8 @@ def single_process_seconds(problem, args, dev) -> dict:
                 t = timed(opts[kind].step, dev)
                 if step > args.warmup:
                     seconds[kind].append(t)
-        return {kind: statistics.median(v) for kind, v in seconds.items()} | dict(threads=torch.get_num_threads())
+        return ({kind: statistics.median(v) for kind, v in seconds.items()}
+                | {f"{kind}_all": v for kind, v in seconds.items()} | dict(threads=torch.get_num_threads()))
     finally:
         torch.set_num_threads(threads)
 
@@ -180,9 +182,15 @@ def worker(grid, comm, args) -> int:
             ns_flops_max_rank=m["ns_flops_max_rank"], step_seconds=m["step_seconds"],
             time_ratio=ratio(m["step_seconds"], adamw["step_seconds"]))
         if single:
+            single_extra = single["muon"] - single["adamw"]
             layouts[layout].update(
                 grid_efficiency=single["muon"] / m["step_seconds"],
-                muon_overhead_ratio=(m["step_seconds"] - adamw["step_seconds"]) / (single["muon"] - single["adamw"]))
+                muon_overhead_ratio=(m["step_seconds"] - adamw["step_seconds"]) / single_extra,
+                # per measured step: that step's Muon and AdamW ran back to back, so their difference
+                # shares the step's noise; the spread of these is the ratio's run-to-run spread
+                muon_overhead_ratio_all=[(t - a) / single_extra
+                                         for t, a in zip(m["step_seconds_all"], adamw["step_seconds_all"])])
+        layouts[layout]["step_seconds_all"] = m["step_seconds_all"]
     closed = {k: step_bytes(problem.groups, grid.dp, grid.tp, args.bucket_numel, muon=k == "muon",
                             layout=args.layout[0])["total"] for k in ("muon", "adamw")}
     summary = dict(
@@ -203,6 +211,10 @@ def worker(grid, comm, args) -> int:
     print(json.dumps(summary), flush=True)
     if args.result_file:
         Path(args.result_file).write_text(json.dumps(summary))
+    if args.out:
+        record = dict(args.origin, load_average_1min=[args.load_before, round(os.getloadavg()[0], 1)], result=summary)
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+        print(f"recorded in {args.out}")
     return 0
 
 
@@ -252,7 +264,15 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="run every grid of --grids in turn")
     p.add_argument("--grids", type=parse_grids, default=parse_grids(SWEEP_GRIDS), help=f"for --sweep (default {SWEEP_GRIDS})")
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="also write the result with its command, commit, machine and load average here (JSON): "
+                        "how the book's recorded headline runs in book/data/ are made")
     args = p.parse_args(argv)
+    if args.out and args.sweep:
+        p.error("--out records one grid's run; drop --sweep or record each grid with --dp/--tp")
+    if args.out:  # the code and the machine as the run began
+        args.origin = provenance(sys.argv if argv is None else [sys.argv[0], *argv])
+        args.load_before = round(os.getloadavg()[0], 1)
     if args.report_shapes and args.stack:
         p.error("--report-shapes and --stack are two different problems: pick one")
     if args.report_shapes:
