@@ -380,7 +380,9 @@ table(["fault", "the launcher's verdict", "the first failing rank's last words",
 # %%
 import json  # noqa: E402
 
-bench = json.loads((Path("..") / "book" / "data" / "fault_bench_2x1.json").read_text())
+from dmuon.lab.provenance import load_recorded, provenance_text  # noqa: E402
+
+bench = load_recorded("fault_bench_2x1.json")
 table(["fault", "runs", "clean", "slowest run", "slowest, from the fault",
        "processes left", "load average"],
       [[f, r["runs"], r["clean"], f"{r['slowest_exit_s']:.0f} s",
@@ -388,10 +390,7 @@ table(["fault", "runs", "clean", "slowest run", "slowest, from the fault",
         else f"{r['slowest_after_fault_s']:.0f} s", r["leftovers"],
         r["load_average_1min"]] for f, r in bench["per_fault"].items()],
       align="lrrrrrr")
-print(f"recorded {bench['recorded_at']} by\n  {bench['command']}\n"
-      f"at commit {bench['commit'][:10]} on "
-      f"{bench['cpu']} ({bench['cores']} cores), torch {bench['torch']}"
-      + (" (the tree had uncommitted changes)" if bench["uncommitted_changes"] else ""))
+print(provenance_text(bench))
 for fault, r in bench["per_fault"].items():
     if r["problems"]:
         print(f"{fault}: {r['runs'] - r['clean']} run(s) not clean: "

@@ -124,20 +124,27 @@ import torch
 {before}
 from dmuon import launch
 from dmuon.verify import main
-print("start method:", launch._context().get_start_method(), flush=True)
-sys.exit(main(["--dp", "1", "--tp", "1", "--shapes", "24x40,16x16", "--tp-dims", "none,none", "--steps", "1"]))
+context = launch._context
+def traced():  # the method the launch really uses, after verify's own checks built the problem
+    ctx = context()
+    print("start method:", ctx.get_start_method(), flush=True)
+    return ctx
+launch._context = traced
+# 512 x 512: large enough that building it with two threads would start torch's OpenMP pool
+sys.exit(main(["--dp", "1", "--tp", "1", "--shapes", "512x512,16x16", "--tp-dims", "none,none", "--steps", "1"]))
 """
 
 
 @pytest.mark.parametrize("before,method", [("", "fork"), ("torch.set_num_threads(2); (torch.randn(600, 600) @ torch.randn(600, 600)).sum()", "forkserver")],
                          ids=["fresh", "after-tensor-work"])
 def test_ranks_are_forked_only_from_a_process_without_threads(before, method):
-    """A launcher that has not computed forks its ranks (no second import of torch); one whose tensor work
-    left an OpenMP pool must not (a forked rank would hang in its first parallel region): it falls back to
-    a fork server and the run still ends, exact. One rank, so it runs on every core, in parallel regions:
+    """A launcher that has not computed forks its ranks (no second import of torch), even after the script
+    built its problem to check the input (``launch.forkable``); one whose tensor work left an OpenMP pool
+    must not (a forked rank would hang in its first parallel region): it falls back to a fork server and
+    the run still ends, exact. One rank, so it runs on every core, in parallel regions:
     forked after tensor work, it hangs (the subprocess timeout catches that; checked by hand)."""
     code = LAUNCH_AFTER.format(scripts=str(SCRIPTS), before=before)
     env = {k: v for k, v in os.environ.items() if k != "DMUON_START_METHOD"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"start method: {method}" in proc.stdout and "OK: largest difference 0.000e+00" in proc.stdout
+    assert f"start method: {method}\n" in proc.stdout and "OK: largest difference 0.000e+00" in proc.stdout

@@ -212,7 +212,8 @@ def worker(grid, comm, args) -> int:
     if args.result_file:
         Path(args.result_file).write_text(json.dumps(summary))
     if args.out:
-        record = dict(args.origin, load_average_1min=[args.load_before, round(os.getloadavg()[0], 1)], result=summary)
+        record = dict(args.origin, load_average_1min=[args.load_before, round(os.getloadavg()[0], 1)],
+                      nice=os.nice(0), result=summary)
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
         print(f"recorded in {args.out}")
     return 0

@@ -29,6 +29,7 @@ so that spawned processes can import it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import multiprocessing as mp
@@ -246,6 +247,20 @@ def _fork_is_safe() -> bool:
     parallel region (it inherits the pool's state, not its threads); a store or a user thread could
     hold a lock the child then waits on forever."""
     return _THREADS_AT_IMPORT is not None and _threads() <= _THREADS_AT_IMPORT <= 2
+
+
+@contextlib.contextmanager
+def forkable():
+    """Tensor work in the launcher that keeps it forkable: one thread, so torch starts no OpenMP pool
+    (``_fork_is_safe``). For the small checks a script runs before it launches (building the problem
+    once so bad input fails early): without this, the pool they leave sends every launch to the
+    slower fork server."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _context():

@@ -36,13 +36,38 @@ def cpu_model() -> str:
 
 
 def provenance(argv: list[str]) -> dict:
-    """The command (relative to the checkout), commit (and whether the tree had changes), versions, machine, time."""
+    """The command (relative to the checkout), commit (and whether ``scripts/``, the code that runs, had
+    uncommitted changes: edits to chapters or to other data files do not count), versions, machine, time."""
     import torch
 
     script = Path(argv[0]).resolve()
     shown = str(script.relative_to(ROOT)) if script.is_relative_to(ROOT) else argv[0]
     return dict(command=" ".join(["python", shown, *argv[1:]]), commit=_git("rev-parse", "HEAD"),
-                uncommitted_changes=bool(_git("status", "--porcelain", "--untracked-files=no")),
+                uncommitted_changes=bool(_git("status", "--porcelain", "--untracked-files=no", "--", "scripts")),
                 torch=torch.__version__, python=platform.python_version(), cpu=cpu_model(),
                 cores=os.cpu_count(), platform=sys.platform,
                 recorded_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+
+
+def provenance_text(record: dict) -> str:
+    """Two lines a chapter prints under a recorded result: when, by which command, on what code and machine."""
+    load = record.get("load_average_1min")
+    if isinstance(load, list):  # before the run, and at its end (its own processes included)
+        load = f", load average {load[0]} before the run and {load[1]} at its end"
+    else:
+        load = "" if load is None else f", load average {load}"
+    return (f"recorded {record['recorded_at']} by\n  {record['command']}\n"
+            f"at commit {(record['commit'] or 'unknown')[:10]} on {record['cpu']} ({record['cores']} cores{load}), "
+            f"torch {record['torch']}" + (f", at priority nice {record['nice']}" if record.get("nice") else "")
+            + (" (scripts/ had uncommitted changes)" if record["uncommitted_changes"] else ""))
+
+
+def load_recorded(name: str) -> dict:
+    """A recorded result from ``book/data/`` by file name, with a clear error naming the command that makes it."""
+    import json
+
+    path = ROOT / "book" / "data" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: it is a recorded run; 'make record' makes the "
+                                "benchmark runs (the Makefile lists their commands)")
+    return json.loads(path.read_text())

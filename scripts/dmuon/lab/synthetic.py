@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..launch import forkable
 from ..optim import hybrid_param_groups
 from ..sharding import tp_shard
 
@@ -79,7 +80,8 @@ def check_problem_args(parser, args, optimizer: str = "muon", n_groups: int = 1)
     if args.bucket_numel < 1:
         parser.error("--bucket-numel must be at least 1")
     try:
-        build_problem(optimizer, args.shapes, args.tp_dims, n_groups, args.seed, args.tp).param_groups(args.tp)
+        with forkable():  # the ranks are still forked from this process afterwards
+            build_problem(optimizer, args.shapes, args.tp_dims, n_groups, args.seed, args.tp).param_groups(args.tp)
     except ValueError as e:
         parser.error(str(e))
 
