@@ -263,6 +263,7 @@ sweep = last_json(run("bench.py", "--sweep", "--grids", "4x1,1x4,2x2", "--steps"
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
+from dmuon.lab import claims
 from dmuon.lab.costmodel import dp_gather_bytes, step_bytes
 from dmuon.lab.synthetic import build_problem
 from dmuon.lab.traces import like_for_like_steps
@@ -297,24 +298,24 @@ grid_times = ", ".join(f"{k} {spread_text(v)}" for k, v in muon_steps.items())
 PROFILE = "`profile_step.py --dp 2 --steps 5` (`--batch 128`)"
 SWEEP = "`bench.py --sweep --grids 4x1,1x4,2x2 --steps 3`"
 ASYNC = "`bench.py --dp 2 --tp 2 --bucket-numel 200000 --overlap none,naive,prefetch`"
-rows = [
-    ("Paper: Muon's communication is (1, 1.25] x AdamW's", "1.25 upper bound",
+rows = {
+    "comm_bound": (
      f"{grids['4x1']['bytes_ratio']:.3f} in bytes at DP4 (ledger = closed form); "
      f"{straddle_ratio:.3f} if only "
      "straddling matrices were gathered", SWEEP,
      "Agrees: whole-bucket gathers sit exactly at the bound; the lower end needs a "
      "different layout (chapter 6)."),
-    ("Paper: optimizer 1-3% of the step", "1-3%",
+    "optimizer_share": (
      f"Muon {share32:.1%} (batch 32), {share128:.1%} (batch 128) of a tiny GPT's step",
      PROFILE,
      f"A {profile['n_params'] / 1e6:.1f}M-parameter model on 2 CPU cores computes "
      "little per step, and every rank repeats NS; the share "
      f"{'falls' if share128 < share32 else 'did not fall here'} with batch."),
-    ("Paper and report: Muon's state is half of AdamW's", "50%",
+    "state_half": (
      f"{g22['state_bytes_ratio']:.0%} (momentum vs two moments; "
      f"{g22['state_with_master_ratio']:.0%} with the fp32 master)",
      SWEEP, "Agrees exactly: one fp32 buffer against two."),
-    ("Report: Muon's communication time 0.57 x AdamW's (DP2xTP2)", "0.57x",
+    "comm_time": (
      f"{g22['comm_time_ratio']:.2f}x, from {comm_lo:.2f} to {comm_hi:.2f} over the "
      f"steps ({g22['bytes_ratio']:.2f}x the bytes, "
      f"{g22['variants']['muon']['calls']} vs "
@@ -322,28 +323,25 @@ rows = [
      "Here both optimizers use the same plan and buckets, so Muon moves more and waits "
      "for peers' Newton-Schulz; "
      "the report's AdamW made 110 calls to Muon's 40."),
-    ("Report: Muon's step 1.15 x AdamW's", "1.15x",
+    "step_ratio": (
      f"{step_ratio:.2f}x for a whole training step with the same forward-backward "
      f"(tiny GPT, DP2, batch 32); {step_ratio_big:.2f}x at batch 128", PROFILE,
      "The ratio depends on how long forward-backward takes against Newton-Schulz: the "
      "report simulated its forward pass with fixed matmuls on GPUs; here it is a real "
      f"tiny model on a CPU, and {batch_effect}."),
-    ("Report: DP2xTP2 fastest of DP4, TP4, DP2xTP2", "DP2xTP2",
+    "fastest_grid": (
      f"{fastest_text(muon_steps)} for Muon (optimizer step, median (min-max) of 3: "
      f"{grid_times})", SWEEP,
      ("Agrees. " if winners == ["2x2"]
       else "Agrees within the noise. " if "2x2" in winners else "Differs here. ")
      + "Optimizer step only, on CPU; every rank orthogonalises every matrix, so grids "
        "differ mostly in redundant work."),
-    ("Report: naive async_op=True is slower", "Muon 2.1x, AdamW 1.5x",
+    "naive_async": (
      f"Muon x{naive_m:.2f}, AdamW x{naive_a:.2f} time in collectives", ASYNC,
      "Asynchronous issue followed by an immediate wait overlaps nothing; the change is "
      "overhead and noise."),
-]
-table = ("| claim | their figure | this book's figure (command) | why they differ |\n"
-         "|---|---|---|---|\n")
-table += "\n".join(f"| {c} | {t} | {o} ({cmd}) | {why} |" for c, t, o, cmd, why in rows)
-display(Markdown(table))
+}
+display(Markdown(claims.table(rows)))
 
 # %% [markdown]
 # The quoted figures are from {cite:t}`liu2025muonscalable` and {cite:t}`wei2025muonreproducibility`;

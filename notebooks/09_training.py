@@ -521,6 +521,7 @@ plt.close(fig)
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
+from dmuon.lab import claims
 from dmuon.lab.verdicts import beats, fastest_text, spread_text
 
 by_grid = {g["grid"]: g for g in grids["grids"]}
@@ -533,17 +534,17 @@ times = ", ".join(f"{k} {spread_text(v, scale=1)}" for k, v in muon_steps.items(
 PROFILE = ("`profile_step.py --grids 4x1,1x4,2x2 --global-batch 64 --steps 3 "
            "--warmup 1 --layout owner`")
 STUDY = "`convergence_study.py`, recorded"
-claim_rows = [
-    ("Paper: optimizer 1-3% of the step; report: 1.1%", "1-3%, 1.1%", f"Muon {shares}",
+claim_rows = {
+    "optimizer_share": (f"Muon {shares}",
      PROFILE,
      "A model this small does little forward work per step on 2 shared CPU cores; the "
      "share falls as the model and batch grow (chapter 7)."),
-    ("Report: Muon's step 1.15 x AdamW's", "1.15x", ratios, PROFILE,
+    "step_ratio": (ratios, PROFILE,
      ("Close on every grid: "
       if all(1.0 <= g["muon_over_adamw"] <= 1.3 for g in by_grid.values()) else "")
      + "Newton-Schulz is cubic in the matrix size, forward-backward linear in the "
        "tokens: the ratio depends on both."),
-    ("Report: DP2 x TP2 fastest of DP4, TP4, DP2 x TP2", "DP2xTP2",
+    "fastest_grid": (
      f"{fastest_text(muon_steps)} for Muon (whole step, median (min-max) of 3: "
      f"{times})", PROFILE,
      ("Agrees." if winners == ["2x2"]
@@ -553,22 +554,18 @@ claim_rows = [
         "memory-bound work that DP repeats."
         if all(beats(muon_steps[k], muon_steps["1x4"])
                for k in muon_steps if k != "1x4") else "")),
-    ("Paper: Muon needs about half of AdamW's compute for the same loss", "~0.5",
+    "half_compute": (
      "the hybrid reached AdamW's final loss after "
      f"{'never' if frac is None else f'{frac:.0%}'} of the tokens",
      STUDY, "One tiny model and dataset; the paper's figure comes from scaling-law "
             "fits over many sizes."),
-    ("Tutorial: Muon's loss 34% below AdamW's (MNIST, 3 epochs)", "34%",
+    "loss_gap": (
      f"{gap / a['mean'][-1]:.1%} below, at AdamW's and Muon's best learning rates",
      STUDY,
      "Another task and model; here both learning rates were tuned over the same sweep, "
      f"with {len(a['seeds'])} seeds."),
-]
-out = ("| claim | their figure | this book's figure (command) | why they differ |\n"
-       "|---|---|---|---|\n")
-out += "\n".join(f"| {c} | {t} | {o} ({cmd}) | {why} |"
-                 for c, t, o, cmd, why in claim_rows)
-display(Markdown(out))
+}
+display(Markdown(claims.table(claim_rows)))
 
 # %% [markdown]
 # The quoted figures are from {cite:t}`liu2025muonscalable`, {cite:t}`wei2025muonreproducibility`

@@ -378,8 +378,6 @@ table(["fault", "the launcher's verdict", "the first failing rank's last words",
 # kept in the repository with the command, commit and machine that produced it:
 
 # %%
-import json  # noqa: E402
-
 from dmuon.lab.provenance import load_recorded, provenance_text  # noqa: E402
 
 bench = load_recorded("fault_bench_2x1.json")
