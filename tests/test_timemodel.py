@@ -146,3 +146,12 @@ def test_profiles_come_from_plan_at_scale_and_the_recorded_calibration():
     assert cpu["intra"] == (links["alpha_s"], links["beta_bytes_per_s"])
     assert cpu["flops"] == record["measurements"]["ns_speed"]["result"]["matmul_gflops"] * 1e9
     assert cpu["reduce_scatter_as_all_reduce"] and cpu["shared_cores"]
+
+
+def test_fsdp2_extra_is_one_all_to_all_each_way_and_the_owners_newton_schulz():
+    """A 3 x 4 matrix on 2 FSDP2 ranks: rows 0-1 on rank 0 (its owner, it holds most), row 2 on rank 1,
+    which sends its 4 elements (bf16) to the owner and gets them back."""
+    t = timemodel.fsdp2_extra_seconds([(3, 4)], 2, profile())
+    assert t["ns_to_owner"] == t["ns_from_owner"] == pytest.approx(A + 8 / B, rel=1e-12)
+    assert t["newton_schulz"] == pytest.approx(ns5_flops(3, 4) / F, rel=1e-12)
+    assert t["total"] == pytest.approx(2 * (A + 8 / B) + ns5_flops(3, 4) / F, rel=1e-12)

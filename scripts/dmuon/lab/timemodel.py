@@ -22,7 +22,8 @@ moments, the update) is left out on both sides.
 A profile is a dict: ``flops`` (matmul FLOP/s of one rank) and ``efficiency`` (Newton-Schulz's share
 of it), ``ranks_per_node`` (ranks on the fast link; ``None``: all on one machine), ``intra`` and
 ``inter`` ((alpha s, beta bytes/s) per link), ``reduce_scatter_as_all_reduce`` (gloo runs one so) and
-``shared_cores`` (the ``flops`` is the whole machine's, shared by the ranks computing at once).
+``shared_cores`` (the ``flops`` is the whole machine's, shared by the ranks computing at once), and
+optionally ``max_ranks`` (the largest grid the profile is meant for; callers skip larger ones).
 Two are provided: ``h100()`` (``scripts/plan_at_scale.py``'s ``H100``, public figures taken as
 assumptions, cited there) and ``this_machine()`` (measured here by ``scripts/calibrate_time_model.py``,
 recorded with its provenance in ``book/data/time_model_cpu.json``).
@@ -42,6 +43,9 @@ TIME_LAYOUTS = ("adamw", "bucket", "owner", "aligned")
 PROFILE_KEYS = ("flops", "efficiency", "ranks_per_node", "intra", "inter", "reduce_scatter_as_all_reduce",
                 "shared_cores")
 CPU_RECORD = Path("book") / "data" / "time_model_cpu.json"
+# The book launches at most 8 ranks on one machine; beyond that, one small CPU's measured link and
+# matmul rates (shared by every rank) say nothing useful, so this profile is not applied there.
+CPU_MAX_RANKS = 8
 
 
 def _root() -> Path:
@@ -50,14 +54,18 @@ def _root() -> Path:
     return ROOT
 
 
+def plan_at_scale():
+    """``scripts/plan_at_scale.py`` of the checkout, as a module (its ``H100`` figures and model shapes)."""
+    spec = importlib.util.spec_from_file_location("plan_at_scale", _root() / "scripts" / "plan_at_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def h100() -> dict:
     """The H100 cluster profile: ``H100`` of ``scripts/plan_at_scale.py`` (NVLink inside a node of 8,
     InfiniBand between nodes), read from the checkout so the figures and their citations live once."""
-    path = _root() / "scripts" / "plan_at_scale.py"
-    spec = importlib.util.spec_from_file_location("plan_at_scale", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    hw = module.H100
+    hw = plan_at_scale().H100
     return dict(name="H100 cluster (assumed public figures)", flops=hw["flops"], efficiency=hw["efficiency"],
                 ranks_per_node=hw["gpus_per_node"], intra=tuple(hw["nvlink"]), inter=tuple(hw["infiniband"]),
                 reduce_scatter_as_all_reduce=False, shared_cores=False)
@@ -67,7 +75,7 @@ def this_machine(path: Path | None = None) -> dict:
     """The profile calibrated on this machine (``scripts/calibrate_time_model.py``), with its record."""
     record = json.loads(((path or _root() / CPU_RECORD)).read_text())
     profile = dict(record["profile"], intra=tuple(record["profile"]["intra"]), inter=tuple(record["profile"]["inter"]))
-    return dict(profile, provenance={k: record[k] for k in ("command", "commit", "torch", "cpu", "cores",
+    return dict(profile, max_ranks=CPU_MAX_RANKS, provenance={k: record[k] for k in ("command", "commit", "torch", "cpu", "cores",
                                                               "recorded_at", "load_average_before")})
 
 
@@ -141,6 +149,14 @@ def all_to_all_seconds(calls: list[list[list[int]]], hw: dict) -> float:
     return worst
 
 
+def busiest_ns_flops(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str) -> int:
+    """Newton-Schulz FLOPs of the busiest rank per step under ``layout`` (0 for "adamw")."""
+    if layout == "adamw":
+        return 0
+    plan = costmodel.plans_for(groups, dp, tp, bucket_numel, layout)[0]
+    return max(ns_flops_per_rank(plan, [bool(g["use_muon"]) for g in groups]))
+
+
 def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str, hw: dict) -> dict:
     """Modelled seconds of one optimizer step, by phase, on the slowest rank, for ``groups`` (``costmodel``
     form) on a ``dp x tp`` grid under ``layout`` (one of ``TIME_LAYOUTS``; "adamw": Distributed AdamW).
@@ -184,6 +200,26 @@ def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None,
     out["busiest_ns_flops"] = max(load)
     out["newton_schulz"] = (sum(load) if hw["shared_cores"] else max(load)) / (hw["flops"] * hw["efficiency"])
     out["total"] = out["comm"] + out["newton_schulz"]
+    return out
+
+
+def fsdp2_extra_seconds(shapes: list[tuple[int, int]], dp: int, hw: dict) -> dict:
+    """What ``FSDPMuon`` adds to a step on a DP-only FSDP2 grid, in seconds: its one all-to-all of every
+    matrix's row blocks to the owners and one back (``fsdp_routes``, the routes it runs; bf16), and the
+    busiest owner's Newton-Schulz. FSDP2's own gathers and reduce-scatters are not in it (``choice``)."""
+    from ..fsdp_routes import routes
+    from .choice import fsdp2_row_pieces
+
+    check_profile(hw)
+    by_rank = [fsdp2_row_pieces(s, dp) for s in shapes]
+    r = routes(list(shapes), [[by_rank[m][d] for m in range(len(shapes))] for d in range(dp)], tp=1)
+    off_diagonal = lambda counts, q: [0 if j == q else c * costmodel.NS_BYTES for j, c in enumerate(counts)]  # noqa: E731
+    there = [off_diagonal(r.send_counts(q), q) for q in range(dp)]
+    back = [off_diagonal(r.back_counts(q), q) for q in range(dp)]
+    load = [sum(ns5_flops(*shapes[m]) for m in r.owned(q)) for q in range(dp)]
+    out = dict(ns_to_owner=all_to_all_seconds([there], hw), ns_from_owner=all_to_all_seconds([back], hw),
+               newton_schulz=(sum(load) if hw["shared_cores"] else max(load)) / (hw["flops"] * hw["efficiency"]))
+    out["total"] = sum(out.values())
     return out
 
 
