@@ -87,6 +87,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # "state" is the optimizer state a rank keeps (fp32 master and momentum, padding included).
 
 # %% tags=["hide-input"]
+from IPython.display import Markdown, display
 from myst_nb import glue
 
 from dmuon.lab.choice import layout_costs
@@ -126,7 +127,7 @@ for name in SETS:
                     c["overlap"],
                 ]
             )
-    print(f"{name}:")
+    display(Markdown(f"**{name}**:"))  # a printed line would merge above both tables
     table(
         [
             "grid",
@@ -221,10 +222,12 @@ glue(
 from dmuon.lab.timemodel import h100, layout_seconds, this_machine
 
 H100, CPU = h100(), this_machine()
+SHORT = dict(zip(SETS, ("PoC five", "4-layer stack")))
 rec = CPU["provenance"]
-print(f"this machine: {rec['cpu']}, {rec['cores']} cores, torch {rec['torch']}, "
-      f"recorded {rec['recorded_at']}\n  by `{rec['command']}` "
-      f"(load average {rec['load_average_before'][0]:.1f})")
+print(f"this machine: {rec['cpu']}, {rec['cores']} cores, torch {rec['torch']}")
+load = rec["load_average_before"][0]
+print(f"  recorded {rec['recorded_at']} (load average {load:.1f})")
+print(f"  by {rec['command']}")
 print(f"  Newton-Schulz at {CPU['flops'] * CPU['efficiency'] / 1e9:.1f} GFLOP/s, "
       f"alpha {CPU['intra'][0] * 1e6:.0f} us, beta {CPU['intra'][1] / 1e9:.2f} GB/s")
 nvlink, infiniband = H100["intra"][1] / 1e9, H100["inter"][1] / 1e9
@@ -244,7 +247,7 @@ for hw, unit, scale in ((H100, "us", 1e6), (CPU, "ms", 1e3)):
             for layout, t in secs[(hw["name"], name, grid)].items():
                 rows.append(
                     [
-                        name.split(" (")[0].replace("the proof of concept's", "PoC"),
+                        SHORT[name],
                         f"{grid[0]} x {grid[1]}",
                         layout,
                         f"{t['comm'] * scale:,.1f}",
@@ -252,7 +255,7 @@ for hw, unit, scale in ((H100, "us", 1e6), (CPU, "ms", 1e3)):
                         f"{t['total'] * scale:,.1f}",
                     ]
                 )
-    print(f"{hw['name']}, {unit} per step:")
+    display(Markdown(f"**{hw['name']}**, {unit} per step:"))
     table(
         ["matrices", "grid", "layout", "comm", "Newton-Schulz", "total"],
         rows,
@@ -350,24 +353,25 @@ for name, groups in SETS.items():
         extra_s[(name, dp)] = (zero1_s, fsdp2_extra_seconds(shapes, dp, H100)["total"])
         rows.append(
             [
-                name.split(" (")[0].replace("the proof of concept's", "PoC"),
-                f"{dp} x 1",
-                f"{zero1 / 1e6:.2f} MB",
-                f"{fsdp['extra_bytes_per_rank'] / 1e6:.2f} MB",
-                f"{fsdp['busiest_ns_flops'] / 1e9:.1f} GFLOP",
-                f"{extra_s[(name, dp)][0] * 1e6:.0f} us",
-                f"{extra_s[(name, dp)][1] * 1e6:.0f} us",
+                SHORT[name],
+                f"{dp}x1",
+                f"{zero1 / 1e6:.2f}",
+                f"{fsdp['extra_bytes_per_rank'] / 1e6:.2f}",
+                f"{fsdp['busiest_ns_flops'] / 1e9:.1f}",
+                f"{extra_s[(name, dp)][0] * 1e6:.0f}",
+                f"{extra_s[(name, dp)][1] * 1e6:.0f}",
             ]
         )
+display(Markdown("Muon's extra per step and rank:"))
 table(
     [
         "matrices",
         "grid",
-        "Muon's extra, ZeRO-1 owner",
-        "Muon's extra, FSDP2 + FSDPMuon",
-        "busiest NS (FSDP2)",
-        "H100, ZeRO-1 owner",
-        "H100, FSDP2",
+        "ZeRO-1 owner, MB",
+        "FSDP2 + FSDPMuon, MB",
+        "busiest NS, FSDP2, GFLOP",
+        "H100, ZeRO-1 owner, us",
+        "H100, FSDP2, us",
     ],
     rows,
     align="llrrrrr",
