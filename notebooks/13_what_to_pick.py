@@ -215,8 +215,9 @@ glue(
 #   bf16 peak;
 # - **this machine**, calibrated by [`scripts/calibrate_time_model.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/calibrate_time_model.py) and recorded with its
 #   provenance in [`book/data/time_model_cpu.json`](https://github.com/dmuon-book/distributed-muon/blob/main/book/data/time_model_cpu.json): the matmul rate Newton-Schulz runs at here and
-#   gloo's $\alpha$ and $\beta$ fitted to all-gathers over 4 ranks, all ranks sharing the
-#   machine's cores.
+#   gloo's $\alpha$ and $\beta$ fitted to all-gathers over 4 ranks. All ranks share the
+#   machine's cores, so Newton-Schulz takes every rank's FLOPs at the machine's rate. The record
+#   names the machine it measured (printed below); run the script on yours to price your own.
 
 # %% tags=["hide-input"]
 from dmuon.lab.timemodel import h100, layout_seconds, this_machine

@@ -32,6 +32,7 @@ recorded with its provenance in ``book/data/time_model_cpu.json``).
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from pathlib import Path
@@ -54,8 +55,10 @@ def _root() -> Path:
     return ROOT
 
 
+@functools.lru_cache(maxsize=1)
 def plan_at_scale():
-    """``scripts/plan_at_scale.py`` of the checkout, as a module (its ``H100`` figures and model shapes)."""
+    """``scripts/plan_at_scale.py`` of the checkout, as a module (its ``H100`` figures and model shapes);
+    loaded once (the script puts ``scripts/`` on ``sys.path`` as it loads, as it does when run)."""
     spec = importlib.util.spec_from_file_location("plan_at_scale", _root() / "scripts" / "plan_at_scale.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
