@@ -18,14 +18,16 @@
 # # 13. What to pick and what it costs
 #
 # ```{admonition} What this chapter runs
-# Only arithmetic: the ZeRO-1 plan and the closed-form cost model of chapters 4, 6 and 8, no
-# process and no kernel. A few seconds.
+# Only arithmetic: the ZeRO-1 plan, the closed-form cost model of chapters 4, 6 and 8 and a time
+# model on two hardware profiles (one of them this machine's, read from a recorded calibration),
+# no process and no kernel. About ten seconds.
 # ```
 #
 # The chapters before this one built, checked and measured several ways to run Muon on sharded
 # models. This page puts them side by side: which to pick, and what each costs per rank and per
-# step, computed here from the same plan the optimizer uses and the byte formulas that the tests
-# hold the ledger to (`dmuon.lab.costmodel`, `dmuon.lab.choice`).
+# step, computed here from the same plan the optimizer uses, the byte formulas that the tests
+# hold the ledger to (`dmuon.lab.costmodel`, `dmuon.lab.choice`), and a time model built on them
+# (`dmuon.lab.timemodel`).
 
 # %% tags=["hide-cell"]
 # Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
@@ -85,6 +87,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # "state" is the optimizer state a rank keeps (fp32 master and momentum, padding included).
 
 # %% tags=["hide-input"]
+from IPython.display import Markdown, display
 from myst_nb import glue
 
 from dmuon.lab.choice import layout_costs
@@ -124,7 +127,7 @@ for name in SETS:
                     c["overlap"],
                 ]
             )
-    print(f"{name}:")
+    display(Markdown(f"**{name}**:"))  # a printed line would merge above both tables
     table(
         [
             "grid",
@@ -191,6 +194,142 @@ glue(
 #   Newton-Schulz), which they need so that the owners work at once; bucket runs as the proof of
 #   concept did.
 #
+# ## What it costs in time
+#
+# Bytes and FLOPs become seconds through the hardware. The time model
+# ([`dmuon/lab/timemodel.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/timemodel.py)) prices every collective of a step with the alpha-beta model of
+# {doc}`chapter 6 <06_communication>` (a latency $\alpha$ per hop and a bandwidth $\beta$): the
+# ring reduce-scatters and all-gathers, the bucket layout's gathers for Newton-Schulz, and the
+# owner layouts' all-to-alls, where a rank's time is the larger of what it sends and what it
+# receives, so the owner of a matrix, who receives all its pieces, sets the pace. Newton-Schulz is
+# the FLOPs of the busiest rank at a matmul rate. The step is priced serially (communication, then
+# Newton-Schulz: an upper bound, since overlap can at best hide the smaller), and the element-wise
+# work of both optimizers is left out. A test holds the model, with no latency, to the
+# busiest rank's bytes sent and received in a real run's ledger, phase by phase, on every layout.
+#
+# Two hardware profiles:
+#
+# - **an H100 cluster**: the public figures that {doc}`chapter 14 <14_muon_at_scale>` projects
+#   with (`H100` in [`scripts/plan_at_scale.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/plan_at_scale.py), each figure cited there), taken as assumptions:
+#   eight GPUs per node on NVLink, InfiniBand between nodes, Newton-Schulz at half the dense
+#   bf16 peak;
+# - **this machine**, calibrated by [`scripts/calibrate_time_model.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/calibrate_time_model.py) and recorded with its
+#   provenance in [`book/data/time_model_cpu.json`](https://github.com/dmuon-book/distributed-muon/blob/main/book/data/time_model_cpu.json): the matmul rate Newton-Schulz runs at here and
+#   gloo's $\alpha$ and $\beta$ fitted to all-gathers over 4 ranks. All ranks share the
+#   machine's cores, so Newton-Schulz takes every rank's FLOPs at the machine's rate. The record
+#   names the machine it measured (printed below); run the script on yours to price your own.
+
+# %% tags=["hide-input"]
+from dmuon.lab.timemodel import h100, layout_seconds, this_machine
+
+H100, CPU = h100(), this_machine()
+SHORT = dict(zip(SETS, ("PoC five", "4-layer stack")))
+rec = CPU["provenance"]
+print(f"this machine: {rec['cpu']}, {rec['cores']} cores, torch {rec['torch']}")
+load = rec["load_average_before"][0]
+print(f"  recorded {rec['recorded_at']} (load average {load:.1f})")
+print(f"  by {rec['command']}")
+print(f"  Newton-Schulz at {CPU['flops'] * CPU['efficiency'] / 1e9:.1f} GFLOP/s, "
+      f"alpha {CPU['intra'][0] * 1e6:.0f} us, beta {CPU['intra'][1] / 1e9:.2f} GB/s")
+nvlink, infiniband = H100["intra"][1] / 1e9, H100["inter"][1] / 1e9
+tflops = H100["flops"] * H100["efficiency"] / 1e12
+print(f"H100: Newton-Schulz at {tflops:.0f} TFLOP/s, "
+      f"NVLink {nvlink:.0f} GB/s, InfiniBand {infiniband:.0f} GB/s")
+secs = {
+    (hw["name"], name, grid): layout_seconds(groups, *grid, DEFAULT_BUCKET_NUMEL, hw)
+    for hw in (H100, CPU)
+    for name, groups in SETS.items()
+    for grid in GRIDS
+}
+for hw, unit, scale in ((H100, "us", 1e6), (CPU, "ms", 1e3)):
+    rows = []
+    for name in SETS:
+        for grid in GRIDS:
+            for layout, t in secs[(hw["name"], name, grid)].items():
+                rows.append(
+                    [
+                        SHORT[name],
+                        f"{grid[0]} x {grid[1]}",
+                        layout,
+                        f"{t['comm'] * scale:,.1f}",
+                        f"{t['newton_schulz'] * scale:,.1f}",
+                        f"{t['total'] * scale:,.1f}",
+                    ]
+                )
+    display(Markdown(f"**{hw['name']}**, {unit} per step:"))
+    table(
+        ["matrices", "grid", "layout", "comm", "Newton-Schulz", "total"],
+        rows,
+        align="lllrrr",
+    )
+
+# %% tags=["remove-cell"]
+# The claims of the text below, on the numbers above.
+import math
+
+sec = {
+    (hw, name, grid, layout): t
+    for (hw, name, grid), ts in secs.items()
+    for layout, t in ts.items()
+}
+hname, cname = H100["name"], CPU["name"]
+muon_layouts = ("bucket", "owner", "aligned")
+# this machine: Newton-Schulz outweighs communication in every Muon step
+assert all(
+    sec[(cname, n, g, lay)]["newton_schulz"] > sec[(cname, n, g, lay)]["comm"]
+    for n in SETS for g in GRIDS for lay in muon_layouts
+)
+# shared cores: bucket's Newton-Schulz is the owner layout's times the ranks, exactly
+for n in SETS:
+    for g in GRIDS:
+        ratio = (
+            sec[(cname, n, g, "bucket")]["newton_schulz"]
+            / sec[(cname, n, g, "owner")]["newton_schulz"]
+        )
+        assert abs(ratio - g[0] * g[1]) < 1e-9
+cpu_gain = (
+    sec[(cname, even, (4, 1), "bucket")]["total"]
+    / sec[(cname, even, (4, 1), "owner")]["total"]
+)
+glue("ch13-cpu-gain", f"{cpu_gain:.1f}", display=False)
+# H100: the proof of concept's matrices take microseconds, whatever the layout
+poc_max = max(sec[(hname, poc, g, lay)]["total"] for g in GRIDS for lay in muon_layouts)
+assert poc_max < 1e-4
+glue("ch13-h100-poc-max", str(math.ceil(poc_max * 1e6)), display=False)  # "or less"
+# H100, the even stack: aligned < owner < bucket on both grids, and the owner layout's
+# communication stays close to the bucket layout's on 4 x 1
+for g in GRIDS:
+    t = {lay: sec[(hname, even, g, lay)]["total"] for lay in muon_layouts}
+    assert t["aligned"] < t["owner"] < t["bucket"], (g, t)
+comm_ratio = (
+    sec[(hname, even, (4, 1), "owner")]["comm"]
+    / sec[(hname, even, (4, 1), "bucket")]["comm"]
+)
+ns_ratio = (
+    sec[(hname, even, (4, 1), "bucket")]["newton_schulz"]
+    / sec[(hname, even, (4, 1), "owner")]["newton_schulz"]
+)
+assert 0.7 < comm_ratio and ns_ratio > 2
+glue("ch13-h100-comm-ratio", f"{comm_ratio:.2f}", display=False)
+glue("ch13-h100-ns-ratio", f"{ns_ratio:.1f}", display=False)
+
+# %% [markdown]
+# What the model says:
+#
+# - **On this machine Newton-Schulz is the step.** It outweighs communication in every Muon row,
+#   and because all ranks share the machine's cores, the bucket layout, where every rank
+#   orthogonalises every matrix, pays exactly the number of ranks times the owner layouts'
+#   Newton-Schulz. On the stack on 4 x 1 the owner layout's step is modelled
+#   {glue:text}`ch13-cpu-gain` times shorter than the bucket layout's.
+# - **On H100s the proof of concept's matrices do not matter**: every Muon step is modelled at
+#   {glue:text}`ch13-h100-poc-max` microseconds or less, whatever the layout.
+# - **On H100s, the stack**: aligned is the fastest, then owner, then bucket, on both grids. The
+#   owner layout saves Newton-Schulz ({glue:text}`ch13-h100-ns-ratio` times less on the busiest
+#   rank on 4 x 1) more than it saves time on the wire: its communication is
+#   {glue:text}`ch13-h100-comm-ratio` of the bucket layout's there, because the owner of a matrix
+#   receives every piece of it, about what a bucket gather brings to every rank, and sends it all
+#   back. Fewer bytes in total is not a faster transfer when one rank carries them.
+#
 # ## Under FSDP2
 #
 # With an FSDP2 model the gradient reduce-scatter and the parameter gathers are FSDP2's (how many,
@@ -201,60 +340,174 @@ glue(
 
 # %% tags=["hide-input"]
 from dmuon.lab.choice import fsdp2_extra, zero1_owner_extra
+from dmuon.lab.costmodel import plans_for
+from dmuon.lab.timemodel import fsdp2_extra_seconds, step_seconds
 
-rows, extra = [], {}
+rows, extra, extra_s = [], {}, {}
 for name, groups in SETS.items():
     shapes = groups[0]["shapes"]
+    dp_only = [dict(groups[0], tp_split_dims=[-1] * len(shapes))]
     for dp in (2, 4):
         fsdp = fsdp2_extra(shapes, dp)
-        zero1 = zero1_owner_extra(
-            [dict(groups[0], tp_split_dims=[-1] * len(shapes))],
-            dp,
-            DEFAULT_BUCKET_NUMEL,
-        )
+        zero1 = zero1_owner_extra(dp_only, dp, DEFAULT_BUCKET_NUMEL)
         extra[(name, dp)] = (zero1, fsdp["extra_bytes_per_rank"])
+        t = step_seconds(dp_only, dp, 1, DEFAULT_BUCKET_NUMEL, "owner", H100)
+        zero1_s = t["ns_to_owner"] + t["ns_from_owner"] + t["newton_schulz"]
+        extra_s[(name, dp)] = (zero1_s, fsdp2_extra_seconds(shapes, dp, H100)["total"])
         rows.append(
             [
-                name,
-                f"{dp} x 1",
-                f"{zero1 / 1e6:.2f} MB",
-                f"{fsdp['extra_bytes_per_rank'] / 1e6:.2f} MB",
-                f"{fsdp['busiest_ns_flops'] / 1e9:.1f} GFLOP",
+                SHORT[name],
+                f"{dp}x1",
+                f"{zero1 / 1e6:.2f}",
+                f"{fsdp['extra_bytes_per_rank'] / 1e6:.2f}",
+                f"{fsdp['busiest_ns_flops'] / 1e9:.1f}",
+                f"{extra_s[(name, dp)][0] * 1e6:.0f}",
+                f"{extra_s[(name, dp)][1] * 1e6:.0f}",
             ]
         )
+display(Markdown("Muon's extra per step and rank:"))
 table(
     [
         "matrices",
         "grid",
-        "Muon's extra, ZeRO-1 owner",
-        "Muon's extra, FSDP2 + FSDPMuon",
-        "busiest NS (FSDP2)",
+        "ZeRO-1 owner, MB",
+        "FSDP2 + FSDPMuon, MB",
+        "busiest NS, FSDP2, GFLOP",
+        "H100, ZeRO-1 owner, us",
+        "H100, FSDP2, us",
     ],
     rows,
-    align="llrrr",
+    align="llrrrrr",
 )
 # The text below: FSDP2 never moves less for Muon than ZeRO-1's owner layout, and more
-# on uneven shapes.
+# on uneven shapes; on the stack it is modelled faster all the same (one all-to-all
+# each way, against one per bucket).
 assert all(f >= z for z, f in extra.values())
 assert all(f > z for (name, _), (z, f) in extra.items() if name == poc)
+assert all(f < z for (name, _), (z, f) in extra_s.items() if name == even)
+stack_plan = plans_for(SETS[even], 2, 1, DEFAULT_BUCKET_NUMEL, "owner")[0]
+n_buckets = len(stack_plan.buckets[0])
+assert n_buckets > 1
+glue("ch13-stack-buckets", n_buckets, display=False)
 
 # %% [markdown]
 # FSDP2 cuts every matrix into blocks of rows on every rank, so every matrix has pieces away from
 # its owner; ZeRO-1's flat buffer leaves a matrix that falls inside one rank's shard whole there.
 # So Muon's extra traffic under FSDP2 is never below the owner layout's here, and above it on the
 # proof of concept's uneven shapes ({doc}`chapter 11 <11_fsdp2>` measures the same on a real
-# model). Either way Newton-Schulz runs once per matrix. The choice between them is the model's:
-# a model already under `fully_shard` keeps FSDP2 and takes `FSDPMuon`.
+# model). Either way Newton-Schulz runs once per matrix. In time, the model reverses the order on
+# the stack: `FSDPMuon` sends all of a step's pieces in one all-to-all each way, where ZeRO-1's
+# owner layout runs one per bucket ({glue:text}`ch13-stack-buckets` buckets here), each paying
+# its latency, so on H100s FSDP2's extra is modelled shorter despite its extra bytes. The choice
+# between them is the model's all the same: a model already under `fully_shard` keeps FSDP2 and
+# takes `FSDPMuon`.
 #
-# Time is another matter: bytes turn into seconds through the network's latency and bandwidth, and
-# Newton-Schulz through the GPUs' matmul rate. {doc}`Chapter 6 <06_communication>` prices the
-# bytes on a cluster, {doc}`chapter 7 <07_profiling>` profiles a step, and
-# {doc}`chapter 8 <08_beyond_poc>` measures the layouts against each other.
+# These are models. {doc}`Chapter 7 <07_profiling>` profiles a real step and
+# {doc}`chapter 8 <08_beyond_poc>` measures the layouts against each other on this machine.
+#
+# ## Explore: layout x grid x shapes
+#
+# {numref}`fig-ch13-explorer` puts every layout beside Distributed AdamW for three sets of
+# matrices: the balanced stack above, the community report's five shapes (one 4096 x 4096 among
+# four small ones) and one layer of Llama-3-8B (its seven matrices, from
+# [`scripts/plan_at_scale.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/plan_at_scale.py)). The menu picks the matrices, the slider the grid; both move in this
+# page, and every position was computed with the functions above when the page was built
+# (`dmuon.lab.layout_explorer`). This machine's bars appear up to 8 ranks, the most the book
+# launches on one machine.
+
+# %% tags=["hide-input"]
+from dmuon.lab.explorers import Figure
+from dmuon.lab.layout_explorer import explorer_rows, layout_explorer
+
+explore = explorer_rows(profiles=[H100, CPU])
+glue("ch13-explorer", Figure(layout_explorer(explore)), display=False)
+
+# %% tags=["remove-cell"]
+# The claims of the text below, on every position of the explorer.
+from dmuon.lab.synthetic import REPORT_SHAPES
+from dmuon.newton_schulz import ns5_flops
+
+cells = {}
+for r in explore:
+    cells.setdefault((r["shapes"], r["dp"], r["tp"]), {})[r["layout"]] = r
+
+
+def h100_ms(r):
+    return r["seconds"][H100["name"]]["total"] * 1e3
+
+
+def fastest(c):
+    return min(muon_layouts, key=lambda lay: h100_ms(c[lay]))
+
+
+for (name, dp, tp), c in cells.items():
+    assert c["owner"]["bytes_per_rank"] <= c["bucket"]["bytes_per_rank"]
+    assert c["bucket"]["ns_runs_per_matrix"] == dp * tp
+    assert c["owner"]["ns_runs_per_matrix"] == c["aligned"]["ns_runs_per_matrix"] == 1
+    if name == "Llama-3-8B layer":
+        assert fastest(c) == "owner", (dp, tp)
+    if name == "balanced stack":
+        assert fastest(c) == "aligned", (dp, tp)
+report_gap = max(
+    max(h100_ms(c["owner"]), h100_ms(c["bucket"]))
+    / min(h100_ms(c["owner"]), h100_ms(c["bucket"]))
+    for (name, *_), c in cells.items()
+    if name == "report shapes"
+)
+assert report_gap < 1.25
+report_ns = [ns5_flops(*shape) for shape in REPORT_SHAPES]
+assert report_ns[0] / sum(report_ns) > 0.95 and REPORT_SHAPES[0] == (4096, 4096)
+stack_aligned = max(
+    c["aligned"]["vs_adamw"]
+    for (name, *_), c in cells.items()
+    if name == "balanced stack"
+)
+glue("ch13-stack-aligned-max", f"{stack_aligned:.2f}", display=False)
+llama = cells[("Llama-3-8B layer", 16, 4)]
+glue("ch13-report-gap", f"{(report_gap - 1) * 100:.0f}", display=False)
+for lay in muon_layouts:
+    glue(f"ch13-llama-{lay}", f"{llama[lay]['vs_adamw']:.2f}", display=False)
+    glue(f"ch13-llama-{lay}-ms", f"{h100_ms(llama[lay]):.0f}", display=False)
+
+# %% [markdown]
+# ```{glue:figure} ch13-explorer
+# :name: fig-ch13-explorer
+#
+# Every layout against Distributed AdamW, for the matrices set by the menu and the grid
+# (dp x tp) set by the slider: bytes each rank sends per step (mean over ranks), Newton-Schulz on
+# the busiest rank, optimizer state per rank (fp32 master and moments, padding included) and the
+# modelled optimizer step on the two profiles (log scale; hover for communication and
+# Newton-Schulz apart). Axes keep their range while the slider moves.
+# ```
+#
+# On every position: the owner layout never sends more than bucket, and bucket runs Newton-Schulz
+# dp x tp times per matrix where the owner layouts run it once. Which layout is fastest depends
+# on the matrices:
+#
+# - **Llama-3-8B layer**: owner, on every grid, on H100s. On 16 x 4 it sends
+#   {glue:text}`ch13-llama-owner` x AdamW's bytes (bucket {glue:text}`ch13-llama-bucket` x) and
+#   its step is modelled at {glue:text}`ch13-llama-owner-ms` ms against bucket's
+#   {glue:text}`ch13-llama-bucket-ms` ms; aligned cuts seven unequal matrices into uneven shards
+#   and pays for the padding ({glue:text}`ch13-llama-aligned` x, {glue:text}`ch13-llama-aligned-ms`
+#   ms).
+# - **balanced stack**: aligned, on every grid, on H100s: nothing crosses DP for Newton-Schulz,
+#   and the padding of its cuts stays small with equal matrices (at most
+#   {glue:text}`ch13-stack-aligned-max` x AdamW's bytes, TP traffic included).
+# - **report shapes**: one 4096 x 4096 matrix holds almost all the Newton-Schulz work, and under
+#   every layout the busiest rank orthogonalises it whole (under bucket, every rank does), so
+#   bucket and owner are modelled within {glue:text}`ch13-report-gap`% of each other on every
+#   grid. One dominant matrix is where
+#   orthogonalising a matrix by a group of ranks ({doc}`chapter 14 <14_muon_at_scale>`) pays.
 #
 # ## Summary
 #
 # - FSDP2 model: `FSDPMuon`. Otherwise ZeRO-1 (x TP) with `layout="owner"`.
 # - `layout="aligned"` when the matrices divide evenly into the DP shards; `layout="bucket"` to
 #   reproduce the paper's numbers.
-# - Every figure on this page is computed from the plan and the cost model; `dmuon.lab.choice`
-#   gives the same table for your own shapes and grid.
+# - In time, on the model: owner for transformer layers of unequal matrices, aligned for a stack
+#   of equal ones; when one matrix dominates, bucket and owner come within
+#   {glue:text}`ch13-report-gap`% of each other on H100s. On a CPU Newton-Schulz is the step,
+#   and the owner layouts divide it by the number of ranks.
+# - Every figure on this page is computed from the plan, the cost model and the time model;
+#   `dmuon.lab.choice`, `dmuon.lab.timemodel` and `dmuon.lab.layout_explorer` give the same for
+#   your own shapes, grid and hardware.

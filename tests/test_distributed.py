@@ -127,3 +127,34 @@ def test_bug2_is_hidden_when_every_matrix_is_split_over_tp():
     """The TP gather rebuilds the shape, which is why the bug showed only on some grids."""
     proc = script("verify.py", "--tp", "2", "--shapes", "24x24,24x24", "--tp-dims", "0,1", "--poc-bug", "flat-view")
     assert proc.returncode == 0 and last_json(proc.stdout)["ok"] is True
+
+
+def test_time_model_prices_the_ledgers_busiest_rank():
+    """dmuon.lab.timemodel against the engine's ledger (the cached 2x2 run: several buckets, TP-split and
+    replicated matrices): the owner layouts' per-pair traffic is what each rank sent and received, and with
+    no latency and 1 byte/s each phase lasts the busiest rank's max(sent, received) bytes, exactly, so the
+    model orders the layouts as the ledger does."""
+    from dmuon.lab import costmodel, timemodel
+
+    dp, tp = 2, 2
+    layouts = last_json(verify_run("muon", dp, tp, "none").stdout)["layouts"]
+    problem = build_problem("muon", parse_shapes(ODD_SHAPES), parse_tp_dims(ODD_TP_DIMS), 2, 0, tp)
+    hw = dict(flops=1.0, efficiency=1.0, ranks_per_node=None, intra=(0.0, 1.0), inter=(0.0, 1.0),
+              reduce_scatter_as_all_reduce=False, shared_cores=False)
+    modelled, ledgered = {}, {}
+    for layout, res in layouts.items():
+        ledgers = [r["phases"] for r in res["ledger_per_rank"]]
+        if layout != "bucket":
+            plan = costmodel.plans_for(problem.groups, dp, tp, int(BUCKET), layout)[0]
+            for k, phase in enumerate(("ns_to_owner", "ns_from_owner")):
+                calls = [timemodel.owner_traffic(plan, g, b)[k] for g, bs in enumerate(plan.buckets) for b in bs]
+                for r, ledger in enumerate(ledgers):
+                    got = ledger.get(phase, {})
+                    assert sum(sum(c[r]) for c in calls) == got.get("bytes_sent", 0), (layout, phase, r)
+                    assert sum(c[q][r] for c in calls for q in range(dp * tp)) == got.get("bytes_recv", 0)
+        t = timemodel.step_seconds(problem.groups, dp, tp, int(BUCKET), layout, hw)
+        busiest = {p: max(max(lg.get(p, {}).get("bytes_sent", 0), lg.get(p, {}).get("bytes_recv", 0))
+                          for lg in ledgers) for p in PHASES}
+        assert {p: t[p] for p in PHASES} == busiest, layout
+        modelled[layout], ledgered[layout] = t["comm"], sum(busiest.values())
+    assert sorted(modelled, key=modelled.get) == sorted(ledgered, key=ledgered.get)
