@@ -499,6 +499,19 @@ for lay in muon_layouts:
 #   grid. One dominant matrix is where
 #   orthogonalising a matrix by a group of ranks ({doc}`chapter 14 <14_muon_at_scale>`) pays.
 #
+# ## The claims, and where this book checks them
+#
+# Every claim of the paper, the community report and the tutorial that the book tests, in one
+# list ([`dmuon/lab/claims.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/claims.py));
+# the chapters named print this book's figure beside each, measured where the page was built or
+# read from a recorded run:
+
+# %% tags=["hide-input"]
+from dmuon.lab import claims  # noqa: E402
+
+display(Markdown(claims.index_table()))
+
+# %% [markdown]
 # ## Summary
 #
 # - FSDP2 model: `FSDPMuon`. Otherwise ZeRO-1 (x TP) with `layout="owner"`.

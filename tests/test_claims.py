@@ -31,6 +31,7 @@ def test_the_index_names_every_claim_and_links_chapters_and_sources_that_exist()
     bib = (ROOT / "book" / "references.bib").read_text()
     for c in claims.CLAIMS.values():
         assert c.text in index and f"@misc{{{claims.CITES[c.source]}," in bib
+        assert list(c.checked_in) == sorted(c.checked_in), f"{c.text}: chapters in book order"
         for doc in c.checked_in:
             assert (ROOT / "notebooks" / f"{doc}.py").exists(), doc
             assert f"<{doc}>`" in index

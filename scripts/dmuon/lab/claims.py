@@ -18,7 +18,7 @@ class Claim:
     source: str        # who claims it (the citation key is in CITES)
     text: str          # what they claim, in this book's words
     figure: str        # their figure
-    checked_in: tuple  # chapter documents that measure it (first: where it is measured in full)
+    checked_in: tuple  # the chapters (documents) that check it, in book order
 
 
 CITES = {"Paper": "liu2025muonscalable", "Report": "wei2025muonreproducibility",
@@ -30,7 +30,7 @@ CLAIMS = {
     "optimizer_share": Claim("Paper", "the optimizer is 1-3% of the step (the report: 1.1%)", "1-3%, 1.1%",
                              ("07_profiling", "09_training")),
     "state_half": Claim("Paper", "Muon's state is half of AdamW's (the report agrees)", "50%",
-                        ("07_profiling", "04_zero1_buffer")),
+                        ("02_distributed_map", "07_profiling")),
     "comm_time": Claim("Report", "Muon's communication time is 0.57 x AdamW's at DP2 x TP2", "0.57x",
                        ("07_profiling",)),
     "step_ratio": Claim("Report", "Muon's step is 1.15 x AdamW's", "1.15x", ("07_profiling", "09_training")),
