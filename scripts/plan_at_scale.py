@@ -1,7 +1,7 @@
 """The real ZeRO-1 plan for real model shapes on up to 1,024 ranks and more, built without launching anything.
 
-Models (``--model``): Llama-3-70B, Llama-3-8B and Moonlight-16B-A3B with one matrix per expert (their shapes
-and sources in the builders below).
+Models (``--model``): Llama-3-70B, Llama-3-8B, and two MoEs with one matrix per expert: Moonlight-16B-A3B and
+Kimi K2, a 1T-class model (their shapes and sources in the builders below).
 
 For each DP x TP grid: ``dmuon.plan.build_plan`` (buckets, cuts, owners; the same code the optimizer
 runs) and its build time, then per rank:
@@ -109,7 +109,40 @@ def moonlight_16b_a3b(layers: int = 27, experts: int = 64):
     return [muon, adamw], [True, False]
 
 
-MODELS = {"llama3-70b": (llama3_70b, 80), "llama3-8b": (llama3_8b, 32), "moonlight-16b-a3b": (moonlight_16b_a3b, 27)}
+def kimi_k2(layers: int = 61, experts: int = 384):
+    """Kimi K2, the 1T-class MoE (about 1.03 x 10^12 parameters here), per-expert matrices.
+
+    Config of huggingface.co/moonshotai/Kimi-K2-Instruct (config.json) and the Kimi K2 technical report
+    (arXiv:2507.20534, its architecture table): DeepSeek-V3's architecture with hidden 7168, 61 layers of which
+    the first is dense (intermediate 18432) and the other 60 MoE with 384 routed experts (intermediate 2048
+    each) and 1 shared expert (2048), 64 heads, vocab 163840. Attention is MLA with a query LoRA of rank 1536:
+    q_a (1536, 7168), q_b (64 x (128 + 64), 1536), kv_a (512 + 64, 7168), kv_b (64 x (128 + 128), 512),
+    o (7168, 64 x 128). The same simplifications as ``moonlight_16b_a3b``; q_a and kv_a are replicated over TP.
+    """
+    hidden, heads = 7168, 64
+    muon, adamw = [], [ParamSpec("embed", (163840, hidden), 0), ParamSpec("head", (163840, hidden), 0)]
+
+    def mlp(prefix, inter):
+        return [ParamSpec(f"{prefix}.gate", (inter, hidden), 0), ParamSpec(f"{prefix}.up", (inter, hidden), 0),
+                ParamSpec(f"{prefix}.down", (hidden, inter), 1)]
+
+    for i in range(layers):
+        muon += [ParamSpec(f"layers.{i}.q_a", (1536, hidden), -1), ParamSpec(f"layers.{i}.q_b", (heads * 192, 1536), 0),
+                 ParamSpec(f"layers.{i}.kv_a", (576, hidden), -1), ParamSpec(f"layers.{i}.kv_b", (heads * 256, 512), 0),
+                 ParamSpec(f"layers.{i}.o", (hidden, heads * 128), 1)]
+        if i == 0:
+            muon += mlp(f"layers.{i}.mlp", 18432)
+        else:
+            muon += mlp(f"layers.{i}.shared", 2048)
+            for e in range(experts):
+                muon += mlp(f"layers.{i}.expert.{e}", 2048)
+            adamw.append(ParamSpec(f"layers.{i}.router", (experts, hidden), -1))
+        adamw += [ParamSpec(f"layers.{i}.norm.{j}", (n,), -1) for j, n in enumerate((hidden, hidden, 1536, 512))]
+    return [muon, adamw], [True, False]
+
+
+MODELS = {"llama3-70b": (llama3_70b, 80), "llama3-8b": (llama3_8b, 32), "moonlight-16b-a3b": (moonlight_16b_a3b, 27),
+          "kimi-k2": (kimi_k2, 61)}
 
 # The time model's constants for a projection to H100s: ASSUMPTIONS taken from public figures, not measured here.
 # - bf16 dense matmul: 989 TFLOP/s peak (NVIDIA H100 SXM datasheet, nvidia.com/en-us/data-center/h100: 1,979 "with
