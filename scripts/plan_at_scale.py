@@ -27,6 +27,7 @@ the alpha-beta time of the group mode's all-reduces and shard trips; the step wa
 The constants (``H100``) are public H100 figures taken as assumptions, cited there, not measured here.
 
     python scripts/plan_at_scale.py [--model llama3-70b] [--grids 8x8,32x8,128x8,64x16,1024x1] [--json]
+    python scripts/plan_at_scale.py --model kimi-k2 --grids 128x8 --bucket-numel 268435456   # fewer, larger buckets
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dmuon.lab.costmodel import collective_seconds  # noqa: E402
 from dmuon.layouts import assign_owners_and_groups  # noqa: E402
 from dmuon.newton_schulz import NS_STEPS, ns5_flops  # noqa: E402
-from dmuon.plan import ParamSpec, _owner_candidates, build_plan  # noqa: E402
+from dmuon.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, _owner_candidates, build_plan  # noqa: E402
 
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
 
@@ -220,13 +221,14 @@ def collectives_per_rank(plan, muon: list[bool], groups: dict | None = None, ste
     return out
 
 
-def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama3-70b", hw: dict = H100) -> dict:
+def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama3-70b", hw: dict = H100,
+                bucket_numel: int = DEFAULT_BUCKET_NUMEL) -> dict:
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: pick one of {', '.join(MODELS)}")
     build, default_layers = MODELS[model]
     specs, muon = build(default_layers if layers is None else layers)
     t0 = time.perf_counter()
-    plan = build_plan(specs, dp, 0, tp, layout="owner", muon=muon)
+    plan = build_plan(specs, dp, 0, tp, bucket_numel=bucket_numel, layout="owner", muon=muon)
     build_s = time.perf_counter() - t0
     world = dp * tp
     shapes = {(m.buffer_idx, m.param_idx): m.full_shape for m in plan.metas[0]}
@@ -281,6 +283,9 @@ def main(argv=None) -> int:
     p.add_argument("--grids", default="8x8,32x8,128x8,64x16,1024x1")
     p.add_argument("--model", default="llama3-70b", choices=sorted(MODELS))
     p.add_argument("--layers", type=int, default=None, help="fewer layers than the model's (for a quick look)")
+    p.add_argument("--bucket-numel", type=int, default=DEFAULT_BUCKET_NUMEL,
+                   help="elements per ZeRO-1 bucket (default 2**20); a matrix larger than a bucket gets its own, so on "
+                        "a model of many large matrices this sets the collectives per step")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -288,6 +293,8 @@ def main(argv=None) -> int:
         assert all(len(g) == 2 and min(g) > 0 for g in grids)
     except (ValueError, AssertionError):
         p.error(f"--grids takes DPxTP,... e.g. 128x8; got {args.grids!r}")
+    if args.bucket_numel < 1:
+        p.error(f"--bucket-numel must be at least 1, got {args.bucket_numel}")
     rows = []
     print(f"{args.model} shapes; NS FLOPs per rank as max/mean (1.0 = balanced); bytes per rank per step (owner "
           "layout, closed form) in GB; NS ms per step on the busiest rank, projected to H100s (assumed figures, "
@@ -297,7 +304,7 @@ def main(argv=None) -> int:
           f"{'+GB group est':>13} {'coll owner':>10} {'coll group':>10} {'NS ms owner':>11} {'group':>7} {'split-B':>7} "
           f"{'ideal':>7}")
     for dp, tp in grids:
-        r = grid_report(dp, tp, args.layers, args.model)
+        r = grid_report(dp, tp, args.layers, args.model, bucket_numel=args.bucket_numel)
         rows.append(r)
         print(f"{dp}x{tp:<4} {r['world']:>5} {r['plan_build_s']:>7.2f} {r['owner_ns_max_over_mean']:>14.2f} "
               f"{r['owner_ranks_idle']:>5} {r['owner_ns_max_tflop']:>9.2f} {r['group_ns_max_over_mean']:>14.2f} "

@@ -118,3 +118,14 @@ def test_owner_mode_stops_scaling_when_ranks_outnumber_matrices():
     r = plan_at_scale.grid_report(128, 8, model="llama3-8b")
     assert r["owner_ranks_idle"] == 1024 - 224 and r["owner_ns_ms"] > 5 * r["ideal_ns_ms"]
     assert r["group_ns_max_over_mean"] < r["owner_ns_max_over_mean"] / 4
+
+
+def test_bucket_size_sets_the_collectives_per_step():
+    """Each bucket costs a reduce-scatter and an all-gather, and a Muon bucket two all-to-alls under the owner
+    layout; a matrix larger than a bucket has its own, so bigger buckets mean fewer collectives (same bytes)."""
+    small = plan_at_scale.grid_report(8, 8, layers=4, model="llama3-8b", bucket_numel=2**20)
+    large = plan_at_scale.grid_report(8, 8, layers=4, model="llama3-8b", bucket_numel=2**28)
+    for r in (small, large):
+        assert 2 * r["buckets"] < r["collectives_per_rank_owner"] <= 4 * r["buckets"]
+    assert large["buckets"] < small["buckets"] and large["collectives_per_rank_owner"] < small["collectives_per_rank_owner"]
+    assert large["adamw_bytes_per_rank"] <= small["adamw_bytes_per_rank"] * 1.01  # padding aside, the same bytes
