@@ -27,8 +27,12 @@
 # is exact, and the communication stays within the paper's bound, but the Newton-Schulz work is
 # repeated on all $d \times t$ ranks: a grid of four ranks does four times the work of one process.
 # The systems people train with give each matrix one {term}`owner` (Megatron's layer-wise optimizer
-# {cite:p}`nvidia2025megatronlayerwise`, torchtitan's DistMuon {cite:p}`liang2024torchtitan`,
-# Dion {cite:p}`ahn2025dion`, modded-nanogpt {cite:p}`jordan2024moddednanogpt`). This chapter builds that for ZeRO-1 **with** tensor
+# {cite:p}`nvidia2025megatronlayerwise`, Dion {cite:p}`ahn2025dion`, modded-nanogpt
+# {cite:p}`jordan2024moddednanogpt`). torchtitan {cite:p}`liang2024torchtitan` added a
+# [`DistMuon`](https://github.com/pytorch/torchtitan/blob/main/torchtitan/distributed/flex_shard/dist_muon.py)
+# in August 2026: it moves each matrix from the DTensor shards it is stored in to a compute layout,
+# either whole on one rank (`Owned`) or as batches of whole matrices split across ranks, runs Muon
+# there and moves the result back. This chapter builds owners for ZeRO-1 **with** tensor
 # parallelism, checks it bit for bit against one process, and measures what the grid then costs.
 #
 # **Learning goals.** After this chapter you can
