@@ -85,6 +85,7 @@ import torch.nn.functional as F
 from myst_nb import glue
 
 from dmuon.lab.charlm import TinyGPT, batch, load_corpus
+from dmuon.lab import palette
 from dmuon.lab.diagrams import book_style
 
 book_style()
@@ -401,8 +402,9 @@ for kind in ("AdamW", "MuonW"):
 fig, axes = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True)
 for kind, h in histories.items():
     smooth = torch.tensor(h["step_loss"]).unfold(0, 20, 1).mean(1)
-    axes[0].plot(range(20, STEPS + 1), smooth, label=kind)
-    axes[1].plot(h["val_steps"], h["val_loss"], marker="o", label=kind)
+    color = palette.OPTIMIZER["muon" if kind == "MuonW" else "adamw"]
+    axes[0].plot(range(20, STEPS + 1), smooth, label=kind, color=color)
+    axes[1].plot(h["val_steps"], h["val_loss"], marker="o", label=kind, color=color)
 axes[0].set(title="training loss (20-step mean)", ylabel="nats per character")
 axes[1].set(title="validation loss", xlabel="step", ylabel="nats per character")
 for ax in axes:
