@@ -230,7 +230,7 @@ def plan_frame(specs, dp: int, tp: int, bucket: int) -> dict:
     # so a marker above the strip points at each bucket's padding.
     pad_marks = go.Scatter(x=[s + w / 2 for s, w in pads], y=["pad"] * len(pads), mode="markers+text",
                            marker=dict(symbol="triangle-down", size=11, color=palette.NEUTRAL["reference"]),
-                           text=[f"{w} el." for _, w in pads], textposition="top center", showlegend=False,
+                           text=[f"{w} el." for _, w in pads], textposition="middle left", showlegend=False,
                            hovertemplate="padding: %{text}<extra></extra>")
     shards = [(b.bucket_idx, r, *b.shard_range(r)) for b in buckets for r in range(b.dp)]
     owners = go.Bar(y=["owner"] * len(shards), x=[hi - lo for *_, lo, hi in shards], base=[lo for *_, lo, _ in shards],
