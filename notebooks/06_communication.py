@@ -390,7 +390,8 @@ for tp, style in ((1, "-"), (8, "--")):
 # With tp=1 the DP ring leaves the node between dp=8 and dp=16: mark where.
 ax.axvspan(GPUS_PER_NODE * 1.41, dps[-1] * 1.2, color=palette.NEUTRAL["padding"],
            alpha=0.3, lw=0)
-ax.text(GPUS_PER_NODE * 1.5, 120, "tp=1: DP ring\nacross nodes", fontsize=9, va="bottom")
+ax.text(GPUS_PER_NODE * 1.5, 120, "tp=1: DP ring\nacross nodes", fontsize=9,
+        va="bottom")
 ax.set(xscale="log", xlabel="DP size (replicas)", ylabel="ms of communication per step")
 ax.minorticks_off()
 ax.set_xticks(dps, [str(d) for d in dps])
