@@ -85,6 +85,7 @@ import torch.nn.functional as F
 from myst_nb import glue
 
 from dmuon.lab.charlm import TinyGPT, batch, load_corpus
+from dmuon.lab import palette
 from dmuon.lab.diagrams import book_style
 
 book_style()
@@ -282,12 +283,23 @@ print(
 #
 # $$
 # \begin{aligned}
-# M_t &= \mu M_{t-1} + (1-\mu)\, G_t && \text{momentum (EMA form), } \mu = 0.95\\
-# N_t &= (1-\mu)\, G_t + \mu M_t && \text{Nesterov look-ahead}\\
-# O_t &= \mathrm{NS5}(N_t) && \text{orthogonalise, in bf16}\\
-# W_t &= (1 - \eta\lambda)\, W_{t-1} - \eta \cdot 0.2\sqrt{\max(A, B)}\; O_t && \text{decoupled decay, scaled step}
+# M_t &= \mu M_{t-1} + (1-\mu)\, G_t\\
+# N_t &= (1-\mu)\, G_t + \mu M_t\\
+# O_t &= \mathrm{NS5}(N_t)\\
+# W_t &= (1 - \eta\lambda)\, W_{t-1}\\
+#     &\quad - \eta \cdot 0.2\sqrt{\max(A, B)}\; O_t
 # \end{aligned}
 # $$
+#
+# Line by line, with the symbols:
+# - $M_t$ is the momentum, an exponential moving average (EMA) of the gradients; $\mu$ is the
+#   momentum coefficient, $\mu = 0.95$ (the default of `dmuon.Muon` and of `torch.optim.Muon`).
+# - $N_t$ is the Nesterov look-ahead: the gradient blended once more with the new momentum.
+# - $O_t$ is $N_t$ orthogonalised by NS5 (the five quintic steps above), in bf16.
+# - $W_t$ is the new weight. $\eta$ is the learning rate and $\lambda$ the weight-decay
+#   coefficient; $(1 - \eta\lambda)$ is decoupled weight decay, as in AdamW. The training below
+#   uses $\eta = 3 \times 10^{-3}$ and $\lambda = 0.1$ for both optimizers. The step is scaled
+#   by $0.2\sqrt{\max(A, B)}$, explained below.
 #
 # Moonshot writes the momentum as a plain sum, $M_t = \mu M_{t-1} + G_t$; that is the EMA form
 # times $1/(1-\mu)$, a scale that NS5 divides away in its first line, so both give the same
@@ -390,8 +402,9 @@ for kind in ("AdamW", "MuonW"):
 fig, axes = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True)
 for kind, h in histories.items():
     smooth = torch.tensor(h["step_loss"]).unfold(0, 20, 1).mean(1)
-    axes[0].plot(range(20, STEPS + 1), smooth, label=kind)
-    axes[1].plot(h["val_steps"], h["val_loss"], marker="o", label=kind)
+    color = palette.OPTIMIZER["muon" if kind == "MuonW" else "adamw"]
+    axes[0].plot(range(20, STEPS + 1), smooth, label=kind, color=color)
+    axes[1].plot(h["val_steps"], h["val_loss"], marker="o", label=kind, color=color)
 axes[0].set(title="training loss (20-step mean)", ylabel="nats per character")
 axes[1].set(title="validation loss", xlabel="step", ylabel="nats per character")
 for ax in axes:

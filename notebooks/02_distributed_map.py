@@ -155,16 +155,22 @@ table(
     align="llrrrrr",
 )
 
-fig, ax = plt.subplots(figsize=(6.4, 5.2))
+from dmuon.lab import palette
+
+DEVICE_GB = 80
+fig, ax = plt.subplots(figsize=(6.4, 5.6))
 labels = [f"{lab} · {opt}" for lab, opt, _ in rows]
 left = [0.0] * len(rows)
 for part in parts:
     vals = [b[part] / GB for _, _, b in rows]
-    ax.barh(labels, vals, left=left, label=part)
+    ax.barh(labels, vals, left=left, label=part, color=palette.MEMORY[part])
     left = [x + y for x, y in zip(left, vals)]
+ax.axvline(DEVICE_GB, color="black", ls=":", lw=1, label=f"{DEVICE_GB} GB device")
 ax.invert_yaxis()
 ax.set(xlabel="GB per rank")
-ax.legend(loc="lower right")
+# below the axes, so no bar or the device line hides under it
+ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, fontsize=10,
+          frameon=False)
 fig.tight_layout()
 glue("ch2-memory", fig, display=False)
 plt.close(fig)
@@ -174,7 +180,7 @@ plt.close(fig)
 # :name: fig-ch2-memory
 #
 # Training state per rank of a 7B-parameter model on 8 devices, by layout and optimizer (mixed
-# precision, no activations): the table above, drawn.
+# precision, no activations): the table above, drawn. The dotted line is an 80 GB accelerator.
 # ```
 #
 # Two things to read off {numref}`fig-ch2-memory`. First, under ZeRO-1 the optimizer state, the biggest item
@@ -258,7 +264,9 @@ glue("ch2-explorer", Figure(memory_explorer()), display=False)
 # :name: fig-ch2-explorer
 #
 # GB per rank on 8 devices for each layout of the table above, as the model grows; the dotted line
-# is an 80 GB accelerator. The title counts the rows that fit.
+# is an 80 GB accelerator. The title counts the rows that fit. The axis stays at 0-240 GB for
+# every size, so the line keeps its place; a longer bar stops at the edge, its total written
+# inside (▶).
 # ```
 #
 # {numref}`fig-ch2-grid` fixes the model at 7B parameters and moves the grid instead: the DP and
@@ -275,7 +283,7 @@ glue("ch2-grid", Figure(grid_memory_explorer(billions=7)), display=False)
 # :name: fig-ch2-grid
 #
 # GB per rank for a 7B model under each ZeRO stage, AdamW and Muon, on the grid (dp x tp) set by
-# the slider; the dotted line is an 80 GB accelerator.
+# the slider; the dotted line is an 80 GB accelerator, on the same fixed 0-240 GB axis.
 # ```
 
 # %% [markdown]

@@ -105,6 +105,7 @@ from matplotlib.patches import FancyBboxPatch
 from myst_nb import glue
 
 from dmuon.grid import grid_layout
+from dmuon.lab import palette
 from dmuon.lab.diagrams import book_style
 
 book_style()
@@ -129,8 +130,8 @@ def draw_grid(ranks, dp, tp, ax):
                 tp - 0.16,
                 0.76,
                 boxstyle="round,pad=0.02",
-                fc="#dbe9f6",
-                ec="#2b6cb0",
+                fc=palette.PARALLEL["tp_fill"],
+                ec=palette.PARALLEL["tp"],
                 lw=1.5,
             )
         )
@@ -139,7 +140,7 @@ def draw_grid(ranks, dp, tp, ax):
         ax.plot(
             [x, x],
             [pos[group[-1]][1], pos[group[0]][1]],
-            color="#c05621",
+            color=palette.PARALLEL["dp"],
             lw=3,
             alpha=0.7,
             zorder=1,

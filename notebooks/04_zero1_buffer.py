@@ -124,6 +124,7 @@ table(["bucket", "starts at", "elements", "padding", "shards", "shard size", "ho
 # %% tags=["hide-input"]
 import matplotlib.pyplot as plt
 
+from dmuon.lab import palette
 from dmuon.lab.diagrams import book_style
 
 book_style()
@@ -131,41 +132,45 @@ book_style()
 
 def draw_plan(plans, ax, title=""):
     metas, buckets = plans[0].metas[0], plans[0].buckets[0]
-    colors = plt.cm.tab10.colors
     end = buckets[-1].start + buckets[-1].padded_numel
-    fits = (
-        lambda lo, hi: hi - lo > 0.03 * end
-    )  # noqa: E731  (label only what is wide enough)
+    callouts = []  # (x, text): too narrow to label inside, named above the strip
     for i, m in enumerate(metas):
         lo, hi = m.global_range
-        ax.barh(1, hi - lo, left=lo, height=0.8, color=colors[i % 10], ec="white")
-        if fits(lo, hi):
+        ax.barh(1, hi - lo, left=lo, height=0.8, color=palette.matrix(i), ec="white")
+        if hi - lo > 0.04 * end:
             ax.text((lo + hi) / 2, 1, m.name, ha="center", va="center", fontsize=12)
+        else:
+            callouts.append(((lo + hi) / 2, m.name))
     for b in buckets:
         if b.padded_numel > b.numel:
-            ax.barh(
-                1,
-                b.padded_numel - b.numel,
-                left=b.start + b.numel,
-                height=0.8,
-                color="lightgrey",
-                hatch="///",
-            )
+            ax.barh(1, b.padded_numel - b.numel, left=b.start + b.numel, height=0.8,
+                    color=palette.NEUTRAL["padding"], hatch="///")
+            callouts.append((b.start + b.numel, f"padding: {b.padded_numel - b.numel}"))
         ax.axvline(b.start, color="k", lw=2)
         for r in range(b.dp):
             lo, hi = b.shard_range(r)
-            ax.barh(0, hi - lo, left=lo, height=0.5, color=plt.cm.Pastel1(r), ec="grey")
-            if fits(lo, hi):
-                ax.text(
-                    (lo + hi) / 2, 0, f"dp {r}", ha="center", va="center", fontsize=11
-                )
+            ax.barh(0, hi - lo, left=lo, height=0.5, color=palette.dp_shard(r),
+                    ec="grey")
+            if hi - lo > 0.04 * end:
+                ax.text((lo + hi) / 2, 0, f"dp {r}", ha="center", va="center",
+                        fontsize=11)
             if r:
                 ax.axvline(lo, color="grey", ls="--", lw=1)
     ax.axvline(end, color="k", lw=2)
+    last, high = -end, True
+    for x, text in sorted(callouts):  # a callout close to the one before goes higher
+        high = x - last < 0.12 * end and not high
+        ha = "left" if x < 0.05 * end else "right" if x > 0.95 * end else "center"
+        shift = {"left": 0.02, "right": -0.04 if high else -0.02, "center": 0}[ha] * end
+        ax.annotate(text, xy=(x, 1.4), xytext=(x + shift, 2.3 if high else 1.7), ha=ha,
+                    va="bottom", fontsize=10, arrowprops=dict(arrowstyle="->", lw=1),
+                    bbox=dict(fc="white", ec="none", pad=1))
+        last = x
     ax.set(
         yticks=[0, 1],
         yticklabels=["owner", "parameters"],
         xlim=(0, end),
+        ylim=(-0.5, 2.9),
         xlabel="offset in the virtual buffer",
         title=title,
     )
@@ -181,8 +186,10 @@ def straddling(plans):
     ]
 
 
-fig, ax = plt.subplots(figsize=(7, 2.6))
+fig, ax = plt.subplots(figsize=(7, 3.4))
 draw_plan(plans, ax)
+# the caption: the last bucket holds only w4
+assert [specs[0][i].name for i in plans[0].buckets[0][-1].param_indices] == ["w4"]
 fig.tight_layout()
 glue("ch4-plan", fig, display=False)
 plt.close(fig)
@@ -204,9 +211,11 @@ print("straddling:", ", ".join(cut))
 # :name: fig-ch4-plan
 #
 # The virtual buffer of the five matrices for dp = 3, tp = 2 and buckets of at most 100,000
-# elements. Upper strip: each coloured band is a matrix at its `global_range`, grey is padding.
-# Thick black lines are bucket boundaries; dashed lines cut each bucket into the DP ranks' shards;
-# the lower strip says which DP rank owns each element.
+# elements. Upper strip: each coloured band is a matrix at its `global_range`, hatched grey is
+# padding; a matrix or padding too narrow to label inside is named above it, with an arrow. Thick
+# black lines are bucket boundaries; dashed lines cut each bucket into the DP ranks' shards; the
+# lower strip says which DP rank owns each element (the last bucket holds only `w4`, so its three
+# shards are thin). The explorers below draw the same strips in the same order and colours.
 # ```
 #
 # The dashed shard boundaries cut through {glue:text}`ch4-n-straddling` of the matrices:

@@ -204,6 +204,7 @@ trace = last_json(
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
+from dmuon.lab import palette
 from dmuon.lab.diagrams import book_style, step_flow_diagram
 from dmuon.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
 from dmuon.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
@@ -289,7 +290,9 @@ for i, e in enumerate(stages):  # two columns of four stages, top to bottom
         va="center",
         fontsize=11,
         bbox=dict(
-            boxstyle="round", fc="#fff5e6" if muon_only else "#e6f0fa", ec="grey"
+            boxstyle="round",
+            fc=palette.OPTIMIZER_TINT["muon" if muon_only else "adamw"],
+            ec="grey",
         ),
     )
     shape = (

@@ -158,6 +158,7 @@ from dmuon.lab.diagrams import book_style
 
 book_style()
 
+from dmuon.lab import palette
 from dmuon.lab.costmodel import DP_GATHER_VARIANTS, dp_gather_bytes
 
 poc = build_problem("muon").groups
@@ -193,7 +194,7 @@ for ax, (label, g) in zip(
             / step_bytes(g, d, 1, LAYOUT_BUCKET, muon=False)["total"]
             for d in dps
         ]
-        ax.plot(dps, ratios, marker="o", label=layout)
+        ax.plot(dps, ratios, marker="o", label=layout, color=palette.LAYOUT[layout])
     ax.set(title=label, xscale="log", ylabel="Muon / AdamW bytes")
     ax.minorticks_off()
     ax.set_xticks(dps, [str(d) for d in dps])
@@ -375,7 +376,7 @@ for tp, style in ((1, "-"), (8, "--")):
         [m * 1e3 for m, _ in times],
         style,
         marker="o",
-        color="C0",
+        color=palette.OPTIMIZER["muon"],
         label=f"Muon, tp={tp}",
     )
     ax.plot(
@@ -383,9 +384,14 @@ for tp, style in ((1, "-"), (8, "--")):
         [a * 1e3 for _, a in times],
         style,
         marker="s",
-        color="C1",
+        color=palette.OPTIMIZER["adamw"],
         label=f"AdamW, tp={tp}",
     )
+# With tp=1 the DP ring leaves the node between dp=8 and dp=16: mark where.
+ax.axvspan(GPUS_PER_NODE * 1.41, dps[-1] * 1.2, color=palette.NEUTRAL["padding"],
+           alpha=0.3, lw=0)
+ax.text(GPUS_PER_NODE * 1.5, 120, "tp=1: DP ring\nacross nodes", fontsize=9,
+        va="bottom")
 ax.set(xscale="log", xlabel="DP size (replicas)", ylabel="ms of communication per step")
 ax.minorticks_off()
 ax.set_xticks(dps, [str(d) for d in dps])
@@ -394,6 +400,12 @@ ax.legend(ncol=2, fontsize=10)
 fig.tight_layout()
 glue("ch6-projection", fig, display=False)
 plt.close(fig)
+# The cliff of tp=1 between dp=8 and dp=16 is the node boundary: 8 ranks share a node's
+# fast links; 16 need two nodes, and a ring is as slow as its slowest link.
+cliff = project(16, 1)[0] / project(8, 1)[0]
+assert cliff > 3 > project(8, 1)[0] / project(4, 1)[0]
+glue("ch6-cliff", f"{cliff:.1f}", display=False)
+glue("ch6-bw-ratio", f"{INTRA[1] / INTER[1]:.2f}", display=False)
 for dp, tp in ((64, 1), (8, 8)):
     m, a = project(dp, tp)
     print(
@@ -406,9 +418,18 @@ for dp, tp in ((64, 1), (8, 8)):
 # :name: fig-ch6-projection
 #
 # Projected optimizer communication per step (alpha-beta model, **assumed** links: 8 GPUs per
-# node, 3 µs and 150 GB/s inside a node, 10 µs and 40 GB/s between nodes), Muon against AdamW,
-# with TP 1 (solid) and TP 8 inside the node (dashed).
+# node, 3 µs and 150 GB/s inside a node, 10 µs and 40 GB/s between nodes), Muon (orange)
+# against AdamW (blue), with TP 1 (solid) and TP 8 inside the node (dashed). Shaded: where the
+# DP ring of TP 1 runs between nodes.
 # ```
+#
+# The jump of the solid lines between 8 and 16 replicas is the node boundary, not Muon: with
+# TP 1, eight replicas fit in one node and their DP ring runs on its 150 GB/s links; sixteen
+# need two nodes, and a ring is as slow as its slowest link, here 40 GB/s between nodes, so the
+# same bytes take {glue:text}`ch6-cliff` times as long ({glue:text}`ch6-bw-ratio` times from the
+# bandwidth, the rest from the ring's $(d-1)/d$ and the latency). With TP 8 each node holds one
+# replica, so every DP ring crosses nodes from two replicas on, and the dashed lines have no
+# jump.
 #
 # Read the projection as the model's arithmetic, not a measurement: DP traffic per rank grows
 # towards a constant as DP grows (a ring moves $(d-1)/d$ of the data), and Muon stays near 1.25 x
@@ -438,7 +459,8 @@ glue(
 # :name: fig-ch6-explorer
 #
 # {numref}`fig-ch6-projection` with the inter-node bandwidth per GPU on a slider (other links as
-# assumed above); the title gives Muon's time over AdamW's at the largest DP size.
+# assumed above), in its colours and on one y axis for every position; the title gives Muon's
+# time over AdamW's at the largest DP size.
 # ```
 #
 # The latency between nodes matters as much as the bandwidth once the messages are small:

@@ -87,6 +87,7 @@ profile = last_json(run("profile_step.py", "--dp", 2, "--steps", 5, log="collaps
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
+from dmuon.lab import palette
 from dmuon.lab.diagrams import book_style
 
 book_style()
@@ -105,7 +106,9 @@ for r, rank in enumerate(profile["ranks"]):
 left = [0.0] * len(rows)
 for key, label in parts:
     widths = [b[key] for _, b in rows]
-    ax.barh([name for name, _ in rows], widths, left=left, label=label)
+    color = palette.STEP["optimizer" if key == "other" else key]
+    ax.barh([name for name, _ in rows], widths, left=left, label=label, color=color,
+            edgecolor=palette.NEUTRAL["edge"], lw=0.3)
     left = [x + w for x, w in zip(left, widths)]
 ax.invert_yaxis()
 ax.set(xlabel="ms per step (median)")
@@ -141,6 +144,10 @@ from dmuon.lab.traces import load_events
 
 events = load_events(profile["ranks"][0]["trace"])
 LANES = ["step", "fwd+bwd", "waiting", "optimizer", "collectives", "Newton-Schulz"]
+# each lane in the colour its part has in the breakdown above (and in chapter 9)
+LANE_COLORS = [palette.STEP[k] for k in ("step", "forward_backward", "waiting",
+                                         "optimizer", "communication",
+                                         "newton_schulz")]
 
 
 def lane(name):
@@ -162,7 +169,8 @@ for ax, kind in zip(axes, ("muon", "adamw")):
         i = lane(e["name"]) if e.get("cat") == "user_annotation" else None
         if i is not None and t0 <= e["ts"] <= t1:
             ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (i - 0.4, 0.8),
-                           color=f"C{i}")
+                           color=LANE_COLORS[i], edgecolor=palette.NEUTRAL["edge"],
+                           lw=0.3)
     ax.set(yticks=range(len(LANES)), yticklabels=LANES,
            xlim=(0, (t1 - t0) / 1e3),
            title=f"rank 0, one {'Muon' if kind == 'muon' else 'AdamW'} step")

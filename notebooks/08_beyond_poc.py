@@ -28,8 +28,12 @@
 # is exact, and the communication stays within the paper's bound, but the Newton-Schulz work is
 # repeated on all $d \times t$ ranks: a grid of four ranks does four times the work of one process.
 # The systems people train with give each matrix one {term}`owner` (Megatron's layer-wise optimizer
-# {cite:p}`nvidia2025megatronlayerwise`, torchtitan's DistMuon {cite:p}`liang2024torchtitan`,
-# Dion {cite:p}`ahn2025dion`, modded-nanogpt {cite:p}`jordan2024moddednanogpt`). This chapter builds that for ZeRO-1 **with** tensor
+# {cite:p}`nvidia2025megatronlayerwise`, Dion {cite:p}`ahn2025dion`, modded-nanogpt
+# {cite:p}`jordan2024moddednanogpt`). torchtitan {cite:p}`liang2024torchtitan` added a
+# [`DistMuon`](https://github.com/pytorch/torchtitan/blob/main/torchtitan/distributed/flex_shard/dist_muon.py)
+# in August 2026: it moves each matrix from the DTensor shards it is stored in to a compute layout,
+# either whole on one rank (`Owned`) or as batches of whole matrices split across ranks, runs Muon
+# there and moves the result back. This chapter builds owners for ZeRO-1 **with** tensor
 # parallelism, checks it bit for bit against one process, and measures what the grid then costs.
 #
 # **Learning goals.** After this chapter you can
@@ -91,7 +95,38 @@ elif importlib.util.find_spec("dmuon") is None:
 # ([`scripts/dmuon/flows.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/flows.py)). A third layout, **aligned**, cuts the ZeRO-1 shards on matrix
 # boundaries, as Megatron's layer-wise optimizer does: a matrix then lies on one DP rank, its owner
 # is one of that rank's TP peers, and nothing crosses DP for Newton-Schulz; the shards are uneven,
-# and every shard travels padded to the largest.
+# and every shard travels padded to the largest. {numref}`fig-ch8-layouts` follows one matrix
+# through the three.
+
+# %% tags=["hide-input"]
+import matplotlib.pyplot as plt
+from myst_nb import glue
+
+from dmuon.lab.diagrams import book_style, layouts_diagram
+from dmuon.lab.synthetic import DEFAULT_SHAPES
+from dmuon.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
+
+book_style()
+poc = [[ParamSpec(f"w{i}", shape, -1) for i, shape in enumerate(DEFAULT_SHAPES)]]
+plans_by_layout = {
+    layout: [build_plan(poc, 3, d, 1, DEFAULT_BUCKET_NUMEL, layout=layout)
+             for d in range(3)]
+    for layout in ("bucket", "owner", "aligned")
+}
+glue("ch8-layouts", layouts_diagram(plans_by_layout, "w3"), display=False)
+plt.close("all")
+
+# %% [markdown]
+# ```{glue:figure} ch8-layouts
+# :name: fig-ch8-layouts
+#
+# One matrix (`w3`, 676 x 876, of the proof of concept's five) on three DP ranks under each
+# layout, drawn from the plans `build_plan` makes: the piece of its momentum each rank holds
+# (blue, left), who runs Newton-Schulz on the whole matrix (red, middle), and the orthogonalised
+# pieces each rank keeps (right). Bucket: every rank gathers and orthogonalises everything. Owner:
+# only the pieces travel, to one rank and back. Aligned: the cut falls between matrices, so
+# nothing travels.
+# ```
 #
 # The three layouts are one choice of the plan (`build_plan(..., layout=...)`); the optimizer, the
 # math and the collectives wrapper are the same. First, all three against the single-device
@@ -190,14 +225,13 @@ assert speed["ratio"] > 0.5, ("Newton-Schulz runs far below the matmul rate: FLO
 # %%
 import matplotlib.pyplot as plt
 
+from dmuon.lab import palette
 from dmuon.lab.costmodel import PHASES, step_bytes
 from dmuon.lab.synthetic import build_problem
 
 # what verify.py built: the default shapes, two groups
 groups = build_problem("muon", n_groups=2, tp=2).groups
-colors = dict(grad_reduce_scatter="#4c72b0", ns_gather_dp="#dd8452",
-              ns_gather_tp="#c44e52", ns_to_owner="#8172b3", ns_from_owner="#937860",
-              param_all_gather="#55a868")
+colors = palette.PHASE  # AdamW's phases blue, what Muon adds orange and red
 fig, axes = plt.subplots(3, 1, figsize=(6.4, 7.2), sharex=True)
 for ax, (name, res) in zip(axes, layouts.items()):
     bottom = [0] * 6
@@ -231,10 +265,11 @@ plt.close(fig)
 # The black marks in {numref}`fig-ch8-bytes` are the closed form; the bars are what the ledger
 # counted. They are equal on every rank and every layout. Three things to read off:
 #
-# - **bucket**: the orange DP gather and red TP gather are the same on every rank (whole buckets);
-# - **owner**: the green and blue ZeRO-1 phases are AdamW's, unchanged; the rest is the pieces that
-#   were not already on their owner, there (purple) and back (brown), so ranks that own big matrices
-#   send more back;
+# - **bucket**: the orange DP gather and light-orange TP gather are the same on every rank (whole
+#   buckets);
+# - **owner**: the two blue ZeRO-1 phases (gradient reduce-scatter, parameter all-gather) are
+#   AdamW's, unchanged; the rest is the pieces that were not already on their owner, there (red)
+#   and back (light red), so ranks that own big matrices send more back;
 # - **aligned**: nothing crosses DP for Newton-Schulz, but the matrix-aligned shards are uneven, so
 #   every shard travels padded to the largest and the ZeRO-1 phases themselves grow.
 

@@ -116,6 +116,7 @@ table(["parameter", "placement the plan read", "TP split dim"],
        for name, dim in first["tp_split_dims"].items() if name.startswith("blocks.0.")])
 
 # %% tags=["hide-input"]
+from dmuon.lab import palette
 from dmuon.lab.charlm import TinyGPT
 
 shapes = {n: tuple(p.shape) for n, p in TinyGPT(vocab_size=96).named_parameters()
@@ -131,7 +132,7 @@ for name in matrices:  # side by side, drawn to one scale
         x0, y0 = (x, r * rows_ / tp) if dim == 0 else (x + r * cols / tp, 0)
         w, h = (cols, rows_ / tp) if dim == 0 else (cols / tp, rows_)
         ax.add_patch(plt.Rectangle((x0, y0), w, h,
-                                   facecolor=["#4c72b0", "#dd8452"][r % 2],
+                                   facecolor=palette.rank(r),
                                    edgecolor="white", lw=2))
         ax.text(x0 + w / 2, y0 + h / 2, f"TP {r}", ha="center", va="center",
                 color="white", fontsize=8, rotation=90 if w < h and w < 100 else 0)
@@ -236,15 +237,17 @@ print(f"step {last['step']}, block 0 (the 2 x 2 run; Newton-Schulz input -> outp
 table(["matrix", "momentum norm", "update RMS", "effective rank", "largest / median"],
       rows)
 
-fig, axes = plt.subplots(1, 2, figsize=(7.0, 2.8), sharex=True)
+fig, axes = plt.subplots(1, 2, figsize=(7.0, 3.4), sharex=True)
+kinds = sorted({name.split(".")[-2] for name in last["matrices"]})  # qkv, proj, ...
 for name in sorted(last["matrices"]):
-    short = name.replace("blocks.", "").replace(".weight", "")
+    kind = name.split(".")[-2]
     steps = [row["step"] for row in measured]
     line, = axes[0].plot(steps, [row["matrices"][name]["in_effective_rank"]
-                                 for row in measured], "--", lw=1)
+                                 for row in measured], "--", lw=1,
+                         color=palette.matrix(kinds.index(kind)))
     axes[0].plot(steps, [row["matrices"][name]["out_effective_rank"]
                          for row in measured],
-                 "-", lw=1.5, color=line.get_color(), label=short)
+                 "-", lw=1.5, color=line.get_color())
     axes[1].semilogy(steps, [row["matrices"][name]["in_top_median"]
                              for row in measured],
                      "--", lw=1, color=line.get_color())
@@ -253,8 +256,13 @@ for name in sorted(last["matrices"]):
                      "-", lw=1.5, color=line.get_color())
 axes[0].set(xlabel="step", ylabel="effective rank")
 axes[1].set(xlabel="step", ylabel="largest / median")
-axes[0].legend(fontsize=6, ncol=2)
-fig.tight_layout()
+# one legend for both panels: colour = kind of matrix (every block), line = in or out
+key = [plt.Line2D([], [], color=palette.matrix(i), lw=2, label=k)
+       for i, k in enumerate(kinds)]
+key += [plt.Line2D([], [], color="black", ls="--", lw=1, label="into NS (momentum)"),
+        plt.Line2D([], [], color="black", lw=1.5, label="out of NS (update)")]
+fig.legend(handles=key, loc="lower center", ncol=3, fontsize=8, frameon=False)
+fig.tight_layout(rect=(0, 0.2, 1, 1))
 glue("ch9-spectra", fig, display=False)
 plt.close(fig)
 rms = [m["update_rms"] for m in last["matrices"].values()]
@@ -326,7 +334,7 @@ table(["learning rate", *(f"{o} final val loss" for o in ("AdamW", "hybrid Muon"
 
 # %% tags=["hide-input"]
 NAMES = {"adamw": "AdamW", "hybrid": "hybrid Muon"}
-COLORS = {"adamw": "#c44e52", "hybrid": "#4c72b0"}
+COLORS = {"adamw": palette.OPTIMIZER["adamw"], "hybrid": palette.OPTIMIZER["muon"]}
 fig, (left, right) = plt.subplots(1, 2, figsize=(7.2, 3.0), width_ratios=[1, 1.6])
 for opt in ("adamw", "hybrid"):
     sweep = s["sweep"][opt]
@@ -340,10 +348,16 @@ for opt in ("adamw", "hybrid"):
                        [m + d for m, d in zip(c["mean"], c["std"])], color=COLORS[opt],
                        alpha=0.25, lw=0)
 target = s["curves"]["adamw"]["mean"][-1]
-right.axhline(target, color="#888888", lw=0.8, ls=":")
+right.axhline(target, color=palette.NEUTRAL["reference"], lw=0.8, ls=":")
 if s["hybrid_tokens_to_adamw_final"] is not None:
-    right.axvline(s["hybrid_tokens_to_adamw_final"] / 1e6, color="#888888", lw=0.8,
-                  ls=":")
+    reached = s["hybrid_tokens_to_adamw_final"] / 1e6
+    right.axvline(reached, color=palette.NEUTRAL["reference"], lw=0.8, ls=":")
+    # the point the text quotes: the hybrid's mean first reaches AdamW's final loss
+    right.plot([reached], [target], "o", color=COLORS["hybrid"], ms=6, mec="black")
+    right.annotate(f"{s['hybrid_fraction_of_adamw_tokens']:.0%} of\nAdamW's tokens",
+                   xy=(reached, target), xytext=(0.45, 0.55),
+                   textcoords="axes fraction",
+                   fontsize=8, arrowprops=dict(arrowstyle="->", lw=0.8))
 left.set(xlabel="learning rate", ylabel="final validation loss", title="sweep (seed 0)")
 right.set(xlabel="tokens (millions)", ylabel="validation loss",
           title=f"best lr, mean and spread of {len(s['curves']['adamw']['seeds'])} "
@@ -471,7 +485,16 @@ parts = ["forward_backward", "waiting", "communication", "newton_schulz",
          "optimizer_compute"]
 labels = ["forward + backward", "waiting", "communication", "Newton-Schulz",
           "other optimizer work"]
-colors = ["#bbbbbb", "#eeeeee", "#dd8452", "#4c72b0", "#8172b3"]
+colors = [palette.STEP[p] for p in ("forward_backward", "waiting", "communication",
+                                     "newton_schulz", "optimizer")]
+
+
+def shown(b, p):
+    """Part ``p`` of a step as the bar draws it: optimizer_compute includes
+    Newton-Schulz, so the bar shows the rest of it, as chapter 7's does."""
+    return b[p] - b["newton_schulz"] if p == "optimizer_compute" else b[p]
+
+
 rows, bars = [], []
 for g in grids["grids"]:
     rows.append([g["grid"], f"{g['muon_step_ms']:.0f}", f"{g['adamw_step_ms']:.0f}",
@@ -479,7 +502,7 @@ for g in grids["grids"]:
     for kind in ("muon", "adamw"):
         n = len(g["ranks"])
         bars.append((f"{g['grid']} {'Muon' if kind == 'muon' else 'AdamW'}",
-                     [sum(r[kind][p] for r in g["ranks"]) / n for p in parts]))
+                     [sum(shown(r[kind], p) for r in g["ranks"]) / n for p in parts]))
 # the text below says forward + backward is the largest part of every step: check it
 assert all(values[0] == max(values) for _, values in bars), bars
 table(["grid", "Muon step (ms)", "AdamW step (ms)", "Muon / AdamW, same fwd-bwd",
@@ -488,7 +511,7 @@ fig, ax = plt.subplots(figsize=(6.4, 3.2))
 for i, (label, values) in enumerate(bars):
     left = 0.0
     for v, c, lab in zip(values, colors, labels):
-        ax.barh(i, v, left=left, color=c, edgecolor="#999999", lw=0.3,
+        ax.barh(i, v, left=left, color=c, edgecolor=palette.NEUTRAL["edge"], lw=0.3,
                 label=lab if i == 0 else None)
         left += v
 ax.set(yticks=range(len(bars)), yticklabels=[b[0] for b in bars],

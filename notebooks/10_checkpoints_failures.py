@@ -134,8 +134,9 @@ glue("ch10-state-ratio", f"{state_ratio:.2f}", display=False)
 glue("ch10-master-ratio", f"{with_master:.2f}", display=False)
 
 fig, ax = plt.subplots(figsize=(6.4, 2.6))
-colors = dict(model="#bbbbbb", master="#8172b3", momentum="#4c72b0", exp_avg="#55a868",
-              exp_avg_sq="#c44e52")
+from dmuon.lab import palette
+
+colors = palette.STATE  # the colours of this state in every figure of the book
 for row, (name, per_kind) in enumerate(saved.items()):
     left = 0.0
     for kind in kinds:

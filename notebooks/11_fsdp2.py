@@ -85,7 +85,33 @@ elif importlib.util.find_spec("dmuon") is None:
 # shard, cut again over DP (a `_StridedShard`). {term}`FSDPMuon` collects every rank's rectangles once when
 # it is built and sends each matrix's blocks to its owner in one bf16 all-to-all, and the results back
 # in another. The owners are chosen by the same rule as the engine's "owner" layout (largest matrices
-# first, each to the least-loaded rank).
+# first, each to the least-loaded rank). {numref}`fig-ch11-holders` draws who holds what on a 2 x 2
+# grid.
+
+# %% tags=["hide-input"]
+import matplotlib.pyplot as plt
+from myst_nb import glue
+
+from dmuon.lab.diagrams import book_style, holders_diagram
+
+book_style()
+glue("ch11-holders", holders_diagram(((64, 64), (192, 64)), dp=2, tp=2), display=False)
+plt.close("all")
+
+# %% [markdown]
+# ```{glue:figure} ch11-holders
+# :name: fig-ch11-holders
+#
+# Two matrices, `w0` (64 x 64) and `w1` (192 x 64), both split by rows over TP (dashed line), on a
+# 2 x 2 grid: what each rank holds of them. ZeRO-1 x TP (top, from `build_plan` with the owner
+# layout) keeps every weight's whole TP shard on each DP rank, and cuts the optimizer state as one
+# flat buffer: `w0` falls whole into DP rank 0's shard, only `w1` is cut. FSDP2 x TP (bottom, row
+# blocks as `torch.chunk` cuts them; owners from `fsdp_routes.routes`, as `FSDPMuon` picks them)
+# keeps only a block of rows of every weight at rest (it gathers the TP shard for forward and
+# backward) and the state in the same blocks, so every matrix is cut over DP. Under both, one
+# owner per matrix (red) runs Newton-Schulz on the whole matrix; every block not on the owner
+# travels there and back.
+# ```
 
 # %%
 from dmuon.lab.notebook import last_json, run, table

@@ -524,3 +524,65 @@ display(Markdown(claims.index_table()))
 # - Every figure on this page is computed from the plan, the cost model and the time model;
 #   `dmuon.lab.choice`, `dmuon.lab.timemodel` and `dmuon.lab.layout_explorer` give the same for
 #   your own shapes, grid and hardware.
+#
+# ## Exercises
+#
+# Each one is a call to `dmuon.lab.choice` (`layout_costs(groups, dp, tp, bucket_numel)` for a
+# list of parameter groups like `SETS[...]` above; `fsdp2_extra` and `zero1_owner_extra` as in the
+# FSDP2 cell), so it runs in a second.
+#
+# 1. Take the 4-layer stack to 8 DP ranks (`layout_costs(SETS[even], 8, 1,
+#    DEFAULT_BUCKET_NUMEL)`). Which layout sends the fewest bytes per rank? Is `aligned` still at
+#    1.00 x AdamW, and why?
+# 2. Give the stack tensor parallelism: a 4 x 2 grid. How many times more Newton-Schulz work does
+#    the busiest rank do under `bucket` than under `owner`, and how do their bytes compare with
+#    AdamW's?
+# 3. In the FSDP2 table, how many times Muon's extra bytes under ZeRO-1's owner layout does FSDP2 +
+#    `FSDPMuon` send for the proof of concept's matrices on 4 ranks?
+#
+# :::{admonition} Solutions
+# :class: dropdown
+#
+# 1. `owner`, at {glue:text}`ch13-ex1-owner` x AdamW. `aligned` rises to
+#    {glue:text}`ch13-ex1-aligned` x AdamW (and {glue:text}`ch13-ex1-state` the state per rank of
+#    `owner`): its shards must end on matrix boundaries, and the stack's 16 matrices of three sizes
+#    cannot be cut into 8 equal runs of whole matrices, so every shard is padded to the largest and
+#    the gradient reduce-scatter and parameter all-gather carry the padding. On 4 ranks they could
+#    (4 layers, one per rank), which is why the table shows 1.00 there.
+# 2. {glue:text}`ch13-ex2-gain` times: every one of the 8 ranks runs Newton-Schulz on every matrix
+#    under `bucket`, while `owner` spreads the matrices over the ranks. Bytes:
+#    {glue:text}`ch13-ex2-bucket` x AdamW for `bucket` (the TP gathers come on top of the paper's
+#    1.25) against {glue:text}`ch13-ex2-owner` for `owner`.
+# 3. {glue:text}`ch13-ex3-ratio` times (the row "the proof of concept's five matrices, 4 x 1" of
+#    the FSDP2 table: {glue:text}`ch13-ex3-fsdp` against {glue:text}`ch13-ex3-zero1`). FSDP2 cuts
+#    every matrix into blocks of rows on every rank, so every matrix has pieces away from its
+#    owner, while ZeRO-1's flat buffer leaves the matrices that fall inside one shard whole there.
+# :::
+
+# %% tags=["remove-cell"]
+# The answers to the exercises, computed here and checked against the reasons the
+# solutions give.
+stack_groups = SETS["a 4-layer transformer stack (d_model 512)"]
+on8 = {c["layout"]: c for c in layout_costs(stack_groups, 8, 1, DEFAULT_BUCKET_NUMEL)}
+fewest = min(on8.values(), key=lambda c: c["bytes_per_rank"])
+assert fewest["layout"] == "owner"
+assert on8["aligned"]["vs_adamw"] > 1.0  # padding on 8 ranks
+assert on8["aligned"]["state_bytes_per_rank"] > on8["owner"]["state_bytes_per_rank"]
+glue("ch13-ex1-owner", f"{on8['owner']['vs_adamw']:.2f}", display=False)
+glue("ch13-ex1-aligned", f"{on8['aligned']['vs_adamw']:.2f}", display=False)
+state_ratio = (on8["aligned"]["state_bytes_per_rank"]
+               / on8["owner"]["state_bytes_per_rank"])
+glue("ch13-ex1-state", f"{state_ratio:.2f} times", display=False)
+on42 = {c["layout"]: c for c in layout_costs(stack_groups, 4, 2, DEFAULT_BUCKET_NUMEL)}
+assert on42["bucket"]["ns_runs_per_matrix"] == 8
+assert on42["owner"]["ns_runs_per_matrix"] == 1
+assert on42["bucket"]["vs_adamw"] > 1.25 > on42["owner"]["vs_adamw"]
+gain42 = on42["bucket"]["busiest_ns_flops"] / on42["owner"]["busiest_ns_flops"]
+glue("ch13-ex2-gain", f"{gain42:.1f}", display=False)
+glue("ch13-ex2-bucket", f"{on42['bucket']['vs_adamw']:.2f}", display=False)
+glue("ch13-ex2-owner", f"{on42['owner']['vs_adamw']:.2f}", display=False)
+zero1_poc4, fsdp_poc4 = extra[(poc, 4)]
+assert fsdp_poc4 > zero1_poc4
+glue("ch13-ex3-ratio", f"{fsdp_poc4 / zero1_poc4:.1f}", display=False)
+glue("ch13-ex3-fsdp", f"{fsdp_poc4 / 1e6:.2f} MB", display=False)
+glue("ch13-ex3-zero1", f"{zero1_poc4 / 1e6:.2f} MB", display=False)

@@ -114,7 +114,9 @@ glue("ch14-group-ratio", f"{at_1024['group_ns_max_over_mean']:.2f}", display=Fal
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-COLOURS = ["tab:blue", "tab:orange", "tab:green"]
+from dmuon.lab import palette
+
+COLOURS = [palette.rank(r) for r in range(3)]  # one per rank of the group
 fig, axes = plt.subplots(1, 4, figsize=(13, 2.8))
 titles = ["1. X cut along its long side", "2. each rank: X_i X_i^T",
           "3. all-reduce: A = sum", "4. each rank: B = bA + cA^2,\nX_i <- aX_i + B X_i"]
@@ -129,8 +131,8 @@ for i, c in enumerate(COLOURS):                       # step 1: three column blo
     axes[0].text(1.9 + 3 * i, 2.2, f"X_{i}", ha="center")
     axes[1].add_patch(Rectangle((0.5 + 3.2 * i, 1.5), 1.5, 1.5, color=c, alpha=0.6))
     axes[1].text(1.25 + 3.2 * i, 1.1, f"rank {i}", ha="center", fontsize=8)
-    axes[2].add_patch(Rectangle((0.5 + 3.2 * i, 1.5), 1.5, 1.5, color="grey",
-                                alpha=0.6))
+    axes[2].add_patch(Rectangle((0.5 + 3.2 * i, 1.5), 1.5, 1.5,
+                                color=palette.NEUTRAL["sum"], alpha=0.9))
     axes[2].text(1.25 + 3.2 * i, 1.1, "A", ha="center", fontsize=8)
     axes[3].add_patch(Rectangle((0.5 + 3 * i, 1.5), 2.8, 1.5, color=c, alpha=0.9))
     axes[3].text(1.9 + 3 * i, 2.2, f"new X_{i}", ha="center", fontsize=8)
@@ -312,8 +314,10 @@ fig, ax = plt.subplots(figsize=(8, 3))
 labels = [f"{name}\n{r['dp']}x{r['tp']}" for name, r in projected]
 keys = ["owner_ns_ms", "group_ns_ms", "group_split_b_ns_ms", "ideal_ns_ms"]
 for j, key in enumerate(keys):
+    placement = key.replace("_ns_ms", "")
     ax.bar([i + 0.2 * j for i in range(len(projected))], [r[key] for _, r in projected],
-           width=0.2, label=key.replace("_ns_ms", "").replace("_", " "))
+           width=0.2, label=placement.replace("_", " "),
+           color=palette.LAYOUT[placement], edgecolor=palette.NEUTRAL["edge"], lw=0.3)
 ax.set_xticks([i + 0.3 for i in range(len(projected))], labels, fontsize=8)
 ax.set_yscale("log")
 ax.set_ylabel("NS ms per step, busiest rank")

@@ -198,3 +198,64 @@ def test_chapters_6_to_13_link_the_chapters_they_mention_and_their_terms():
         assert all(t in defined for t in terms), f"{path.name}: {set(terms) - defined} not in the glossary"
         if int(path.name[:2]) <= 11:
             assert terms, f"{path.name} links none of its terms to the glossary"
+
+
+# ---- furniture: every chapter reads the same way ----------------------------------------------------------
+
+# A chapter that leaves out a piece says why here (none does today); the test then checks the rest.
+FURNITURE_EXEMPT: dict[str, dict[str, str]] = {}
+FURNITURE = {  # piece -> the Markdown line that opens it
+    "what it runs": re.compile(r"^```\{admonition\} What this chapter runs\s*$", re.M),
+    "summary": re.compile(r"^## Summary\s*$", re.M),
+    "exercises": re.compile(r"^## Exercises\s*$", re.M),
+    "solutions": re.compile(r"^:::\{admonition\} Solutions\s*\n:class: dropdown\s*$", re.M),
+}
+
+
+def furniture_problems(markdown: str, exempt: dict[str, str] | None = None) -> list[str]:
+    """What a chapter's Markdown lacks or repeats of its furniture: exactly one "What this chapter
+    runs" admonition, one Summary, one Exercises section and one (folded) Solutions admonition after
+    it. ``exempt`` maps a piece to the reason the chapter leaves it out."""
+    exempt = exempt or {}
+    found, at = [], {}
+    for piece, pattern in FURNITURE.items():
+        hits = [m.start() for m in pattern.finditer(markdown)]
+        if piece in exempt:
+            if hits:
+                found.append(f"{piece} is exempt ({exempt[piece]}) but present")
+            continue
+        if len(hits) != 1:
+            found.append(f"{len(hits)} x {piece}, want 1")
+        elif hits:
+            at[piece] = hits[0]
+    if "exercises" in at and "solutions" in at and at["solutions"] < at["exercises"]:
+        found.append("the solutions come before the exercises")
+    if "what it runs" in at and "summary" in at and at["summary"] < at["what it runs"]:
+        found.append("the summary comes before the 'What this chapter runs' box")
+    return found
+
+
+@pytest.mark.parametrize("page", [p for p in pages() if p[0].suffix == ".py"], ids=lambda p: p[0].name)
+def test_every_chapter_has_the_same_furniture(page):
+    path, markdown = page
+    problems_found = furniture_problems(markdown, FURNITURE_EXEMPT.get(path.stem))
+    assert not problems_found, f"{path.name}: {problems_found}"
+
+
+def test_the_furniture_check_catches_what_it_is_for():
+    """The check can fail: a missing Summary, a second box, solutions before exercises, and a
+    piece that is exempt but present; a complete chapter passes."""
+    good = ("# 1. T\n\n```{admonition} What this chapter runs\nx\n```\n\n## Summary\n\n- a\n\n"
+            "## Exercises\n\n1. q\n\n:::{admonition} Solutions\n:class: dropdown\n\n1. a\n:::\n")
+    assert not furniture_problems(good)
+    assert furniture_problems(good.replace("## Summary", "## Recap")) == ["0 x summary, want 1"]
+    twice = good.replace("## Summary", "```{admonition} What this chapter runs\ny\n```\n\n## Summary")
+    assert furniture_problems(twice) == ["2 x what it runs, want 1"]
+    flipped = good.replace("## Exercises\n\n1. q\n\n", "") + "\n## Exercises\n\n1. q\n"
+    assert furniture_problems(flipped) == ["the solutions come before the exercises"]
+    unfolded = good.replace(":class: dropdown\n", "")
+    assert furniture_problems(unfolded) == ["0 x solutions, want 1"]
+    assert furniture_problems(good, {"summary": "a reference page"}) == [
+        "summary is exempt (a reference page) but present"]
+    no_summary = good.replace("## Summary\n\n- a\n\n", "")
+    assert not furniture_problems(no_summary, {"summary": "a reference page"})

@@ -6,7 +6,8 @@ the browser logs an error (a failed script, a missing font file, a CDN it could 
 the layout checks of ``dmuon.lab.pagecheck`` (they also run on a partial build:
 ``python -m dmuon.lab.pagecheck DIR``): at 1280 px a code cell, a table or an output that scrolls
 sideways, a table cell that breaks inside a word or a number (also at 400 px, where a table may
-scroll as a whole), or an ipywidgets control (without a kernel it moves and changes nothing).
+scroll as a whole), a displayed equation wider than its column (at 1280 and 400 px: long ones are
+broken into aligned lines), or an ipywidgets control (without a kernel it moves and changes nothing).
 Exempt on purpose: the excerpts of ``scripts/`` included with ``{literalinclude}`` in chapters 4
 and 5 keep the source's lines in a scrolling box of their own; they are not code cells, so the
 code-cell check does not select them. On pages with a
@@ -30,7 +31,7 @@ import pytest
 from conftest import BUILD, executed_notebook
 from test_book import toc_files
 
-from dmuon.lab.pagecheck import layout_problems, open_page, table_problems
+from dmuon.lab.pagecheck import layout_problems, math_problems, open_page, table_problems
 
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -164,6 +165,7 @@ def test_page_reads_well_offline(built_book, browser, name):
     assert browser.save_screenshot(str(SHOTS / f"{stem}@400px.png"))
     broken = [p for p in table_problems(browser) if "breaks inside" in p]  # scrolling is fine here
     assert not broken, f"at 400 px: {broken}"
+    assert not math_problems(browser), f"at 400 px: {math_problems(browser)}"
 
 
 def test_at_least_one_explorer_in_the_book(built_book):
@@ -179,16 +181,23 @@ BAD_PAGE = """<!doctype html><html><body><article>
 <table style="width: 60px"><tr><td style="overflow-wrap: anywhere">abcdefghijklmnopqrstuvwxyz</td></tr></table>
 <table style="width: 60px"><tr><td>reduce-scatter all-gather</td></tr></table>
 <div class="cell_output"><script type="application/vnd.jupyter.widget-view+json">{{}}</script></div>
+<div style="width: 300px">
+  <mjx-container display="true" style="display: block; overflow-x: auto"><mjx-math
+    style="display: inline-block; white-space: nowrap">{wide_math}</mjx-math></mjx-container>
+  <mjx-container display="true" style="display: block; overflow-x: auto"><mjx-math
+    style="display: inline-block; white-space: nowrap">M = 0.95 M + G</mjx-math></mjx-container>
+</div>
 </article></body></html>"""
 
 
 def test_layout_checks_catch_what_they_should(browser, tmp_path):
     """The checks fail where they should (a page with one of each defect) and accept a break after
     a hyphen; they run on any built page, not only on the whole book."""
-    from dmuon.lab.pagecheck import code_problems, widget_problems
+    from dmuon.lab.pagecheck import code_problems, math_problems, widget_problems
 
     page = tmp_path / "bad.html"
-    page.write_text(BAD_PAGE.format(long_line="x = 1  # " + "y" * 400, wide_row="wide&nbsp;" * 80))
+    page.write_text(BAD_PAGE.format(long_line="x = 1  # " + "y" * 400, wide_row="wide&nbsp;" * 80,
+                                    wide_math="W = (1 - eta lambda) W - eta 0.2 sqrt(max(A, B)) O " * 4))
     load(browser, page)
     assert any("code cell" in p for p in code_problems(browser))
     tables = table_problems(browser)
@@ -196,3 +205,7 @@ def test_layout_checks_catch_what_they_should(browser, tmp_path):
     assert any('breaks inside "abcdefghijklmnopqrstuvwxyz"' in p for p in tables), tables
     assert not any("reduce-" in p or "scatter" in p for p in tables), tables  # after a hyphen: fine
     assert widget_problems(browser)
+    # The same markup MathJax 3 writes for a displayed equation: the wide one is flagged, the
+    # short one beside it in the same 300 px column is not.
+    equations = math_problems(browser)
+    assert len(equations) == 1 and "W = (1 - eta lambda)" in equations[0], equations

@@ -2,6 +2,10 @@
 
 - ``collectives_diagram(demo)``: the four collectives of ``scripts/collectives.py``'s run, each
   rank's tensor before and after, every element coloured by the rank it came from.
+- ``layouts_diagram(plans_by_layout)``: one matrix under chapter 8's three layouts (bucket, owner,
+  aligned) on a DP-only grid, from the real ``build_plan`` of each: which piece each rank holds,
+  who runs Newton-Schulz, what moves.
+- ``holders_diagram(...)``: chapter 11's ZeRO-1 x TP against FSDP2 + FSDPMuon: who holds what.
 - ``step_flow_diagram(trace, plan_metas)``: one Distributed Muon step on a 2 x 2 grid, for one
   matrix: which part of it each rank holds at each stage, from ``scripts/trace_step.py``'s trace
   (shapes, dtypes) and the ZeRO-1 plan (where each rank's shard lies).
@@ -13,8 +17,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-RANK_COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
-SUM_COLOR = "#bab0ac"
+from . import palette
+
+RANK_COLORS = palette.RANK
+SUM_COLOR = palette.NEUTRAL["sum"]
 
 
 def book_style() -> None:
@@ -116,7 +122,7 @@ def step_flow_diagram(trace: dict, metas_by_dp: list, name: str = "w3"):
                     ax.plot([t / tp] * 2, [0, aspect], ls="--", color="grey", lw=0.8)
                 elif split == 0:
                     ax.plot([0, 1], [aspect * t / tp] * 2, ls="--", color="grey", lw=0.8)
-            color = "#e45756" if stage in ("orthogonalised", "dp_shard") else "#4c78a8"
+            color = palette.STATE["orthogonalised" if stage in ("orthogonalised", "dp_shard") else "momentum"]
             t = rank["tp_rank"]
             # the TP-local block, in units of the whole matrix (x: columns, y: rows from the top)
             bx, bw = (t / tp, 1 / tp) if split == 1 else (0, 1)
@@ -142,5 +148,165 @@ def step_flow_diagram(trace: dict, metas_by_dp: list, name: str = "w3"):
                 ax.set_title(label, fontsize=10)
         axes[i][0].text(-0.15, aspect / 2, f"rank {rank['rank']}\ndp {rank['dp_rank']}, tp {rank['tp_rank']}",
                         ha="right", va="center", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# ---- chapter 8: the three layouts, for one matrix ----------------------------------------------
+
+LAYOUT_MOVES = {  # what travels for Newton-Schulz, in words; the numbers come from the plan
+    "bucket": ("DP all-gather: every rank\nreceives the pieces it lacks", "every rank runs\nNewton-Schulz",
+               "each keeps\nits own piece"),
+    "owner": ("pieces go to the owner,\nrank {owner}", "only the owner runs\nNewton-Schulz",
+              "owner sends the\npieces back"),
+    "aligned": ("nothing moves: the matrix\nis whole on rank {owner}", "only rank {owner} runs\nNewton-Schulz",
+                "nothing moves"),
+}
+
+
+def _piece_band(ax, x, aspect, lo, hi, numel, color):
+    """Rows [lo, hi) of a row-major matrix of ``numel`` elements, drawn as a band in the outline at x."""
+    if hi > lo:
+        top, bottom = lo / numel, hi / numel
+        ax.add_patch(Rectangle((x, aspect * (1 - bottom)), 1, aspect * (bottom - top), fc=color, alpha=0.85))
+
+
+def layouts_diagram(plans_by_layout: dict, name: str = "w3"):
+    """One matrix under each layout on a DP-only grid: which piece each DP rank holds of its momentum
+    (blue), who runs Newton-Schulz on the whole matrix (red), and the orthogonalised pieces kept.
+    ``plans_by_layout[layout]`` is the list of every DP rank's ``build_plan(..., layout=layout)``."""
+    layouts = list(plans_by_layout)
+    dp = len(plans_by_layout[layouts[0]])
+    fig, axes = plt.subplots(len(layouts), 1, figsize=(9, 1.75 * len(layouts) + 0.6))
+    gap, width = 0.35, 1.0
+    stage_w = dp * (width + gap) + 1.6
+    for ax, layout in zip(axes, layouts):
+        plans = plans_by_layout[layout]
+        meta = next(m for m in plans[0].metas[0] if m.name == name)
+        rows, cols = meta.shape
+        aspect = min(rows / cols, 1.2)
+        pieces = [plans[0].piece_slice(meta, r) for r in range(dp)]
+        owner = None if layout == "bucket" else plans[0].owner_of(meta)
+        runs_ns = list(range(dp)) if owner is None else [owner]
+        for s in range(3):
+            x0 = s * stage_w
+            for r in range(dp):
+                x = x0 + r * (width + gap)
+                ax.add_patch(Rectangle((x, 0), width, aspect, fill=False, ec="black", lw=1))
+                ax.text(x + width / 2, -0.12, f"rank {r}", ha="center", va="top", fontsize=9)
+                if s == 0:
+                    _piece_band(ax, x, aspect, pieces[r].start, pieces[r].stop, meta.numel, palette.STATE["momentum"])
+                elif s == 1 and r in runs_ns:
+                    ax.add_patch(Rectangle((x, 0), width, aspect, fc=palette.STATE["orthogonalised"], alpha=0.85))
+                elif s == 2:
+                    _piece_band(ax, x, aspect, pieces[r].start, pieces[r].stop, meta.numel,
+                                palette.STATE["orthogonalised"])
+            moved = [meta.numel - (pieces[r].stop - pieces[r].start) for r in range(dp)]
+            text = LAYOUT_MOVES[layout][s].format(owner=owner)
+            if s == 0 and layout == "bucket":
+                text += f"\n(up to {max(moved):,} el. each)"
+            elif s == 0 and layout == "owner":
+                text += f"\n({moved[owner]:,} el. in all)"
+            ax.text(x0 + (dp * (width + gap) - gap) / 2, aspect + 0.08, text, ha="center", va="bottom",
+                    fontsize=9)
+            if s < 2:
+                ax.annotate("", xy=(x0 + stage_w - 0.45, aspect / 2), xytext=(x0 + stage_w - 1.15, aspect / 2),
+                            arrowprops=dict(arrowstyle="->", lw=1.8))
+        ax.text(-0.25, aspect / 2, layout, ha="right", va="center", fontsize=12, fontweight="bold")
+        ax.set(xlim=(-1.6, 3 * stage_w - 1.4), ylim=(-0.45, aspect + 0.75))
+        ax.set_aspect("equal")
+        ax.axis("off")
+    handles = [Rectangle((0, 0), 1, 1, fc=palette.STATE["momentum"], alpha=0.85),
+               Rectangle((0, 0), 1, 1, fc=palette.STATE["orthogonalised"], alpha=0.85)]
+    fig.legend(handles, ["momentum (Newton-Schulz input)", "orthogonalised update"], loc="lower center",
+               ncol=2, frameon=False, fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+# ---- chapter 11: ZeRO-1 x TP against FSDP2 + FSDPMuon, who holds what ---------------------------
+
+def _fsdp2_tp_rows(shape, dp: int, tp: int) -> list:
+    """Every world rank's rectangle of a matrix split by rows over TP and then by FSDP2 over DP
+    (``Shard(0)`` of each TP shard: ``torch.chunk``'s split, as ``dmuon.lab.choice.fsdp2_row_pieces``)."""
+    from .choice import fsdp2_row_pieces
+    from ..fsdp_routes import Piece
+
+    rows, cols = shape
+    block = rows // tp
+    out = []
+    for d in range(dp):
+        for t in range(tp):
+            p = fsdp2_row_pieces((block, cols), dp)[d]
+            out.append(Piece((t * block + p.offset[0], 0), p.shape))
+    return out
+
+
+def holders_diagram(shapes=((64, 64), (192, 64)), dp: int = 2, tp: int = 2, bucket_numel: int = 1 << 20):
+    """Two matrices (split by rows over TP) on a dp x tp grid: what each rank holds of them at rest
+    (weights), as optimizer state, and for Newton-Schulz, under ZeRO-1 x TP with the owner layout and
+    under FSDP2 x TP with FSDPMuon. Computed with the real ``build_plan`` (ZeRO-1) and
+    ``fsdp_routes.routes`` (FSDPMuon's owners) on the same shapes."""
+    from ..fsdp_routes import routes
+    from ..plan import ParamSpec, build_plan
+
+    names = [f"w{i}" for i in range(len(shapes))]
+    specs = [[ParamSpec(n, s, 0) for n, s in zip(names, shapes)]]
+    plans = [build_plan(specs, dp, d, tp, bucket_numel, layout="owner") for d in range(dp)]
+    metas = plans[0].metas[0]
+    fsdp_pieces = [_fsdp2_tp_rows(s, dp, tp) for s in shapes]
+    fsdp = routes(list(shapes), [[fsdp_pieces[m][r] for m in range(len(shapes))] for r in range(dp * tp)], tp=tp)
+    world = dp * tp
+
+    def zero1(kind, r, m):  # (row fraction from, to) of the whole matrix, or "whole"
+        d, t = divmod(r, tp)
+        rows = shapes[m][0]
+        if kind == "ns":
+            return (0, 1) if plans[0].owner_of(metas[m]) == r else None
+        if kind == "weights":
+            return (t / tp, (t + 1) / tp)
+        piece = plans[0].piece_slice(metas[m], d)
+        n = metas[m].numel
+        return (t / tp + piece.start / n / tp, t / tp + piece.stop / n / tp) if piece.stop > piece.start else None
+
+    def fsdp2(kind, r, m):
+        if kind == "ns":
+            return (0, 1) if fsdp.owners[m] == r else None
+        p, rows = fsdp_pieces[m][r], shapes[m][0]
+        return (p.offset[0] / rows, (p.offset[0] + p.shape[0]) / rows) if p.shape[0] else None
+
+    schemes = [("ZeRO-1 x TP, owner layout", zero1), ("FSDP2 x TP + FSDPMuon", fsdp2)]
+    kinds = [("weights", "weights at rest"), ("state", "momentum (state)"), ("ns", "Newton-Schulz")]
+    colors = {"weights": palette.STATE["model"], "state": palette.STATE["momentum"],
+              "ns": palette.STATE["orthogonalised"]}
+    fig, axes = plt.subplots(len(schemes), 1, figsize=(9, 3.1 * len(schemes) + 0.3))
+    mat_w, mat_gap, rank_gap = 0.6, 0.15, 0.5
+    cell_w = len(shapes) * (mat_w + mat_gap) + rank_gap
+    for ax, (title, where) in zip(axes, schemes):
+        for k, (kind, label) in enumerate(kinds):
+            y0 = (len(kinds) - 1 - k) * 1.45
+            ax.text(-0.2, y0 + 0.5, label, ha="right", va="center", fontsize=10)
+            for r in range(world):
+                for m, (rows, cols) in enumerate(shapes):
+                    h = min(1.1, 0.35 * rows / cols + 0.3)
+                    x = r * cell_w + m * (mat_w + mat_gap)
+                    ax.add_patch(Rectangle((x, y0), mat_w, h, fill=False, ec="black", lw=0.8))
+                    for t in range(1, tp):  # the TP cut
+                        ax.plot([x, x + mat_w], [y0 + h * (1 - t / tp)] * 2, ls="--", color="grey", lw=0.6)
+                    span = where(kind, r, m)
+                    if span is not None:
+                        top, bottom = span
+                        ax.add_patch(Rectangle((x, y0 + h * (1 - bottom)), mat_w, h * (bottom - top),
+                                               fc=colors[kind], alpha=0.9))
+                    if k == len(kinds) - 1:
+                        ax.text(x + mat_w / 2, y0 - 0.08, names[m], ha="center", va="top", fontsize=8)
+                if k == 0:
+                    d, t = divmod(r, tp)
+                    ax.text(r * cell_w + (cell_w - rank_gap) / 2, y0 + 1.35, f"rank {r}\n(dp {d}, tp {t})",
+                            ha="center", va="bottom", fontsize=9)
+        ax.set_title(title, loc="left", fontsize=11, fontweight="bold")
+        ax.set(xlim=(-2.4, world * cell_w), ylim=(-0.5, len(kinds) * 1.45 + 0.55))
+        ax.set_aspect("equal")
+        ax.axis("off")
     fig.tight_layout()
     return fig

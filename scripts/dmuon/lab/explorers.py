@@ -19,6 +19,8 @@ import sys
 
 import plotly.graph_objects as go
 
+from . import palette
+
 # A narrow-screen friendly look: legend above the plot, small margins, responsive width.
 BASE_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=40), height=430,
                    legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0),
@@ -91,8 +93,8 @@ def ns_map_explorer(max_steps: int = 8, active: int = 5):
     for k in range(1, max_steps + 1):
         traces = [go.Scatter(x=sigma.tolist(), y=singular_value_map(sigma, k, c).tolist(), mode="lines", name=name,
                              line=dict(color=color))
-                  for c, name, color in ((cubic, "cubic (1.5, -0.5, 0)", "#1f77b4"),
-                                         (quintic, f"quintic {quintic}", "#d62728"))]
+                  for c, name, color in ((cubic, "cubic (1.5, -0.5, 0)", palette.NS_CURVE["cubic"]),
+                                         (quintic, f"quintic {quintic}", palette.NS_CURVE["quintic"]))]
         band = singular_value_map(torch.linspace(1e-3, 1, 1000, dtype=torch.float64), k, quintic)
         frames.append(dict(label=k, traces=traces,
                            title=f"{k} step{'s' * (k > 1)}: quintic maps [0.001, 1] into "
@@ -119,7 +121,8 @@ def ns_coefficient_explorer(cs=(0.0, 1.0, 1.5, 1.8, 2.0315, 2.2, 2.5), steps=(3,
     for c in cs:
         traces = [go.Scatter(x=sigma.tolist(), y=singular_value_map(sigma, k, (a, b, c)).tolist(), mode="lines",
                              name=f"{k} steps", line=dict(color=color, dash=dash))
-                  for k, color, dash in zip(steps, ("#ff7f0e", "#d62728"), ("dash", "solid"))]
+                  for k, color, dash in zip(steps, (palette.NS_CURVE["3 steps"], palette.NS_CURVE["5 steps"]),
+                                            ("dash", "solid"))]
         mapped = singular_value_map(torch.linspace(1e-3, 1, 1000, dtype=torch.float64), steps[-1], (a, b, c))
         lo, hi = mapped.min().item(), mapped.max().item()
         outcome = (f"map [0.001, 1] into [{lo:.3f}, {hi:.3f}]" if max(abs(lo), abs(hi)) < 10
@@ -141,11 +144,21 @@ MEMORY_PARTS = [("params", "parameters (bf16)"), ("grads", "gradients (bf16)"), 
                 ("optimizer_state", "optimizer state")]
 
 
+def _totals(rows: list[str], totals_gb: list[float], x_max: float) -> go.Scatter:
+    """Each row's total at the end of its bar; a bar longer than the fixed axis is cut at its edge
+    and its total, written inside, says by how much."""
+    return go.Scatter(y=rows, x=[min(t, x_max) for t in totals_gb], mode="text", showlegend=False,
+                      text=[f"{t:,.0f} GB" + (" ▶" if t > x_max else "") for t in totals_gb],
+                      textposition=["middle left" if t > x_max else "middle right" for t in totals_gb],
+                      textfont=dict(size=11), hoverinfo="skip")
+
+
 def memory_explorer(sizes_b=(0.125, 0.35, 1.3, 3, 7, 13, 34, 70, 175, 405), active_b: float = 7, device_gb: float = 80):
     """Slider over model size (billions of parameters): GB per rank on 8 devices, by layout and optimizer."""
     from dmuon.lab.memory import per_rank_bytes
 
-    colors = ["#4c78a8", "#f58518", "#54a24b", "#b279a2"]
+    colors = [palette.MEMORY[key] for key, _ in MEMORY_PARTS]
+    x_max = 3 * device_gb  # one axis for every position: the device line stays put
     rows = [f"{name} · {opt}" for name, _ in MEMORY_LAYOUTS for opt in ("AdamW", "Muon")]
     frames = []
     for b in sizes_b:
@@ -153,6 +166,7 @@ def memory_explorer(sizes_b=(0.125, 0.35, 1.3, 3, 7, 13, 34, 70, 175, 405), acti
         traces = [go.Bar(y=rows, x=[p[key] / 1e9 for p in per], name=label, orientation="h", marker_color=color,
                          hovertemplate="%{y}: %{x:.2f} GB<extra>" + label + "</extra>")
                   for (key, label), color in zip(MEMORY_PARTS, colors)]
+        traces.append(_totals(rows, [p["total"] / 1e9 for p in per], x_max))
         fits = sum(p["total"] / 1e9 <= device_gb for p in per)
         frames.append(dict(label=f"{b:g}B", traces=traces,
                            title=f"{b:g}B parameters, 8 devices: {fits} of {len(rows)} rows fit in {device_gb:g} GB"))
@@ -161,6 +175,7 @@ def memory_explorer(sizes_b=(0.125, 0.35, 1.3, 3, 7, 13, 34, 70, 175, 405), acti
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(margin=dict(l=150, t=110))  # title above the two-row legend
     fig.add_vline(x=device_gb, line=dict(color="black", width=1, dash="dot"))
+    fig.update_xaxes(range=[0, x_max])
     return fig
 
 
@@ -170,7 +185,8 @@ def grid_memory_explorer(billions: float = 7, grids=((1, 1), (8, 1), (64, 1), (4
     and Muon (mixed precision). Stands in for a live calculator widget."""
     from dmuon.lab.memory import STRATEGIES, per_rank_bytes
 
-    colors = ["#4c78a8", "#f58518", "#54a24b", "#b279a2"]
+    colors = [palette.MEMORY[key] for key, _ in MEMORY_PARTS]
+    x_max = 3 * device_gb  # one axis for every position: the device line stays put
     rows = [f"{name} · {opt}" for name in STRATEGIES for opt in ("AdamW", "Muon")]
     frames = []
     for dp, tp in grids:
@@ -179,6 +195,7 @@ def grid_memory_explorer(billions: float = 7, grids=((1, 1), (8, 1), (64, 1), (4
         traces = [go.Bar(y=rows, x=[p[key] / 1e9 for p in per], name=label, orientation="h", marker_color=color,
                          hovertemplate="%{y}: %{x:.2f} GB<extra>" + label + "</extra>")
                   for (key, label), color in zip(MEMORY_PARTS, colors)]
+        traces.append(_totals(rows, [p["total"] / 1e9 for p in per], x_max))
         z1 = [p["total"] / 1e9 for p in per[2:4]]
         frames.append(dict(label=f"{dp}x{tp}", traces=traces,
                            title=f"{billions:g}B, dp={dp} x tp={tp} ({dp * tp} devices): ZeRO-1 "
@@ -188,6 +205,7 @@ def grid_memory_explorer(billions: float = 7, grids=((1, 1), (8, 1), (64, 1), (4
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(margin=dict(l=150, t=110))  # title above the two-row legend
     fig.add_vline(x=device_gb, line=dict(color="black", width=1, dash="dot"))
+    fig.update_xaxes(range=[0, x_max])
     return fig
 
 
@@ -199,26 +217,39 @@ def plan_frame(specs, dp: int, tp: int, bucket: int) -> dict:
 
     plans = [build_plan(specs, dp, r, tp, bucket) for r in range(dp)]
     metas, buckets = plans[0].metas[0], plans[0].buckets[0]
-    palette = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
-    shard_colors = ["#dbe9f6", "#fde2c8", "#d9f0d3", "#f8d5d5", "#e2e2f5", "#f5e6c8", "#d8f3f3", "#eeeeee"]
     params = go.Bar(y=["parameters"] * len(metas), x=[m.global_range[1] - m.global_range[0] for m in metas],
                     base=[m.global_range[0] for m in metas], orientation="h", showlegend=False,
-                    marker=dict(color=[palette[i % 8] for i in range(len(metas))], line=dict(color="white", width=1)),
+                    marker=dict(color=[palette.matrix(i) for i in range(len(metas))], line=dict(color="white", width=1)),
                     text=[m.name for m in metas], textposition="inside", insidetextanchor="middle",
                     hovertemplate="%{text}: [%{base:,}, +%{x:,})<extra></extra>")
     pads = [(b.start + b.numel, b.padded_numel - b.numel) for b in buckets if b.padded_numel > b.numel]
     padding = go.Bar(y=["parameters"] * len(pads), x=[w for _, w in pads], base=[s for s, _ in pads], orientation="h",
-                     marker=dict(color="lightgrey"), showlegend=False, hovertemplate="padding: %{x}<extra></extra>")
+                     marker=dict(color=palette.NEUTRAL["padding"], pattern=dict(shape="/")), showlegend=False,
+                     hovertemplate="padding: %{x}<extra></extra>")
+    # Padding is a few elements of a buffer of hundreds of thousands: a bar that thin is invisible,
+    # so a marker above the strip points at each bucket's padding.
+    pad_marks = go.Scatter(x=[s + w / 2 for s, w in pads], y=["pad"] * len(pads), mode="markers+text",
+                           marker=dict(symbol="triangle-down", size=11, color=palette.NEUTRAL["reference"]),
+                           text=[f"{w} el." for _, w in pads], textposition="middle left", showlegend=False,
+                           hovertemplate="padding: %{text}<extra></extra>")
     shards = [(b.bucket_idx, r, *b.shard_range(r)) for b in buckets for r in range(b.dp)]
     owners = go.Bar(y=["owner"] * len(shards), x=[hi - lo for *_, lo, hi in shards], base=[lo for *_, lo, _ in shards],
                     orientation="h", showlegend=False, text=[f"dp {r}" for _, r, *_ in shards],
                     textposition="inside", insidetextanchor="middle",
-                    marker=dict(color=[shard_colors[r % 8] for _, r, *_ in shards], line=dict(color="grey", width=1)),
+                    marker=dict(color=[palette.dp_shard(r) for _, r, *_ in shards], line=dict(color="grey", width=1)),
                     customdata=[b for b, *_ in shards], hovertemplate="bucket %{customdata}, %{text}<extra></extra>")
     straddling = [m.name for i, m in enumerate(metas) if sum(p.metas[0][i].local_numel > 0 for p in plans) > 1]
-    return dict(plans=plans, traces=[params, padding, owners], straddling=straddling,
+    return dict(plans=plans, traces=[params, padding, pad_marks, owners], straddling=straddling,
                 bucket_starts=[b.start for b in buckets] + [buckets[-1].start + buckets[-1].padded_numel],
                 state=plans[0].local_state_numel())
+
+
+def _plan_axes(fig: go.Figure) -> None:
+    """The strips in chapter 4's order, top to bottom: padding marks, parameters, owner (Plotly
+    draws the first category at the bottom)."""
+    fig.update_layout(bargap=0.15, margin=dict(l=90), uniformtext=dict(minsize=10, mode="hide"))
+    fig.update_yaxes(categoryorder="array", categoryarray=["owner", "parameters", "pad"],
+                     tickvals=["owner", "parameters", "pad"], ticktext=["owner", "parameters", "padding"])
 
 
 def plan_explorer(specs, tp: int = 2, bucket: int = 100_000, dps=range(1, 7), active_dp: int = 3):
@@ -231,7 +262,7 @@ def plan_explorer(specs, tp: int = 2, bucket: int = 100_000, dps=range(1, 7), ac
                                  f"state per rank {f['state']:,} elements"))
     fig = slider_figure(frames, "DP size", active=list(dps).index(active_dp), barmode="overlay", height=330,
                         xaxis_title="offset in the virtual buffer (elements)")
-    fig.update_layout(bargap=0.15, margin=dict(l=90), uniformtext=dict(minsize=10, mode="hide"))
+    _plan_axes(fig)
     return fig
 
 
@@ -247,7 +278,7 @@ def bucket_explorer(specs, dp: int = 3, tp: int = 2,
                                  f"{', '.join(f['straddling']) or 'none'}"))
     fig = slider_figure(frames, "bucket size (elements)", active=list(buckets).index(active), barmode="overlay",
                         height=330, xaxis_title=f"offset in the virtual buffer (elements), dp={dp}, tp={tp}")
-    fig.update_layout(bargap=0.15, margin=dict(l=90), uniformtext=dict(minsize=10, mode="hide"))
+    _plan_axes(fig)
     return fig
 
 
@@ -264,13 +295,15 @@ def projection_explorer(project, inter_gb_s=(10, 25, 50, 100, 200, 400), active:
 def link_explorer(project, values, label: str, title: str, active, dps=(1, 2, 4, 8, 16, 32, 64), tps=(1, 8)):
     """Slider over one link constant; ``project(dp, tp, value)`` returns (Muon s, AdamW s) of
     communication per step. ``title`` formats the value (``"{:g} GB/s between nodes"``)."""
-    frames = []
+    frames, highest = [], 0.0
     for value in values:
         traces, ratios = [], []
         for tp, dash in zip(tps, ("solid", "dash")):
             times = [project(d, tp, value) for d in dps]
+            highest = max(highest, *(t for pair in times for t in pair))
             ratios.append(times[-1][0] / times[-1][1])
-            for k, (name, color, symbol) in enumerate((("Muon", "#d62728", "circle"), ("AdamW", "#1f77b4", "square"))):
+            for k, (name, color, symbol) in enumerate((("Muon", palette.OPTIMIZER["muon"], "circle"),
+                                                       ("AdamW", palette.OPTIMIZER["adamw"], "square"))):
                 traces.append(go.Scatter(x=list(dps), y=[t[k] * 1e3 for t in times], mode="lines+markers",
                                          name=f"{name}, tp={tp}", line=dict(color=color, dash=dash),
                                          marker=dict(symbol=symbol),
@@ -282,4 +315,6 @@ def link_explorer(project, values, label: str, title: str, active, dps=(1, 2, 4,
     fig = slider_figure(frames, label, active=list(values).index(active),
                         xaxis_title="DP size (replicas)", yaxis_title="ms per step")
     fig.update_xaxes(type="log", tickvals=list(dps), ticktext=[str(d) for d in dps])
+    # One y axis for every position, so that moving the slider moves the curves, not the scale.
+    fig.update_yaxes(range=[0, highest * 1e3 * 1.05])
     return fig

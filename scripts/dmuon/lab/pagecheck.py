@@ -17,6 +17,9 @@ readable problems (empty when the page is fine):
 - ``widget_problems``: an ipywidgets control in the static page (without a kernel it moves and
   changes nothing; the book's explorers are Plotly figures whose every position is precomputed).
 - ``output_problems``: an element of a notebook output that scrolls sideways.
+- ``math_problems``: a displayed equation (MathJax's ``mjx-container[display="true"]``) wider than
+  its column: the theme lets it scroll, so the end of a long line (a coefficient, a definition) is
+  cut off on screen. Long equations are broken into aligned lines instead.
 """
 from __future__ import annotations
 
@@ -66,6 +69,16 @@ for (const t of document.querySelectorAll('article table')) {
 }
 return problems;
 """
+# A displayed equation whose typeset width (mjx-math) passes its container's right edge, or whose
+# container scrolls: the reader sees it cut off.
+MATH = SCROLLS + """
+return [...document.querySelectorAll('mjx-container[display="true"]')]
+  .filter(c => { const m = c.querySelector('mjx-math');
+                 return scrolls(c) || (m && m.getBoundingClientRect().right
+                                       > c.getBoundingClientRect().right + 1); })
+  .map(c => 'equation ' + Math.round((c.querySelector('mjx-math') || c).getBoundingClientRect().width)
+       + '>' + c.clientWidth + ' px: ' + c.textContent.slice(0, 60));
+"""
 WIDGETS = """
 return [...document.querySelectorAll('.widget-subarea, .jupyter-widgets, '
   + 'script[type="application/vnd.jupyter.widget-view+json"], '
@@ -85,6 +98,10 @@ def table_problems(driver) -> list[str]:
     return driver.execute_script(TABLES)
 
 
+def math_problems(driver) -> list[str]:
+    return driver.execute_script(MATH)
+
+
 def widget_problems(driver) -> list[str]:
     n = driver.execute_script(WIDGETS)
     return [f"{n} ipywidgets elements: a control that moves without a kernel and changes nothing"] if n else []
@@ -92,7 +109,8 @@ def widget_problems(driver) -> list[str]:
 
 def layout_problems(driver) -> list[str]:
     """Everything above, for the page the driver has loaded."""
-    return code_problems(driver) + output_problems(driver) + table_problems(driver) + widget_problems(driver)
+    return (code_problems(driver) + output_problems(driver) + table_problems(driver)
+            + math_problems(driver) + widget_problems(driver))
 
 
 def chromium(width: int = 1280):
@@ -145,6 +163,7 @@ def main(argv: list[str]) -> int:
             problems = layout_problems(driver)
             open_page(driver, page, width=400)  # narrow: tables may scroll, never break a word
             problems += [f"at 400 px: {p}" for p in table_problems(driver) if "breaks inside" in p]
+            problems += [f"at 400 px: {p}" for p in math_problems(driver)]  # equations always fit
             bad += bool(problems)
             print(f"{page.relative_to(root)}: {'ok' if not problems else len(problems)}")
             for p in problems:

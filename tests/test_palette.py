@@ -1,0 +1,103 @@
+"""One colour scheme per quantity: the book's figures take their colours from ``dmuon.lab.palette``.
+
+The plotting code (every chapter's code cells, ``dmuon/lab/explorers.py`` and ``diagrams.py``) may
+not write a colour of its own: no hex literal, no matplotlib cycle colour (``"C0"``, ``f"C{i}"``),
+no ``tab:`` colour and no colormap (``plt.cm.``). Named neutrals (black, white, grey) are fine.
+And so that the check cannot pass by a figure simply using matplotlib's defaults, every figure that
+shows one of the palette's quantities must take them from it: the cell that glues it names
+``palette``, or it is drawn by ``explorers``/``diagrams``, which do. Nothing is executed (a second).
+
+    PYTHONPATH=scripts python -m pytest -q tests/test_palette.py
+"""
+from __future__ import annotations
+
+import re
+
+import jupytext
+import pytest
+
+from conftest import ROOT
+
+COLOUR = re.compile(r"""["']#[0-9a-fA-F]{3}(?:[0-9a-fA-F]{3})?["']"""  # "#4c72b0"
+                    r"""|["']C\d["']|f["']C\{"""                     # "C0", f"C{i}"
+                    r"""|["']tab:\w+["']|\bplt\.cm\.\w+|\bcm\.\w+\(""")  # "tab:blue", plt.cm.tab10
+LAB = ROOT / "scripts" / "dmuon" / "lab"
+
+# Figures that show a quantity of the palette, by glue key: the cell that glues them must use it.
+USES_PALETTE = ["ch1-training", "ch2-memory", "ch3-grid", "ch4-plan", "ch5-stages", "ch6-layouts",
+                "ch6-projection", "ch7-breakdown", "ch7-trace", "ch8-bytes", "ch9-tp-plan",
+                "ch9-spectra", "ch9-study", "ch9-profile", "ch10-state", "ch14-group-steps",
+                "ch14-projection"]
+# Figures drawn by a module that takes its colours from the palette.
+BY_MODULE = {"explorers": ["ch1-nsmap", "ch1-coefficients", "ch2-explorer", "ch2-grid", "ch4-explorer",
+                           "ch4-buckets", "ch6-explorer", "ch6-latency"],
+             "diagrams": ["ch2-collectives", "ch5-flow", "ch8-layouts", "ch11-holders"]}
+# Cells left alone on purpose, with the reason.
+EXEMPT = {"ch8-times": "chapter 8's timing cell, being rewritten by the lead; its bars are Muon and "
+                       "AdamW and should take palette.OPTIMIZER when it is"}
+
+
+def colour_problems(source: str) -> list[str]:
+    """Every hard-coded colour in ``source``, with its line."""
+    return [f"line {i}: {m.group(0)}" for i, line in enumerate(source.splitlines(), 1)
+            for m in COLOUR.finditer(line) if not line.lstrip().startswith("#")]
+
+
+def code_cells() -> dict[str, list[str]]:
+    return {py.name: [c.source for c in jupytext.read(py).cells if c.cell_type == "code"]
+            for py in sorted((ROOT / "notebooks").glob("*.py"))}
+
+
+def gluing(cells: dict[str, list[str]], key: str) -> str:
+    """The code cell that glues ``key``."""
+    found = [c for cs in cells.values() for c in cs
+             if re.search(r"glue\(\s*" + re.escape(f'"{key}"'), c)]
+    assert len(found) == 1, f"{len(found)} cells glue {key!r}"
+    return found[0]
+
+
+def test_no_plotting_code_writes_its_own_colour():
+    cells = code_cells()
+    exempt = [gluing(cells, key) for key in EXEMPT]
+    bad = {f"{name} cell {i}": p for name, cs in cells.items() for i, c in enumerate(cs)
+           if c not in exempt and (p := colour_problems(c))}
+    for module in ("explorers", "diagrams"):
+        if p := colour_problems((LAB / f"{module}.py").read_text()):
+            bad[f"dmuon/lab/{module}.py"] = p
+    assert not bad, f"colours written in place of dmuon.lab.palette: {bad}"
+
+
+def test_the_figures_of_the_palettes_quantities_take_it():
+    cells = code_cells()
+    for key in USES_PALETTE:
+        assert "palette" in gluing(cells, key), f"{key} does not take its colours from dmuon.lab.palette"
+    for module, keys in BY_MODULE.items():
+        assert "from . import palette" in (LAB / f"{module}.py").read_text()
+        for key in keys:
+            assert re.search(rf"\b(?:{module}|Figure|\w+_(?:explorer|diagram))\b", gluing(cells, key)), key
+
+
+def test_the_palette_names_every_quantity_once():
+    from dmuon.lab import palette
+
+    assert set(palette.OPTIMIZER) == {"muon", "adamw"}
+    assert len(set(palette.OPTIMIZER.values())) == 2
+    for family in (palette.STEP, palette.PHASE, palette.MEMORY):
+        assert len(set(family.values())) == len(family), family  # no two parts alike in one figure
+    assert {"bucket", "owner", "aligned"} <= set(palette.LAYOUT)
+    from dmuon.lab.costmodel import PHASES
+
+    assert set(PHASES) == set(palette.PHASE)
+
+
+def test_the_colour_check_catches_what_it_is_for():
+    """It can fail: each kind of hard-coded colour is found; the palette's names and neutrals pass."""
+    for bad in ('ax.plot(x, color="#4c72b0")', "ax.bar(x, y, color='#fff')", 'color="C1"',
+                'color=f"C{i}"', 'COLOURS = ["tab:blue"]', "colors = plt.cm.tab10.colors",
+                "fc=plt.cm.Pastel1(r)", 'marker=dict(color="#d62728")'):
+        assert colour_problems(bad), bad
+    for fine in ('ax.plot(x, color=palette.OPTIMIZER["muon"])', 'ax.axvline(8, color="black")',
+                 'ec="grey"', "# a comment naming #4c72b0 is not code", 'label="C0 and C1"'):
+        assert not colour_problems(fine), fine
+    with pytest.raises(AssertionError, match="0 cells glue"):
+        gluing({"x.py": ['glue("other", fig)']}, "missing")
