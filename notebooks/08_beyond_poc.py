@@ -360,10 +360,10 @@ for ax, b in zip(axes, (dp4, tp2)):
     adamw = ([b["single"]["adamw_all"]]
              + [b["variants"]["adamw"]["step_seconds_all"]] * len(b["layouts"]))
     x = np.arange(len(names))
-    for dx, samples, label, color in ((-0.2, muon, "Muon step", "#4c72b0"),
-                                      (0.2, adamw, "AdamW step", "#55a868")):
+    for dx, samples, label, kind in ((-0.2, muon, "Muon step", "muon"),
+                                     (0.2, adamw, "AdamW step", "adamw")):
         lo, med, hi = np.array([spread(s) for s in samples]).T
-        ax.bar(x + dx, med, width=0.4, label=label, color=color,
+        ax.bar(x + dx, med, width=0.4, label=label, color=palette.OPTIMIZER[kind],
                yerr=[med - lo, hi - med], capsize=3, error_kw=dict(lw=1))
     ax.set(title=f"{b['dp']} x {b['tp']} grid "
                  f"(4 ranks on {b['single']['threads']} cores), recorded",
@@ -394,8 +394,8 @@ glue("ch8-efficiency-note", "none of them above 1" if max(efficiency) <= 1.0 els
 # :name: fig-ch8-times
 #
 # Recorded step times on the 4-layer stack, median with min-max bars over seven steps: one process
-# with every core, and four ranks on the same cores under each layout (Muon), beside AdamW
-# (green), on a 4 x 1 and a 2 x 2 grid.
+# with every core, and four ranks on the same cores under each layout, Muon (orange) beside AdamW
+# (blue), on a 4 x 1 and a 2 x 2 grid.
 # ```
 #
 # In {numref}`fig-ch8-times`, the bucket layout's Muon step is {glue:text}`ch8-bucket-x` times the

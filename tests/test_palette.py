@@ -25,7 +25,7 @@ LAB = ROOT / "scripts" / "dmuon" / "lab"
 
 # Figures that show a quantity of the palette, by glue key: the cell that glues them must use it.
 USES_PALETTE = ["ch1-training", "ch2-memory", "ch3-grid", "ch4-plan", "ch5-stages", "ch6-layouts",
-                "ch6-projection", "ch7-breakdown", "ch7-trace", "ch8-bytes", "ch9-tp-plan",
+                "ch6-projection", "ch7-breakdown", "ch7-trace", "ch8-bytes", "ch8-times", "ch9-tp-plan",
                 "ch9-spectra", "ch9-study", "ch9-profile", "ch10-state", "ch14-group-steps",
                 "ch14-projection"]
 # Figures drawn by a module that takes its colours from the palette.
@@ -33,8 +33,7 @@ BY_MODULE = {"explorers": ["ch1-nsmap", "ch1-coefficients", "ch2-explorer", "ch2
                            "ch4-buckets", "ch6-explorer", "ch6-latency"],
              "diagrams": ["ch2-collectives", "ch5-flow", "ch8-layouts", "ch11-holders"]}
 # Cells left alone on purpose, with the reason.
-EXEMPT = {"ch8-times": "chapter 8's timing cell, being rewritten by the lead; its bars are Muon and "
-                       "AdamW and should take palette.OPTIMIZER when it is"}
+EXEMPT: dict[str, str] = {}
 
 
 def colour_problems(source: str) -> list[str]:
