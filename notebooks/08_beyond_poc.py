@@ -285,7 +285,7 @@ plt.close(fig)
 # The timings in this section are **recorded runs**: seven measured steps each, made once by
 # `make record` and kept in
 # [`book/data/`](https://github.com/dmuon-book/distributed-muon/tree/main/book/data) with the
-# command, commit, machine, priority and load average that produced them; each table prints them.
+# command, commit, machine and load average that produced them; each table prints them.
 # A build of this page on a busy machine would otherwise tell another story every time. The
 # 2 x 2 grid then runs again live, below, labelled as this machine's.
 
