@@ -29,7 +29,7 @@ from dmuon.group_routes import band_indices, block_positions, count_in_band, loc
 from dmuon.lab import costmodel
 from conftest import last_json
 from dmuon.layouts import group_window
-from dmuon.ns_group import sharded_collectives
+from dmuon.ns_group import sharded_collectives, simulate, split_long_side, zeropower_sharded
 from dmuon.plan import ParamSpec, build_plan
 from conftest import ROOT, run
 
@@ -87,15 +87,27 @@ def test_routing_counts_agree_with_the_indices_and_rebuild_every_block_exactly()
             assert torch.equal(rebuilt.view(block.shape), block), (full_shape, tp, tp_dim, dp, size, i)
 
 
-def test_gram_bytes_closed_form_is_the_ring_price_of_the_kernels_all_reduces():
+def test_gram_bytes_closed_form_is_the_ring_price_of_the_kernels_collectives():
     for rows, cols, size in ((96, 230, 2), (4096, 4096, 4), (228, 64, 3)):
-        calls, _ = sharded_collectives(rows, cols, split_b=True)
-        m2 = min(rows, cols) ** 2
-        per_call = [1] + [m2] * 5 + [m2] * 5            # norm, 5 Grams (fp32), 5 B's (bf16)
-        sizes = [4] + [4] * 5 + [2] * 5
-        assert calls == len(per_call)
-        ring = sum(2 * (size - 1) * -(-n // size) * e for n, e in zip(per_call, sizes))
+        calls, nbytes = sharded_collectives(rows, cols, split_b=True, size=size)
+        m = min(rows, cols)
+        reduced = [1] + [m * m] * 5                     # all-reduces: the norm and 5 Grams, fp32
+        gathered = -(-m // size) * m                    # all-gathers: 5 blocks of B's rows, bf16
+        assert calls == len(reduced) + 5 and nbytes == 4 * sum(reduced) + 5 * 2 * gathered
+        ring = sum(2 * (size - 1) * -(-n // size) * 4 for n in reduced) + 5 * (size - 1) * gathered * 2
         assert costmodel.group_gram_bytes(rows, cols, size) == ring
+
+
+@pytest.mark.parametrize("shape,k", [((24, 70), 3), ((61, 20), 4), ((33, 33), 2)])
+def test_gathering_b_gives_the_same_bits_as_all_reducing_it(shape, k):
+    G = torch.randn(shape, generator=torch.Generator().manual_seed(5))
+    long_dim, blocks = split_long_side(G, k)
+    for dtype in (torch.bfloat16, torch.float32):
+        reduced = simulate(blocks, long_dim, split_b=True, dtype=dtype)
+        gathered = simulate(blocks, long_dim, split_b=True, gather_b=True, dtype=dtype)
+        assert all(torch.equal(a, b) for a, b in zip(reduced, gathered))
+    with pytest.raises(ValueError, match="needs split_b"):
+        zeropower_sharded(blocks[0], lambda t: t, long_dim, all_gather=lambda t: t)
 
 
 def test_group_layout_refuses_what_it_does_not_build():
@@ -131,7 +143,7 @@ def check_grid(result: dict, dp: int, tp: int) -> None:
             for phase in costmodel.PHASES:
                 assert found["bytes_per_phase"].get(phase, 0) == expected[phase], (name, rank, phase)
             member_of = sum(rank in members for _, members in groups)
-            assert found["calls_per_phase"].get("ns_group_gram", 0) == member_of * (1 + 2 * 5)   # split_b
+            assert found["calls_per_phase"].get("ns_group_gram", 0) == member_of * (1 + 2 * 5)   # + B gathers
         owned = len(per_rank[0]["owners"])
         assert sum(r["ns_calls"] for r in per_rank) == owned + sum(len(m) for _, m in groups)
         assert sum(r["owner_ns_calls"] for r in per_rank) == owned + len(groups)

@@ -6,7 +6,7 @@ member i is sent, in the same one all-to-all as the owners' pieces, the elements
 pieces that fall in block i of the matrix's long side (``group_routes``), so it holds that block
 whole. The members then run ``ns_group.zeropower_sharded`` together over their process subgroup
 (``Comm.add_subgroups``: the norm and each iteration's Gram matrix all-reduced in fp32, B's rows
-split with ``split_b``, phase "ns_group_gram"), and send every element back to where it came from,
+split with ``split_b`` and all-gathered in bf16, phase "ns_group_gram"), and send every element back to where it came from,
 in the same all-to-all as the owners' results::
 
     my pieces --bf16, one all-to-all--> owners (whole matrices) and members (long-side blocks)
@@ -181,7 +181,8 @@ class GroupFlow(OwnerFlow):
         size, i = len(route.members), route.members.index(self.grid.rank)
         name = subgroup_name(route.members)
         out = zeropower_sharded(block, lambda t: self.comm.all_reduce(t, name, Phase.NS_GROUP_GRAM), route.dim,
-                                group["ns_steps"], group["ns_coefficients"], group["eps"], split_b=(i, size))
+                                group["ns_steps"], group["ns_coefficients"], group["eps"], split_b=(i, size),
+                                all_gather=lambda t: self.comm.all_gather(t, name, Phase.NS_GROUP_GRAM))
         m = min(meta.full_shape)
         b_rows = len(torch.tensor_split(torch.arange(m), size)[i])
         self.comm.ledger.count_ns(group["ns_steps"] * (4 * m * m * block.shape[route.dim] + 2 * m * m * b_rows))

@@ -22,7 +22,7 @@ and, for Muon's Newton-Schulz, by layout:
     group    to the group, from the group   as owner, per member: my piece's elements in member i's
              (bf16)                      block of the long side (``group_routes.count_in_band``)
              Gram all-reduces (fp32)     per member and run: 2 (k - 1) * 4 * (1 + steps * ceil(m^2 / k))
-             B all-reduces (bf16)        per member and run: steps * 2 (k - 1) * 2 * ceil(m^2 / k)
+             B all-gathers (bf16)        per member and run: steps * (k - 1) * 2 * ceil(m / k) * m
 
 (a matrix replicated over TP is sent to its owner, or member, by the TP rank of the receiver only,
 and comes back to every rank; k is the group's size, m the matrix's short side). So on a DP-only grid a Muon bucket costs (4 + 2 + 4) / (4 + 4) = 1.25 x an AdamW
@@ -93,11 +93,12 @@ def step_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, m
 
 
 def group_gram_bytes(rows: int, cols: int, size: int, steps: int = NS_STEPS) -> int:
-    """Bytes one member of a group of ``size`` sends (ring all-reduce) to orthogonalise one matrix:
-    the norm (one fp32 scalar), ``steps`` fp32 partial Grams and ``steps`` bf16 B's (m x m each)."""
-    m2 = min(rows, cols) ** 2
-    per_rank = -(-m2 // size)
-    return 2 * (size - 1) * (GRAM_BYTES * (1 + steps * per_rank) + B_BYTES * steps * per_rank)
+    """Bytes one member of a group of ``size`` sends (ring) to orthogonalise one matrix: all-reduces of the
+    norm (one fp32 scalar) and ``steps`` fp32 partial Grams (m x m), and ``steps`` all-gathers of its
+    bf16 block of B's rows (``ceil(m / size)`` rows of m)."""
+    m = min(rows, cols)
+    gram = 2 * (size - 1) * GRAM_BYTES * (1 + steps * -(-m * m // size))
+    return gram + steps * (size - 1) * B_BYTES * -(-m // size) * m
 
 
 def _group_bytes(plan, meta, members: tuple[int, ...], rank: int, steps: int, out: dict) -> None:
