@@ -382,8 +382,8 @@ from dmuon.lab import costmodel
 
 shapes, dims = "96x230,20x36,36x20,24x24", "0,1,0,none"
 out = run("verify.py", "--dp", 2, "--tp", 2, "--layout", "owner,group", "--groups", 1,
-          "--shapes", shapes, "--tp-dims", dims, "--bucket-numel", 4000, "--atol", "1e-3",
-          log="collapsed")
+          "--shapes", shapes, "--tp-dims", dims, "--bucket-numel", 4000,
+          "--atol", "1e-3", log="collapsed")
 live = last_json(out)
 owner_live, group_live = live["layouts"]["owner"], live["layouts"]["group"]
 print("groups:", group_live["groups"], " owners:", group_live["owners"])
@@ -398,9 +398,11 @@ assert group_live["groups"] == {"0.0": [0, 1, 2, 3]} and group_live["groups_agre
 assert group_live["max_abs_diff"] <= 1e-3 and group_live["state_dict_roundtrip"]
 gram = []
 for rank, ledger in enumerate(group_live["ledger_per_rank"]):
-    expected = costmodel.step_bytes(problem_groups, 2, 2, 4000, layout="group", rank=rank)
+    expected = costmodel.step_bytes(problem_groups, 2, 2, 4000, layout="group",
+                                    rank=rank)
     for phase in costmodel.PHASES:
-        assert ledger["phases"].get(phase, {}).get("bytes_sent", 0) == expected[phase], phase
+        sent = ledger["phases"].get(phase, {}).get("bytes_sent", 0)
+        assert sent == expected[phase], phase
     gram.append(ledger["phases"]["ns_group_gram"]["bytes_sent"])
 assert len(set(gram)) == 1 and gram[0] == costmodel.group_gram_bytes(96, 230, 4)
 assert group_live["ns_calls"] == 4 + 3   # four members of one group, three owners
