@@ -20,15 +20,18 @@
 # ```{admonition} What this chapter runs
 # The ZeRO-1 plan for three real models on grids up to 1,024 ranks ([`scripts/plan_at_scale.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/plan_at_scale.py),
 # no process per rank: only the plan and closed forms), a few small Newton-Schulz runs in this
-# kernel, and one matrix orthogonalised by a group of three simulated ranks (threads in this
-# kernel). About a minute.
+# kernel, one matrix orthogonalised by a group of three simulated ranks (threads in this
+# kernel), and three steps of the optimizer's "group" layout on four launched ranks
+# ([`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py)).
+# About a minute.
 # ```
 #
 # The owner layout ({doc}`chapter 8 <08_beyond_poc>`) orthogonalises each matrix once, on one
 # rank chosen to balance the work. This chapter asks what happens when there are more ranks than
 # matrices, and shows three ideas that answer it: one matrix over a group of ranks, same-shape
-# batching, and faster polynomials. The planning and the group function are built and tested;
-# **the optimizer does not yet route a matrix to a group**: that part is future work.
+# batching, and faster polynomials. All three are built and tested, and the first runs in the
+# optimizer as its "group" layout (checked live at the end of the chapter); the plans at 1,024
+# ranks are plans and projections, not runs.
 
 # %% tags=["hide-cell"]
 # Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
@@ -362,18 +365,72 @@ glue("ch14-8b-group", f"{at_1024['group_ns_ms']:.1f}", display=False)
 # sized by FLOPs alone, grow past a node, and their 4096 x 4096 fp32 Grams cross InfiniBand five
 # times a step (splitting B adds one more all-reduce a step, and makes it worse still). So
 # the plan has to price the all-reduces, not only the FLOPs, before it makes a
-# group, and keep groups inside a node where it can; today's assignment
-# (`layouts.assign_owners_and_groups`) does neither.
+# group, and keep groups inside a node where it can. The assignment these projections use
+# (`layouts.assign_owners_and_groups` without `tp`) does neither; the optimizer's group layout
+# (next) keeps each group contiguous and inside one TP group where it fits, but still sizes it by
+# FLOPs alone.
+#
+# ## The group layout, live
+#
+# `DistributedMuon(..., layout="group")` is the owner layout, except that a matrix whose
+# Newton-Schulz FLOPs exceed the fair share (all of them over the number of ranks) gets a group of
+# ranks. In the same all-to-all that carries the other matrices' pieces to their owners, member
+# $i$ receives block $i$ of the matrix's long side; the members run `zeropower_sharded` together
+# over a process subgroup (the norm and the Gram matrices all-reduced in fp32, each member's rows
+# of $B$ all-gathered in bf16), and every element goes back where it came from. Below, four ranks
+# (DP 2 x TP 2) run three steps of the owner and group layouts side by side against single-device
+# Muon, on one 96 x 230 matrix (nearly all the Newton-Schulz work) and three small ones.
+
+# %%
+from dmuon.lab import costmodel
+
+shapes, dims = "96x230,20x36,36x20,24x24", "0,1,0,none"
+out = run("verify.py", "--dp", 2, "--tp", 2, "--layout", "owner,group", "--groups", 1,
+          "--shapes", shapes, "--tp-dims", dims, "--bucket-numel", 4000,
+          "--atol", "1e-3", log="collapsed")
+live = last_json(out)
+owner_live, group_live = live["layouts"]["owner"], live["layouts"]["group"]
+print("groups:", group_live["groups"], " owners:", group_live["owners"])
+print(f"largest |parameter - reference|: owner {owner_live['max_abs_diff']:.1e}, "
+      f"group {group_live['max_abs_diff']:.1e}")
+
+# %% tags=["remove-cell"]
+problem_groups = [dict(shapes=[(96, 230), (20, 36), (36, 20), (24, 24)],
+                       tp_split_dims=[0, 1, 0, -1], use_muon=True)]
+assert owner_live["max_abs_diff"] == 0.0 and live["ok"]
+assert group_live["groups"] == {"0.0": [0, 1, 2, 3]} and group_live["groups_agree"]
+assert group_live["max_abs_diff"] <= 1e-3 and group_live["state_dict_roundtrip"]
+gram = []
+for rank, ledger in enumerate(group_live["ledger_per_rank"]):
+    expected = costmodel.step_bytes(problem_groups, 2, 2, 4000, layout="group",
+                                    rank=rank)
+    for phase in costmodel.PHASES:
+        sent = ledger["phases"].get(phase, {}).get("bytes_sent", 0)
+        assert sent == expected[phase], phase
+    gram.append(ledger["phases"]["ns_group_gram"]["bytes_sent"])
+assert len(set(gram)) == 1 and gram[0] == costmodel.group_gram_bytes(96, 230, 4)
+assert group_live["ns_calls"] == 4 + 3   # four members of one group, three owners
+glue("ch14-live-group-diff", f"{group_live['max_abs_diff']:.1e}", display=False)
+glue("ch14-live-gram-kb", f"{gram[0] / 1e3:.0f}", display=False)
+
+# %% [markdown]
+# The owner layout matches the reference bit for bit, and so does every matrix the group layout
+# leaves to an owner; the one grouped matrix, the 96 x 230, differs by at most
+# {glue:text}`ch14-live-group-diff` (within the `--atol 1e-3` given here; the Gram sums run in
+# another order, so it need not be zero:
+# [`tests/test_group_layout.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_group_layout.py)
+# holds grouped matrices within $10^{-2}$ of the reference's update, relative, on 1 x 1 to 2 x 4,
+# and the others bit for bit). Each member sends {glue:text}`ch14-live-gram-kb` kB a step for the
+# group's collectives, which is what the closed form (`costmodel.group_gram_bytes`) says, rank by
+# rank.
 #
 # ## What is built and what is not
 #
 # Built and tested: the coefficient schedules and the Gram form (`ns_coefficients`, `ns_form`),
 # same-shape batching in the owner and aligned layouts (`ns_batch=True`), the group function
-# (`ns_group.zeropower_sharded`, checked under launch against one process), the group planning and
-# the plans and projections above. **Not built**: the optimizer does not route a matrix to a
-# group (the plan does not choose groups, no flow carries a matrix's pieces to its group, and the
-# communicator knows no subgroups), so no step on this machine runs in group mode, and the
-# projections are a model, not a measurement.
+# (`ns_group.zeropower_sharded`) and the group layout above, the plans and projections. **Not
+# built**: batching and the Gram form inside the group layout (it refuses both), groups sized by
+# what their all-reduces cost, and the projections are a model, not a measurement.
 #
 # ## Summary
 #
@@ -381,7 +438,8 @@ glue("ch14-8b-group", f"{at_1024['group_ns_ms']:.1f}", display=False)
 #   bounds the step while most ranks idle.
 # - A group of ranks can orthogonalise one matrix with one Gram all-reduce per step, within
 #   $10^{-5}$ of one process in fp32; the Grams cost $m^2$ fp32 a step, so a group pays only where
-#   that traffic is cheap next to the FLOPs it saves.
+#   that traffic is cheap next to the FLOPs it saves. The optimizer's `layout="group"` does this
+#   for the matrices above their fair share.
 # - Same-shape batching turns an owner's many expert matrices into a few calls; Polar Express is
 #   closer to the polar factor in the same matmuls; the Gram form saves FLOPs on rectangles.
 #

@@ -32,6 +32,7 @@ A group of one rank moves nothing and records zero bytes, so a 1 x 1 grid needs 
 """
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
 import sys
@@ -53,19 +54,21 @@ _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.redu
 
 class Phase:
     """The phases of a ZeRO-1 step, named once. The bucket layout gathers for Newton-Schulz over DP
-    then TP; the owner and aligned layouts send a matrix's pieces to its owner and back."""
+    then TP; the owner and aligned layouts send a matrix's pieces to its owner and back; the group
+    layout also all-reduces, inside each matrix's group, the norm and the Gram matrices."""
 
     GRAD_REDUCE_SCATTER = "grad_reduce_scatter"
     NS_GATHER_DP = "ns_gather_dp"
     NS_GATHER_TP = "ns_gather_tp"
     NS_TO_OWNER = "ns_to_owner"
     NS_FROM_OWNER = "ns_from_owner"
+    NS_GROUP_GRAM = "ns_group_gram"
     PARAM_ALL_GATHER = "param_all_gather"
 
 
 # In step order; a summary lists them in this order.
 PHASES = (Phase.GRAD_REDUCE_SCATTER, Phase.NS_GATHER_DP, Phase.NS_GATHER_TP, Phase.NS_TO_OWNER,
-          Phase.NS_FROM_OWNER, Phase.PARAM_ALL_GATHER)
+          Phase.NS_GROUP_GRAM, Phase.NS_FROM_OWNER, Phase.PARAM_ALL_GATHER)
 RING_NOTE = ("bytes are per rank as a ring algorithm moves them; gloo runs reduce-scatter as an "
              "all-reduce of the whole input, which really moves about twice that")
 
@@ -191,8 +194,14 @@ class Ledger:
         return "\n".join(lines)
 
 
+def subgroup_name(ranks) -> str:
+    """The ledger's name of the process group of world ranks ``ranks``: "g0-1-2"."""
+    return "g" + "-".join(str(r) for r in ranks)
+
+
 class Comm:
-    """Collectives over a grid's "dp" and "tp" groups, recorded in ``self.ledger``."""
+    """Collectives over a grid's "dp" and "tp" groups (and the subgroups ``add_subgroups`` made), recorded
+    in ``self.ledger``."""
 
     def __init__(self, grid, timeout_s: float | None = None, ledger: Ledger | None = None):
         self.grid = grid
@@ -200,6 +209,7 @@ class Comm:
         self.timeout_s = timeout_s
         self._inflight: tuple[float, str] | None = None
         self.naive_async = False
+        self.subgroups: dict[str, tuple] = {}   # subgroup_name(ranks) -> (process group, ranks)
         self._stop = threading.Event()
         self._thread = None
         if timeout_s and grid.dp * grid.tp > 1:
@@ -216,14 +226,33 @@ class Comm:
             self._thread.join()
             self._thread = None
 
+    def add_subgroups(self, member_lists) -> list[str]:
+        """Make a process group for every distinct list of world ranks (the group layout's Newton-Schulz
+        groups) that this Comm lacks, and return their names. ``dist.new_group`` is collective: every
+        rank must call this with the same lists (the plan's, the same on every rank); they are made in
+        sorted order, so the calls line up whatever order the caller gives."""
+        names = []
+        todo = sorted({tuple(sorted(m)) for m in member_lists})
+        for ranks in todo:
+            name = subgroup_name(ranks)
+            names.append(name)
+            if name in self.subgroups:
+                continue
+            timeout = {} if not self.timeout_s else dict(timeout=datetime.timedelta(seconds=self.timeout_s))
+            self.subgroups[name] = (dist.new_group(list(ranks), **timeout), ranks)
+        return names
+
     def _group(self, name: str):
+        if name in self.subgroups:
+            pg, ranks = self.subgroups[name]
+            return pg, len(ranks)
         if name == "world":
             return None, self.grid.dp * self.grid.tp
         if name == "dp":
             return self.grid.dp_group, self.grid.dp
         if name == "tp":
             return self.grid.tp_group, self.grid.tp
-        raise ValueError(f"unknown group {name!r} (use 'dp', 'tp' or 'world')")
+        raise ValueError(f"unknown group {name!r} (use 'dp', 'tp', 'world' or a subgroup from add_subgroups)")
 
     def all_gather(self, shard: torch.Tensor, group: str, phase: str) -> torch.Tensor:
         """Gather equal flat shards from every rank of ``group``: returns ``size * shard.numel()`` elements."""
@@ -275,7 +304,7 @@ class Comm:
         return shard
 
     def all_reduce(self, tensor: torch.Tensor, group: str, phase: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
-        """All-reduce in place (used for checks, not by the optimizer step)."""
+        """All-reduce in place (checks, and the group layout's Gram matrices over a subgroup)."""
         pg, size = self._group(group)
         rec = self._record("all_reduce", group, size, -(-tensor.numel() // size), tensor.dtype, phase)
         if size > 1:

@@ -12,7 +12,8 @@ step, bucket by bucket:
 
 The layout (``layouts.py``) is a choice of the plan: "bucket" (the paper's and the proof of
 concept's: every rank orthogonalises every matrix), "owner" (one owner per matrix, Newton-Schulz
-once) or "aligned" (shards cut on matrix boundaries). Steps 1 and 3 are AdamW's and the same for
+once), "aligned" (shards cut on matrix boundaries) or "group" (owner, but a matrix above the fair
+share of Newton-Schulz work is orthogonalised by a group of ranks together: ``group_flow.py``). Steps 1 and 3 are AdamW's and the same for
 every layout but "aligned", whose uneven shards travel padded.
 
     opt = DistributedMuon(hybrid_param_groups(model.named_parameters()), grid, layout="owner")
@@ -81,9 +82,10 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {overlap!r}")
-        if ns_batch and layout == "bucket":
+        if ns_batch and layout in ("bucket", "group"):
             raise ValueError("ns_batch=True batches same-shape matrices on their owner: it needs layout='owner' or "
-                             "'aligned' (the bucket layout orthogonalises every matrix on every rank)")
+                             "'aligned' (the bucket layout orthogonalises every matrix on every rank; the group "
+                             "layout's batching is not built)")
         self.grid, self.overlap, self.check_finite, self.ns_batch = grid, overlap, check_finite, bool(ns_batch)
         self.comm = comm or Comm(grid)
         self.comm.naive_async = overlap == "naive"
@@ -94,6 +96,10 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             group["tp_split_dims"] = resolve_tp_split_dims(group["names"], group["params"],
                                                            group.get("tp_split_dims"), grid)
             check_group(group, g_idx)
+            if layout == "group" and group.get("use_muon", use_muon) and group.get("ns_form", "standard") != "standard":
+                raise ValueError(f"group {g_idx}: ns_form={group['ns_form']!r} is not built for the group layout, whose "
+                                 "large matrices run the sharded standard iteration (ns_group.py); use "
+                                 "ns_form='standard' or layout='owner'")
         MomentumSync.of(self)
         self.master_dtypes = [master_dtype(g, i) for i, g in enumerate(self.param_groups)]
         specs = [[ParamSpec(n, self._full_shape(p, d), d) for n, p, d in zip(g["names"], g["params"], g["tp_split_dims"])]
@@ -102,6 +108,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         self._check_ranks_agree(plan_key(specs, [[str(p.dtype).replace("torch.", "") for p in g["params"]]
                                                  for g in self.param_groups], layout, bucket_numel, self.muon_groups))
         self.plan = build_plan(specs, grid.dp, grid.dp_rank, grid.tp, bucket_numel, layout, self.muon_groups)
+        if self.plan.groups:  # collective: every rank has the same plan (checked above), so the same groups
+            self.comm.add_subgroups(self.plan.groups.values())
         self.flow = self._make_flow(layout)
         self.shards = [[self._init_shard(g, b) for b in buckets] for g, buckets in enumerate(self.plan.buckets)]
         self._bind_state()

@@ -22,6 +22,10 @@ where Newton-Schulz runs, is the layout:
 A matrix replicated over TP (``tp_split_dim == -1``) is sent to its owner by one TP rank only
 (the owner's); every TP rank gets its piece back, since each keeps state for its replica.
 
+``GroupFlow`` (layout "group", ``group_flow.py``) is ``OwnerFlow`` where a matrix above the fair
+share of Newton-Schulz work goes, block by block of its long side, to a group of ranks that
+orthogonalise it together.
+
 Overlap (``opt.overlap``): "none" finishes each bucket in turn; "naive" issues every collective
 with ``async_op=True`` and waits at once (the community report's experiment); "prefetch" starts
 every bucket's transfers before orthogonalising any, so later transfers travel while
@@ -239,4 +243,6 @@ class OwnerFlow(Flow):
             yield meta, self.trace("from_owner", meta.name, by_meta[meta.param_idx])
 
 
-FLOWS = {"bucket": BucketFlow, "owner": OwnerFlow, "aligned": OwnerFlow}
+from .group_flow import GroupFlow  # noqa: E402 (it builds on OwnerFlow, above)
+
+FLOWS = {"bucket": BucketFlow, "owner": OwnerFlow, "aligned": OwnerFlow, "group": GroupFlow}

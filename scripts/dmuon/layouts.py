@@ -14,6 +14,11 @@ and the collectives are the same for all three:
   travels over DP for Newton-Schulz. The price: shards of unequal size, padded to the largest,
   which the reduce-scatter and all-gather then move. Its buckets may hold ``dp`` times as many
   elements as the others, so that every shard gets several matrices to balance.
+* ``"group"``: the owner layout, except that a matrix whose Newton-Schulz FLOPs exceed its fair
+  share (all Muon FLOPs / world) gets a *group* of ranks instead of one owner. Member i receives
+  block i of the matrix's long side and the group runs ``ns_group.zeropower_sharded`` together
+  (the Gram matrix all-reduced each iteration, ``split_b`` on); each block comes back as an owner's
+  result would. Every other matrix has one owner, as under "owner".
 
 Owners are chosen the same way on every rank (nothing random, nothing measured): the matrices
 in order of decreasing Newton-Schulz FLOPs, each to the candidate rank with the least work so far
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LAYOUTS = ("bucket", "owner", "aligned")
+LAYOUTS = ("bucket", "owner", "aligned", "group")
 
 
 def check_layout(layout: str) -> None:
@@ -98,26 +103,48 @@ def group_ns_flops(rows: int, cols: int, size: int, steps: int = 5, split_b: boo
     return steps * (4 * m * m * -(-n // size) + 2 * m * m * (-(-m // size) if split_b else m))
 
 
+def group_window(load: list[int], size: int, tp: int) -> tuple[int, ...]:
+    """``size`` contiguous ranks for a group: inside one TP group when ``size <= tp``, else starting on a
+    TP-group boundary; of those windows the one whose busiest rank has the least load (then the least
+    total load, then the lowest start). Why contiguous and TP-local: ranks are laid out TP-fastest
+    (``grid.py``), so a TP group is one model replica's node on a cluster, with its fast links; the
+    group's Gram all-reduces (``steps`` of m x m fp32 per run) are then on NVLink, not across nodes.
+
+        >>> group_window([5, 0, 0, 0, 9, 9, 9, 9], 2, 4)
+        (1, 2)
+    """
+    world = len(load)
+    starts = [s for s in range(world - size + 1)
+              if (s // tp == (s + size - 1) // tp if size <= tp else s % tp == 0)] or [0]
+    best = min(starts, key=lambda s: (max(load[s:s + size]), sum(load[s:s + size]), s))
+    return tuple(range(best, best + size))
+
+
 def assign_owners_and_groups(matrices: list[Matrix], world: int, shapes: dict, steps: int = 5,
-                             split_b: bool = False):
+                             split_b: bool = False, tp: int | None = None):
     """Owners as ``assign_owners``, except that a matrix whose Newton-Schulz FLOPs exceed the fair share
     (total / world) gets a *group* of ``ceil(flops / fair)`` ranks (at most ``world``, at most its long
-    side): the least-loaded ranks at that point, each charged ``group_ns_flops``. Deterministic, so the
-    same on every rank. ``shapes[key]`` is the matrix's (rows, cols). Returns (owners, groups, load):
-    owners for the others, ``groups[key]`` the sorted member ranks, ``load`` the FLOPs per rank.
+    side), the smallest group that brings each member's share of the long side near the fair share;
+    each member is charged ``group_ns_flops``. Deterministic, so the same on every rank. ``shapes[key]``
+    is the matrix's (rows, cols). Returns (owners, groups, load): owners for the others, ``groups[key]``
+    the sorted member ranks, ``load`` the FLOPs per rank.
 
-    Pure planning: the optimizer does not run grouped matrices yet (``ns_group.zeropower_sharded`` is the
-    kernel; routing a matrix's pieces to its group is not built), ``scripts/plan_at_scale.py`` uses this."""
+    Which ranks: with ``tp`` given (the "group" layout, ``plan.build_plan``), ``group_window``'s contiguous,
+    TP-local ranks; without it (``scripts/plan_at_scale.py``'s original rule) the least-loaded ranks at that
+    point, wherever they are."""
     fair = sum(m.flops for m in matrices) / world
     load = [0] * world
     owners, groups = {}, {}
     for m in sorted(matrices, key=lambda m: -m.flops):
         size = min(world, max(shapes[m.key]), -(-m.flops // max(1, int(fair))))
         if m.flops > fair and size > 1:
-            members = sorted(sorted(range(world), key=lambda r: (load[r], r))[:size])
+            if tp is None:
+                members = tuple(sorted(sorted(range(world), key=lambda r: (load[r], r))[:size]))
+            else:
+                members = group_window(load, size, tp)
             for r in members:
                 load[r] += group_ns_flops(*shapes[m.key], size, steps, split_b)
-            groups[m.key] = tuple(members)
+            groups[m.key] = members
             continue
         rank = min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
         owners[m.key] = rank

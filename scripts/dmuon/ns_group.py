@@ -35,11 +35,13 @@ from .newton_schulz import NS_COEFFICIENTS, NS_EPS, NS_STEPS, native_bf16_matmul
 from .ns_variants import ns_schedule
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]   # sums a tensor over the group, returns the sum
+AllGather = Callable[[torch.Tensor], torch.Tensor]   # equal flat tensors from every rank, in rank order
 
 
 def zeropower_sharded(shard: torch.Tensor, all_reduce: AllReduce, long_dim: int, steps: int = NS_STEPS,
                       coefficients=NS_COEFFICIENTS, eps: float = NS_EPS,
-                      dtype: torch.dtype = torch.bfloat16, split_b: tuple[int, int] | None = None) -> torch.Tensor:
+                      dtype: torch.dtype = torch.bfloat16, split_b: tuple[int, int] | None = None,
+                      all_gather: AllGather | None = None) -> torch.Tensor:
     """This rank's shard of ``zeropower_ns5(whole matrix)``; the matrix is split along ``long_dim``
     (0: rows of a tall matrix, 1: columns of a wide one), its long side. Every rank of the group must
     call it together, with the same options. Returns the shard's shape, in ``dtype``.
@@ -49,12 +51,18 @@ def zeropower_sharded(shard: torch.Tensor, all_reduce: AllReduce, long_dim: int,
     everywhere. Per rank ``steps * (4 m^2 n_i + 2 m^3 / size)`` FLOPs and ``1 + 2 steps`` all-reduces.
     Without it every rank computes the whole B, so as the group grows its work per rank tends to
     ``2 m^3`` per step, a third of a square matrix's.
+
+    ``all_gather`` (with ``split_b``): assemble B from the ranks' row blocks with one all-gather (each
+    block padded to ``ceil(m / size)`` rows) instead of the all-reduce of B with zeros elsewhere: the same
+    B, bit for bit, for half the ring bytes and no additions (``tests/test_group_layout.py`` checks it).
     """
     if shard.ndim != 2 or long_dim not in (0, 1):
         raise ValueError(f"zeropower_sharded takes a 2-D shard and long_dim 0 or 1, got shape {tuple(shard.shape)} "
                          f"and long_dim {long_dim!r}")
     if split_b is not None and not (len(split_b) == 2 and 0 <= split_b[0] < split_b[1]):
         raise ValueError(f"split_b is (rank, group size) with 0 <= rank < size, got {split_b!r}")
+    if all_gather is not None and split_b is None:
+        raise ValueError("all_gather assembles B's row blocks: it needs split_b=(rank, size)")
     schedule = ns_schedule(coefficients, steps)
     if dtype == torch.bfloat16 and not native_bf16_matmul(shard.device):
         def r(t):  # bf16 emulated as in newton_schulz.zeropower_ns5
@@ -73,26 +81,37 @@ def zeropower_sharded(shard: torch.Tensor, all_reduce: AllReduce, long_dim: int,
         A = r(all_reduce(partial).to(X.dtype))
         if split_b is None:
             B = r(torch.addmm(A, A, A, beta=b, alpha=c))
-        else:                                            # my rows of B; zeros elsewhere add exactly
-            rows = torch.tensor_split(torch.arange(A.size(0)), split_b[1])[split_b[0]]
-            lo, hi = (int(rows[0]), int(rows[-1]) + 1) if len(rows) else (0, 0)
-            mine = torch.zeros_like(A)
-            mine[lo:hi] = r(torch.addmm(A[lo:hi], A[lo:hi], A, beta=b, alpha=c))
-            B = all_reduce(mine.to(dtype)).to(X.dtype)  # in the iteration's dtype (bf16: half the bytes)
+        else:
+            counts = [len(t) for t in torch.tensor_split(torch.arange(A.size(0)), split_b[1])]
+            lo = sum(counts[:split_b[0]])
+            hi = lo + counts[split_b[0]]
+            rows = r(torch.addmm(A[lo:hi], A[lo:hi], A, beta=b, alpha=c))   # my rows of B
+            if all_gather is None:                       # zeros elsewhere add exactly
+                mine = torch.zeros_like(A)
+                mine[lo:hi] = rows
+                B = all_reduce(mine.to(dtype)).to(X.dtype)  # in the iteration's dtype (bf16: half the bytes)
+            else:
+                per = max(counts)
+                padded = torch.zeros(per, A.size(1), dtype=dtype)
+                padded[:hi - lo] = rows.to(dtype)
+                got = all_gather(padded.reshape(-1)).view(len(counts), per, A.size(1))
+                B = torch.cat([got[j, :n] for j, n in enumerate(counts)]).to(X.dtype)
         X = r(torch.addmm(X, B, X, beta=a))
     X = X.to(dtype)
     return X.T if long_dim == 0 else X
 
 
 def sharded_collectives(rows: int, cols: int, steps: int = NS_STEPS, element_size: int = 4,
-                        split_b: bool = False, b_element_size: int = 2) -> tuple[int, int]:
-    """(all-reduces, input bytes) that one rank of the group issues for one matrix: ``1 + steps`` calls of
-    ``element_size * (1 + steps * m^2)`` bytes in all, plus with ``split_b`` one of B per step (m^2 in the
-    iteration's dtype). A ring all-reduce moves about twice its input per rank."""
+                        split_b: bool = False, b_element_size: int = 2, size: int | None = None) -> tuple[int, int]:
+    """(collectives, input bytes) that one rank of the group issues for one matrix: ``1 + steps`` all-reduces
+    of ``element_size * (1 + steps * m^2)`` bytes in all, plus with ``split_b`` one of B per step (m^2 in the
+    iteration's dtype), or, given the group's ``size`` (the ``all_gather`` option), one all-gather per step
+    of a ``ceil(m / size) x m`` block. A ring all-reduce moves about twice its input per rank."""
     m = min(rows, cols)
     calls, nbytes = 1 + steps, element_size * (1 + steps * m * m)
     if split_b:
-        calls, nbytes = calls + steps, nbytes + steps * m * m * b_element_size
+        block = m * m if size is None else -(-m // size) * m
+        calls, nbytes = calls + steps, nbytes + steps * block * b_element_size
     return calls, nbytes
 
 
@@ -109,9 +128,11 @@ def split_long_side(matrix: torch.Tensor, k: int) -> tuple[int, list[torch.Tenso
     return long_dim, list(torch.tensor_split(matrix, k, dim=long_dim))
 
 
-def simulate(shards: list[torch.Tensor], long_dim: int, split_b: bool = False, **options) -> list[torch.Tensor]:
+def simulate(shards: list[torch.Tensor], long_dim: int, split_b: bool = False, gather_b: bool = False,
+             **options) -> list[torch.Tensor]:
     """Run ``zeropower_sharded`` on k shards in one process: one thread per "rank", and an all-reduce that
-    waits for all k inputs and gives each the sum in rank order (fp32 additions, 0 + 1 + ... + k-1)."""
+    waits for all k inputs and gives each the sum in rank order (fp32 additions, 0 + 1 + ... + k-1);
+    ``gather_b`` also passes an all-gather (the k inputs end to end), so B's row blocks are gathered."""
     k = len(shards)
     barrier = threading.Barrier(k)
     slots: list = [None] * k
@@ -119,16 +140,26 @@ def simulate(shards: list[torch.Tensor], long_dim: int, split_b: bool = False, *
     errors: list = []
 
     def rank(i: int) -> None:
-        def all_reduce(t: torch.Tensor) -> torch.Tensor:
+        def exchange(t: torch.Tensor, combine) -> torch.Tensor:
             slots[i] = t
             barrier.wait()
-            total = slots[0].clone()
-            for j in range(1, k):
-                total += slots[j]
+            result = combine(slots)
             barrier.wait()            # everyone has read the slots before they are reused
-            return total
+            return result
+
+        def all_reduce(t: torch.Tensor) -> torch.Tensor:
+            def total(ts):
+                acc = ts[0].clone()
+                for j in range(1, k):
+                    acc += ts[j]
+                return acc
+            return exchange(t, total)
+
+        def all_gather(t: torch.Tensor) -> torch.Tensor:
+            return exchange(t, torch.cat)
         try:
-            out[i] = zeropower_sharded(shards[i], all_reduce, long_dim, split_b=(i, k) if split_b else None, **options)
+            out[i] = zeropower_sharded(shards[i], all_reduce, long_dim, split_b=(i, k) if split_b else None,
+                                       all_gather=all_gather if gather_b else None, **options)
         except BaseException as e:   # noqa: BLE001 (re-raised below, in the caller's thread)
             errors.append(e)
             barrier.abort()

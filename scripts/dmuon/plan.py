@@ -23,7 +23,8 @@ Per parameter, ``DistMeta`` (the proof of concept's ``dist_meta``) says:
 
 ``Plan.piece_slice(meta, d)`` gives the same for any DP rank ``d`` (every rank can compute every
 other rank's pieces), and ``Plan.owners`` the rank that orthogonalises each Muon matrix under the
-"owner" and "aligned" layouts.
+"owner" and "aligned" layouts. Under "group", ``Plan.groups`` gives the ranks that orthogonalise a
+matrix together (those above the fair share of Newton-Schulz FLOPs) and ``owners`` the others.
 
     >>> plan = build_plan([[ParamSpec("w", (100, 100), 0)]], dp=3, dp_rank=1, tp=2)
     >>> plan.metas[0][0]
@@ -33,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .layouts import Matrix, aligned_cuts, assign_owners, check_layout, even_cuts
+from .layouts import Matrix, aligned_cuts, assign_owners, assign_owners_and_groups, check_layout, even_cuts
 from .newton_schulz import ns5_flops
 
 DEFAULT_BUCKET_NUMEL = 2**20  # 4 MiB of fp32 per bucket
@@ -119,7 +120,8 @@ class Plan:
     metas: list[list[DistMeta]]          # per buffer, one per parameter, in group order
     global_buffer_size: list[int] = field(default_factory=list)  # per buffer, padded
     layout: str = "bucket"
-    owners: dict = field(default_factory=dict)  # (buffer_idx, param_idx) -> world rank; owner/aligned only
+    owners: dict = field(default_factory=dict)  # (buffer_idx, param_idx) -> world rank; owner/aligned/group
+    groups: dict = field(default_factory=dict)  # (buffer_idx, param_idx) -> member world ranks; group only
 
     @property
     def world(self) -> int:
@@ -145,6 +147,10 @@ class Plan:
 
     def owner_of(self, meta: DistMeta) -> int:
         return self.owners[(meta.buffer_idx, meta.param_idx)]
+
+    def group_of(self, meta: DistMeta) -> tuple[int, ...] | None:
+        """The ranks that orthogonalise ``meta`` together (``layout="group"``), or None if it has one owner."""
+        return self.groups.get((meta.buffer_idx, meta.param_idx))
 
     def local_state_numel(self) -> int:
         """Elements of optimizer state this DP rank keeps per state tensor (its shards, padding included)."""
@@ -227,7 +233,14 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
         all_metas.append(metas)
         sizes.append(offset)
     plan = Plan(dp, dp_rank, tp, all_buckets, all_metas, sizes, layout)
-    if layout != "bucket":
+    if layout == "group":
+        # split_b: the group layout runs zeropower_sharded with B's rows divided too (flows.GroupFlow)
+        matrices = _owner_candidates(plan, muon)
+        shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
+        owners, groups, _ = assign_owners_and_groups(matrices, dp * tp, shapes, split_b=True, tp=tp)
+        plan.owners.update(owners)
+        plan.groups.update(groups)
+    elif layout != "bucket":
         plan.owners.update(assign_owners(_owner_candidates(plan, muon), dp * tp))
     return plan
 

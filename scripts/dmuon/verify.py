@@ -24,7 +24,9 @@ Exit code 0 iff ok.
 others, against the same reference. The top-level fields are the first layout's (``ok`` and
 ``max_abs_diff`` cover all of them); ``"layouts"`` has every layout's: ``ok``, ``max_abs_diff``,
 ``ns_calls`` (Newton-Schulz runs in the last step, summed over all ranks), ``ns_flops_max_rank``,
-``owners_agree`` (every rank computed the same owner for every matrix), ``state_dict_roundtrip`` (after
+``owners_agree`` (every rank computed the same owner for every matrix), ``groups`` and ``groups_agree``
+(the same for the "group" layout's groups of ranks; its grouped matrices are within a tolerance of the
+reference, not bit-exact, so give it ``--atol``: ``tests/test_group_layout.py``), ``state_dict_roundtrip`` (after
 the last step, ``state_dict()`` loaded into a new optimizer continues bit for bit as the original does,
 checked with one extra step), ``ledger`` (rank 0's) and
 ``ledger_per_rank`` (the owner layouts move different bytes on different ranks).
@@ -176,6 +178,7 @@ def worker(grid, comm, args) -> int:
     if args.save:  # before the state_dict round trip below takes an extra step
         checkpoint.save(opts[args.layout[0]], args.save, step=last_step, extra=dict(problem=problem_signature(args)))
     mine = {layout: dict(ledger=opt.comm.ledger.summary(), owners=sorted(opt.plan.owners.items()),
+                         groups=sorted(opt.plan.groups.items()),
                          state_dict_roundtrip=state_dict_roundtrip(opt, problem, args, grid, last_step + 1))
             for layout, opt in opts.items()}
     everyone = comm.gather_objects(mine, "report")
@@ -189,6 +192,8 @@ def worker(grid, comm, args) -> int:
             ns_calls=sum(r["ns_calls"] for r in per_rank), ns_flops_max_rank=max(r["ns_flops"] for r in per_rank),
             owners_agree=all(r[layout]["owners"] == everyone[0][layout]["owners"] for r in everyone),
             owners={f"{g}.{i}": rank for (g, i), rank in everyone[0][layout]["owners"]},
+            groups={f"{g}.{i}": list(ranks) for (g, i), ranks in everyone[0][layout]["groups"]},
+            groups_agree=all(r[layout]["groups"] == everyone[0][layout]["groups"] for r in everyone),
             state_dict_roundtrip=all(r[layout]["state_dict_roundtrip"] for r in everyone),
             state_bytes=opt.state_bytes(), ledger=per_rank[0], ledger_per_rank=per_rank)
     ok = all(v["ok"] and v["state_dict_roundtrip"] for v in layouts.values())

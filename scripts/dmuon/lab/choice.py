@@ -20,17 +20,22 @@ from __future__ import annotations
 
 from ..distributed import default_overlap
 from ..fsdp_routes import Piece, routes
-from ..layouts import LAYOUTS
 from ..newton_schulz import ns5_flops
+from ..ns_group import sharded_flops
 from . import costmodel
 
 STATE_BYTES = 4 + 4  # fp32 master + fp32 momentum per element of a Muon shard
 
 
-def layout_costs(groups: list[dict], dp: int, tp: int, bucket_numel: int | None) -> list[dict]:
-    """One dict per layout (``LAYOUTS`` order) for Muon groups ``groups`` (``costmodel`` form)."""
+CHAPTER_LAYOUTS = ("bucket", "owner", "aligned")   # chapter 13's table; "group" on request
+
+
+def layout_costs(groups: list[dict], dp: int, tp: int, bucket_numel: int | None,
+                 layouts: tuple[str, ...] = CHAPTER_LAYOUTS) -> list[dict]:
+    """One dict per layout of ``layouts`` for Muon groups ``groups`` (``costmodel`` form). Under "group" a
+    grouped matrix still runs once (sharded): each member is charged ``ns_group.sharded_flops``."""
     rows = []
-    for layout in LAYOUTS:
+    for layout in layouts:
         plans = costmodel.plans_for(groups, dp, tp, bucket_numel, layout)
         sent = costmodel.step_bytes(groups, dp, tp, bucket_numel, layout=layout)
         metas = [m for g, metas_g in enumerate(plans[0].metas) if groups[g]["use_muon"] for m in metas_g]
@@ -41,7 +46,10 @@ def layout_costs(groups: list[dict], dp: int, tp: int, bucket_numel: int | None)
             runs = 1
             load = [0] * (dp * tp)
             for m in metas:
-                load[plans[0].owner_of(m)] += ns5_flops(*m.full_shape)
+                members = plans[0].group_of(m)
+                for r in members or [plans[0].owner_of(m)]:
+                    load[r] += sharded_flops(*m.full_shape, len(members), split_b=True) if members else \
+                        ns5_flops(*m.full_shape)
             busiest = max(load)
         rows.append(dict(layout=layout, bytes_per_rank=sent["total"],
                          vs_adamw=costmodel.bytes_ratio(groups, dp, tp, bucket_numel, layout),

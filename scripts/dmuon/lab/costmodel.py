@@ -19,8 +19,13 @@ and, for Muon's Newton-Schulz, by layout:
     owner,   to owner (bf16)            my piece of each matrix owned by another rank, if I send it
     aligned  from owner (bf16)          for each matrix I own, every other rank's piece of it
 
-(a matrix replicated over TP is sent to its owner by the owner's TP rank only, and comes back to
-every rank). So on a DP-only grid a Muon bucket costs (4 + 2 + 4) / (4 + 4) = 1.25 x an AdamW
+    group    to the group, from the group   as owner, per member: my piece's elements in member i's
+             (bf16)                      block of the long side (``group_routes.count_in_band``)
+             Gram all-reduces (fp32)     per member and run: 2 (k - 1) * 4 * (1 + steps * ceil(m^2 / k))
+             B all-gathers (bf16)        per member and run: steps * (k - 1) * 2 * ceil(m / k) * m
+
+(a matrix replicated over TP is sent to its owner, or member, by the TP rank of the receiver only,
+and comes back to every rank; k is the group's size, m the matrix's short side). So on a DP-only grid a Muon bucket costs (4 + 2 + 4) / (4 + 4) = 1.25 x an AdamW
 bucket under the bucket layout, the paper's upper bound, exactly, padding or not; the owner layout
 moves only the pieces that are not already on a matrix's owner, twice (there and back); the
 aligned layout moves nothing over DP, but its uneven shards pad the reduce-scatter and all-gather.
@@ -35,10 +40,14 @@ reduce-scatter as an all-reduce of the whole input, so ``gloo_reduce_scatter=Tru
 """
 from __future__ import annotations
 
+from ..group_routes import count_in_band, local_band, long_bounds
+from ..newton_schulz import NS_STEPS
 from ..plan import ParamSpec, build_plan
 
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
-PHASES = ("grad_reduce_scatter", "ns_gather_dp", "ns_gather_tp", "ns_to_owner", "ns_from_owner", "param_all_gather")
+PHASES = ("grad_reduce_scatter", "ns_gather_dp", "ns_gather_tp", "ns_to_owner", "ns_group_gram", "ns_from_owner",
+          "param_all_gather")
+GRAM_BYTES, B_BYTES = 4, 2   # the group's partial Grams (and norm) travel in fp32, B's rows in bf16
 DP_GATHER_VARIANTS = ("bucket", "straddlers", "none")
 
 
@@ -75,14 +84,42 @@ def step_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, m
     over all ranks (every rank sends the same under the bucket layout; the owner layouts differ by rank)."""
     plan = plans_for(groups, dp, tp, bucket_numel, layout, muon)[0]
     use_muon = [bool(muon and g["use_muon"]) for g in groups]
+    steps = [g.get("ns_steps", NS_STEPS) for g in groups]
     if rank is not None:
-        return _rank_bytes(plan, use_muon, rank)
-    every = [_rank_bytes(plan, use_muon, r) for r in (range(dp * tp) if layout != "bucket" else [0])]
+        return _rank_bytes(plan, use_muon, rank, steps)
+    every = [_rank_bytes(plan, use_muon, r, steps) for r in (range(dp * tp) if layout != "bucket" else [0])]
     mean = {k: sum(e[k] for e in every) / len(every) for k in every[0]}
     return {k: int(v) if v == int(v) else v for k, v in mean.items()}
 
 
-def _rank_bytes(plan, use_muon: list[bool], rank: int) -> dict:
+def group_gram_bytes(rows: int, cols: int, size: int, steps: int = NS_STEPS) -> int:
+    """Bytes one member of a group of ``size`` sends (ring) to orthogonalise one matrix: all-reduces of the
+    norm (one fp32 scalar) and ``steps`` fp32 partial Grams (m x m), and ``steps`` all-gathers of its
+    bf16 block of B's rows (``ceil(m / size)`` rows of m)."""
+    m = min(rows, cols)
+    gram = 2 * (size - 1) * GRAM_BYTES * (1 + steps * -(-m * m // size))
+    return gram + steps * (size - 1) * B_BYTES * -(-m // size) * m
+
+
+def _group_bytes(plan, meta, members: tuple[int, ...], rank: int, steps: int, out: dict) -> None:
+    """The group layout's traffic for one matrix, for world rank ``rank`` (added into ``out``)."""
+    tp, size = plan.tp, len(members)
+    dim, bounds = long_bounds(meta.full_shape, size)
+
+    def count(r: int, i: int) -> int:     # elements of rank r's piece in member i's block
+        piece = plan.piece_slice(meta, r // tp)
+        lo, hi = local_band(meta.full_shape, meta.shape, meta.tp_split_dim, r % tp, bounds[i], bounds[i + 1])
+        return count_in_band(piece.start, piece.stop, meta.shape, dim, lo, hi)
+
+    for i, q in enumerate(members):
+        if rank != q and (meta.tp_split_dim != -1 or rank % tp == q % tp):
+            out["ns_to_owner"] += count(rank, i) * NS_BYTES
+        if rank == q:
+            out["ns_from_owner"] += sum(count(r, i) for r in range(plan.world) if r != q) * NS_BYTES
+            out["ns_group_gram"] += group_gram_bytes(*meta.full_shape, size, steps)
+
+
+def _rank_bytes(plan, use_muon: list[bool], rank: int, steps: list[int] | None = None) -> dict:
     dp, tp, layout = plan.dp, plan.tp, plan.layout
     out = dict.fromkeys(PHASES, 0)
     for g, buckets in enumerate(plan.buckets):
@@ -98,6 +135,10 @@ def _rank_bytes(plan, use_muon: list[bool], rank: int) -> dict:
                 if layout == "bucket":
                     if meta.tp_split_dim != -1 and tp > 1:
                         out["ns_gather_tp"] += (tp - 1) * meta.numel * NS_BYTES
+                    continue
+                members = plan.group_of(meta)
+                if members is not None:
+                    _group_bytes(plan, meta, members, rank, (steps or [NS_STEPS] * len(use_muon))[g], out)
                     continue
                 owner = plan.owner_of(meta)
                 sends = meta.tp_split_dim != -1 or rank % tp == owner % tp

@@ -42,6 +42,7 @@ PHASE = {
     "ns_gather_tp": "#f0b78f",
     "ns_to_owner": "#c44e52",
     "ns_from_owner": "#e39a9c",
+    "ns_group_gram": "#ccb974",      # the group layout's Gram all-reduces (LAYOUT's "group")
 }
 
 LAYOUT = {

@@ -1,0 +1,229 @@
+"""The "group" layout's flow: a large matrix orthogonalised by a group of ranks, the others by one owner.
+
+``GroupFlow`` is ``flows.OwnerFlow`` with one more kind of destination. A matrix in ``plan.groups``
+(above the fair share of Newton-Schulz FLOPs, ``layouts.assign_owners_and_groups``) has ``k`` members;
+member i is sent, in the same one all-to-all as the owners' pieces, the elements of every rank's
+pieces that fall in block i of the matrix's long side (``group_routes``), so it holds that block
+whole. The members then run ``ns_group.zeropower_sharded`` together over their process subgroup
+(``Comm.add_subgroups``: the norm and each iteration's Gram matrix all-reduced in fp32, B's rows
+split with ``split_b`` and all-gathered in bf16, phase "ns_group_gram"), and send every element back to where it came from,
+in the same all-to-all as the owners' results::
+
+    my pieces --bf16, one all-to-all--> owners (whole matrices) and members (long-side blocks)
+    owners: Newton-Schulz once          members: zeropower_sharded over the group's subgroup
+    --one all-to-all--> my pieces of every orthogonalised matrix
+
+Owner matrices take exactly the owner layout's path (same assembly, same ``zeropower_ns5`` call), so
+their results equal the owner layout's bit for bit. Grouped matrices cannot: one process sums the Gram
+matrix X X^T over all n columns in one GEMM, the group sums each block's columns and then the k
+partial sums, a different order of fp32 additions, which now and then moves a bf16 rounding of A and
+is carried through the iterations (``ns_group.py``). The tolerance is stated and tested in
+``tests/test_group_layout.py``.
+
+Same-shape batching (``ns_batch``) and the Gram form (``ns_form="gram"``) are not built for grouped
+matrices; the optimizer refuses them with this layout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .comm import Pending, Phase, subgroup_name
+from .flows import OwnerFlow, Pieces, Updates
+from .group_routes import band_indices, block_positions, count_in_band, local_band, long_bounds
+from .ns_group import zeropower_sharded
+from .plan import Bucket, DistMeta
+from .sharding import local_shard, tp_shard
+
+
+@dataclass
+class Route:
+    """One grouped matrix's routing, the same arithmetic on every rank (index tensors only for this rank)."""
+
+    members: tuple[int, ...]
+    dim: int                        # the long side
+    bounds: tuple[int, ...]         # block i is [bounds[i], bounds[i + 1]) of the long side
+    counts: list[list[int]]         # counts[r][i]: elements of rank r's piece in block i
+    src: list[torch.Tensor]         # src[i]: positions in my piece of my elements in block i
+    pos: dict                       # if I am a member: rank r -> where r's elements sit in my flat block
+
+
+class GroupFlow(OwnerFlow):
+    """Owner matrices as ``OwnerFlow``; grouped matrices block by block to their members and back."""
+
+    def __init__(self, opt):
+        super().__init__(opt)
+        self._routes: dict[tuple[int, int], Route] = {}
+
+    def run(self, group: dict, updates: Updates) -> Pieces:
+        if getattr(self.opt, "ns_batch", False):   # the optimizer refuses it first; kept as a guard
+            raise ValueError("ns_batch is not built for the group layout")
+        yield from super().run(group, updates)
+
+    # --- who sends what to whom --------------------------------------------------------------------
+
+    def _route(self, meta: DistMeta) -> Route:
+        key = (meta.buffer_idx, meta.param_idx)
+        if key not in self._routes:
+            members, tp, me = self.plan.group_of(meta), self.grid.tp, self.grid.rank
+            dim, bounds = long_bounds(meta.full_shape, len(members))
+
+            def band(r: int, i: int) -> tuple[int, int]:
+                return local_band(meta.full_shape, meta.shape, meta.tp_split_dim, r % tp, bounds[i], bounds[i + 1])
+
+            def piece(r: int) -> slice:
+                return self.plan.piece_slice(meta, r // tp)
+
+            counts = [[count_in_band(piece(r).start, piece(r).stop, meta.shape, dim, *band(r, i))
+                       for i in range(len(members))] for r in range(self.plan.world)]
+            src = [band_indices(piece(me).start, piece(me).stop, meta.shape, dim, *band(me, i))
+                   for i in range(len(members))]
+            pos = {}
+            if me in members:
+                i = members.index(me)
+                pos = {r: block_positions(piece(r).start, piece(r).stop, meta.full_shape, meta.shape,
+                                          meta.tp_split_dim, r % tp, bounds[i], bounds[i + 1])
+                       for r in range(self.plan.world)}
+            self._routes[key] = Route(members, dim, bounds, counts, src, pos)
+        return self._routes[key]
+
+    def _sends_to(self, meta: DistMeta, r: int, q: int) -> bool:
+        """Whether rank r sends its piece's part to member q (one TP rank, q's, if replicated)."""
+        return meta.tp_split_dim != -1 or r % self.grid.tp == q % self.grid.tp
+
+    def _there(self, meta: DistMeta, r: int, q: int) -> int:
+        """Elements of ``meta`` that rank r sends rank q on the way to Newton-Schulz."""
+        members = self.plan.group_of(meta)
+        if members is None:
+            return self._piece_numel(meta, r) if q == self.plan.owner_of(meta) and self._sends(meta, r) else 0
+        if q not in members or not self._sends_to(meta, r, q):
+            return 0
+        return self._route(meta).counts[r][members.index(q)]
+
+    def _back(self, meta: DistMeta, q: int, r: int) -> int:
+        """Elements of ``meta`` that rank q sends back to rank r (every rank gets its whole piece back)."""
+        members = self.plan.group_of(meta)
+        if members is None:
+            return self._piece_numel(meta, r) if q == self.plan.owner_of(meta) else 0
+        return self._route(meta).counts[r][members.index(q)] if q in members else 0
+
+    # --- there ---------------------------------------------------------------------------------------
+
+    def _to_owners(self, bucket: Bucket, update: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
+        me, world = self.grid.rank, self.plan.world
+        parts: list[list[torch.Tensor]] = [[] for _ in range(world)]
+        for meta in self._metas(bucket):
+            members = self.plan.group_of(meta)
+            if members is None:
+                if self._sends(meta, me):
+                    parts[self.plan.owner_of(meta)].append(local_shard(update, self.plan, meta))
+                continue
+            piece, route = local_shard(update, self.plan, meta), self._route(meta)
+            for i, q in enumerate(members):
+                if self._sends_to(meta, me, q):
+                    parts[q].append(piece[route.src[i]])
+        send = torch.cat([p for ps in parts for p in ps] or [update[:0]]).to(torch.bfloat16)
+        recv = [sum(self._there(m, r, me) for m in self._metas(bucket)) for r in range(world)]
+        return self.trace("to_owner", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", send), \
+            [sum(p.numel() for p in ps) for ps in parts], recv
+
+    def _assemble(self, bucket: Bucket, received: torch.Tensor):
+        """(owned whole matrices, my blocks of grouped matrices), each as (meta, tensor), in bucket order."""
+        me, tp, world = self.grid.rank, self.grid.tp, self.plan.world
+        metas = self._metas(bucket)
+        chunks: dict[tuple[int, int], torch.Tensor] = {}
+        offset = 0
+        for r in range(world):    # rank by rank, each rank's parts in bucket order
+            for meta in metas:
+                members = self.plan.group_of(meta)
+                mine = me in members if members is not None else self.plan.owner_of(meta) == me
+                if not mine or not (self._sends(meta, r) if members is None else self._sends_to(meta, r, me)):
+                    continue
+                n = self._there(meta, r, me)
+                chunks[(meta.param_idx, r)] = received[offset: offset + n]
+                offset += n
+        owned, blocks = [], []
+        for meta in metas:
+            members = self.plan.group_of(meta)
+            if members is None and self.plan.owner_of(meta) == me:   # as OwnerFlow._assemble_owned
+                tp_ranks = range(tp) if meta.tp_split_dim != -1 else [me % tp]
+                parts = [torch.cat([chunks[(meta.param_idx, d * tp + t)] for d in range(self.grid.dp)]).view(meta.shape)
+                         for t in tp_ranks]
+                matrix = torch.cat(parts, dim=meta.tp_split_dim) if len(parts) > 1 else parts[0]
+                owned.append((meta, self.trace("ns_input", meta.name, matrix)))
+            elif members is not None and me in members:
+                route, i = self._route(meta), members.index(me)
+                width = route.bounds[i + 1] - route.bounds[i]
+                shape = (width, meta.full_shape[1]) if route.dim == 0 else (meta.full_shape[0], width)
+                block = torch.empty(shape[0] * shape[1], dtype=received.dtype)
+                for r in range(world):
+                    if (meta.param_idx, r) in chunks:
+                        block[route.pos[r]] = chunks[(meta.param_idx, r)]
+                blocks.append((meta, self.trace("group_ns_input", meta.name, block.view(shape))))
+        return owned, blocks
+
+    # --- Newton-Schulz --------------------------------------------------------------------------------
+
+    def _orthogonalise_owned(self, group: dict, bucket: Bucket, received: torch.Tensor,
+                             wait_now: bool = True) -> Pending:
+        """My blocks of grouped matrices first (so no member waits at a Gram all-reduce while another
+        orthogonalises its own matrices), then the matrices I own; then everything goes back."""
+        owned, blocks = self._assemble(bucket, received)
+        ortho = {meta.param_idx: self._group_newton_schulz(group, meta, block) for meta, block in blocks}
+        for meta, matrix in owned:
+            ortho[meta.param_idx] = self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix))
+        done = [(meta, ortho[meta.param_idx]) for meta in self._metas(bucket) if meta.param_idx in ortho]
+        return self._send_back(bucket, done, wait_now, received[:0])
+
+    def _group_newton_schulz(self, group: dict, meta: DistMeta, block: torch.Tensor) -> torch.Tensor:
+        route = self._route(meta)
+        size, i = len(route.members), route.members.index(self.grid.rank)
+        name = subgroup_name(route.members)
+        out = zeropower_sharded(block, lambda t: self.comm.all_reduce(t, name, Phase.NS_GROUP_GRAM), route.dim,
+                                group["ns_steps"], group["ns_coefficients"], group["eps"], split_b=(i, size),
+                                all_gather=lambda t: self.comm.all_gather(t, name, Phase.NS_GROUP_GRAM))
+        m = min(meta.full_shape)
+        b_rows = len(torch.tensor_split(torch.arange(m), size)[i])
+        self.comm.ledger.count_ns(group["ns_steps"] * (4 * m * m * block.shape[route.dim] + 2 * m * m * b_rows))
+        return self.trace("group_orthogonalised", meta.name, out)
+
+    # --- back ----------------------------------------------------------------------------------------
+
+    def _send_back(self, bucket: Bucket, orthos: list[tuple[DistMeta, torch.Tensor]], wait_now: bool,
+                   empty: torch.Tensor) -> Pending:
+        me, tp, world = self.grid.rank, self.grid.tp, self.plan.world
+        back: list[list[torch.Tensor]] = [[] for _ in range(world)]
+        for meta, ortho in orthos:
+            if self.plan.group_of(meta) is not None:
+                flat, route = ortho.reshape(-1), self._route(meta)
+                for r in range(world):
+                    back[r].append(flat[route.pos[r]])
+                continue
+            tp_parts = [tp_shard(ortho, meta.tp_split_dim, tp, t, meta.name).reshape(-1) for t in range(tp)] \
+                if meta.tp_split_dim != -1 else [ortho.reshape(-1)] * tp
+            for r in range(world):
+                back[r].append(tp_parts[r % tp][self.plan.piece_slice(meta, r // tp)])
+        send = torch.cat([p for ps in back for p in ps] or [empty])
+        recv = [sum(self._back(m, q, me) for m in self._metas(bucket)) for q in range(world)]
+        return self.comm.all_to_all(send, [sum(p.numel() for p in ps) for ps in back], recv, "world",
+                                    Phase.NS_FROM_OWNER, wait_now=wait_now)
+
+    def _pieces_back(self, bucket: Bucket, from_owner: Pending) -> Pieces:
+        received = from_owner.wait()
+        me, metas = self.grid.rank, self._metas(bucket)
+        by_meta: dict[int, torch.Tensor] = {}
+        offset = 0
+        for q in range(self.plan.world):
+            for meta in metas:
+                n = self._back(meta, q, me)
+                members = self.plan.group_of(meta)
+                if members is None:
+                    if q == self.plan.owner_of(meta):
+                        by_meta[meta.param_idx] = received[offset: offset + n]
+                elif q in members:
+                    piece = by_meta.setdefault(meta.param_idx, received.new_empty(self._piece_numel(meta, me)))
+                    piece[self._route(meta).src[members.index(q)]] = received[offset: offset + n]
+                offset += n
+        for meta in metas:
+            yield meta, self.trace("from_owner", meta.name, by_meta[meta.param_idx])

@@ -1,0 +1,101 @@
+"""Run by tests/test_group_layout.py under the launcher (or in-process for 1 x 1): the "group" layout.
+
+Three seeded problems, each one large matrix (far above its fair share of Newton-Schulz FLOPs, so the
+plan gives it a group on any grid of 2 ranks or more) among five small ones, none of whose sides divide
+evenly by every group size: the large one is wide with TP splitting its short side, tall with TP splitting
+its long side, or replicated over TP. For each, DistributedMuon with layout "owner" and with layout
+"group" run 3 steps beside single-device ``dmuon.Muon`` on the DP-mean gradients, and every rank reports:
+
+* for every parameter, its max abs difference from the reference (owner layout and group layout) and,
+  for the grouped ones, the squared Frobenius distance to the reference and the squared size of the
+  reference's update (parameters after - before), on this rank's TP shard;
+* whether the owner matrices of the group layout equal the owner layout's bit for bit;
+* the plan's groups, its last step's ledger (bytes per phase) and Newton-Schulz calls.
+
+Prints one JSON line (rank 0) with every rank's findings.
+
+    python tests/group_run.py --dp 2 --tp 2
+"""
+import argparse
+import json
+import sys
+
+import torch
+
+from dmuon import DistributedMuon, Muon
+from dmuon.launch import add_launch_args, launch
+from dmuon.lab.synthetic import build_problem, set_grads
+from dmuon.comm import Comm, Ledger
+from dmuon.sharding import tp_shard
+
+SMALL = [((20, 36), 1), ((36, 20), 0), ((24, 24), -1), ((12, 8), 0), ((8, 28), 1)]
+LARGE = {"wide-tp-short": ((96, 230), 0), "tall-tp-long": ((228, 64), 0), "replicated": ((80, 170), -1)}
+BUCKET_NUMEL = 4000   # several buckets; the large matrix's DP pieces straddle shard boundaries
+STEPS = 3
+
+
+def problem_for(name: str, tp: int):
+    items = SMALL[:2] + [LARGE[name]] + SMALL[2:]
+    return build_problem("muon", [s for s, _ in items], [d for _, d in items], n_groups=1, seed=11, tp=tp)
+
+
+def check(grid, name: str) -> dict:
+    problem = problem_for(name, grid.tp)
+    opts, ledgers = {}, {}
+    for layout in ("owner", "group"):
+        ledgers[layout] = Ledger()
+        comm = Comm(grid, ledger=ledgers[layout])
+        opts[layout] = DistributedMuon(problem.param_groups(grid.tp, grid.tp_rank), grid, comm=comm, layout=layout,
+                                       bucket_numel=BUCKET_NUMEL)
+    ref_groups = problem.param_groups()
+    ref = Muon(ref_groups)
+    ref_params = {n: p for g in ref_groups for n, p in zip(g["names"], g["params"])}
+    first = {n: p.detach().clone() for n, p in ref_params.items()}
+    for step in range(1, STEPS + 1):
+        grads = problem.grads(step, grid.dp_rank, grid.dp)
+        for opt in opts.values():
+            set_grads(opt.param_groups, grads, grid)
+            opt.step()
+        for n, g in problem.mean_grads(step, grid.dp).items():
+            ref_params[n].grad = g
+        ref.step()
+    plan = opts["group"].plan
+    grouped = {plan.metas[b][i].name for (b, i) in plan.groups}
+    params = {}
+    owner_equal = True
+    for layout, opt in opts.items():
+        for g in opt.param_groups:
+            for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
+                want = tp_shard(ref_params[n].detach(), d, grid.tp, grid.tp_rank, n)
+                diff = (p.detach().double() - want.double())
+                row = params.setdefault(n, dict(grouped=n in grouped))
+                row[f"{layout}_max_abs"] = float(diff.abs().max())
+                if layout == "group" and n in grouped:
+                    update = want.double() - tp_shard(first[n], d, grid.tp, grid.tp_rank, n).double()
+                    row.update(sq_diff=float(diff.pow(2).sum()), sq_update=float(update.pow(2).sum()))
+    for go, oo in zip(opts["group"].param_groups, opts["owner"].param_groups):
+        for n, pg, po in zip(go["names"], go["params"], oo["params"]):
+            if n not in grouped:
+                owner_equal &= torch.equal(pg.detach(), po.detach())
+    summary = ledgers["group"].summary()
+    return dict(params=params, owner_matrices_equal_owner_layout=bool(owner_equal),
+                groups=sorted([list(k), list(v)] for k, v in plan.groups.items()),
+                owners=sorted([list(k), v] for k, v in plan.owners.items()),
+                bytes_per_phase={ph: p["bytes_sent"] for ph, p in summary["phases"].items()},
+                calls_per_phase={ph: p["calls"] for ph, p in summary["phases"].items()},
+                ns_calls=summary["ns_calls"], owner_ns_calls=ledgers["owner"].summary()["ns_calls"])
+
+
+def worker(grid, comm, args):
+    torch.set_num_threads(1)
+    found = {name: check(grid, name) for name in LARGE}
+    everyone = comm.gather_objects(found, "report")
+    if grid.rank == 0:
+        print(json.dumps(dict(dp=grid.dp, tp=grid.tp, ranks=everyone)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    add_launch_args(p)
+    sys.exit(launch(worker, p.parse_args()))
