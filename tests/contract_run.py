@@ -5,7 +5,8 @@ For every layout (DistributedMuon, hybrid groups) and for DistributedAdamW, agai
 
 * ``clip``: ``opt.clip_grad_norm_`` every step (active: max_norm below the norm), the reference clipped by
   ``torch.nn.utils.clip_grads_with_norm_`` with ``dmuon.clipping.total_norm``; the returned norms and the
-  parameters must be equal bit for bit, the norm within 1e-6 of ``torch.nn.utils.get_total_norm``;
+  parameters must be equal bit for bit (a matrix the "group" layout orthogonalises over several ranks:
+  within its stated tolerance, see ``same``), the norm within 1e-6 of ``torch.nn.utils.get_total_norm``;
 * ``edit``: parameters scaled between steps are where the next step starts (finding 1);
 * ``none``: a gradient None on every rank is skipped, None on DP rank 0 only counts as zeros there (finding 6);
 * ``rank0``: rank 0's state_dict loaded on another DP rank is refused, naming the ranks (finding 8).
@@ -48,15 +49,32 @@ def give(opt, grads, grid, none=()):
             p.grad = None if n in none else tp_shard(grads[n], d, grid.tp, grid.tp_rank, n)
 
 
-def same(opt, ref_params, grid) -> bool:
-    return all(torch.equal(p.detach(), tp_shard(ref_params[n].detach(), d, grid.tp, grid.tp_rank, n))
-               for g in opt.param_groups for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]))
+# A matrix the "group" layout orthogonalises over several ranks adds its Gram sums in another order than
+# one process (dmuon/ns_group.py), so it is held to the group layout's tolerance (tests/test_group_layout.py):
+# within 1e-2 of the reference's update, on this rank's shard. Every other parameter: bit for bit.
+GROUP_RTOL = 1e-2
+
+
+def same(opt, ref_params, grid, first) -> bool:
+    plan = opt.plan
+    grouped = {plan.metas[b][i].name for (b, i) in plan.groups}
+    ok = True
+    for g in opt.param_groups:
+        for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
+            want = tp_shard(ref_params[n].detach(), d, grid.tp, grid.tp_rank, n)
+            if n in grouped:
+                update = want.double() - tp_shard(first[n], d, grid.tp, grid.tp_rank, n).double()
+                ok &= float((p.detach().double() - want.double()).norm()) <= GROUP_RTOL * float(update.norm())
+            else:
+                ok &= torch.equal(p.detach(), want)
+    return ok
 
 
 def run_case(cls, layout, case, grid, comm) -> dict:
     problem = build_problem("hybrid", SHAPES, TP_DIMS, seed=5, tp=grid.tp)
     opt = cls(problem.param_groups(grid.tp, grid.tp_rank), grid, layout=layout, bucket_numel=300)
     ref_params = {n: torch.nn.Parameter(t.clone()) for n, t in problem.full.items()}
+    first = {n: t.detach().clone() for n, t in problem.full.items()}
     groups = problem.param_groups()
     for g in groups:
         g["params"] = [ref_params[n] for n in g["names"]]
@@ -93,7 +111,7 @@ def run_case(cls, layout, case, grid, comm) -> dict:
                 out["inf_equal"] = bool(torch.equal(inf, ref_inf))
         opt.step()
         ref.step()
-        out["equal"] &= same(opt, ref_params, grid)
+        out["equal"] &= same(opt, ref_params, grid, first)
     if case == "rank0" and grid.dp > 1:
         saved = [opt.state_dict()]
         dist.broadcast_object_list(saved, src=0)
