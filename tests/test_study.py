@@ -96,8 +96,10 @@ def test_profile_step_compares_a_dp_and_a_tp_grid(tmp_path):
         assert len(g["ranks"]) == 2
         for rank in g["ranks"]:
             assert rank["muon"]["newton_schulz"] > 0 and rank["adamw"]["newton_schulz"] == 0
-        same_fb = like_for_like_steps(g["ranks"])  # Muon's optimizer does AdamW's work and more
-        assert g["muon_over_adamw"] == pytest.approx(same_fb["muon"] / same_fb["adamw"]) and g["muon_over_adamw"] >= 1
+        same_fb = like_for_like_steps(g["ranks"])
+        # the ratio is the like-for-like one; no timing order is asserted: on this tiny model one measured
+        # step of AdamW can take longer than Muon's on a busy machine (seen once: 0.64)
+        assert g["muon_over_adamw"] == pytest.approx(same_fb["muon"] / same_fb["adamw"])
     assert (tmp_path / "1x2" / "trace_rank1.json").exists()
     assert r["fastest_for_muon"] and set(r["fastest_for_muon"]) <= {"2x1", "1x2"}  # one, or a tie within the noise
     for g in r["grids"]:  # the verdict reads each step's slowest rank
