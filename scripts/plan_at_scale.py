@@ -74,6 +74,13 @@ def llama3_8b(layers: int = 32):
     return llama3(4096, 14336, layers, 32, 8)
 
 
+def mlp(prefix: str, inter: int, hidden: int) -> list[ParamSpec]:
+    """A SwiGLU MLP's three matrices (gate and up colwise: TP split dim 0; down rowwise: 1), for the MoE builders'
+    dense layers, shared experts and routed experts."""
+    return [ParamSpec(f"{prefix}.gate", (inter, hidden), 0), ParamSpec(f"{prefix}.up", (inter, hidden), 0),
+            ParamSpec(f"{prefix}.down", (hidden, inter), 1)]
+
+
 def moonlight_16b_a3b(layers: int = 27, experts: int = 64):
     """Moonlight-16B-A3B (DeepSeek-V3 architecture), per-expert matrices.
 
@@ -92,19 +99,15 @@ def moonlight_16b_a3b(layers: int = 27, experts: int = 64):
     hidden, heads = 2048, 16
     muon, adamw = [], [ParamSpec("embed", (163840, hidden), 0), ParamSpec("head", (163840, hidden), 0)]
 
-    def mlp(prefix, inter):
-        return [ParamSpec(f"{prefix}.gate", (inter, hidden), 0), ParamSpec(f"{prefix}.up", (inter, hidden), 0),
-                ParamSpec(f"{prefix}.down", (hidden, inter), 1)]
-
     for i in range(layers):
         muon += [ParamSpec(f"layers.{i}.q", (heads * 192, hidden), 0), ParamSpec(f"layers.{i}.kv_a", (576, hidden), -1),
                  ParamSpec(f"layers.{i}.kv_b", (heads * 256, 512), 0), ParamSpec(f"layers.{i}.o", (hidden, heads * 128), 1)]
         if i == 0:
-            muon += mlp(f"layers.{i}.mlp", 11264)
+            muon += mlp(f"layers.{i}.mlp", 11264, hidden)
         else:
-            muon += mlp(f"layers.{i}.shared", 2 * 1408)
+            muon += mlp(f"layers.{i}.shared", 2 * 1408, hidden)
             for e in range(experts):
-                muon += mlp(f"layers.{i}.expert.{e}", 1408)
+                muon += mlp(f"layers.{i}.expert.{e}", 1408, hidden)
             adamw.append(ParamSpec(f"layers.{i}.router", (experts, hidden), -1))
         adamw += [ParamSpec(f"layers.{i}.norm.{j}", (n,), -1) for j, n in enumerate((hidden, hidden, 512))]
     return [muon, adamw], [True, False]
@@ -123,20 +126,16 @@ def kimi_k2(layers: int = 61, experts: int = 384):
     hidden, heads = 7168, 64
     muon, adamw = [], [ParamSpec("embed", (163840, hidden), 0), ParamSpec("head", (163840, hidden), 0)]
 
-    def mlp(prefix, inter):
-        return [ParamSpec(f"{prefix}.gate", (inter, hidden), 0), ParamSpec(f"{prefix}.up", (inter, hidden), 0),
-                ParamSpec(f"{prefix}.down", (hidden, inter), 1)]
-
     for i in range(layers):
         muon += [ParamSpec(f"layers.{i}.q_a", (1536, hidden), -1), ParamSpec(f"layers.{i}.q_b", (heads * 192, 1536), 0),
                  ParamSpec(f"layers.{i}.kv_a", (576, hidden), -1), ParamSpec(f"layers.{i}.kv_b", (heads * 256, 512), 0),
                  ParamSpec(f"layers.{i}.o", (hidden, heads * 128), 1)]
         if i == 0:
-            muon += mlp(f"layers.{i}.mlp", 18432)
+            muon += mlp(f"layers.{i}.mlp", 18432, hidden)
         else:
-            muon += mlp(f"layers.{i}.shared", 2048)
+            muon += mlp(f"layers.{i}.shared", 2048, hidden)
             for e in range(experts):
-                muon += mlp(f"layers.{i}.expert.{e}", 2048)
+                muon += mlp(f"layers.{i}.expert.{e}", 2048, hidden)
             adamw.append(ParamSpec(f"layers.{i}.router", (experts, hidden), -1))
         adamw += [ParamSpec(f"layers.{i}.norm.{j}", (n,), -1) for j, n in enumerate((hidden, hidden, 1536, 512))]
     return [muon, adamw], [True, False]
