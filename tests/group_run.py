@@ -10,7 +10,10 @@ its long side, or replicated over TP. For each, DistributedMuon with layout "own
   for the grouped ones, the squared Frobenius distance to the reference and the squared size of the
   reference's update (parameters after - before), on this rank's TP shard;
 * whether the owner matrices of the group layout equal the owner layout's bit for bit;
-* the plan's groups, its last step's ledger (bytes per phase) and Newton-Schulz calls.
+* the plan's groups, its last step's ledger (bytes per phase) and Newton-Schulz calls;
+* under "options", the group layout with each of ``OPTIONS`` (``ns_batch``, ``ns_form="gram"``, Polar
+  Express, each overlap mode) against single-device Muon with the same options, on a problem with
+  repeated shapes: differences per parameter, Newton-Schulz calls and the distinct shapes this rank owns.
 
 Prints one JSON line (rank 0) with every rank's findings.
 
@@ -86,9 +89,62 @@ def check(grid, name: str) -> dict:
                 ns_calls=summary["ns_calls"], owner_ns_calls=ledgers["owner"].summary()["ns_calls"])
 
 
+# The options a user of the owner layout has, under "group", on one problem with repeated shapes (so that
+# batching batches): (Newton-Schulz options of the group, optimizer keywords). Between them they cover
+# every overlap mode, same-shape batching, the Gram form and another coefficient schedule.
+OPTIONS = {"batch-none": ({}, dict(ns_batch=True, overlap="none")),
+           "gram-polar-naive": (dict(ns_form="gram", ns_coefficients="polar_express"), dict(overlap="naive")),
+           "batch-gram-prefetch": (dict(ns_form="gram"), dict(ns_batch=True, overlap="prefetch"))}
+
+
+def options_problem(tp: int):
+    items = SMALL[:2] + [LARGE["wide-tp-short"]] + SMALL[2:] + [((12, 8), 0)] * 10   # > 8 ranks: one owns two
+    return build_problem("muon", [s for s, _ in items], [d for _, d in items], n_groups=1, seed=12, tp=tp)
+
+
+def check_options(grid, label: str) -> dict:
+    """The group layout with ``OPTIONS[label]`` beside single-device Muon with the same Newton-Schulz options:
+    per parameter its max abs difference (and for grouped ones the squared distance and update), the
+    Newton-Schulz calls of the last step and the distinct shapes this rank owns."""
+    ns_options, keywords = OPTIONS[label]
+    problem = options_problem(grid.tp)
+    ledger = Ledger()
+    opt = DistributedMuon([dict(g, **ns_options) for g in problem.param_groups(grid.tp, grid.tp_rank)], grid,
+                          comm=Comm(grid, ledger=ledger), layout="group", bucket_numel=BUCKET_NUMEL, **keywords)
+    ref_groups = [dict(g, **ns_options) for g in problem.param_groups()]
+    ref = Muon(ref_groups)
+    ref_params = {n: p for g in ref_groups for n, p in zip(g["names"], g["params"])}
+    first = {n: p.detach().clone() for n, p in ref_params.items()}
+    for step in range(1, STEPS + 1):
+        set_grads(opt.param_groups, problem.grads(step, grid.dp_rank, grid.dp), grid)
+        opt.step()
+        for n, g in problem.mean_grads(step, grid.dp).items():
+            ref_params[n].grad = g
+        ref.step()
+    plan = opt.plan
+    grouped = {plan.metas[b][i].name for (b, i) in plan.groups}
+    params = {}
+    for g in opt.param_groups:
+        for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]):
+            want = tp_shard(ref_params[n].detach(), d, grid.tp, grid.tp_rank, n)
+            diff = p.detach().double() - want.double()
+            update = want.double() - tp_shard(first[n], d, grid.tp, grid.tp_rank, n).double()
+            params[n] = dict(grouped=n in grouped, max_abs=float(diff.abs().max()), sq_diff=float(diff.pow(2).sum()),
+                             sq_update=float(update.pow(2).sum()))
+    owned = {m.full_shape for buf in plan.metas for m in buf if plan.owners.get((m.buffer_idx, m.param_idx)) == grid.rank}
+    summary = ledger.summary()
+    matrices_owned = sum(1 for buf in plan.metas for m in buf if plan.owners.get((m.buffer_idx, m.param_idx)) == grid.rank)
+    return dict(params=params, ns_calls=summary["ns_calls"], distinct_shapes_owned=len(owned), matrices_owned=matrices_owned,
+                memberships=sum(grid.rank in members for members in plan.groups.values()),
+                groups=sorted([list(k), list(v)] for k, v in plan.groups.items()),
+                overlap=opt.overlap, ns_batch=opt.ns_batch,
+                calls_per_phase={ph: p["calls"] for ph, p in summary["phases"].items()})
+
+
 def worker(grid, comm, args):
     torch.set_num_threads(1)
     found = {name: check(grid, name) for name in LARGE}
+    found["options"] = {label: check_options(grid, label) for label in OPTIONS}
     everyone = comm.gather_objects(found, "report")
     if grid.rank == 0:
         print(json.dumps(dict(dp=grid.dp, tp=grid.tp, ranks=everyone)), flush=True)

@@ -15,8 +15,10 @@ Every other matrix must equal the reference (and the owner layout) bit for bit.
 
     pytest -q tests/test_group_layout.py
 """
+import functools
 import math
 import random
+import threading
 import sys
 from pathlib import Path
 
@@ -29,6 +31,9 @@ from dmuon.group_routes import band_indices, block_positions, count_in_band, loc
 from dmuon.lab import costmodel
 from conftest import last_json
 from dmuon.layouts import group_window
+from dmuon.newton_schulz import zeropower_ns5
+from dmuon.ns_gram_group import gram_sharded_flops, zeropower_gram_sharded
+from dmuon.ns_variants import ns_flops
 from dmuon.ns_group import sharded_collectives, simulate, split_long_side, zeropower_sharded
 from dmuon.plan import ParamSpec, build_plan
 from conftest import ROOT, run
@@ -110,13 +115,74 @@ def test_gathering_b_gives_the_same_bits_as_all_reducing_it(shape, k):
         zeropower_sharded(blocks[0], lambda t: t, long_dim, all_gather=lambda t: t)
 
 
-def test_group_layout_refuses_what_it_does_not_build():
+def test_group_layout_takes_the_owner_layouts_options_and_refuses_bad_ones_naming_them():
     problem = group_run.problem_for("replicated", 1)
-    with pytest.raises(ValueError, match="ns_batch"):
-        DistributedMuon(problem.param_groups(), Grid.single(), layout="group", ns_batch=True)
-    groups = [dict(g, ns_form="gram") for g in problem.param_groups()]
-    with pytest.raises(ValueError, match="ns_form='standard' or layout='owner'"):
-        DistributedMuon(groups, Grid.single(), layout="group")
+    opt = DistributedMuon([dict(g, ns_form="gram") for g in problem.param_groups()], Grid.single(), layout="group",
+                          ns_batch=True, overlap="naive")
+    assert (opt.ns_batch, opt.overlap, opt.param_groups[0]["ns_form"]) == (True, "naive", "gram")
+    with pytest.raises(ValueError, match="ns_form must be one of"):
+        DistributedMuon([dict(g, ns_form="cubic") for g in problem.param_groups()], Grid.single(), layout="group")
+    with pytest.raises(ValueError, match="overlap must be one of"):
+        DistributedMuon(problem.param_groups(), Grid.single(), layout="group", overlap="eager")
+    with pytest.raises(ValueError, match="needs layout='owner', 'aligned' or 'group'"):
+        DistributedMuon(problem.param_groups(), Grid.single(), layout="bucket", ns_batch=True)
+
+
+def in_threads(blocks: list[torch.Tensor], run) -> list[torch.Tensor]:
+    """``run(block, all_reduce)`` for k members in k threads, the all-reduce summing in rank order."""
+    k, barrier, slots, out = len(blocks), threading.Barrier(len(blocks)), [None] * len(blocks), [None] * len(blocks)
+
+    def member(i: int) -> None:
+        def all_reduce(t: torch.Tensor) -> torch.Tensor:
+            slots[i] = t
+            barrier.wait()
+            total = functools.reduce(torch.add, slots)
+            barrier.wait()
+            return total
+        out[i] = run(blocks[i], all_reduce)
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert all(o is not None for o in out)
+    return out
+
+
+@pytest.mark.parametrize("shape,k", [((24, 70), 3), ((61, 20), 2), ((33, 33), 4)])
+def test_the_gram_form_over_a_group_is_one_process_gram_form_to_rounding(shape, k):
+    """``ns_gram_group`` on k members (partial Grams summed in rank order, in threads) and on one, against
+    ``zeropower_ns5(form="gram")`` of the whole matrix. float64: within 1e-12 (the same algebra, another
+    order of additions). bf16: never further from the float64 result than one process's bf16 Gram form
+    plus 1e-3 (measured: +2e-4 at most, 3 seeds x 7 shapes), and within the group tolerance of it when the
+    matrix is not square (measured up to 4.5e-4). A square matrix is the Gram form's worst case (R's small
+    eigenvalues are the squares of the singular values, below bf16's resolution): there one process's bf16
+    Gram form is itself 1.4e-2 to 5e-2 from float64, and a last-bit change of R moves it by up to 1.8e-2."""
+    G = torch.randn(shape, generator=torch.Generator().manual_seed(6))
+    long_dim, blocks = split_long_side(G, k)
+
+    def rel(a, b):
+        return float((a.double() - b.double()).norm() / b.double().norm())
+
+    for parts in (blocks, [G]):
+        for dtype in (torch.float64, torch.bfloat16):
+            got = in_threads(parts, lambda b, ar: zeropower_gram_sharded(b, ar, long_dim, dtype=dtype,
+                                                                         coefficients="polar_express"))
+            whole = torch.cat(got, dim=long_dim)
+            ref = zeropower_ns5(G, dtype=dtype, form="gram", coefficients="polar_express")
+            assert whole.shape == G.shape and whole.dtype == dtype
+            if dtype == torch.float64:
+                assert rel(whole, ref) <= 1e-12
+            else:
+                exact = zeropower_ns5(G, dtype=torch.float64, form="gram", coefficients="polar_express")
+                assert rel(whole, exact) <= rel(ref, exact) + 1e-3, len(parts)
+                assert shape[0] == shape[1] or rel(whole, ref) <= TOLERANCE, len(parts)
+    m, n = min(shape), max(shape)
+    square = ns_flops(*shape, 5, "gram") - 4 * m * m * n        # the m x m iteration, every member's
+    assert sum(gram_sharded_flops(*shape, b.shape[long_dim]) for b in blocks) == 4 * m * m * n + k * square
+    with pytest.raises(ValueError, match="2-D shard and long_dim"):
+        zeropower_gram_sharded(G, lambda t: t, 2)
 
 
 def check_grid(result: dict, dp: int, tp: int) -> None:
@@ -149,13 +215,43 @@ def check_grid(result: dict, dp: int, tp: int) -> None:
         assert sum(r["owner_ns_calls"] for r in per_rank) == owned + len(groups)
 
 
+def check_options(result: dict, dp: int, tp: int) -> None:
+    """``group_run.OPTIONS`` on every rank: owner matrices bit for bit against single-device Muon with the same
+    options, grouped ones within the tolerance; the overlap mode asked for; Newton-Schulz calls per rank =
+    (distinct shapes owned if batched, else matrices owned) + groups the rank is in; the Gram form's two
+    all-reduces per grouped matrix."""
+    for label, (ns_options, keywords) in group_run.OPTIONS.items():
+        per_rank = [r["options"][label] for r in result["ranks"]]
+        assert all(r["groups"] == per_rank[0]["groups"] for r in per_rank)
+        assert (len(per_rank[0]["groups"]) > 0) == (dp * tp > 1), label
+        for rank, found in enumerate(per_rank):
+            assert (found["overlap"], found["ns_batch"]) == (keywords["overlap"], keywords.get("ns_batch", False))
+            for pname, row in found["params"].items():
+                if row["grouped"]:
+                    assert math.sqrt(row["sq_diff"] / row["sq_update"]) <= TOLERANCE, (label, rank, pname)
+                else:
+                    assert row["max_abs"] == 0.0, (label, rank, pname, row)
+            owned = found["distinct_shapes_owned"] if found["ns_batch"] else found["matrices_owned"]
+            assert found["ns_calls"] == owned + found["memberships"], (label, rank, found)
+            if ns_options.get("ns_form") == "gram":
+                assert found["calls_per_phase"].get("ns_group_gram", 0) == 2 * found["memberships"], (label, rank)
+    # batching batched something: ten 12x8 matrices on at most 8 ranks, so some rank owns two of one shape
+    batched = [r["options"]["batch-none"] for r in result["ranks"]]
+    assert any(r["matrices_owned"] > r["distinct_shapes_owned"] for r in batched)
+
+
 def test_one_by_one_runs_in_process_with_no_groups_and_equals_the_reference():
     grid = Grid.single()
-    check_grid(dict(ranks=[{name: group_run.check(grid, name) for name in group_run.LARGE}]), 1, 1)
+    found = {name: group_run.check(grid, name) for name in group_run.LARGE}
+    found["options"] = {label: group_run.check_options(grid, label) for label in group_run.OPTIONS}
+    check_grid(dict(ranks=[found]), 1, 1)
+    check_options(dict(ranks=[found]), 1, 1)
 
 
 @pytest.mark.parametrize("dp,tp", [(2, 1), (1, 2), (2, 2), (3, 2), (2, 4)])
 def test_group_layout_against_single_device_muon(dp, tp):
     proc = run([sys.executable, str(ROOT / "tests" / "group_run.py"), "--dp", str(dp), "--tp", str(tp)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    check_grid(last_json(proc.stdout), dp, tp)
+    result = last_json(proc.stdout)
+    check_grid(result, dp, tp)
+    check_options(result, dp, tp)

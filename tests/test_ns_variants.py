@@ -163,7 +163,7 @@ def test_ns_batch_in_one_process_counts_one_call_per_shape_and_refuses_the_bucke
         ref.step()
     assert all(torch.equal(a, b) for g, h in zip(opt.param_groups, ref_groups) for a, b in zip(g["params"], h["params"]))
     assert opt.comm.ledger.summary(2)["ns_calls"] == 3
-    with pytest.raises(ValueError, match="ns_batch=True .* needs layout='owner' or 'aligned'"):
+    with pytest.raises(ValueError, match="ns_batch=True .* needs layout='owner', 'aligned' or 'group'"):
         DistributedMuon(problem.param_groups(), Grid.single(), layout="bucket", ns_batch=True)
 
 

@@ -19,8 +19,10 @@ every layout but "aligned", whose uneven shards travel padded.
     opt = DistributedMuon(hybrid_param_groups(model.named_parameters()), grid, layout="owner")
     loss.backward(); opt.step(); opt.zero_grad()
 
-``ns_batch=True`` (owner layouts) has each owner run one batched Newton-Schulz per distinct matrix
-shape it owns, instead of one call per matrix (same parameters, bit for bit, on the CPUs we checked).
+``ns_batch=True`` (owner, aligned and group layouts) has each owner run one batched Newton-Schulz per
+distinct matrix shape it owns, instead of one call per matrix (same parameters, bit for bit, on the CPUs
+we checked); under "group" a matrix orthogonalised by a group is never batched (each member holds a block
+of it: ``group_flow.py``).
 ``overlap`` picks how transfers meet Newton-Schulz (``flows.py``); by default the bucket layout runs
 as the proof of concept did and the owner layouts prefetch (``default_overlap``).
 
@@ -82,10 +84,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {overlap!r}")
-        if ns_batch and layout in ("bucket", "group"):
-            raise ValueError("ns_batch=True batches same-shape matrices on their owner: it needs layout='owner' or "
-                             "'aligned' (the bucket layout orthogonalises every matrix on every rank; the group "
-                             "layout's batching is not built)")
+        if ns_batch and layout == "bucket":
+            raise ValueError("ns_batch=True batches same-shape matrices on their owner: it needs layout='owner', "
+                             "'aligned' or 'group' (the bucket layout orthogonalises every matrix on every rank)")
         self.grid, self.overlap, self.check_finite, self.ns_batch = grid, overlap, check_finite, bool(ns_batch)
         self.comm = comm or Comm(grid)
         self.comm.naive_async = overlap == "naive"
@@ -96,10 +97,6 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             group["tp_split_dims"] = resolve_tp_split_dims(group["names"], group["params"],
                                                            group.get("tp_split_dims"), grid)
             check_group(group, g_idx)
-            if layout == "group" and group.get("use_muon", use_muon) and group.get("ns_form", "standard") != "standard":
-                raise ValueError(f"group {g_idx}: ns_form={group['ns_form']!r} is not built for the group layout, whose "
-                                 "large matrices run the sharded standard iteration (ns_group.py); use "
-                                 "ns_form='standard' or layout='owner'")
         MomentumSync.of(self)
         self.master_dtypes = [master_dtype(g, i) for i, g in enumerate(self.param_groups)]
         specs = [[ParamSpec(n, self._full_shape(p, d), d) for n, p, d in zip(g["names"], g["params"], g["tp_split_dims"])]

@@ -20,8 +20,12 @@ partial sums, a different order of fp32 additions, which now and then moves a bf
 is carried through the iterations (``ns_group.py``). The tolerance is stated and tested in
 ``tests/test_group_layout.py``.
 
-Same-shape batching (``ns_batch``) and the Gram form (``ns_form="gram"``) are not built for grouped
-matrices; the optimizer refuses them with this layout.
+Options, as under "owner": the owner matrices honour every option the owner layout does, bit for bit
+(``ns_form``, ``ns_coefficients``, ``ns_batch``, every ``overlap`` mode). A grouped matrix honours
+``ns_coefficients``, ``ns_steps`` and ``ns_form`` (``"gram"``: R = X X^T all-reduced once and the m x m
+iteration on every member, ``ns_gram_group.py``; within the same tolerance of one process's Gram form),
+but it is never batched: each member holds one block of it, not a whole matrix (``ns_batch`` batches
+the owner matrices only).
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ import torch
 from .comm import Pending, Phase, subgroup_name
 from .flows import OwnerFlow, Pieces, Updates
 from .group_routes import band_indices, block_positions, count_in_band, local_band, long_bounds
+from .newton_schulz import NS_FORM
+from .ns_gram_group import gram_sharded_flops, zeropower_gram_sharded
 from .ns_group import zeropower_sharded
 from .plan import Bucket, DistMeta
 from .sharding import local_shard, tp_shard
@@ -55,11 +61,6 @@ class GroupFlow(OwnerFlow):
     def __init__(self, opt):
         super().__init__(opt)
         self._routes: dict[tuple[int, int], Route] = {}
-
-    def run(self, group: dict, updates: Updates) -> Pieces:
-        if getattr(self.opt, "ns_batch", False):   # the optimizer refuses it first; kept as a guard
-            raise ValueError("ns_batch is not built for the group layout")
-        yield from super().run(group, updates)
 
     # --- who sends what to whom --------------------------------------------------------------------
 
@@ -176,7 +177,35 @@ class GroupFlow(OwnerFlow):
         done = [(meta, ortho[meta.param_idx]) for meta in self._metas(bucket) if meta.param_idx in ortho]
         return self._send_back(bucket, done, wait_now, received[:0])
 
+    def _run_batched(self, group: dict, updates: Updates) -> Pieces:
+        """``ns_batch``: as ``OwnerFlow._run_batched`` for the owner matrices (one batched call per distinct
+        shape I own, over every bucket of the group); my blocks of grouped matrices first, one by one, in plan
+        order (every member meets every Gram all-reduce in the same order), since a block cannot batch."""
+        wait_now = self.opt.overlap != "prefetch"
+        sent = [(bucket, self.comm.all_to_all(*self._to_owners(bucket, update), "world", Phase.NS_TO_OWNER,
+                                              wait_now=wait_now)) for bucket, update in updates]
+        received = [(bucket, to_owner.wait()) for bucket, to_owner in sent]
+        assembled = [(bucket, *self._assemble(bucket, got), got[:0]) for bucket, got in received]
+        ortho: dict[int, torch.Tensor] = {}
+        for _, _, blocks, _ in assembled:
+            for meta, block in blocks:
+                ortho[meta.param_idx] = self._group_newton_schulz(group, meta, block)
+        by_shape: dict[tuple[int, ...], list[tuple[DistMeta, torch.Tensor]]] = {}
+        for _, owned, _, _ in assembled:
+            for meta, matrix in owned:
+                by_shape.setdefault(tuple(matrix.shape), []).append((meta, matrix))
+        for same in by_shape.values():
+            for (meta, _), result in zip(same, self.newton_schulz(group, torch.stack([m for _, m in same]))):
+                ortho[meta.param_idx] = self.trace("orthogonalised", meta.name, result)
+        back = [(bucket, self._send_back(bucket, [(m, ortho[m.param_idx]) for m in self._metas(bucket)
+                                                  if m.param_idx in ortho], wait_now, empty))
+                for bucket, _, _, empty in assembled]
+        for bucket, from_owner in back:
+            yield from self._pieces_back(bucket, from_owner)
+
     def _group_newton_schulz(self, group: dict, meta: DistMeta, block: torch.Tensor) -> torch.Tensor:
+        if group.get("ns_form", NS_FORM) == "gram":
+            return self._group_gram(group, meta, block)
         route = self._route(meta)
         size, i = len(route.members), route.members.index(self.grid.rank)
         name = subgroup_name(route.members)
@@ -186,6 +215,16 @@ class GroupFlow(OwnerFlow):
         m = min(meta.full_shape)
         b_rows = len(torch.tensor_split(torch.arange(m), size)[i])
         self.comm.ledger.count_ns(group["ns_steps"] * (4 * m * m * block.shape[route.dim] + 2 * m * m * b_rows))
+        return self.trace("group_orthogonalised", meta.name, out)
+
+    def _group_gram(self, group: dict, meta: DistMeta, block: torch.Tensor) -> torch.Tensor:
+        """``ns_form="gram"``: the norm and R = X X^T all-reduced once, the m x m iteration on every member
+        (``ns_gram_group.py``)."""
+        route = self._route(meta)
+        name = subgroup_name(route.members)
+        out = zeropower_gram_sharded(block, lambda t: self.comm.all_reduce(t, name, Phase.NS_GROUP_GRAM), route.dim,
+                                     group["ns_steps"], group["ns_coefficients"], group["eps"])
+        self.comm.ledger.count_ns(gram_sharded_flops(*meta.full_shape, block.shape[route.dim], group["ns_steps"]))
         return self.trace("group_orthogonalised", meta.name, out)
 
     # --- back ----------------------------------------------------------------------------------------

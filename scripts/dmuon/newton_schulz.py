@@ -125,10 +125,15 @@ def _gram_iterations(X: torch.Tensor, schedule, r) -> torch.Tensor:
     """
     if not schedule:
         return X
-    addmm = torch.addmm if X.ndim == 2 else torch.baddbmm
     inner = torch.float64 if X.dtype == torch.float64 else torch.float32
     X32 = X.to(inner)
-    R = X32 @ X32.mT
+    return r(r(gram_polynomial(X32 @ X32.mT, schedule).to(X.dtype)) @ X)
+
+
+def gram_polynomial(R: torch.Tensor, schedule) -> torch.Tensor:
+    """``Q`` with ``X_s = Q X_0``, from the Gram matrix ``R = X_0 X_0^T`` alone (m x m, or a batch): the Gram
+    form's whole iteration. Pure; the group layout runs it on an all-reduced R (``ns_gram_group.py``)."""
+    addmm = torch.addmm if R.ndim == 2 else torch.baddbmm
     Q = None
     for k, (a, b, c) in enumerate(schedule):
         P = addmm(R, R, R, beta=b, alpha=c)          # b*R + c*R^2
@@ -136,7 +141,7 @@ def _gram_iterations(X: torch.Tensor, schedule, r) -> torch.Tensor:
         Q = P if Q is None else P @ Q
         if k < len(schedule) - 1:
             R = (P @ R) @ P                          # X_{k+1} X_{k+1}^T = P R P
-    return r(r(Q.to(X.dtype)) @ X)
+    return Q
 
 
 def singular_value_map(s: torch.Tensor, steps: int = NS_STEPS, coefficients=NS_COEFFICIENTS) -> torch.Tensor:
