@@ -3,10 +3,13 @@ and bad checkpoints fail clearly and change nothing.
 
 Tolerance zero: a resumed run must continue exactly as the single-device reference run uninterrupted
 from step 1 does (the synthetic gradients average to the same global gradient on every grid, see
-dmuon/lab/synthetic.py, so one reference serves every grid).
+dmuon/lab/synthetic.py, so one reference serves every grid). The "group" layout, and anything resumed
+from a checkpoint it wrote, is held to its own tolerance instead (``group_atol``): a matrix it orthogonalises
+over several ranks is not bit-exact (tests/test_group_layout.py).
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -29,17 +32,60 @@ def saved_2x2(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("dp,tp,layouts", [(3, 1, "owner"), (1, 4, "aligned,owner"), (1, 1, "bucket"), (3, 2, "owner")])
-def test_resume_on_another_grid_and_layout_continues_bit_for_bit(saved_2x2, dp, tp, layouts):
-    proc = script("verify.py", "--dp", str(dp), "--tp", str(tp), "--layout", layouts, "--steps", "2",
-                  "--resume", str(saved_2x2), *PROBLEM)
+@functools.lru_cache(maxsize=None)
+def group_atol(steps: int = 4) -> float:
+    """The "group" layout's tolerance in the max norm verify.py reports: 1e-2 of the Frobenius norm of the
+    largest update the reference makes to a matrix over ``steps`` steps. The group layout holds each grouped
+    matrix within 1e-2 of its update in the Frobenius norm on every shard (tests/test_group_layout.py), so
+    no element can be further off than this. Computed here, in one process, on verify.py's problem: 7.2e-3.
+    Measured: 0.0 on every grid here (this problem's grouped matrix happens to round alike); a resume that
+    forgets the momentum (a mutation tried once by hand) is 1.5e-2 off after its two steps."""
+    from dmuon.lab.synthetic import parse_shapes, parse_tp_dims
+    from dmuon.verify import reference_optimizer
+    problem = build_problem("hybrid", parse_shapes(ODD_SHAPES), parse_tp_dims(ODD_TP_DIMS))
+    params = {n: t.clone() for n, t in problem.full.items()}
+    ref = reference_optimizer(problem, params)
+    for step in range(1, steps + 1):
+        for n, g in problem.mean_grads(step, 1).items():
+            params[n].grad = g
+        ref.step()
+    return 1e-2 * max(float((params[n].detach() - problem.full[n]).norm()) for n in params)
+
+
+def check_resumed(proc, saved_on: dict) -> dict:
+    """A run resumed after step 2 for 2 steps: every layout but "group" equal to the uninterrupted reference
+    bit for bit, "group" within ``group_atol`` (its grouped matrices; the rest is exact there too)."""
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = last_json(proc.stdout)
-    assert result["ok"] and result["max_abs_diff"] == 0.0
-    assert result["resumed_from"]["step"] == 2 and result["resumed_from"]["saved_on"] == dict(dp=2, tp=2, layout="bucket")
+    assert result["ok"] and result["resumed_from"]["step"] == 2 and result["resumed_from"]["saved_on"] == saved_on
     assert "step 3:" in proc.stdout and "step 4:" in proc.stdout and "step 1:" not in proc.stdout
-    for res in result["layouts"].values():
-        assert len(res["per_step_max_abs_diff"]) == 2 and res["max_abs_diff"] == 0.0
+    for layout, res in result["layouts"].items():
+        assert len(res["per_step_max_abs_diff"]) == 2 and res["state_dict_roundtrip"]
+        assert res["max_abs_diff"] <= (group_atol() if layout == "group" or saved_on["layout"] == "group" else 0.0), \
+            (layout, res["per_step_max_abs_diff"])
+    return result
+
+
+@pytest.mark.parametrize("dp,tp,layouts", [(3, 1, "owner"), (1, 4, "aligned,owner"), (1, 1, "bucket"),
+                                           (3, 2, "owner,group")])
+def test_resume_on_another_grid_and_layout_continues_bit_for_bit(saved_2x2, dp, tp, layouts):
+    proc = script("verify.py", "--dp", str(dp), "--tp", str(tp), "--layout", layouts, "--steps", "2",
+                  "--resume", str(saved_2x2), "--atol", repr(group_atol()), *PROBLEM)
+    result = check_resumed(proc, dict(dp=2, tp=2, layout="bucket"))
+    if "group" in layouts:   # 3x2: the largest matrix is orthogonalised by a group
+        assert result["layouts"]["group"]["groups"] and result["layouts"]["group"]["groups_agree"]
+
+
+def test_saved_under_the_group_layout_resumes_under_others_on_another_grid(tmp_path):
+    """Save under "group" on 2x2 (its largest matrix grouped over 3 ranks), resume on 3x1 under "owner" and
+    "bucket": the checkpoint is in global coordinates, so the layout that wrote it does not matter."""
+    path, atol = tmp_path / "run", repr(group_atol())
+    saved = script("verify.py", "--dp", "2", "--tp", "2", "--layout", "group", "--steps", "2", "--save", str(path),
+                   "--atol", atol, *PROBLEM)
+    assert saved.returncode == 0, saved.stdout[-2000:] + saved.stderr[-3000:]
+    assert last_json(saved.stdout)["layouts"]["group"]["groups"]
+    check_resumed(script("verify.py", "--dp", "3", "--tp", "1", "--layout", "owner,bucket", "--steps", "2",
+                         "--resume", str(path), "--atol", atol, *PROBLEM), dict(dp=2, tp=2, layout="group"))
 
 
 def test_resume_with_another_problem_is_refused_before_starting(saved_2x2):
