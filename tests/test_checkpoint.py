@@ -77,15 +77,16 @@ def test_resume_on_another_grid_and_layout_continues_bit_for_bit(saved_2x2, dp, 
 
 
 def test_saved_under_the_group_layout_resumes_under_others_on_another_grid(tmp_path):
-    """Save under "group" on 2x2 (its largest matrix grouped over 3 ranks), resume on 3x1 under "owner" and
-    "bucket": the checkpoint is in global coordinates, so the layout that wrote it does not matter."""
+    """Save under "group" on 2x1 (its largest matrix grouped over both ranks), resume on 1x2 under "owner" and
+    "bucket" (DP shards become TP shards): the checkpoint is in global coordinates, so the layout that wrote
+    it does not matter."""
     path, atol = tmp_path / "run", repr(group_atol())
-    saved = script("verify.py", "--dp", "2", "--tp", "2", "--layout", "group", "--steps", "2", "--save", str(path),
+    saved = script("verify.py", "--dp", "2", "--tp", "1", "--layout", "group", "--steps", "2", "--save", str(path),
                    "--atol", atol, *PROBLEM)
     assert saved.returncode == 0, saved.stdout[-2000:] + saved.stderr[-3000:]
     assert last_json(saved.stdout)["layouts"]["group"]["groups"]
-    check_resumed(script("verify.py", "--dp", "3", "--tp", "1", "--layout", "owner,bucket", "--steps", "2",
-                         "--resume", str(path), "--atol", atol, *PROBLEM), dict(dp=2, tp=2, layout="group"))
+    check_resumed(script("verify.py", "--dp", "1", "--tp", "2", "--layout", "owner,bucket", "--steps", "2",
+                         "--resume", str(path), "--atol", atol, *PROBLEM), dict(dp=2, tp=1, layout="group"))
 
 
 def test_resume_with_another_problem_is_refused_before_starting(saved_2x2):
