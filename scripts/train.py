@@ -81,7 +81,7 @@ from dmuon.layouts import LAYOUTS
 from dmuon.launch import add_launch_args, check_launch_args, launch
 from dmuon.optim import hybrid_param_groups
 from dmuon.lab.charlm import batch, evaluate, load_corpus
-from dmuon.lab.statemetrics import NSMetrics
+from dmuon.lab.statemetrics import NSMetrics, merge as merge_metrics
 from dmuon.lab.tpgpt import TP_PLAN_NOTE, tp_gpt
 from dmuon.lab.traces import breakdown as trace_breakdown, load_events, median_breakdown
 from dmuon.fsdp import FSDPMuon
@@ -297,9 +297,7 @@ def worker(grid, comm, args) -> int:
             times[phase].append(phases.get(phase, {}).get("seconds", 0.0))
         step_loss.append(mean_over_ranks(comm, loss.item(), dev))
         if measure:
-            merged = {}
-            for rank_rows in comm.gather_objects(metrics.take(), "metrics"):
-                merged.update(rank_rows)
+            merged = merge_metrics(comm.gather_objects(metrics.take(), "metrics"))
             state_metrics.append(dict(step=step, matrices=dict(sorted(merged.items()))))
         if step % args.eval_every == 0 or step == args.steps:
             row = evaluation(step)

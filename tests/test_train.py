@@ -3,10 +3,13 @@
 Multi-process part: one train.py launch per grid (1x1, 2x1, 1x2, 2x2; cached, shared by the tests),
 a tiny model (width 32, 1 layer, 2 heads, 16-character windows, global batch 8) for 8 hybrid
 Muon steps, with 1 thread per rank (threads that spin-wait make tiny models slow on a busy machine).
-The grids run different layouts (owner, aligned, bucket, owner), which verify.py shows to be
-bit-for-bit the same, so every flow is exercised once.
+The grids run different layouts (owner, aligned, bucket, group), which verify.py shows to be
+bit-for-bit the same (the group layout's grouped matrices within its tolerance, tests/test_group_layout.py),
+so every flow is exercised once: on 2x2 the group layout gives the two 32x128 MLP matrices a group of
+ranks each and the other two an owner, so its launch runs the owner flow and the group flow.
 
-**Tolerance of the loss curves: 2e-3 nats per step, absolute.** The grids compute the same global
+**Tolerance of the loss curves: 2e-3 nats per step, absolute** (the group layout included: its grouped
+matrices differ from one process's Newton-Schulz by the order of bf16 sums, the same kind of drift). The grids compute the same global
 mean loss on the same data, but not with the same arithmetic: DP sums the gradient of each
 slice's mean, TP splits the matmuls (RowwiseParallel sums partial products with an all-reduce),
 so fp32 results differ in their last bits, and Newton-Schulz runs in bf16, where a last-bit
@@ -36,7 +39,7 @@ import torch.distributed as dist
 
 from conftest import BUILD, SCRIPTS, last_json, script
 
-GRIDS = [(1, 1, "owner"), (2, 1, "aligned"), (1, 2, "bucket"), (2, 2, "owner")]
+GRIDS = [(1, 1, "owner"), (2, 1, "aligned"), (1, 2, "bucket"), (2, 2, "group")]
 STEPS, EVERY, TOL = 8, 4, 2e-3
 TINY = ["--width", "32", "--layers", "1", "--heads", "2", "--context", "16", "--batch", "8", "--steps", str(STEPS),
         "--eval-every", str(EVERY), "--eval-batches", "1", "--eval-batch", "8", "--lr", "0.01", "--threads", "1"]
@@ -66,8 +69,8 @@ def test_grids_follow_the_same_loss_curve(dp, tp, layout):
 
 
 def test_loss_falls_and_json_holds_the_run():
-    proc, r = train(2, 2, "owner")
-    assert (r["dp"], r["tp"], r["world_size"], r["optimizer"], r["layout"]) == (2, 2, 4, "hybrid", "owner")
+    proc, r = train(2, 2, "group")
+    assert (r["dp"], r["tp"], r["world_size"], r["optimizer"], r["layout"]) == (2, 2, 4, "hybrid", "group")
     assert r["step_loss"][-1] < r["step_loss"][0] - 0.3
     assert [e["step"] for e in r["evals"]] == [0, EVERY, STEPS]
     assert r["evals"][-1]["val_loss"] < r["evals"][0]["val_loss"] - 0.3
@@ -75,7 +78,9 @@ def test_loss_falls_and_json_holds_the_run():
     assert r["tokens_per_s"] > 0
     t = r["time_ms"]
     assert set(t) >= {"step", "forward_backward", "waiting", "optimizer", "optimizer_compute", "communication"}
-    assert set(t["communication"]) == {"grad_reduce_scatter", "ns_to_owner", "ns_from_owner", "param_all_gather"}
+    assert set(t["communication"]) == {"grad_reduce_scatter", "ns_to_owner", "ns_group_gram", "ns_from_owner",
+                                       "param_all_gather"}
+    assert sum(r["ns_calls_per_step"]) == 2 + 2 * 2   # two owned matrices, two grouped ones of two members each
     assert len(r["time_ms_per_rank"]) == 4 and len(r["bytes_per_step_per_rank"]) == 4
     assert r["bytes_per_step"] == r["ledger"]["bytes_sent"] > 0
     assert sum(p["bytes_sent"] for p in r["ledger"]["phases"].values()) == r["bytes_per_step"]
@@ -85,7 +90,7 @@ def test_loss_falls_and_json_holds_the_run():
     assert (split["blocks.0.qkv.weight"], split["blocks.0.fc.weight"]) == (0, 0)
     assert (split["blocks.0.proj.weight"], split["blocks.0.out.weight"]) == (1, 1)
     assert split["embed.tok.weight"] == split["head.weight"] == split["norm.weight"] == -1
-    # state metrics every K steps, one row per Muon matrix, measured by its owner
+    # state metrics every K steps, one row per Muon matrix, measured by its owner or summed over its group
     assert [m["step"] for m in r["state_metrics"]] == [EVERY, STEPS]
     rows = r["state_metrics"][-1]["matrices"]
     assert set(rows) == {f"blocks.0.{n}.weight" for n in ("qkv", "proj", "fc", "out")}
@@ -226,6 +231,24 @@ def test_ns_metrics_math():
     assert row["in_effective_rank"] == pytest.approx(1, abs=1e-3) and row["out_effective_rank"] == pytest.approx(8)
     assert row["momentum_norm"] == pytest.approx(rank1.norm().item())
     assert row["update_rms"] == pytest.approx(2.0 / 8 ** 0.5)   # an orthogonal 8x8 matrix has RMS 1/sqrt(8)
+
+
+@pytest.mark.parametrize("shape,long_dim", [((6, 15), 1), ((14, 5), 0)])
+def test_a_grouped_matrix_metrics_from_its_members_blocks_equal_the_whole_matrix(shape, long_dim):
+    """The group layout's members each see a block of the long side; ``merge`` of their partial Gram
+    matrices gives the whole matrix's row (eigenvalues of X X^T in float64 against an SVD in float32: 1e-4)."""
+    from dmuon.lab.statemetrics import merge, ns_metrics, short_gram
+    gen = torch.Generator().manual_seed(1)
+    before = torch.randn(shape, generator=gen) @ torch.diag(torch.logspace(0, -1, shape[1]))
+    after = torch.randn(shape, generator=gen)
+    whole = ns_metrics(before, after, lr_factor=0.5)
+    per_rank = [{"w": dict(gram_in=short_gram(b, shape), gram_out=short_gram(a, shape), numel=before.numel(),
+                           lr_factor=0.5)}
+                for b, a in zip(torch.tensor_split(before, 3, long_dim), torch.tensor_split(after, 3, long_dim))]
+    per_rank.append({"v": whole})      # a whole row from another rank passes through
+    merged = merge(per_rank)
+    assert merged["v"] is whole and set(merged["w"]) == set(whole)
+    assert all(merged["w"][k] == pytest.approx(v, rel=1e-4) for k, v in whole.items())
 
 
 # ---- FSDP2: fully_shard on "dp" (after TP on "tp"), FSDPMuon, and torch.optim.Muon beside it ----------

@@ -22,6 +22,14 @@ Where: under the "bucket" layout every rank orthogonalises every matrix, so rank
 under "owner" and "aligned" each matrix's owner does. Only these scalars cross the network (the
 caller gathers the dicts), so the metrics move no matrix. The singular values cost an SVD per matrix
 per measured step: measure every K steps, not every step.
+
+Under "group" a matrix orthogonalised by a group is seen by each member as one block of its long side.
+The singular values of X = [X_1 ... X_k] are the square roots of the eigenvalues of the short side's
+Gram matrix X X^T = sum_i X_i X_i^T, so each member reports its partial Gram matrices of the input and the
+output (m x m, float64, m the short side) and ``merge`` sums them and finishes the row (``ns_metrics_gram``):
+for such a matrix an m x m matrix per member crosses the network once per measured step, not the matrix.
+
+    rows = merge(comm.gather_objects(metrics.take(), "metrics"))
 """
 from __future__ import annotations
 
@@ -58,6 +66,41 @@ def ns_metrics(before: torch.Tensor, after: torch.Tensor, lr_factor: float) -> d
     return row
 
 
+def ns_metrics_gram(gram_in: torch.Tensor, gram_out: torch.Tensor, numel: int, lr_factor: float) -> dict:
+    """``ns_metrics`` from the short side's Gram matrices of the input and the output (X X^T, m x m) and the
+    matrix's element count: singular values are the square roots of the Gram's eigenvalues (clamped at 0)."""
+    s_in, s_out = (torch.linalg.eigvalsh(g.double()).clamp_min(0).sqrt() for g in (gram_in, gram_out))
+    row = dict(momentum_norm=float(gram_in.double().trace().clamp_min(0).sqrt()),
+               update_rms=float((gram_out.double().trace().clamp_min(0) / numel).sqrt()) * lr_factor)
+    row.update({f"in_{k}": v for k, v in spectrum_stats(s_in).items()})
+    row.update({f"out_{k}": v for k, v in spectrum_stats(s_out).items()})
+    return row
+
+
+def short_gram(block: torch.Tensor, full_shape) -> torch.Tensor:
+    """A block's share of the whole matrix's short-side Gram matrix (float64): X_i X_i^T for a block of
+    columns of a wide matrix, X_i^T X_i for a block of rows of a tall one."""
+    b = block.double()
+    return b @ b.T if full_shape[0] <= full_shape[1] else b.T @ b
+
+
+def merge(per_rank: list[dict]) -> dict:
+    """Every rank's ``take()`` into one row per matrix: whole rows as they are, a grouped matrix's partial
+    Gram matrices summed over its members and finished (``ns_metrics_gram``)."""
+    rows, partial = {}, {}
+    for rank_rows in per_rank:
+        for name, row in rank_rows.items():
+            if "gram_in" not in row:
+                rows[name] = row
+                continue
+            seen = partial.setdefault(name, dict(row, gram_in=0, gram_out=0))
+            seen["gram_in"] = seen["gram_in"] + row["gram_in"]
+            seen["gram_out"] = seen["gram_out"] + row["gram_out"]
+    for name, p in partial.items():
+        rows[name] = ns_metrics_gram(p["gram_in"], p["gram_out"], p["numel"], p["lr_factor"])
+    return rows
+
+
 class NSMetrics:
     """Collects ``ns_metrics`` for every Muon matrix orthogonalised on this rank while ``active``.
 
@@ -71,6 +114,7 @@ class NSMetrics:
         self._factor = {name: (group["adjust_lr"]) for group in opt.param_groups if group["use_muon"]
                         for name in group["names"]}
         self._measures = opt.layout != "bucket" or opt.grid.rank == 0
+        self._shapes = {m.name: m.full_shape for buf in opt.plan.metas for m in buf}
         previous = opt.trace
 
         def hook(stage, name, tensor):
@@ -89,8 +133,15 @@ class NSMetrics:
             before = self._inputs.pop(name)
             factor = adjust_lr(1.0, tuple(tensor.shape), self._factor[name])
             self._rows[name] = ns_metrics(before, tensor, factor)
+        elif stage == "group_ns_input":
+            self._inputs[name] = tensor
+        elif stage == "group_orthogonalised":   # my block of a grouped matrix: partial Gram matrices (``merge``)
+            shape = self._shapes[name]
+            self._rows[name] = dict(gram_in=short_gram(self._inputs.pop(name), shape),
+                                    gram_out=short_gram(tensor, shape), numel=shape[0] * shape[1],
+                                    lr_factor=adjust_lr(1.0, tuple(shape), self._factor[name]))
 
     def take(self) -> dict:
-        """The rows measured since the last call (and forget them)."""
+        """The rows measured since the last call (and forget them); combine the ranks' with ``merge``."""
         rows, self._rows, self._inputs = self._rows, {}, {}
         return rows
