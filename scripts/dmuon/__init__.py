@@ -20,6 +20,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     ns_group       one matrix's Newton-Schulz over a group of ranks (the Gram all-reduce form)
     group_routes   the group layout: which elements of each rank's pieces go to which member (pure)
     group_flow     the group layout's flow: owners as in flows, large matrices over their group
+    ns_gram_group  the Gram form (ns_form="gram") of one matrix over a group: R all-reduced once (pure)
     distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses)
     contract       what every torch optimizer promises (keywords, checks, skipped gradients, schedulers)
     clipping       opt.clip_grad_norm_: the DP-mean gradient's global norm, TP counted once
