@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function
 
 from .comm import Pending, Phase, subgroup_name
 from .flows import OwnerFlow, Pieces, Updates
@@ -171,7 +172,7 @@ class GroupFlow(OwnerFlow):
         """My blocks of grouped matrices first (so no member waits at a Gram all-reduce while another
         orthogonalises its own matrices), then the matrices I own; then everything goes back."""
         owned, blocks = self._assemble(bucket, received)
-        ortho = {meta.param_idx: self._group_newton_schulz(group, meta, block) for meta, block in blocks}
+        ortho = {meta.param_idx: self._group_ns(group, meta, block) for meta, block in blocks}
         for meta, matrix in owned:
             ortho[meta.param_idx] = self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix))
         done = [(meta, ortho[meta.param_idx]) for meta in self._metas(bucket) if meta.param_idx in ortho]
@@ -189,7 +190,7 @@ class GroupFlow(OwnerFlow):
         ortho: dict[int, torch.Tensor] = {}
         for _, _, blocks, _ in assembled:
             for meta, block in blocks:
-                ortho[meta.param_idx] = self._group_newton_schulz(group, meta, block)
+                ortho[meta.param_idx] = self._group_ns(group, meta, block)
         by_shape: dict[tuple[int, ...], list[tuple[DistMeta, torch.Tensor]]] = {}
         for _, owned, _, _ in assembled:
             for meta, matrix in owned:
@@ -202,6 +203,12 @@ class GroupFlow(OwnerFlow):
                 for bucket, _, _, empty in assembled]
         for bucket, from_owner in back:
             yield from self._pieces_back(bucket, from_owner)
+
+    def _group_ns(self, group: dict, meta: DistMeta, block: torch.Tensor) -> torch.Tensor:
+        """My block's part in a grouped matrix's Newton-Schulz, under the profiler range every Newton-Schulz
+        call has (``lab/traces.py``); the group's Gram collectives run inside it, so there it includes them."""
+        with record_function("muon:newton_schulz"):
+            return self._group_newton_schulz(group, meta, block)
 
     def _group_newton_schulz(self, group: dict, meta: DistMeta, block: torch.Tensor) -> torch.Tensor:
         if group.get("ns_form", NS_FORM) == "gram":
