@@ -79,7 +79,7 @@ def quiet_and_small_corpus():
 
 CASES = {
     # every optimizer path of the engine: three layouts of Muon, the hybrid, AdamW
-    "verify-muon-layouts": ("verify", ["--layout", "bucket,owner,aligned", "--steps", "1", *SMALL]),
+    "verify-muon-layouts": ("verify", ["--layout", "bucket,owner,aligned,group", "--steps", "1", *SMALL]),
     "verify-hybrid": ("verify", ["--optimizer", "hybrid", "--layout", "owner", "--steps", "1", *SMALL]),
     "verify-adamw": ("verify", ["--optimizer", "adamw", "--steps", "1", *SMALL]),
     # the entry points' workers

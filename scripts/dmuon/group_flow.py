@@ -87,7 +87,9 @@ class GroupFlow(OwnerFlow):
                 pos = {r: block_positions(piece(r).start, piece(r).stop, meta.full_shape, meta.shape,
                                           meta.tp_split_dim, r % tp, bounds[i], bounds[i + 1])
                        for r in range(self.plan.world)}
-            self._routes[key] = Route(members, dim, bounds, counts, src, pos)
+            dev = self.grid.device   # the index tensors live where the pieces do (a GPU's, on CUDA)
+            self._routes[key] = Route(members, dim, bounds, counts, [t.to(dev) for t in src],
+                                      {r: t.to(dev) for r, t in pos.items()})
         return self._routes[key]
 
     def _sends_to(self, meta: DistMeta, r: int, q: int) -> bool:
@@ -158,7 +160,7 @@ class GroupFlow(OwnerFlow):
                 route, i = self._route(meta), members.index(me)
                 width = route.bounds[i + 1] - route.bounds[i]
                 shape = (width, meta.full_shape[1]) if route.dim == 0 else (meta.full_shape[0], width)
-                block = torch.empty(shape[0] * shape[1], dtype=received.dtype)
+                block = torch.empty(shape[0] * shape[1], dtype=received.dtype, device=received.device)
                 for r in range(world):
                     if (meta.param_idx, r) in chunks:
                         block[route.pos[r]] = chunks[(meta.param_idx, r)]

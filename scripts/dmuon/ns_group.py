@@ -92,7 +92,7 @@ def zeropower_sharded(shard: torch.Tensor, all_reduce: AllReduce, long_dim: int,
                 B = all_reduce(mine.to(dtype)).to(X.dtype)  # in the iteration's dtype (bf16: half the bytes)
             else:
                 per = max(counts)
-                padded = torch.zeros(per, A.size(1), dtype=dtype)
+                padded = torch.zeros(per, A.size(1), dtype=dtype, device=A.device)
                 padded[:hi - lo] = rows.to(dtype)
                 got = all_gather(padded.reshape(-1)).view(len(counts), per, A.size(1))
                 B = torch.cat([got[j, :n] for j, n in enumerate(counts)]).to(X.dtype)
