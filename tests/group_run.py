@@ -29,6 +29,7 @@ from dmuon import DistributedMuon, Muon
 from dmuon.launch import add_launch_args, launch
 from dmuon.lab.synthetic import build_problem, set_grads
 from dmuon.comm import Comm, Ledger
+from dmuon.ns_gram_group import gram_sharded_bytes
 from dmuon.sharding import tp_shard
 
 SMALL = [((20, 36), 1), ((36, 20), 0), ((24, 24), -1), ((12, 8), 0), ((8, 28), 1)]
@@ -138,7 +139,10 @@ def check_options(grid, label: str) -> dict:
                 memberships=sum(grid.rank in members for members in plan.groups.values()),
                 groups=sorted([list(k), list(v)] for k, v in plan.groups.items()),
                 overlap=opt.overlap, ns_batch=opt.ns_batch,
-                calls_per_phase={ph: p["calls"] for ph, p in summary["phases"].items()})
+                calls_per_phase={ph: p["calls"] for ph, p in summary["phases"].items()},
+                bytes_per_phase={ph: p["bytes_sent"] for ph, p in summary["phases"].items()},
+                gram_form_bytes=sum(gram_sharded_bytes(*plan.metas[b][i].full_shape, len(members))
+                                    for (b, i), members in plan.groups.items() if grid.rank in members))
 
 
 def worker(grid, comm, args):

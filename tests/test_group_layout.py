@@ -1,8 +1,10 @@
 """The "group" layout: a matrix above its fair share of Newton-Schulz work orthogonalised by a group of ranks.
 
-Pure checks (plan, routing arithmetic, closed form, refusals) run in this process; one launch per grid
-(``tests/group_run.py``, three problems per launch) checks the optimizer against single-device Muon on
-2x1, 1x2, 2x2, 3x2 and 2x4, and 1x1 runs in this process.
+Pure checks (plan, routing arithmetic, closed form, the Gram form over a group, options) run in this
+process; one launch per grid (``tests/group_run.py``, three problems per launch, and the owner layout's
+options on a fourth: ``ns_batch``, ``ns_form="gram"``, Polar Express, each overlap mode) checks the
+optimizer against single-device Muon with the same options on 2x1, 1x2, 2x2, 3x2 and 2x4, and 1x1 runs in
+this process.
 
 Tolerance for a grouped matrix: the relative Frobenius distance between its parameters and the
 reference's, over the size of the reference's update (parameters after 3 steps minus before), must be
@@ -233,8 +235,9 @@ def check_options(result: dict, dp: int, tp: int) -> None:
                     assert row["max_abs"] == 0.0, (label, rank, pname, row)
             owned = found["distinct_shapes_owned"] if found["ns_batch"] else found["matrices_owned"]
             assert found["ns_calls"] == owned + found["memberships"], (label, rank, found)
-            if ns_options.get("ns_form") == "gram":
+            if ns_options.get("ns_form") == "gram":   # two all-reduces per grouped matrix, priced in closed form
                 assert found["calls_per_phase"].get("ns_group_gram", 0) == 2 * found["memberships"], (label, rank)
+                assert found["bytes_per_phase"].get("ns_group_gram", 0) == found["gram_form_bytes"], (label, rank)
     # batching batched something: ten 12x8 matrices on at most 8 ranks, so some rank owns two of one shape
     batched = [r["options"]["batch-none"] for r in result["ranks"]]
     assert any(r["matrices_owned"] > r["distinct_shapes_owned"] for r in batched)

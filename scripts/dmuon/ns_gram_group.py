@@ -59,6 +59,14 @@ def zeropower_gram_sharded(shard: torch.Tensor, all_reduce: AllReduce, long_dim:
     return X.T if long_dim == 0 else X
 
 
+def gram_sharded_bytes(rows: int, cols: int, size: int) -> int:
+    """Bytes one member of a group of ``size`` sends (ring all-reduce: ``2 (size - 1)`` chunks of
+    ``ceil(numel / size)``) for one matrix: the norm (one scalar) and R (m x m), both fp32. The standard
+    form's are ``lab/costmodel.group_gram_bytes``; the ledger's phase "ns_group_gram" holds either."""
+    m = min(rows, cols)
+    return 2 * (size - 1) * 4 * (1 + -(-m * m // size))
+
+
 def gram_sharded_flops(rows: int, cols: int, block: int, steps: int = NS_STEPS) -> int:
     """FLOPs of one member holding ``block`` of the long side: the whole matrix's Gram-form count
     (``ns_variants.ns_flops``) with only this member's share of the first Gram and of Q X (``4 m^2 block``);
