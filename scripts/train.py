@@ -398,8 +398,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_launch_args(p)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="hybrid")
-    p.add_argument("--layout", choices=LAYOUTS, default="owner", help="Distributed Muon's layout (default owner; 'group' orthogonalises a matrix above its fair share of "
-                        "Newton-Schulz work over a group of ranks)")
+    p.add_argument("--layout", choices=LAYOUTS, default="owner",
+                   help="Distributed Muon's layout (default owner; 'group' orthogonalises a matrix above its fair "
+                        "share of Newton-Schulz work over a group of ranks)")
     p.add_argument("--fsdp", action="store_true",
                    help="wrap the model with fully_shard on 'dp' (after TP on 'tp') and optimize with dmuon.fsdp.FSDPMuon")
     p.add_argument("--compare-torch-muon", action="store_true",

@@ -9,7 +9,8 @@ so every flow is exercised once: on 2x2 the group layout gives the two 32x128 ML
 ranks each and the other two an owner, so its launch runs the owner flow and the group flow.
 
 **Tolerance of the loss curves: 2e-3 nats per step, absolute** (the group layout included: its grouped
-matrices differ from one process's Newton-Schulz by the order of bf16 sums, the same kind of drift). The grids compute the same global
+matrices differ from one process's Newton-Schulz by the order of bf16 sums, the same kind of drift; on
+this model its 2x2 curve equals the owner layout's). The grids compute the same global
 mean loss on the same data, but not with the same arithmetic: DP sums the gradient of each
 slice's mean, TP splits the matmuls (RowwiseParallel sums partial products with an all-reduce),
 so fp32 results differ in their last bits, and Newton-Schulz runs in bf16, where a last-bit
