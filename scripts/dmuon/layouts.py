@@ -32,6 +32,9 @@ the matrix, then to the lowest rank.
 """
 from __future__ import annotations
 
+import bisect
+import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 LAYOUTS = ("bucket", "owner", "aligned", "group")
@@ -54,8 +57,50 @@ def parse_layouts(text: str) -> list[str]:
 def even_cuts(numel: int, dp: int) -> tuple[int, ...]:
     """``dp + 1`` offsets cutting ``numel`` elements into ``dp`` shards of ``ceil(numel / dp)``
     (the last ones shorter, or empty: the collectives pad them)."""
+    if numel == 0:
+        return (0,) * (dp + 1)
     shard = -(-numel // dp)
-    return tuple(min(r * shard, numel) for r in range(dp + 1))
+    starts = tuple(range(0, numel, shard))   # min(r * shard, numel) for every r, in C: 1,024 ranks x 70,000 buckets
+    return starts + (numel,) * (dp + 1 - len(starts))
+
+
+class EvenCuts(Sequence):
+    """``even_cuts(numel, dp)`` as a sequence that computes each offset when asked instead of storing
+    ``dp + 1`` of them: a plan of 70,000 buckets on 1,024 DP ranks would otherwise hold 70 million.
+    Equal to (and hashes as) the tuple.
+
+        >>> EvenCuts(10, 3) == (0, 4, 8, 10)
+        True
+    """
+
+    __slots__ = ("numel", "dp", "shard")
+
+    def __init__(self, numel: int, dp: int):
+        self.numel, self.dp, self.shard = numel, dp, -(-numel // dp)
+
+    def __len__(self) -> int:
+        return self.dp + 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        if i < 0:
+            i += self.dp + 1
+        if not 0 <= i <= self.dp:
+            raise IndexError(f"cut {i} of {self.dp + 1}")
+        return min(i * self.shard, self.numel)
+
+    def __iter__(self):
+        return iter(even_cuts(self.numel, self.dp))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
 
 
 def aligned_cuts(sizes: list[int], dp: int) -> tuple[int, ...]:
@@ -74,24 +119,119 @@ def aligned_cuts(sizes: list[int], dp: int) -> tuple[int, ...]:
     return tuple(cuts)
 
 
+class HeldRuns:
+    """What each of ``world`` ranks holds of one matrix, as runs ``(first rank, end rank, elements)`` of equal
+    non-zero counts (every other rank holds nothing): at scale a matrix in a bucket of its own is spread over
+    every DP rank in equal shards, one run, and one in a shared bucket over a few. Indexes like the full
+    tuple (``held[r]``)."""
+
+    __slots__ = ("world", "runs", "_starts")
+
+    def __init__(self, world: int, runs: list[tuple[int, int, int]]):
+        self.world, self.runs = world, [run for run in runs if run[2] and run[0] < run[1]]
+        self._starts = [lo for lo, _, _ in self.runs]
+
+    @classmethod
+    def of(cls, held) -> "HeldRuns":
+        """From a full tuple of counts per rank (or another ``HeldRuns``)."""
+        if isinstance(held, HeldRuns):
+            return held
+        runs = []
+        for r, n in enumerate(held):
+            if runs and runs[-1][1] == r and runs[-1][2] == n:
+                runs[-1][1] += 1
+            else:
+                runs.append([r, r + 1, n])
+        return cls(len(held), [tuple(x) for x in runs])
+
+    def __getitem__(self, rank: int) -> int:
+        i = bisect.bisect_right(self._starts, rank) - 1
+        return self.runs[i][2] if i >= 0 and rank < self.runs[i][1] else 0
+
+    def __len__(self) -> int:
+        return self.world
+
+    def __iter__(self):
+        return (self[r] for r in range(self.world))
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == tuple(other)
+
+
 @dataclass(frozen=True)
 class Matrix:
     """One Muon matrix as owner assignment sees it."""
 
     key: tuple[int, int]          # (buffer_idx, param_idx)
     flops: int                    # Newton-Schulz FLOPs of the whole matrix
-    held: tuple[int, ...]         # elements of it each world rank holds
-    candidates: tuple[int, ...]   # world ranks allowed to own it
+    held: tuple[int, ...]         # elements of it each world rank holds (a tuple, or ``HeldRuns``)
+    candidates: tuple[int, ...]   # world ranks allowed to own it (all ``world`` of them: any rank)
+
+
+class _Loads:
+    """Work per rank, with a min segment tree over (load, rank): the lowest-numbered least-loaded rank of any
+    contiguous range of ranks in log(world) steps, so choosing an owner among 1,024 ranks does not compare
+    1,024 keys. ``load`` is the plain list (read it, change it only through ``add``)."""
+
+    def __init__(self, world: int):
+        self.load, self.size = [0] * world, 1 << max(0, world - 1).bit_length()
+        inf = (float("inf"), world)
+        self.tree = [inf] * (2 * self.size)
+        for r in range(world):
+            self.tree[self.size + r] = (0, r)
+        for i in range(self.size - 1, 0, -1):
+            self.tree[i] = min(self.tree[2 * i], self.tree[2 * i + 1])
+
+    def add(self, rank: int, amount) -> None:
+        self.load[rank] += amount
+        i, tree = self.size + rank, self.tree
+        tree[i] = (self.load[rank], rank)
+        i >>= 1
+        while i:
+            tree[i] = min(tree[2 * i], tree[2 * i + 1])
+            i >>= 1
+
+    def first(self, lo: int = 0, hi: int | None = None) -> tuple:
+        """(load, rank) of the lowest-numbered least-loaded rank in [lo, hi)."""
+        if lo == 0 and hi is None:
+            return self.tree[1]
+        best, lo, hi, tree = self.tree[0], lo + self.size, (len(self.load) if hi is None else hi) + self.size, self.tree
+        while lo < hi:
+            if lo & 1:
+                best = min(best, tree[lo])
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                best = min(best, tree[hi])
+            lo >>= 1
+            hi >>= 1
+        return best
+
+
+def _pick_owner(m: Matrix, world: int, loads: _Loads) -> int:
+    """``min(m.candidates, key=(load, -held, rank))``, the owner rule. With every rank a candidate, the answer
+    is, within its run of equal ``held`` (``HeldRuns``), that run's lowest-numbered least-loaded rank; or, if
+    it holds nothing, the lowest-numbered least-loaded rank of all: so only those are compared."""
+    load = loads.load
+    if len(m.candidates) < world:
+        return min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
+    held = HeldRuns.of(m.held)
+    x, r = loads.first()
+    best = (x, -held[r], r)
+    for lo, hi, n in held.runs:
+        x, r = loads.first(lo, hi)
+        best = min(best, (x, -n, r))
+    return best[2]
 
 
 def assign_owners(matrices: list[Matrix], world: int) -> dict[tuple[int, int], int]:
     """One owner per matrix, balancing Newton-Schulz FLOPs over ``world`` ranks (deterministic)."""
-    load = [0] * world
+    loads = _Loads(world)
     owners = {}
     for m in sorted(matrices, key=lambda m: -m.flops):  # stable: equal FLOPs keep plan order
-        rank = min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
+        rank = _pick_owner(m, world, loads)
         owners[m.key] = rank
-        load[rank] += m.flops
+        loads.add(rank, m.flops)
     return owners
 
 
@@ -133,20 +273,21 @@ def assign_owners_and_groups(matrices: list[Matrix], world: int, shapes: dict, s
     TP-local ranks; without it (``scripts/plan_at_scale.py``'s original rule) the least-loaded ranks at that
     point, wherever they are."""
     fair = sum(m.flops for m in matrices) / world
-    load = [0] * world
+    loads = _Loads(world)
+    load = loads.load
     owners, groups = {}, {}
     for m in sorted(matrices, key=lambda m: -m.flops):
         size = min(world, max(shapes[m.key]), -(-m.flops // max(1, int(fair))))
         if m.flops > fair and size > 1:
             if tp is None:
-                members = tuple(sorted(sorted(range(world), key=lambda r: (load[r], r))[:size]))
+                members = tuple(sorted(heapq.nsmallest(size, range(world), key=lambda r: (load[r], r))))
             else:
                 members = group_window(load, size, tp)
             for r in members:
-                load[r] += group_ns_flops(*shapes[m.key], size, steps, split_b)
+                loads.add(r, group_ns_flops(*shapes[m.key], size, steps, split_b))
             groups[m.key] = members
             continue
-        rank = min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
+        rank = _pick_owner(m, world, loads)
         owners[m.key] = rank
-        load[rank] += m.flops
+        loads.add(rank, m.flops)
     return owners, groups, load
