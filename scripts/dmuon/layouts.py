@@ -261,7 +261,7 @@ def group_window(load: list[int], size: int, tp: int) -> tuple[int, ...]:
 
 
 def assign_owners_and_groups(matrices: list[Matrix], world: int, shapes: dict, steps: int = 5,
-                             split_b: bool = False, tp: int | None = None):
+                             split_b: bool = False, tp: int | None = None, hw: dict | None = None):
     """Owners as ``assign_owners``, except that a matrix whose Newton-Schulz FLOPs exceed the fair share
     (total / world) gets a *group* of ``ceil(flops / fair)`` ranks (at most ``world``, at most its long
     side), the smallest group that brings each member's share of the long side near the fair share;
@@ -271,7 +271,13 @@ def assign_owners_and_groups(matrices: list[Matrix], world: int, shapes: dict, s
 
     Which ranks: with ``tp`` given (the "group" layout, ``plan.build_plan``), ``group_window``'s contiguous,
     TP-local ranks; without it (``scripts/plan_at_scale.py``'s original rule) the least-loaded ranks at that
-    point, wherever they are."""
+    point, wherever they are.
+
+    With a hardware profile ``hw`` (``lab/timemodel``'s keys ``flops``, ``efficiency``, ``ranks_per_node``,
+    ``intra``, ``inter``: fixed numbers, so every rank still builds the same plan) the choice counts time, not
+    FLOPs: ``assign_timed``."""
+    if hw is not None:
+        return assign_timed(matrices, world, shapes, hw, steps, split_b)
     fair = sum(m.flops for m in matrices) / world
     loads = _Loads(world)
     load = loads.load
@@ -291,3 +297,76 @@ def assign_owners_and_groups(matrices: list[Matrix], world: int, shapes: dict, s
         owners[m.key] = rank
         loads.add(rank, m.flops)
     return owners, groups, load
+
+
+def group_seconds(rows: int, cols: int, size: int, steps: int, link: tuple[float, float]) -> float:
+    """Alpha-beta seconds of one member's collectives to orthogonalise a ``rows x cols`` matrix in a group of
+    ``size`` over ``link`` (alpha s per hop, beta bytes/s): ring all-reduces of the norm and of ``steps``
+    partial Grams (2 (size - 1) hops each) and ``steps`` all-gathers of B's rows (size - 1 hops), and the
+    bytes a member sends, ``costmodel.group_gram_bytes`` (the one place the group's bytes are priced)."""
+    from .lab.costmodel import group_gram_bytes   # here: costmodel imports the plan, which imports this module
+
+    alpha, beta = link
+    return (size - 1) * (2 * (1 + steps) + steps) * alpha + group_gram_bytes(rows, cols, size, steps) / beta
+
+
+def _group_sizes(most: int, node: int) -> list[int]:
+    """Group sizes worth trying, up to ``most``: every size inside a node, then whole nodes, then ``most``."""
+    sizes = set(range(2, min(most, node) + 1)) | set(range(2 * node, most + 1, node)) | {most}
+    return sorted(k for k in sizes if k > 1)
+
+
+def assign_timed(matrices: list[Matrix], world: int, shapes: dict, hw: dict, steps: int = 5, split_b: bool = True):
+    """Owners and groups chosen by time on the profile ``hw``: the matrices in order of decreasing FLOPs; each
+    goes where it *finishes* first (earliest-finish-time, the LPT rule in seconds). One owner (chosen as in
+    ``assign_owners``, on seconds of work so far) finishes at its work so far + FLOPs / (flops x efficiency);
+    a matrix above the fair share may instead get a group of ``k`` ranks (``_group_sizes`` up to
+    ceil(FLOPs / fair)), which finishes at its busiest member's work so far + the member's FLOPs at that rate
+    + ``group_seconds`` on the link the group spans: ``intra`` when every member is on one node of
+    ``ranks_per_node`` consecutive ranks (TP-fastest: a TP group is a node), else ``inter``. So a group whose
+    talk costs more than the Newton-Schulz it saves is not chosen, and a group that fits in a node takes
+    that node's ``k`` least-busy ranks (not necessarily contiguous; the node whose k-th least busy rank is
+    least busy, then least total, then the lowest), while a larger one takes the ``k`` least-busy ranks
+    anywhere. Ties go to the smaller group. The shard's trip to the members and back is left out: it moves
+    the same elements as the trip to one owner. Returns (owners, groups, FLOPs per rank)."""
+    rate = hw["flops"] * hw["efficiency"]
+    node = hw.get("ranks_per_node") or world
+    fair = sum(m.flops for m in matrices) / world
+    busy = _Loads(world)
+    flops = [0] * world
+    owners, groups = {}, {}
+    for m in sorted(matrices, key=lambda m: -m.flops):
+        rows, cols = shapes[m.key]
+        owner = _pick_owner(m, world, busy)
+        best = (busy.load[owner] + m.flops / rate, (owner,), m.flops / rate)
+        most = min(world, max(rows, cols), -(-m.flops // max(1, int(fair))))
+        if m.flops > fair and most > 1:
+            load = busy.load
+            key = lambda r: (load[r], r)   # noqa: E731
+            anywhere = sorted(range(world), key=key)
+            nodes = [sorted(range(s, min(s + node, world)), key=key) for s in range(0, world, node)]
+            for k in _group_sizes(most, node):
+                if k <= node:
+                    fits = [ranks for ranks in nodes if len(ranks) >= k]
+                    if not fits:
+                        continue
+                    ranks = min(fits, key=lambda rs: (load[rs[k - 1]], sum(load[r] for r in rs[:k]), rs[0]))[:k]
+                else:
+                    ranks = anywhere[:k]
+                members = tuple(sorted(ranks))
+                link = hw["intra"] if members[0] // node == members[-1] // node else hw["inter"]
+                cost = group_ns_flops(rows, cols, k, steps, split_b) / rate + group_seconds(rows, cols, k, steps, link)
+                finish = max(load[r] for r in members) + cost
+                if finish < best[0]:
+                    best = (finish, members, cost)
+        _, members, cost = best
+        if len(members) == 1:
+            owners[m.key] = members[0]
+            flops[members[0]] += m.flops
+        else:
+            groups[m.key] = members
+            for r in members:
+                flops[r] += group_ns_flops(rows, cols, len(members), steps, split_b)
+        for r in members:
+            busy.add(r, cost)
+    return owners, groups, flops

@@ -194,7 +194,7 @@ def split_into_buckets(numels: list[int], bucket_numel: int | None) -> list[list
 
 def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1,
                bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, layout: str = "bucket",
-               muon: list[bool] | None = None) -> Plan:
+               muon: list[bool] | None = None, hw: dict | None = None) -> Plan:
     """Lay out every group's TP-local parameters in buffers and buckets, shard them over ``dp``, and
     (for the "owner" and "aligned" layouts) give every matrix of a Muon group (``muon[g]``, default
     all) its owner. The result is the same on every rank but for ``dp_rank`` and ``local_range``."""
@@ -243,7 +243,7 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
         # split_b: the group layout runs zeropower_sharded with B's rows divided too (flows.GroupFlow)
         matrices = _owner_candidates(plan, muon)
         shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
-        owners, groups, _ = assign_owners_and_groups(matrices, dp * tp, shapes, split_b=True, tp=tp)
+        owners, groups, _ = assign_owners_and_groups(matrices, dp * tp, shapes, split_b=True, tp=tp, hw=hw)
         plan.owners.update(owners)
         plan.groups.update(groups)
     elif layout != "bucket":
