@@ -190,8 +190,8 @@ def bytes_per_rank(plan, muon: list[bool], steps: int = NS_STEPS) -> list[dict]:
     """Bytes each world rank sends per step, by phase, under ``plan``'s layout ("owner" or "group"): the closed
     form of ``lab/costmodel._rank_bytes``, for every rank in one pass. An owned matrix's DP pieces come as
     runs (``plan._piece_runs``), added to the ranks of a run at once (difference arrays), so Kimi K2's
-    70,000 matrices on 1,024 ranks cost 70,000 steps, not 70 million; a grouped one is counted rank by rank
-    (``group_routes.count_in_band``, as costmodel). ``tests/test_plan_at_scale.py`` checks it equals
+    70,000 matrices on 1,024 ranks cost 70,000 steps, not 70 million; a grouped one likewise, per member
+    (``_group_bytes_into``). ``tests/test_plan_at_scale.py`` checks it equals
     ``costmodel.step_bytes(..., rank=r)`` on every rank of small models."""
     dp, tp, world = plan.dp, plan.tp, plan.world
     out = [dict(grad_reduce_scatter=0, ns_to_owner=0, ns_group_gram=0, ns_from_owner=0, param_all_gather=0)
@@ -205,7 +205,7 @@ def bytes_per_rank(plan, muon: list[bool], steps: int = NS_STEPS) -> list[dict]:
         for meta in metas:
             members = plan.group_of(meta)
             if members is not None:
-                _group_bytes_into(plan, meta, members, steps, out)
+                _group_bytes_into(plan, meta, members, steps, out, every_tp)
                 continue
             owner = plan.owner_of(meta)
             runs = _piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned")
@@ -232,25 +232,40 @@ def bytes_per_rank(plan, muon: list[bool], steps: int = NS_STEPS) -> list[dict]:
     return out
 
 
-def _group_bytes_into(plan, meta, members: tuple[int, ...], steps: int, out: list[dict]) -> None:
-    """``costmodel._group_bytes`` for every rank at once: the pieces' elements in each member's block there and
-    back, and each member's ``group_gram_bytes``."""
-    tp, size = plan.tp, len(members)
+def _group_bytes_into(plan, meta, members: tuple[int, ...], steps: int, out: list[dict], every_tp: list[int]) -> None:
+    """``costmodel._group_bytes`` for every rank at once. A rank sends each member the part of its piece in that
+    member's block (``group_routes.count_in_band``) and gets it back. The blocks cover the matrix, so when every
+    rank sends to every member (the matrix is split over TP, or tp = 1) a rank sends its whole piece (added by
+    DP runs into ``every_tp``) but what it keeps as a member; a member gets back every rank's part of its block
+    (the block's elements on every TP rank) but its own. A TP-replicated matrix is sent only by the member's TP
+    rank: those ranks are counted one by one."""
+    dp, tp, size = plan.dp, plan.tp, len(members)
     dim, bounds = long_bounds(meta.full_shape, size)
-    pieces = [plan.piece_slice(meta, d) for d in range(plan.dp)]
+    other = meta.shape[1 - dim]
     gram = group_gram_bytes(*meta.full_shape, size, steps)
+    everyone = meta.tp_split_dim != -1 or tp == 1
+
+    def count(r: int, band: tuple[int, int]) -> int:
+        piece = plan.piece_slice(meta, r // tp)
+        return count_in_band(piece.start, piece.stop, meta.shape, dim, *band)
+
+    if everyone:
+        for lo, hi, n in _piece_runs(plan.bucket_of(meta), meta, even=True):
+            every_tp[lo] += n
+            every_tp[hi] -= n
     for i, q in enumerate(members):
-        back = 0
-        for r in range(plan.world):
-            lo, hi = local_band(meta.full_shape, meta.shape, meta.tp_split_dim, r % tp, bounds[i], bounds[i + 1])
-            piece = pieces[r // tp]
-            n = count_in_band(piece.start, piece.stop, meta.shape, dim, lo, hi)
-            if r != q:
-                back += n
-                if meta.tp_split_dim != -1 or r % tp == q % tp:
-                    out[r]["ns_to_owner"] += n * NS_BYTES
-        out[q]["ns_from_owner"] += back * NS_BYTES
+        bands = [local_band(meta.full_shape, meta.shape, meta.tp_split_dim, t, bounds[i], bounds[i + 1])
+                 for t in range(tp)]
+        own = count(q, bands[q % tp])
+        out[q]["ns_from_owner"] += (sum((hi - lo) * other for lo, hi in bands) - own) * NS_BYTES
         out[q]["ns_group_gram"] += gram
+        if everyone:
+            out[q]["ns_to_owner"] -= own * NS_BYTES
+            continue
+        for d in range(dp):
+            r = d * tp + q % tp
+            if r != q:
+                out[r]["ns_to_owner"] += count(r, bands[q % tp]) * NS_BYTES
 
 
 def owner_bytes_per_rank(plan, muon: list[bool]) -> list[dict]:
