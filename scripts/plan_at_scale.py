@@ -313,11 +313,11 @@ def group_assignment(plan, muon: list[bool], rule: str, prof: dict):
     layout with the profile (``build_plan(layout="group", hw=prof)``, ``layouts.assign_timed``); "flops", the
     optimizer's group layout without one (groups of ceil(FLOPs / fair), contiguous TP-local windows);
     "scattered", this script's first rule (the same sizes, the least-loaded ranks anywhere)."""
-    shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in _owner_candidates(plan, muon)}
+    matrices = _owner_candidates(plan, muon)
+    shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
     tp = {"scattered": None, "flops": plan.tp, "timed": plan.tp}[rule]
     hw = prof if rule == "timed" else None
-    owners, groups, _ = assign_owners_and_groups(_owner_candidates(plan, muon), plan.world, shapes, split_b=True,
-                                                 tp=tp, hw=hw)
+    owners, groups, _ = assign_owners_and_groups(matrices, plan.world, shapes, split_b=True, tp=tp, hw=hw)
     return owners, groups, shapes
 
 

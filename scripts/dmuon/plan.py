@@ -274,9 +274,14 @@ def _piece_runs(bucket: Bucket, meta: DistMeta, even: bool) -> list[tuple[int, i
     the ranks holding some. With even cuts every shard strictly inside the matrix's range is whole, so those
     are one run: a matrix over 1,024 DP ranks costs three entries, not 1,024."""
     lo, hi, cuts = meta.global_range[0] - bucket.start, meta.global_range[1] - bucket.start, bucket.cuts
-    first = max(0, bisect.bisect_right(cuts, lo) - 1)
-    last = max(first, bisect.bisect_left(cuts, hi) - 1)
-    count = lambda d: min(hi, cuts[d + 1]) - max(lo, cuts[d])  # noqa: E731
+    if isinstance(cuts, EvenCuts) and lo < hi:   # cut d at min(d * shard, numel): no search needed
+        shard, numel = cuts.shard, cuts.numel
+        first, last = lo // shard, (hi - 1) // shard
+        count = lambda d: min(hi, (d + 1) * shard, numel) - max(lo, d * shard)  # noqa: E731
+    else:
+        first = max(0, bisect.bisect_right(cuts, lo) - 1)
+        last = max(first, bisect.bisect_left(cuts, hi) - 1)
+        count = lambda d: min(hi, cuts[d + 1]) - max(lo, cuts[d])  # noqa: E731
     if even and last - first > 1:
         return [(first, first + 1, count(first)), (first + 1, last, bucket.shard_numel), (last, last + 1, count(last))]
     return [(d, d + 1, count(d)) for d in range(first, min(last, bucket.dp - 1) + 1) if count(d) > 0]
