@@ -80,9 +80,12 @@ small = last_json(run("plan_at_scale.py", "--model", "llama3-8b",
                       "--grids", "8x8,32x8,128x8", "--json", log="collapsed"))["rows"]
 rows = [[f"{r['dp']} x {r['tp']}", r["world"], r["owner_ranks_idle"],
          f"{r['owner_ns_max_over_mean']:.2f}", f"{r['group_ns_max_over_mean']:.2f}",
-         r["grouped_matrices"], f"{r['plan_build_s']:.2f} s"] for r in small]
+         r["grouped_matrices"], f"{r['owner_build_s']:.2f} s",
+         f"{r['group_build_s']:.2f} s"]
+        for r in small]
 table(["grid", "ranks", "idle ranks", "NS max/mean, owner", "NS max/mean, group",
-       "grouped matrices", "plan build"], rows, align="lrrrrrr")
+       "grouped matrices", "owner plan build", "group plan build"], rows,
+      align="lrrrrrrr")
 
 # %% tags=["remove-cell"]
 at_64, at_1024 = small[0], small[-1]
@@ -100,8 +103,9 @@ glue("ch14-group-ratio", f"{at_1024['group_ns_max_over_mean']:.2f}", display=Fal
 # On 64 ranks the owners are balanced (max/mean {glue:text}`ch14-owner-ratio-64`). On 1,024
 # ranks {glue:text}`ch14-idle` ranks own nothing and the busiest does
 # {glue:text}`ch14-owner-ratio` times the mean: adding ranks past the number of matrices buys
-# nothing. Giving each matrix above the fair share a *group* of ranks brings max/mean to
-# {glue:text}`ch14-group-ratio` (the "group" column; how a group computes is next).
+# nothing. The optimizer's group layout gives a matrix above the fair share a *group* of ranks
+# when that finishes it sooner (counting the group's own traffic, below), which brings max/mean
+# to {glue:text}`ch14-group-ratio` (the "group" column; how a group computes is next).
 #
 # ## Idea 1: one matrix over a group of ranks
 #
@@ -204,17 +208,19 @@ glue("ch14-group-diff", f"{difference:.1e}", display=False)
 # on GPUs a batched GEMM is where the speed would come from, not measured here).
 
 # %%
-moon = last_json(run("plan_at_scale.py", "--model", "moonlight-16b-a3b",
-                     "--grids", "8x8", "--json", log="collapsed"))["rows"][0]
+moons = last_json(run("plan_at_scale.py", "--model", "moonlight-16b-a3b",
+                      "--grids", "8x8,128x8", "--json", log="collapsed"))["rows"]
+moon = moons[0]
 print(f"{moon['muon_matrices']:,} matrices, {moon['distinct_shapes']} distinct shapes; "
-      f"on 8 x 8 the busiest owner holds {moon['owned_max']} matrices: "
-      f"{moon['ns_calls_batched_max']} Newton-Schulz calls when batched")
+      f"on 8 x 8 the busiest owner holds {moon['owner_owned_max']} matrices: "
+      f"{moon['owner_ns_calls_batched_max']} Newton-Schulz calls when batched")
 
 # %% tags=["remove-cell"]
 assert moon["muon_matrices"] == 7 + 26 * (4 + 3 + 64 * 3)
-assert moon["ns_calls_batched_max"] <= moon["distinct_shapes"] < moon["owned_max"] / 5
-glue("ch14-moon-owned", moon["owned_max"], display=False)
-glue("ch14-moon-calls", moon["ns_calls_batched_max"], display=False)
+calls, owned = moon["owner_ns_calls_batched_max"], moon["owner_owned_max"]
+assert calls <= moon["distinct_shapes"] < owned / 5
+glue("ch14-moon-owned", moon["owner_owned_max"], display=False)
+glue("ch14-moon-calls", moon["owner_ns_calls_batched_max"], display=False)
 
 # %% [markdown]
 # So on 64 ranks the busiest owner's {glue:text}`ch14-moon-owned` matrices become
@@ -293,35 +299,47 @@ glue("ch14-verdict", verdict, display=False)
 # ## The plans at scale, and what they would cost on H100s
 #
 # Bytes and FLOPs become seconds through the hardware. `plan_at_scale.py` prices, per rank and
-# per step, the Newton-Schulz FLOPs at a stated matmul rate plus, in the group mode, the ring
-# all-reduces of the Grams and each member's block there and back (alpha-beta, as in
-# {doc}`chapter 6 <06_communication>`). The figures are **assumptions from public H100 numbers,
-# not measurements**: 989 TFLOP/s dense bf16 peak (NVIDIA's H100 SXM datasheet) at an assumed 50%
-# efficiency; NVLink 4 at 450 GB/s a direction inside a node of 8; one 400 Gb/s InfiniBand NDR
-# link per GPU (50 GB/s) between nodes; 3 and 5 µs per ring hop (assumed). A group of at most 8 is
-# priced on NVLink as if it sat in one node, a larger one on InfiniBand. The step waits for the
-# busiest rank; "ideal" is the total Newton-Schulz work divided evenly.
+# per step, the Newton-Schulz FLOPs at a stated matmul rate plus, for every group a rank is in,
+# the group's collectives (the norm and five Gram all-reduces in fp32, five all-gathers of B's
+# rows in bf16; alpha-beta, as in {doc}`chapter 6 <06_communication>`) on the link the group
+# spans: NVLink if all its members sit on one node of 8 consecutive ranks, InfiniBand otherwise.
+# The figures are **assumptions from public H100 numbers, not measurements**: 989 TFLOP/s dense
+# bf16 peak (NVIDIA's H100 SXM datasheet) at an assumed 50% efficiency; NVLink 4 at 450 GB/s a
+# direction inside a node of 8; one 400 Gb/s InfiniBand NDR link per GPU (50 GB/s) between nodes;
+# 3 and 5 µs per ring hop (assumed). The step waits for the busiest rank; "ideal" is the total
+# Newton-Schulz work divided evenly.
+#
+# The same figures also *choose* the groups. `build_plan(..., layout="group", hw=profile)` takes
+# the matrices largest first and puts each where it finishes first: on one owner, or on a group
+# of k ranks (a member's share of the FLOPs plus the group's collectives on its link), k up to
+# the FLOP-fair size; a group that fits in a node takes that node's least-busy ranks. The profile
+# is a fixed argument, so every rank builds the same plan. The table compares it with two older
+# rules that size groups by FLOPs alone (ceil(FLOPs / fair share)): on the least-loaded ranks
+# anywhere ("scattered", this script's first rule) and on contiguous windows that start on a TP
+# group ("FLOP windows", the optimizer's group layout when no profile is given).
 
 # %%
 big_out = run("plan_at_scale.py", "--model", "llama3-70b", "--grids", "128x8,64x16",
               "--json", log="collapsed")
 big = last_json(big_out)["rows"]
-projected = [("Llama-3-8B", r) for r in small] + [("Llama-3-70B", r) for r in big]
-table(["model", "grid", "owner", "group", "group, split B", "ideal"],
-      [[name, f"{r['dp']} x {r['tp']}", *(f"{r[k]:.1f} ms" for k in
-       ("owner_ns_ms", "group_ns_ms", "group_split_b_ns_ms", "ideal_ns_ms"))]
-       for name, r in projected], align="llrrrr")
+projected = ([("Llama-3-8B", r) for r in small] + [("Llama-3-70B", r) for r in big]
+             + [("Moonlight", moons[1])])
+RULES = {"owner": "owner", "scattered": "group_scattered", "flops": "group_flops",
+         "group": "group", "ideal": "ideal"}
+table(["model", "grid", "owner", "scattered", "FLOP windows", "group (timed)", "ideal"],
+      [[name, f"{r['dp']} x {r['tp']}", *(f"{r[k + '_ns_ms']:.1f} ms" for k in RULES)]
+       for name, r in projected], align="llrrrrr")
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3))
 labels = [f"{name}\n{r['dp']}x{r['tp']}" for name, r in projected]
-keys = ["owner_ns_ms", "group_ns_ms", "group_split_b_ns_ms", "ideal_ns_ms"]
-for j, key in enumerate(keys):
-    placement = key.replace("_ns_ms", "")
-    ax.bar([i + 0.2 * j for i in range(len(projected))], [r[key] for _, r in projected],
-           width=0.2, label=placement.replace("_", " "),
-           color=palette.LAYOUT[placement], edgecolor=palette.NEUTRAL["edge"], lw=0.3)
-ax.set_xticks([i + 0.3 for i in range(len(projected))], labels, fontsize=8)
+names = {"flops": "FLOP windows", "group": "group (timed)"}
+for j, (rule, colour) in enumerate(RULES.items()):
+    ax.bar([i + 0.16 * j for i in range(len(projected))],
+           [r[rule + "_ns_ms"] for _, r in projected], width=0.16,
+           label=names.get(rule, rule), color=palette.LAYOUT[colour],
+           edgecolor=palette.NEUTRAL["edge"], lw=0.3)
+ax.set_xticks([i + 0.32 for i in range(len(projected))], labels, fontsize=8)
 ax.set_yscale("log")
 ax.set_ylabel("NS ms per step, busiest rank")
 ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -333,42 +351,87 @@ plt.close(fig)
 # ```{glue:figure} ch14-projection
 # :name: fig-ch14-projection
 #
-# Newton-Schulz time per step on the busiest rank (log scale), projected from the plan with the
-# assumed H100 figures: one owner per matrix, the group form, the group form with $B$ split, and an
-# even split of the work (the ideal).
+# Newton-Schulz time per step on the busiest rank (log scale), group collectives included,
+# projected from the plan with the assumed H100 figures: one owner per matrix, FLOP-sized groups
+# on any ranks, FLOP-sized TP-local windows, the optimizer's groups sized by time, and an even
+# split of the work (the ideal).
 # ```
 
 # %% tags=["remove-cell"]
-b70 = big[0]
-assert b70["group_ns_ms"] < b70["owner_ns_ms"]
-assert b70["group_split_b_ns_ms"] < b70["group_ns_ms"]
-assert b70["group_split_b_ns_ms"] > b70["ideal_ns_ms"]
-assert at_1024["group_ns_ms"] > at_1024["owner_ns_ms"]  # 8B: Grams over IB cost more
-assert at_1024["group_split_b_ns_ms"] > at_1024["group_ns_ms"]
-assert at_1024["group_size_max"] > 8                    # some group spans nodes
-assert all(r["plan_build_s"] < 10 for _, r in projected)
+b70, b8 = big[0], at_1024
+for _, r in projected:   # the timed plan is never behind owner or the FLOP-sized rules
+    assert all(r["group_ns_ms"] <= r[k + "_ns_ms"] * (1 + 1e-9)
+               for k in ("owner", "scattered", "flops"))
+    assert r["groups_across_nodes"] == 0 and r["group_size_max"] <= 8
+    assert r["owner_build_s"] < 10 and r["group_build_s"] < 10
+assert b70["ideal_ns_ms"] < b70["group_ns_ms"] < 0.6 * b70["owner_ns_ms"]
+assert b8["flops_ns_ms"] > b8["scattered_ns_ms"] > b8["owner_ns_ms"]
+assert b8["flops_group_size_max"] > 8                  # FLOP-sized groups span nodes
+assert b8["group_ns_ms"] < b8["owner_ns_ms"] / 2
 hw = last_json(big_out)["hw"]           # the figures quoted in the text above
 assert (hw["flops"], hw["efficiency"], hw["gpus_per_node"]) == (989e12, 0.5, 8)
 assert hw["nvlink"] == [3e-6, 450e9] and hw["infiniband"] == [5e-6, 50e9]
 glue("ch14-70b-owner", f"{b70['owner_ns_ms']:.0f}", display=False)
-glue("ch14-70b-group", f"{b70['group_split_b_ns_ms']:.0f}", display=False)
+glue("ch14-70b-group", f"{b70['group_ns_ms']:.0f}", display=False)
 glue("ch14-70b-ideal", f"{b70['ideal_ns_ms']:.0f}", display=False)
-glue("ch14-8b-owner", f"{at_1024['owner_ns_ms']:.1f}", display=False)
-glue("ch14-8b-group", f"{at_1024['group_ns_ms']:.1f}", display=False)
+glue("ch14-8b-owner", f"{b8['owner_ns_ms']:.1f}", display=False)
+glue("ch14-8b-scattered", f"{b8['scattered_ns_ms']:.1f}", display=False)
+glue("ch14-8b-flops", f"{b8['flops_ns_ms']:.1f}", display=False)
+glue("ch14-8b-flops-k", b8["flops_group_size_max"], display=False)
+glue("ch14-8b-group", f"{b8['group_ns_ms']:.1f}", display=False)
+glue("ch14-8b-group-k", b8["group_size_max"], display=False)
 
 # %% [markdown]
 # Under these assumptions, on 1,024 ranks Llama-3-70B's busiest rank would spend
 # {glue:text}`ch14-70b-owner` ms on Newton-Schulz per step with one owner per matrix and
-# {glue:text}`ch14-70b-group` ms with groups and B split, against an ideal of
-# {glue:text}`ch14-70b-ideal` ms. For Llama-3-8B the same rule makes things *worse*
-# ({glue:text}`ch14-8b-owner` ms owner, {glue:text}`ch14-8b-group` ms group): its groups are
-# sized by FLOPs alone, grow past a node, and their 4096 x 4096 fp32 Grams cross InfiniBand five
-# times a step (splitting B adds one more all-reduce a step, and makes it worse still). So
-# the plan has to price the all-reduces, not only the FLOPs, before it makes a
-# group, and keep groups inside a node where it can. The assignment these projections use
-# (`layouts.assign_owners_and_groups` without `tp`) does neither; the optimizer's group layout
-# (next) keeps each group contiguous and inside one TP group where it fits, but still sizes it by
-# FLOPs alone.
+# {glue:text}`ch14-70b-group` ms with the optimizer's groups, against an ideal of
+# {glue:text}`ch14-70b-ideal` ms. Llama-3-8B shows why groups must be priced by time: sized by
+# FLOPs alone its groups grow to {glue:text}`ch14-8b-flops-k` ranks, past a node, and their
+# 4096 x 4096 fp32 Grams cross InfiniBand five times a step, so both FLOP-sized rules are
+# *slower* than one owner per matrix ({glue:text}`ch14-8b-scattered` ms scattered,
+# {glue:text}`ch14-8b-flops` ms in windows, {glue:text}`ch14-8b-owner` ms owner; the windows are
+# worse still: one larger than a node must start on a node boundary, which leaves it fewer
+# places to go than the least-loaded ranks anywhere). Counting the
+# talk, the plan keeps every group inside a node (at most {glue:text}`ch14-8b-group-k` ranks)
+# and the busiest rank needs {glue:text}`ch14-8b-group` ms.
+#
+# What the group plan costs besides Newton-Schulz, owner against group on the same grids: the
+# bytes each rank sends (the closed form, as the ledger checks), the collectives it joins, and
+# the whole step projected serially (ZeRO-1's reduce-scatters and all-gathers, the all-to-alls
+# to owners or members, Newton-Schulz with the group collectives).
+
+# %%
+table(["model", "grid", "layout", "NS max/mean", "GB per rank", "collectives",
+       "step ms", "plan build"],
+      [[name, f"{r['dp']} x {r['tp']}", layout,
+        f"{r[layout + '_ns_max_over_mean']:.2f}",
+        f"{r[layout + '_bytes_per_rank_max'] / 1e9:.2f}",
+        r[layout + "_collectives_per_rank_max"], f"{r[layout + '_step_ms']:.0f}",
+        f"{r[layout + '_build_s']:.2f} s"]
+       for name, r in projected[2:] for layout in ("owner", "group")], align="lllrrrrr")
+
+# %% tags=["remove-cell"]
+for _, r in projected:
+    if r["grouped_matrices"]:
+        assert r["group_bytes_per_rank_max"] > r["owner_bytes_per_rank_max"]
+        assert r["group_collectives_per_rank_max"] > r["owner_collectives_per_rank_max"]
+    assert r["group_step_ms"] <= r["owner_step_ms"] * (1 + 1e-9)
+extra_bytes = max(r["group_bytes_per_rank_max"] / r["owner_bytes_per_rank_max"] - 1
+                  for _, r in projected)
+assert 0 < extra_bytes < 0.2
+glue("ch14-extra-bytes", f"{extra_bytes:.0%}", display=False)
+share = b8["group_ns_ms"] / b8["group_step_ms"]
+glue("ch14-1024-step-share", f"{share:.0%}", display=False)
+
+# %% [markdown]
+# The groups add their Grams to each member's bytes (at most {glue:text}`ch14-extra-bytes` more
+# than the owner layout's on the busiest rank) and eleven collectives per group membership a
+# step; the
+# projected step still falls, but modestly: at
+# these sizes the step is dominated by ZeRO-1's own gradient and parameter collectives over
+# 1,024 ranks (Newton-Schulz is {glue:text}`ch14-1024-step-share` of Llama-3-8B's projected
+# group step on 1,024 ranks), which is what the next lever (larger buckets, fewer DP ranks per
+# ring) would have to address.
 #
 # ## The group layout, live
 #
@@ -429,8 +492,10 @@ glue("ch14-live-gram-kb", f"{gram[0] / 1e3:.0f}", display=False)
 # Built and tested: the coefficient schedules and the Gram form (`ns_coefficients`, `ns_form`),
 # same-shape batching in the owner and aligned layouts (`ns_batch=True`), the group function
 # (`ns_group.zeropower_sharded`) and the group layout above, the plans and projections. **Not
-# built**: batching and the Gram form inside the group layout (it refuses both), groups sized by
-# what their all-reduces cost, and the projections are a model, not a measurement.
+# built**: batching and the Gram form inside the group layout (it refuses both); groups sized by
+# time exist in the plan (`build_plan(..., hw=profile)`, used for the projections above) but
+# `DistributedMuon` does not take a profile yet, so the optimizer still sizes its groups by
+# FLOPs; and the projections are a model, not a measurement.
 #
 # ## Summary
 #
@@ -455,7 +520,7 @@ _, ex1 = sharded_collectives(4096, 4096)
 assert ex1 == 4 * (1 + 5 * 4096 * 4096)
 glue("ch14-ex1-mb", f"{ex1 / 1e6:.0f}", display=False)
 glue("ch14-ex1-ratio", f"{ex1 / (2 * 4096 * 4096):.0f}", display=False)
-for key in ("owner_ns_ms", "group_ns_ms", "group_split_b_ns_ms"):
+for key in ("owner_ns_ms", "group_ns_ms"):
     assert big[0][key] == big[1][key], key
 assert big[1]["owner_bytes_per_rank_mean"] < 0.6 * big[0]["owner_bytes_per_rank_mean"]
 glue("ch14-ex2-ms", f"{big[1]['owner_ns_ms']:.0f}", display=False)
@@ -468,7 +533,7 @@ glue("ch14-ex2-ms", f"{big[1]['owner_ns_ms']:.0f}", display=False)
 #    {glue:text}`ch14-ex1-ratio` times the matrix in bf16; a ring all-reduce sends about twice its
 #    input per rank on top. For a square matrix the group moves more than the matrix itself.
 # 2. No: {glue:text}`ch14-ex2-ms` ms on both. Newton-Schulz runs on whole matrices and the owner
-#    and group choice look only at FLOPs and the number of ranks (1,024 on both); the TP split
-#    changes how the pieces travel to the owners (the bytes per rank halve on 64 x 16), not who
-#    computes.
+#    and group choice look only at FLOPs, the number of ranks (1,024 on both) and which ranks
+#    share a node (8 consecutive on both); the TP split changes how the pieces travel to the
+#    owners (the bytes per rank halve on 64 x 16), not who computes.
 # :::

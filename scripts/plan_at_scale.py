@@ -3,28 +3,25 @@
 Models (``--model``): Llama-3-70B, Llama-3-8B, and two MoEs with one matrix per expert: Moonlight-16B-A3B and
 Kimi K2, a 1T-class model (their shapes and sources in the builders below).
 
-For each DP x TP grid: ``dmuon.plan.build_plan`` (buckets, cuts, owners; the same code the optimizer
-runs) and its build time, then per rank:
+For each DP x TP grid, two plans of ``dmuon.plan.build_plan`` (the code the optimizer runs), each built and
+timed: the "owner" layout (one owner per matrix) and the "group" layout with this script's hardware profile
+(``build_plan(..., layout="group", hw=profile(H100))``: a matrix goes to one owner or to a group of ranks,
+whichever finishes it first counting the group's collectives, ``layouts.assign_timed``). Per plan, per rank:
 
-* Newton-Schulz FLOPs under owner-per-matrix (the "owner" layout) and with the group mode
-  (``layouts.assign_owners_and_groups``: a matrix above the fair share is orthogonalised by a group of
-  ranks, ``ns_group.py``), as max / mean over ranks (1.0 = perfectly balanced; the step waits for the max),
-  the group mode with every rank computing all of ``B = bA + cA^2`` and with B's rows split (``split_b``);
-* bytes sent per step by the owner layout, from the closed form (``lab/costmodel.py``'s rules, summed
-  per rank in one pass; ``tests/test_plan_at_scale.py`` checks the two agree on a small model), and AdamW's;
-* same-shape batching (``ns_batch=True``): matrices owned and Newton-Schulz calls (distinct shapes
-  owned) on the rank that owns the most, under the owner layout;
-* collectives per step per rank: reduce-scatter + all-gather per bucket, two all-to-alls per Muon
-  bucket (to the owners and back), and with the group mode 1 + ns_steps all-reduces per grouped matrix
-  on each of its members.
+* Newton-Schulz FLOPs, as max / mean over ranks (1.0 = perfectly balanced; the step waits for the max);
+* bytes sent per step, from the closed form (``lab/costmodel``'s rules, summed for every rank in one pass,
+  ``bytes_per_rank``; ``tests/test_plan_at_scale.py`` checks the two agree, groups included), and AdamW's;
+* collectives per step: reduce-scatter + all-gather per bucket, two all-to-alls per Muon bucket (to the
+  owners or members and back), and per group membership 1 + ns_steps all-reduces and ns_steps all-gathers;
+* projected milliseconds on the busiest rank (``ns_seconds_per_rank``: NS FLOPs at a stated throughput plus
+  each group's collectives by alpha-beta on the link it spans; ``step_seconds_per_rank``: the whole step,
+  serial), with the constants of ``H100``: public H100 figures taken as assumptions, cited there;
+* same-shape batching (``ns_batch=True``): matrices owned and Newton-Schulz calls (distinct shapes owned) on
+  the rank that owns the most.
 
-The group mode is planned here only: the optimizer does not yet route a matrix to a group, so its
-bytes are an estimate (members receive their long-side shard of the matrix and send it back, bf16, plus
-the ring all-reduces of the m x m Gram in fp32), marked as such.
-
-Time model (``ns_seconds_per_rank``), per rank per step: Newton-Schulz FLOPs at a stated throughput plus
-the alpha-beta time of the group mode's all-reduces and shard trips; the step waits for the busiest rank.
-The constants (``H100``) are public H100 figures taken as assumptions, cited there, not measured here.
+For comparison, the NS time of two older group rules on the same matrices (``group_assignment``): "scattered"
+(groups of ceil(FLOPs / fair) on the least-loaded ranks anywhere, this script's first rule) and "flops" (the
+optimizer's group layout without a profile: the same sizes, contiguous TP-local windows).
 
     python scripts/plan_at_scale.py [--model llama3-70b] [--grids 8x8,32x8,128x8,64x16,1024x1] [--json]
     python scripts/plan_at_scale.py --model kimi-k2 --grids 128x8 --bucket-numel 268435456   # fewer, larger buckets
@@ -39,10 +36,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dmuon.lab.costmodel import collective_seconds  # noqa: E402
-from dmuon.layouts import assign_owners_and_groups  # noqa: E402
+from dmuon.group_routes import count_in_band, local_band, long_bounds  # noqa: E402
+from dmuon.lab.costmodel import collective_seconds, group_gram_bytes, links_for_grid  # noqa: E402
+from dmuon.layouts import assign_owners_and_groups, group_ns_flops, group_seconds  # noqa: E402
 from dmuon.newton_schulz import NS_STEPS, ns5_flops  # noqa: E402
-from dmuon.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, _owner_candidates, build_plan  # noqa: E402
+from dmuon.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, _owner_candidates, _piece_runs, build_plan  # noqa: E402
 
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
 
@@ -155,126 +153,225 @@ MODELS = {"llama3-70b": (llama3_70b, 80), "llama3-8b": (llama3_8b, 32), "moonlig
 H100 = dict(flops=989e12, efficiency=0.5, gpus_per_node=8, nvlink=(3e-6, 450e9), infiniband=(5e-6, 50e9))
 
 
-def ns_seconds_per_rank(load: list[int], groups: dict, shapes: dict, hw: dict = H100, steps: int = NS_STEPS,
-                        split_b: bool = False) -> list[float]:
-    """Newton-Schulz seconds of one step on every rank: its FLOPs at ``hw['flops'] * hw['efficiency']``, plus,
-    for each group it belongs to, the alpha-beta time (``costmodel.collective_seconds``) of the group's ring
-    all-reduces (1 + steps, fp32 m x m Grams; with ``split_b`` also steps bf16 B's) and of its long-side shard's
-    trip there and back (bf16, at the link's bandwidth). A group of at most ``gpus_per_node`` is priced on
-    NVLink (as if placed on one node: the assignment does not place it so yet, so this is optimistic), a
-    larger one on InfiniBand."""
-    rate = hw["flops"] * hw["efficiency"]
-    out = [x / rate for x in load]
+def profile(hw: dict = H100) -> dict:
+    """``hw`` as a hardware profile of ``lab/timemodel`` (the keys ``build_plan(..., hw=)`` sizes groups with)."""
+    return dict(flops=hw["flops"], efficiency=hw["efficiency"], ranks_per_node=hw["gpus_per_node"],
+                intra=tuple(hw["nvlink"]), inter=tuple(hw["infiniband"]))
+
+
+def span_link(members, prof: dict) -> tuple[float, float]:
+    """The link a group's rings run on: ``intra`` if every member is on one node (``ranks_per_node``
+    consecutive ranks), else ``inter`` (a ring is as slow as its slowest hop)."""
+    node = prof["ranks_per_node"]
+    return prof["intra"] if members[0] // node == members[-1] // node else prof["inter"]
+
+
+def ns_seconds_per_rank(owners: dict, groups: dict, shapes: dict, world: int, prof: dict,
+                        steps: int = NS_STEPS) -> tuple[list[int], list[float]]:
+    """(Newton-Schulz FLOPs, seconds) of one step on every rank: its owned matrices' FLOPs
+    (``ns5_flops``) and, per group it belongs to, a member's FLOPs (``group_ns_flops``, B's rows split as
+    the optimizer runs it), all at ``flops * efficiency``, plus ``layouts.group_seconds`` (its Gram
+    all-reduces and B all-gathers, alpha-beta) on the link the group spans (``span_link``)."""
+    rate = prof["flops"] * prof["efficiency"]
+    flops = [0] * world
+    extra = [0.0] * world
+    for key, rank in owners.items():
+        flops[rank] += ns5_flops(*shapes[key])
     for key, members in groups.items():
         rows, cols = shapes[key]
-        m, n, size = min(rows, cols), max(rows, cols), len(members)
-        alpha, beta = hw["nvlink"] if size <= hw["gpus_per_node"] else hw["infiniband"]
-        t = collective_seconds("all_reduce", size, 4 / size, alpha, beta)
-        t += steps * collective_seconds("all_reduce", size, 4 * m * m / size, alpha, beta)
-        if split_b:
-            t += steps * collective_seconds("all_reduce", size, 2 * m * m / size, alpha, beta)
-        t += 2 * (alpha + m * -(-n // size) * NS_BYTES / beta)
+        t = group_seconds(rows, cols, len(members), steps, span_link(members, prof))
         for r in members:
-            out[r] += t
-    return out
+            flops[r] += group_ns_flops(rows, cols, len(members), steps, split_b=True)
+            extra[r] += t
+    return flops, [f / rate + x for f, x in zip(flops, extra)]
 
 
-def owner_bytes_per_rank(plan, muon: list[bool]) -> list[dict]:
-    """Bytes each world rank sends per step under the owner layout, by phase: the closed form of
-    ``lab/costmodel._rank_bytes``, summed for every rank in one pass over the matrices."""
+def bytes_per_rank(plan, muon: list[bool], steps: int = NS_STEPS) -> list[dict]:
+    """Bytes each world rank sends per step, by phase, under ``plan``'s layout ("owner" or "group"): the closed
+    form of ``lab/costmodel._rank_bytes``, for every rank in one pass. An owned matrix's DP pieces come as
+    runs (``plan._piece_runs``), added to the ranks of a run at once (difference arrays), so Kimi K2's
+    70,000 matrices on 1,024 ranks cost 70,000 steps, not 70 million; a grouped one likewise, per member
+    (``_group_bytes_into``). ``tests/test_plan_at_scale.py`` checks it equals
+    ``costmodel.step_bytes(..., rank=r)`` on every rank of small models."""
     dp, tp, world = plan.dp, plan.tp, plan.world
-    out = [dict(grad_reduce_scatter=0, ns_to_owner=0, ns_from_owner=0, param_all_gather=0) for _ in range(world)]
+    out = [dict(grad_reduce_scatter=0, ns_to_owner=0, ns_group_gram=0, ns_from_owner=0, param_all_gather=0)
+           for _ in range(world)]
     per_bucket = sum((dp - 1) * b.shard_numel for buf in plan.buckets for b in buf)
-    for r in range(world):
-        out[r]["grad_reduce_scatter"] = per_bucket * GRAD_BYTES
-        out[r]["param_all_gather"] = per_bucket * PARAM_BYTES
+    every_tp = [0] * (dp + 1)                       # difference arrays over DP ranks: pieces sent by all TP ranks
+    one_tp = [[0] * (dp + 1) for _ in range(tp)]    # ... by TP rank t only (a TP-replicated matrix)
     for g, metas in enumerate(plan.metas):
         if not muon[g]:
             continue
         for meta in metas:
+            members = plan.group_of(meta)
+            if members is not None:
+                _group_bytes_into(plan, meta, members, steps, out, every_tp)
+                continue
             owner = plan.owner_of(meta)
-            pieces = [plan.piece_numel(meta, d) for d in range(dp)]
-            split = meta.tp_split_dim != -1
-            back = 0
-            for r in range(world):
-                if r == owner:
-                    continue
-                back += pieces[r // tp]
-                if split or r % tp == owner % tp:
-                    out[r]["ns_to_owner"] += pieces[r // tp] * NS_BYTES
-            out[owner]["ns_from_owner"] += back * NS_BYTES
+            runs = _piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned")
+            diff = every_tp if meta.tp_split_dim != -1 else one_tp[owner % tp]
+            mine = 0
+            for lo, hi, n in runs:
+                diff[lo] += n
+                diff[hi] -= n
+                if lo <= owner // tp < hi:
+                    mine = n
+            out[owner]["ns_to_owner"] -= mine * NS_BYTES          # the owner's own piece stays
+            out[owner]["ns_from_owner"] += (tp * meta.numel - mine) * NS_BYTES
+    run_all, run_one = 0, [0] * tp
+    for d in range(dp):
+        run_all += every_tp[d]
+        for t in range(tp):
+            run_one[t] += one_tp[t][d]
+            o = out[d * tp + t]
+            o["ns_to_owner"] += (run_all + run_one[t]) * NS_BYTES
+            o["grad_reduce_scatter"] = per_bucket * GRAD_BYTES
+            o["param_all_gather"] = per_bucket * PARAM_BYTES
     for o in out:
         o["total"] = sum(o.values())
     return out
 
 
-def collectives_per_rank(plan, muon: list[bool], groups: dict | None = None, steps: int = NS_STEPS) -> list[int]:
-    world = plan.world
+def _group_bytes_into(plan, meta, members: tuple[int, ...], steps: int, out: list[dict], every_tp: list[int]) -> None:
+    """``costmodel._group_bytes`` for every rank at once. A rank sends each member the part of its piece in that
+    member's block (``group_routes.count_in_band``) and gets it back. The blocks cover the matrix, so when every
+    rank sends to every member (the matrix is split over TP, or tp = 1) a rank sends its whole piece (added by
+    DP runs into ``every_tp``) but what it keeps as a member; a member gets back every rank's part of its block
+    (the block's elements on every TP rank) but its own. A TP-replicated matrix is sent only by the member's TP
+    rank: those ranks are counted one by one."""
+    dp, tp, size = plan.dp, plan.tp, len(members)
+    dim, bounds = long_bounds(meta.full_shape, size)
+    other = meta.shape[1 - dim]
+    gram = group_gram_bytes(*meta.full_shape, size, steps)
+    everyone = meta.tp_split_dim != -1 or tp == 1
+
+    def count(r: int, band: tuple[int, int]) -> int:
+        piece = plan.piece_slice(meta, r // tp)
+        return count_in_band(piece.start, piece.stop, meta.shape, dim, *band)
+
+    if everyone:
+        for lo, hi, n in _piece_runs(plan.bucket_of(meta), meta, even=True):
+            every_tp[lo] += n
+            every_tp[hi] -= n
+    for i, q in enumerate(members):
+        bands = [local_band(meta.full_shape, meta.shape, meta.tp_split_dim, t, bounds[i], bounds[i + 1])
+                 for t in range(tp)]
+        own = count(q, bands[q % tp])
+        out[q]["ns_from_owner"] += (sum((hi - lo) * other for lo, hi in bands) - own) * NS_BYTES
+        out[q]["ns_group_gram"] += gram
+        if everyone:
+            out[q]["ns_to_owner"] -= own * NS_BYTES
+            continue
+        for d in range(dp):
+            r = d * tp + q % tp
+            if r != q:
+                out[r]["ns_to_owner"] += count(r, bands[q % tp]) * NS_BYTES
+
+
+def owner_bytes_per_rank(plan, muon: list[bool]) -> list[dict]:
+    """``bytes_per_rank`` of an owner plan (the phases the owner layout has)."""
+    return [{k: v for k, v in o.items() if k != "ns_group_gram"} for o in bytes_per_rank(plan, muon)]
+
+
+def collectives_per_rank(plan, muon: list[bool], steps: int = NS_STEPS) -> list[int]:
+    """Collectives each rank joins per step: per bucket a reduce-scatter and an all-gather over DP, per Muon
+    bucket two all-to-alls (to the owners or members and back), and per group membership 1 + steps
+    all-reduces (norm, Grams) and steps all-gathers (B's rows)."""
     n = 0
     for g, buckets in enumerate(plan.buckets):
-        n += len(buckets) * ((2 if plan.dp > 1 else 0) + (2 if muon[g] and world > 1 else 0))
-    out = [n] * world
-    for members in (groups or {}).values():
+        n += len(buckets) * ((2 if plan.dp > 1 else 0) + (2 if muon[g] and plan.world > 1 else 0))
+    out = [n] * plan.world
+    for members in plan.groups.values():
         for r in members:
-            out[r] += 1 + steps
+            out[r] += 1 + 2 * steps
     return out
 
 
+def step_seconds_per_rank(plan, bytes_: list[dict], ns_s: list[float], prof: dict) -> list[float]:
+    """Projected seconds of one optimizer step on every rank, serial (no overlap, an upper bound): per bucket a
+    ring reduce-scatter and all-gather over DP (``costmodel.collective_seconds`` on ``links_for_grid``'s DP
+    link), the all-to-alls' bytes (sent + received: an owner's receipts are what it sends back) at the DP
+    link's bandwidth plus one latency per bucket and direction, and ``ns_seconds_per_rank`` (Newton-Schulz
+    with the group collectives). Cruder than ``lab/timemodel.step_seconds`` (which prices each all-to-all
+    peer by peer, O(world^2) per bucket: too slow at 1,024 ranks), and stated so."""
+    dp, tp = plan.dp, plan.tp
+    links = links_for_grid(dp, tp, prof["ranks_per_node"], prof["intra"], prof["inter"])
+    alpha, beta = links["dp"]
+    comm = sum(collective_seconds("reduce_scatter", dp, b.shard_numel * GRAD_BYTES, *links["dp"])
+               + collective_seconds("all_gather", dp, b.shard_numel * PARAM_BYTES, *links["dp"])
+               for buf in plan.buckets for b in buf)
+    muon_buckets = len(plan.buckets[0]) if plan.world > 1 else 0
+    return [comm + 2 * muon_buckets * alpha + (o["ns_to_owner"] + o["ns_from_owner"]) / beta + t
+            for o, t in zip(bytes_, ns_s)]
+
+
+GROUP_RULES = ("scattered", "flops", "timed")
+
+
+def group_assignment(plan, muon: list[bool], rule: str, prof: dict):
+    """(owners, groups) of a group mode for ``plan``'s matrices under one rule: "timed", the optimizer's group
+    layout with the profile (``build_plan(layout="group", hw=prof)``, ``layouts.assign_timed``); "flops", the
+    optimizer's group layout without one (groups of ceil(FLOPs / fair), contiguous TP-local windows);
+    "scattered", this script's first rule (the same sizes, the least-loaded ranks anywhere)."""
+    matrices = _owner_candidates(plan, muon)
+    shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
+    tp = {"scattered": None, "flops": plan.tp, "timed": plan.tp}[rule]
+    hw = prof if rule == "timed" else None
+    owners, groups, _ = assign_owners_and_groups(matrices, plan.world, shapes, split_b=True, tp=tp, hw=hw)
+    return owners, groups, shapes
+
+
 def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama3-70b", hw: dict = H100,
-                bucket_numel: int = DEFAULT_BUCKET_NUMEL) -> dict:
+                bucket_numel: int = DEFAULT_BUCKET_NUMEL, rules: tuple[str, ...] = ("scattered", "flops")) -> dict:
+    """One model on one grid: the owner plan and the optimizer's group plan (``build_plan(layout="group",
+    hw=profile(hw))``), built and timed, each with its NS load, bytes, collectives and projected times
+    per rank; and, for comparison, the NS time of the other group ``rules`` (``group_assignment``)."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: pick one of {', '.join(MODELS)}")
     build, default_layers = MODELS[model]
     specs, muon = build(default_layers if layers is None else layers)
-    t0 = time.perf_counter()
-    plan = build_plan(specs, dp, 0, tp, bucket_numel=bucket_numel, layout="owner", muon=muon)
-    build_s = time.perf_counter() - t0
-    world = dp * tp
-    shapes = {(m.buffer_idx, m.param_idx): m.full_shape for m in plan.metas[0]}
-    load = [0] * world
-    owned, owned_shapes = [0] * world, [set() for _ in range(world)]
-    for key, rank in plan.owners.items():
-        load[rank] += ns5_flops(*shapes[key])
-        owned[rank] += 1
-        owned_shapes[rank].add(shapes[key])
-    t0 = time.perf_counter()
-    candidates = _owner_candidates(plan, muon)
-    _, groups, group_load = assign_owners_and_groups(candidates, world, shapes)
-    group_s = time.perf_counter() - t0
-    _, groups_b, group_load_b = assign_owners_and_groups(candidates, world, shapes, split_b=True)
-    owner_s = ns_seconds_per_rank(load, {}, shapes, hw)
-    group_s_ = ns_seconds_per_rank(group_load, groups, shapes, hw)
-    group_b_s = ns_seconds_per_rank(group_load_b, groups_b, shapes, hw, split_b=True)
-    t0 = time.perf_counter()
-    bytes_ = owner_bytes_per_rank(plan, muon)
-    bytes_s = time.perf_counter() - t0
-    adamw = sum((dp - 1) * b.shard_numel for buf in plan.buckets for b in buf) * (GRAD_BYTES + PARAM_BYTES)
-    gram_bytes = [0] * world   # group mode, estimate: Gram all-reduces (ring: 2 (g-1)/g x input) + shard there and back
-    for key, members in groups.items():
-        rows, cols = shapes[key]
-        m, n, size = min(rows, cols), max(rows, cols), len(members)
-        for r in members:
-            gram_bytes[r] += int(2 * (size - 1) / size * 4 * (1 + NS_STEPS * m * m)) + 2 * m * -(-n // size) * NS_BYTES
-    coll = collectives_per_rank(plan, muon)
-    coll_group = collectives_per_rank(plan, muon, groups)
-    totals = [b["total"] for b in bytes_]
+    prof = profile(hw)
+    world, rate = dp * tp, prof["flops"] * prof["efficiency"]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    return dict(model=model, dp=dp, tp=tp, world=world, muon_matrices=len(plan.metas[0]), buckets=sum(len(b) for b in plan.buckets),
-                plan_build_s=build_s, group_assign_s=group_s, bytes_closed_form_s=bytes_s,
-                owner_ns_max_over_mean=max(load) / mean(load), owner_ranks_idle=sum(1 for x in load if x == 0),
-                owner_ns_max_tflop=max(load) / 1e12,
-                group_ns_max_over_mean=max(group_load) / mean(group_load), grouped_matrices=len(groups),
-                group_size_max=max(map(len, groups.values()), default=0),
-                group_ns_max_tflop=max(group_load) / 1e12,
-                group_split_b_ns_max_over_mean=max(group_load_b) / mean(group_load_b),
-                group_split_b_ns_max_tflop=max(group_load_b) / 1e12,
-                owner_bytes_per_rank_max=max(totals), owner_bytes_per_rank_mean=mean(totals), adamw_bytes_per_rank=adamw,
-                group_extra_bytes_per_rank_max_estimate=max(gram_bytes),
-                collectives_per_rank_owner=max(coll), collectives_per_rank_group_max=max(coll_group),
-                owner_ns_ms=max(owner_s) * 1e3, group_ns_ms=max(group_s_) * 1e3, group_split_b_ns_ms=max(group_b_s) * 1e3,
-                owned_max=max(owned), ns_calls_batched_max=max(len(x) for x in owned_shapes),
-                distinct_shapes=len(set(shapes.values())),
-                ideal_ns_ms=sum(load) / world / (hw["flops"] * hw["efficiency"]) * 1e3)
+    out = dict(model=model, dp=dp, tp=tp, world=world)
+    for layout in ("owner", "group"):
+        t0 = time.perf_counter()
+        plan = build_plan(specs, dp, 0, tp, bucket_numel=bucket_numel, layout=layout, muon=muon,
+                          hw=prof if layout == "group" else None)
+        out[f"{layout}_build_s"] = time.perf_counter() - t0
+        shapes = {(m.buffer_idx, m.param_idx): m.full_shape for m in plan.metas[0]}
+        flops, ns_s = ns_seconds_per_rank(plan.owners, plan.groups, shapes, world, prof)
+        bytes_ = bytes_per_rank(plan, muon)
+        totals = [b["total"] for b in bytes_]
+        step_s = step_seconds_per_rank(plan, bytes_, ns_s, prof)
+        owned, owned_shapes = [0] * world, [set() for _ in range(world)]
+        for key, rank in plan.owners.items():
+            owned[rank] += 1
+            owned_shapes[rank].add(shapes[key])
+        out.update({f"{layout}_ns_max_over_mean": max(flops) / mean(flops), f"{layout}_ranks_idle": flops.count(0),
+                    f"{layout}_ns_max_tflop": max(flops) / 1e12, f"{layout}_ns_ms": max(ns_s) * 1e3,
+                    f"{layout}_bytes_per_rank_max": max(totals), f"{layout}_bytes_per_rank_mean": mean(totals),
+                    f"{layout}_collectives_per_rank_max": max(collectives_per_rank(plan, muon)),
+                    f"{layout}_step_ms": max(step_s) * 1e3, f"{layout}_owned_max": max(owned),
+                    f"{layout}_ns_calls_batched_max": max(len(x) for x in owned_shapes)})
+        if layout == "owner":
+            out.update(muon_matrices=len(plan.metas[0]), buckets=sum(len(b) for b in plan.buckets),
+                       distinct_shapes=len(set(shapes.values())), ideal_ns_ms=sum(flops) / world / rate * 1e3,
+                       adamw_bytes_per_rank=sum((dp - 1) * b.shard_numel for buf in plan.buckets for b in buf)
+                       * (GRAD_BYTES + PARAM_BYTES), owner_plan=plan)
+        else:
+            sizes = [len(m) for m in plan.groups.values()]
+            out.update(grouped_matrices=len(sizes), group_size_max=max(sizes, default=0),
+                       groups_across_nodes=sum(span_link(m, prof) != prof["intra"] for m in plan.groups.values()),
+                       group_bytes_gram_max=max(b["ns_group_gram"] for b in bytes_))
+    owner_plan = out.pop("owner_plan")
+    for rule in rules:
+        owners, groups, shapes = group_assignment(owner_plan, muon, rule, prof)
+        flops, ns_s = ns_seconds_per_rank(owners, groups, shapes, world, prof)
+        out[f"{rule}_ns_ms"] = max(ns_s) * 1e3
+        out[f"{rule}_ns_max_over_mean"] = max(flops) / mean(flops)
+        out[f"{rule}_group_size_max"] = max(map(len, groups.values()), default=0)
+    return out
 
 
 def main(argv=None) -> int:
@@ -295,23 +392,24 @@ def main(argv=None) -> int:
     if args.bucket_numel < 1:
         p.error(f"--bucket-numel must be at least 1, got {args.bucket_numel}")
     rows = []
-    print(f"{args.model} shapes; NS FLOPs per rank as max/mean (1.0 = balanced); bytes per rank per step (owner "
-          "layout, closed form) in GB; NS ms per step on the busiest rank, projected to H100s (assumed figures, "
-          "see H100)")
-    print(f"{'grid':>8} {'ranks':>5} {'build s':>7} {'owner max/mean':>14} {'idle':>5} {'max TFLOP':>9} "
-          f"{'group max/mean':>14} {'grouped':>7} {'max TFLOP':>9} {'split-B max/mean':>16} {'GB owner max':>12} {'GB AdamW':>8} "
-          f"{'+GB group est':>13} {'coll owner':>10} {'coll group':>10} {'NS ms owner':>11} {'group':>7} {'split-B':>7} "
-          f"{'ideal':>7}")
+    print(f"{args.model}: owner plan vs the optimizer's group plan (build_plan(layout='group', hw=profile(H100))); NS "
+          "FLOPs per rank max/mean (1.0 = balanced); GB sent per rank per step (closed form); collectives per rank "
+          "per step; ms per step on the busiest rank projected to H100s (assumed figures, see H100): NS with the "
+          "group collectives, and the whole step (serial); the NS ms of the older group rules for comparison")
+    print(f"{'grid':>8} {'ranks':>5} | {'build s':>7} {'max/mean':>8} {'GB max':>7} {'coll':>6} {'NS ms':>7} "
+          f"{'step ms':>8} | {'build s':>7} {'max/mean':>8} {'grouped':>7} {'k max':>5} {'GB max':>7} {'coll':>6} "
+          f"{'NS ms':>7} {'step ms':>8} | {'scattered':>9} {'flops':>7} {'ideal':>7}")
+    print(f"{'':>14} | {'owner':^49} | {'group (optimizer, timed)':^67} | {'NS ms of other rules':^25}")
     for dp, tp in grids:
         r = grid_report(dp, tp, args.layers, args.model, bucket_numel=args.bucket_numel)
         rows.append(r)
-        print(f"{dp}x{tp:<4} {r['world']:>5} {r['plan_build_s']:>7.2f} {r['owner_ns_max_over_mean']:>14.2f} "
-              f"{r['owner_ranks_idle']:>5} {r['owner_ns_max_tflop']:>9.2f} {r['group_ns_max_over_mean']:>14.2f} "
-              f"{r['grouped_matrices']:>7} {r['group_ns_max_tflop']:>9.2f} {r['group_split_b_ns_max_over_mean']:>16.2f} "
-              f"{r['owner_bytes_per_rank_max'] / 1e9:>12.2f} "
-              f"{r['adamw_bytes_per_rank'] / 1e9:>8.2f} {r['group_extra_bytes_per_rank_max_estimate'] / 1e9:>13.2f} "
-              f"{r['collectives_per_rank_owner']:>10} {r['collectives_per_rank_group_max']:>10} "
-              f"{r['owner_ns_ms']:>11.2f} {r['group_ns_ms']:>7.2f} {r['group_split_b_ns_ms']:>7.2f} {r['ideal_ns_ms']:>7.2f}")
+        print(f"{dp}x{tp:<4} {r['world']:>5} | {r['owner_build_s']:>7.2f} {r['owner_ns_max_over_mean']:>8.2f} "
+              f"{r['owner_bytes_per_rank_max'] / 1e9:>7.2f} {r['owner_collectives_per_rank_max']:>6} "
+              f"{r['owner_ns_ms']:>7.2f} {r['owner_step_ms']:>8.2f} | {r['group_build_s']:>7.2f} "
+              f"{r['group_ns_max_over_mean']:>8.2f} {r['grouped_matrices']:>7} {r['group_size_max']:>5} "
+              f"{r['group_bytes_per_rank_max'] / 1e9:>7.2f} {r['group_collectives_per_rank_max']:>6} "
+              f"{r['group_ns_ms']:>7.2f} {r['group_step_ms']:>8.2f} | {r['scattered_ns_ms']:>9.2f} "
+              f"{r['flops_ns_ms']:>7.2f} {r['ideal_ns_ms']:>7.2f}", flush=True)
     if args.json:
         print(json.dumps({"model": args.model, "hw": H100, "rows": rows}))   # one JSON object (lab.notebook.last_json)
     return 0

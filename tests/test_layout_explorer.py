@@ -16,7 +16,7 @@ GRIDS = ((2, 1), (2, 2))
 
 def test_rows_are_the_cost_and_time_models():
     rows = explorer_rows(SETS, GRIDS, 1000, [HW])
-    assert len(rows) == len(SETS) * len(GRIDS) * len(timemodel.TIME_LAYOUTS)
+    assert len(rows) == len(SETS) * len(GRIDS) * len(timemodel.CLASSIC_LAYOUTS)
     for r in rows:
         groups, grid = SETS[r["shapes"]], (r["dp"], r["tp"])
         muon = r["layout"] != "adamw"

@@ -155,3 +155,48 @@ def test_fsdp2_extra_is_one_all_to_all_each_way_and_the_owners_newton_schulz():
     assert t["ns_to_owner"] == t["ns_from_owner"] == pytest.approx(A + 8 / B, rel=1e-12)
     assert t["newton_schulz"] == pytest.approx(ns5_flops(3, 4) / F, rel=1e-12)
     assert t["total"] == pytest.approx(2 * (A + 8 / B) + ns5_flops(3, 4) / F, rel=1e-12)
+
+
+def test_group_layout_is_priced_from_its_plan():
+    """The group layout on the report's shapes (one 4096^2 matrix holds 99% of the FLOPs), 2 x 2: the members'
+    all-to-all bytes are costmodel.step_bytes' (which the ledger equals); each member pays its NS share and
+    layouts.group_seconds on the intra-node link (4 ranks on one node) or, on nodes of 2, the inter-node one;
+    with no groups (the balanced stack) it is the owner layout exactly."""
+    from dmuon.layouts import group_ns_flops, group_seconds
+    groups = [dict(shapes=REPORT_SHAPES, tp_split_dims=REPORT_TP_DIMS, use_muon=True)]
+    bw = profile(intra=(0.0, 1.0), inter=(0.0, 1.0))
+    plan = costmodel.plans_for(groups, 2, 2, None, "group")[0]
+    assert list(plan.groups.values()) == [(0, 1, 2, 3)]
+    sent = [[0, 0] for _ in range(4)]
+    for bucket in plan.buckets[0]:
+        for k, m in enumerate(timemodel.owner_traffic(plan, 0, bucket)):
+            for r in range(4):
+                sent[r][k] += sum(m[r])
+    for r in range(4):
+        want = costmodel.step_bytes(groups, 2, 2, None, layout="group", rank=r)
+        assert sent[r] == [want["ns_to_owner"], want["ns_from_owner"]], r
+    for per_node, link in [(None, (A, B)), (2, (2 * A, B / 10))]:
+        hw = profile(ranks_per_node=per_node, inter=(2 * A, B / 10))
+        t = timemodel.step_seconds(groups, 2, 2, None, "group", hw)
+        load = timemodel.ns_flops_per_rank(plan, [True])
+        talk = group_seconds(4096, 4096, 4, 5, link)
+        bound = max(range(4), key=lambda r: load[r])
+        assert t["ns_group_gram"] == pytest.approx(talk, rel=1e-12)
+        assert t["newton_schulz"] == pytest.approx(load[bound] / F, rel=1e-12)
+        assert load[bound] >= group_ns_flops(4096, 4096, 4, split_b=True)
+        assert t["total"] == pytest.approx(t["comm"] + t["newton_schulz"], rel=1e-12)
+    stack = SETS["stack"]
+    g, o = (timemodel.step_seconds(stack, 2, 2, None, x, profile()) for x in ("group", "owner"))
+    assert g == o
+
+
+def test_timed_groups_are_never_slower_in_the_model_than_flop_sized_ones():
+    """``timed_groups=True`` prices build_plan(..., hw=profile): on the H100 profile and the report's shapes, on
+    these grids, its NS + group-collective seconds are at most the FLOP-sized plan's (a greedy choice, so not
+    a theorem: the sizes it tries include the FLOP rule's, judged by these same seconds)."""
+    groups = [dict(shapes=REPORT_SHAPES, tp_split_dims=REPORT_TP_DIMS, use_muon=True)]
+    hw = timemodel.h100()
+    for dp, tp in [(2, 2), (4, 4), (16, 1)]:
+        timed = timemodel.step_seconds(groups, dp, tp, None, "group", hw, timed_groups=True)
+        flops = timemodel.step_seconds(groups, dp, tp, None, "group", hw)
+        assert timed["newton_schulz"] + timed["ns_group_gram"] <= (flops["newton_schulz"] + flops["ns_group_gram"]) * (1 + 1e-9)

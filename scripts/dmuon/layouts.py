@@ -18,7 +18,13 @@ and the collectives are the same for all three:
   share (all Muon FLOPs / world) gets a *group* of ranks instead of one owner. Member i receives
   block i of the matrix's long side and the group runs ``ns_group.zeropower_sharded`` together
   (the Gram matrix all-reduced each iteration, ``split_b`` on); each block comes back as an owner's
-  result would. Every other matrix has one owner, as under "owner".
+  result would. Every other matrix has one owner, as under "owner". Given a hardware profile
+  (``build_plan(..., hw=)``), ``assign_timed`` decides by time instead: owner or group, its size and its
+  ranks, counting the group's collectives on the link it spans.
+
+At scale (70,000 matrices, 1,024 ranks) the plan is built without any per-rank loop per matrix: even
+cuts are computed when asked (``EvenCuts``), what each rank holds of a matrix is a few runs
+(``HeldRuns``), and the least-loaded rank of a range comes from a segment tree (``_Loads``).
 
 Owners are chosen the same way on every rank (nothing random, nothing measured): the matrices
 in order of decreasing Newton-Schulz FLOPs, each to the candidate rank with the least work so far
@@ -32,6 +38,9 @@ the matrix, then to the lowest rank.
 """
 from __future__ import annotations
 
+import bisect
+import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 LAYOUTS = ("bucket", "owner", "aligned", "group")
@@ -54,8 +63,50 @@ def parse_layouts(text: str) -> list[str]:
 def even_cuts(numel: int, dp: int) -> tuple[int, ...]:
     """``dp + 1`` offsets cutting ``numel`` elements into ``dp`` shards of ``ceil(numel / dp)``
     (the last ones shorter, or empty: the collectives pad them)."""
+    if numel == 0:
+        return (0,) * (dp + 1)
     shard = -(-numel // dp)
-    return tuple(min(r * shard, numel) for r in range(dp + 1))
+    starts = tuple(range(0, numel, shard))   # min(r * shard, numel) for every r, in C: 1,024 ranks x 70,000 buckets
+    return starts + (numel,) * (dp + 1 - len(starts))
+
+
+class EvenCuts(Sequence):
+    """``even_cuts(numel, dp)`` as a sequence that computes each offset when asked instead of storing
+    ``dp + 1`` of them: a plan of 70,000 buckets on 1,024 DP ranks would otherwise hold 70 million.
+    Equal to (and hashes as) the tuple.
+
+        >>> EvenCuts(10, 3) == (0, 4, 8, 10)
+        True
+    """
+
+    __slots__ = ("numel", "dp", "shard")
+
+    def __init__(self, numel: int, dp: int):
+        self.numel, self.dp, self.shard = numel, dp, -(-numel // dp)
+
+    def __len__(self) -> int:
+        return self.dp + 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        if i < 0:
+            i += self.dp + 1
+        if not 0 <= i <= self.dp:
+            raise IndexError(f"cut {i} of {self.dp + 1}")
+        return min(i * self.shard, self.numel)
+
+    def __iter__(self):
+        return iter(even_cuts(self.numel, self.dp))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
 
 
 def aligned_cuts(sizes: list[int], dp: int) -> tuple[int, ...]:
@@ -74,24 +125,119 @@ def aligned_cuts(sizes: list[int], dp: int) -> tuple[int, ...]:
     return tuple(cuts)
 
 
+class HeldRuns:
+    """What each of ``world`` ranks holds of one matrix, as runs ``(first rank, end rank, elements)`` of equal
+    non-zero counts (every other rank holds nothing): at scale a matrix in a bucket of its own is spread over
+    every DP rank in equal shards, one run, and one in a shared bucket over a few. Indexes like the full
+    tuple (``held[r]``)."""
+
+    __slots__ = ("world", "runs", "_starts")
+
+    def __init__(self, world: int, runs: list[tuple[int, int, int]]):
+        self.world, self.runs = world, [run for run in runs if run[2] and run[0] < run[1]]
+        self._starts = [lo for lo, _, _ in self.runs]
+
+    @classmethod
+    def of(cls, held) -> "HeldRuns":
+        """From a full tuple of counts per rank (or another ``HeldRuns``)."""
+        if isinstance(held, HeldRuns):
+            return held
+        runs = []
+        for r, n in enumerate(held):
+            if runs and runs[-1][1] == r and runs[-1][2] == n:
+                runs[-1][1] += 1
+            else:
+                runs.append([r, r + 1, n])
+        return cls(len(held), [tuple(x) for x in runs])
+
+    def __getitem__(self, rank: int) -> int:
+        i = bisect.bisect_right(self._starts, rank) - 1
+        return self.runs[i][2] if i >= 0 and rank < self.runs[i][1] else 0
+
+    def __len__(self) -> int:
+        return self.world
+
+    def __iter__(self):
+        return (self[r] for r in range(self.world))
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == tuple(other)
+
+
 @dataclass(frozen=True)
 class Matrix:
     """One Muon matrix as owner assignment sees it."""
 
     key: tuple[int, int]          # (buffer_idx, param_idx)
     flops: int                    # Newton-Schulz FLOPs of the whole matrix
-    held: tuple[int, ...]         # elements of it each world rank holds
-    candidates: tuple[int, ...]   # world ranks allowed to own it
+    held: tuple[int, ...]         # elements of it each world rank holds (a tuple, or ``HeldRuns``)
+    candidates: tuple[int, ...]   # world ranks allowed to own it (all ``world`` of them: any rank)
+
+
+class _Loads:
+    """Work per rank, with a min segment tree over (load, rank): the lowest-numbered least-loaded rank of any
+    contiguous range of ranks in log(world) steps, so choosing an owner among 1,024 ranks does not compare
+    1,024 keys. ``load`` is the plain list (read it, change it only through ``add``)."""
+
+    def __init__(self, world: int):
+        self.load, self.size = [0] * world, 1 << max(0, world - 1).bit_length()
+        inf = (float("inf"), world)
+        self.tree = [inf] * (2 * self.size)
+        for r in range(world):
+            self.tree[self.size + r] = (0, r)
+        for i in range(self.size - 1, 0, -1):
+            self.tree[i] = min(self.tree[2 * i], self.tree[2 * i + 1])
+
+    def add(self, rank: int, amount) -> None:
+        self.load[rank] += amount
+        i, tree = self.size + rank, self.tree
+        tree[i] = (self.load[rank], rank)
+        i >>= 1
+        while i:
+            tree[i] = min(tree[2 * i], tree[2 * i + 1])
+            i >>= 1
+
+    def first(self, lo: int = 0, hi: int | None = None) -> tuple:
+        """(load, rank) of the lowest-numbered least-loaded rank in [lo, hi)."""
+        if lo == 0 and hi is None:
+            return self.tree[1]
+        best, lo, hi, tree = self.tree[0], lo + self.size, (len(self.load) if hi is None else hi) + self.size, self.tree
+        while lo < hi:
+            if lo & 1:
+                best = min(best, tree[lo])
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                best = min(best, tree[hi])
+            lo >>= 1
+            hi >>= 1
+        return best
+
+
+def _pick_owner(m: Matrix, world: int, loads: _Loads) -> int:
+    """``min(m.candidates, key=(load, -held, rank))``, the owner rule. With every rank a candidate, the answer
+    is, within its run of equal ``held`` (``HeldRuns``), that run's lowest-numbered least-loaded rank; or, if
+    it holds nothing, the lowest-numbered least-loaded rank of all: so only those are compared."""
+    load = loads.load
+    if len(m.candidates) < world:
+        return min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
+    held = HeldRuns.of(m.held)
+    x, r = loads.first()
+    best = (x, -held[r], r)
+    for lo, hi, n in held.runs:
+        x, r = loads.first(lo, hi)
+        best = min(best, (x, -n, r))
+    return best[2]
 
 
 def assign_owners(matrices: list[Matrix], world: int) -> dict[tuple[int, int], int]:
     """One owner per matrix, balancing Newton-Schulz FLOPs over ``world`` ranks (deterministic)."""
-    load = [0] * world
+    loads = _Loads(world)
     owners = {}
     for m in sorted(matrices, key=lambda m: -m.flops):  # stable: equal FLOPs keep plan order
-        rank = min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
+        rank = _pick_owner(m, world, loads)
         owners[m.key] = rank
-        load[rank] += m.flops
+        loads.add(rank, m.flops)
     return owners
 
 
@@ -121,7 +267,7 @@ def group_window(load: list[int], size: int, tp: int) -> tuple[int, ...]:
 
 
 def assign_owners_and_groups(matrices: list[Matrix], world: int, shapes: dict, steps: int = 5,
-                             split_b: bool = False, tp: int | None = None):
+                             split_b: bool = False, tp: int | None = None, hw: dict | None = None):
     """Owners as ``assign_owners``, except that a matrix whose Newton-Schulz FLOPs exceed the fair share
     (total / world) gets a *group* of ``ceil(flops / fair)`` ranks (at most ``world``, at most its long
     side), the smallest group that brings each member's share of the long side near the fair share;
@@ -131,22 +277,102 @@ def assign_owners_and_groups(matrices: list[Matrix], world: int, shapes: dict, s
 
     Which ranks: with ``tp`` given (the "group" layout, ``plan.build_plan``), ``group_window``'s contiguous,
     TP-local ranks; without it (``scripts/plan_at_scale.py``'s original rule) the least-loaded ranks at that
-    point, wherever they are."""
+    point, wherever they are.
+
+    With a hardware profile ``hw`` (``lab/timemodel``'s keys ``flops``, ``efficiency``, ``ranks_per_node``,
+    ``intra``, ``inter``: fixed numbers, so every rank still builds the same plan) the choice counts time, not
+    FLOPs: ``assign_timed``."""
+    if hw is not None:
+        return assign_timed(matrices, world, shapes, hw, steps, split_b)
     fair = sum(m.flops for m in matrices) / world
-    load = [0] * world
+    loads = _Loads(world)
+    load = loads.load
     owners, groups = {}, {}
     for m in sorted(matrices, key=lambda m: -m.flops):
         size = min(world, max(shapes[m.key]), -(-m.flops // max(1, int(fair))))
         if m.flops > fair and size > 1:
             if tp is None:
-                members = tuple(sorted(sorted(range(world), key=lambda r: (load[r], r))[:size]))
+                members = tuple(sorted(heapq.nsmallest(size, range(world), key=lambda r: (load[r], r))))
             else:
                 members = group_window(load, size, tp)
             for r in members:
-                load[r] += group_ns_flops(*shapes[m.key], size, steps, split_b)
+                loads.add(r, group_ns_flops(*shapes[m.key], size, steps, split_b))
             groups[m.key] = members
             continue
-        rank = min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
+        rank = _pick_owner(m, world, loads)
         owners[m.key] = rank
-        load[rank] += m.flops
+        loads.add(rank, m.flops)
     return owners, groups, load
+
+
+def group_seconds(rows: int, cols: int, size: int, steps: int, link: tuple[float, float]) -> float:
+    """Alpha-beta seconds of one member's collectives to orthogonalise a ``rows x cols`` matrix in a group of
+    ``size`` over ``link`` (alpha s per hop, beta bytes/s): ring all-reduces of the norm and of ``steps``
+    partial Grams (2 (size - 1) hops each) and ``steps`` all-gathers of B's rows (size - 1 hops), and the
+    bytes a member sends, ``costmodel.group_gram_bytes`` (the one place the group's bytes are priced)."""
+    from .lab.costmodel import group_gram_bytes   # here: costmodel imports the plan, which imports this module
+
+    alpha, beta = link
+    return (size - 1) * (2 * (1 + steps) + steps) * alpha + group_gram_bytes(rows, cols, size, steps) / beta
+
+
+def _group_sizes(most: int, node: int) -> list[int]:
+    """Group sizes worth trying, up to ``most``: every size inside a node, then whole nodes, then ``most``."""
+    sizes = set(range(2, min(most, node) + 1)) | set(range(2 * node, most + 1, node)) | {most}
+    return sorted(k for k in sizes if k > 1)
+
+
+def assign_timed(matrices: list[Matrix], world: int, shapes: dict, hw: dict, steps: int = 5, split_b: bool = True):
+    """Owners and groups chosen by time on the profile ``hw``: the matrices in order of decreasing FLOPs; each
+    goes where it *finishes* first (earliest-finish-time, the LPT rule in seconds). One owner (chosen as in
+    ``assign_owners``, on seconds of work so far) finishes at its work so far + FLOPs / (flops x efficiency);
+    a matrix above the fair share may instead get a group of ``k`` ranks (``_group_sizes`` up to
+    ceil(FLOPs / fair)), which finishes at its busiest member's work so far + the member's FLOPs at that rate
+    + ``group_seconds`` on the link the group spans: ``intra`` when every member is on one node of
+    ``ranks_per_node`` consecutive ranks (TP-fastest: a TP group is a node), else ``inter``. So a group whose
+    talk costs more than the Newton-Schulz it saves is not chosen, and a group that fits in a node takes
+    that node's ``k`` least-busy ranks (not necessarily contiguous; the node whose k-th least busy rank is
+    least busy, then least total, then the lowest), while a larger one takes the ``k`` least-busy ranks
+    anywhere. Ties go to the smaller group. The shard's trip to the members and back is left out: it moves
+    the same elements as the trip to one owner. Returns (owners, groups, FLOPs per rank)."""
+    rate = hw["flops"] * hw["efficiency"]
+    node = hw.get("ranks_per_node") or world
+    fair = sum(m.flops for m in matrices) / world
+    busy = _Loads(world)
+    flops = [0] * world
+    owners, groups = {}, {}
+    for m in sorted(matrices, key=lambda m: -m.flops):
+        rows, cols = shapes[m.key]
+        owner = _pick_owner(m, world, busy)
+        best = (busy.load[owner] + m.flops / rate, (owner,), m.flops / rate)
+        most = min(world, max(rows, cols), -(-m.flops // max(1, int(fair))))
+        if m.flops > fair and most > 1:
+            load = busy.load
+            key = lambda r: (load[r], r)   # noqa: E731
+            anywhere = sorted(range(world), key=key)
+            nodes = [sorted(range(s, min(s + node, world)), key=key) for s in range(0, world, node)]
+            for k in _group_sizes(most, node):
+                if k <= node:
+                    fits = [ranks for ranks in nodes if len(ranks) >= k]
+                    if not fits:
+                        continue
+                    ranks = min(fits, key=lambda rs: (load[rs[k - 1]], sum(load[r] for r in rs[:k]), rs[0]))[:k]
+                else:
+                    ranks = anywhere[:k]
+                members = tuple(sorted(ranks))
+                link = hw["intra"] if members[0] // node == members[-1] // node else hw["inter"]
+                cost = group_ns_flops(rows, cols, k, steps, split_b) / rate + group_seconds(rows, cols, k, steps, link)
+                finish = max(load[r] for r in members) + cost
+                if finish < best[0]:
+                    best = (finish, members, cost)
+        _, members, cost = best
+        if len(members) == 1:
+            owners[m.key] = members[0]
+            flops[members[0]] += m.flops
+        else:
+            groups[m.key] = members
+            for r in members:
+                flops[r] += group_ns_flops(rows, cols, len(members), steps, split_b)
+        for r in members:
+            busy.add(r, cost)
+    return owners, groups, flops

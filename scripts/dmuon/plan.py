@@ -31,10 +31,12 @@ matrix together (those above the fair share of Newton-Schulz FLOPs) and ``owners
 """
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 from dataclasses import dataclass, field
 
-from .layouts import Matrix, aligned_cuts, assign_owners, assign_owners_and_groups, check_layout, even_cuts
+from .layouts import EvenCuts, HeldRuns, Matrix, aligned_cuts, assign_owners, assign_owners_and_groups, check_layout
 from .newton_schulz import ns5_flops
 
 DEFAULT_BUCKET_NUMEL = 2**20  # 4 MiB of fp32 per bucket
@@ -192,7 +194,7 @@ def split_into_buckets(numels: list[int], bucket_numel: int | None) -> list[list
 
 def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1,
                bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, layout: str = "bucket",
-               muon: list[bool] | None = None) -> Plan:
+               muon: list[bool] | None = None, hw: dict | None = None) -> Plan:
     """Lay out every group's TP-local parameters in buffers and buckets, shard them over ``dp``, and
     (for the "owner" and "aligned" layouts) give every matrix of a Muon group (``muon[g]``, default
     all) its owner. The result is the same on every rank but for ``dp_rank`` and ``local_range``."""
@@ -213,8 +215,12 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
         for bucket_idx, members in enumerate(split_into_buckets(numels, limit)):
             sizes_in = [numels[i] for i in members]
             numel = sum(sizes_in)
-            cuts = aligned_cuts(sizes_in, dp) if aligned else even_cuts(numel, dp)
-            shard = max(b - a for a, b in zip(cuts, cuts[1:]))
+            if aligned:
+                cuts = aligned_cuts(sizes_in, dp)
+                shard = max(map(operator.sub, cuts[1:], cuts[:-1]))
+            else:   # equal shards of ceil(numel / dp), the first the largest; offsets computed when asked
+                cuts = EvenCuts(numel, dp)
+                shard = cuts.shard
             bucket = Bucket(buffer_idx, bucket_idx, offset, numel, shard * dp, tuple(members), dp, cuts)
             # BOOK-START dist-meta (chapter 4 shows the lines up to BOOK-END)
             shard_lo, shard_hi = bucket.shard_range(dp_rank)
@@ -237,7 +243,7 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
         # split_b: the group layout runs zeropower_sharded with B's rows divided too (flows.GroupFlow)
         matrices = _owner_candidates(plan, muon)
         shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
-        owners, groups, _ = assign_owners_and_groups(matrices, dp * tp, shapes, split_b=True, tp=tp)
+        owners, groups, _ = assign_owners_and_groups(matrices, dp * tp, shapes, split_b=True, tp=tp, hw=hw)
         plan.owners.update(owners)
         plan.groups.update(groups)
     elif layout != "bucket":
@@ -246,19 +252,39 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
 
 
 def _owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
-    """Every Muon matrix with its NS cost, what each rank holds of it, and who may own it."""
-    out = []
+    """Every Muon matrix with its NS cost, what each rank holds of it (``HeldRuns``, from the bucket's cuts
+    without asking every DP rank), and who may own it."""
+    out, tp, world = [], plan.tp, plan.world
+    every = tuple(range(world))
     for buffer_idx, metas in enumerate(plan.metas):
         if not muon[buffer_idx]:
             continue
         for meta in metas:
-            per_dp = [plan.piece_numel(meta, d) for d in range(plan.dp)]
-            held = tuple(per_dp[r // plan.tp] for r in range(plan.world))
-            ranks = range(plan.world)
+            runs = _piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned")
+            held = HeldRuns(world, [(a * tp, b * tp, n) for a, b, n in runs])
+            ranks = every
             if plan.layout == "aligned":  # only the TP ranks of the one DP rank that holds the matrix
-                ranks = [r for r in ranks if per_dp[r // plan.tp] == meta.numel]
-            out.append(Matrix((buffer_idx, meta.param_idx), ns5_flops(*meta.full_shape), held, tuple(ranks)))
+                ranks = tuple(r for a, b, n in runs if n == meta.numel for r in range(a * tp, b * tp))
+            out.append(Matrix((buffer_idx, meta.param_idx), ns5_flops(*meta.full_shape), held, ranks))
     return out
+
+
+def _piece_runs(bucket: Bucket, meta: DistMeta, even: bool) -> list[tuple[int, int, int]]:
+    """``Plan.piece_numel`` of ``meta`` for every DP rank, as runs (first DP rank, end DP rank, elements) of
+    the ranks holding some. With even cuts every shard strictly inside the matrix's range is whole, so those
+    are one run: a matrix over 1,024 DP ranks costs three entries, not 1,024."""
+    lo, hi, cuts = meta.global_range[0] - bucket.start, meta.global_range[1] - bucket.start, bucket.cuts
+    if isinstance(cuts, EvenCuts) and lo < hi:   # cut d at min(d * shard, numel): no search needed
+        shard, numel = cuts.shard, cuts.numel
+        first, last = lo // shard, (hi - 1) // shard
+        count = lambda d: min(hi, (d + 1) * shard, numel) - max(lo, d * shard)  # noqa: E731
+    else:
+        first = max(0, bisect.bisect_right(cuts, lo) - 1)
+        last = max(first, bisect.bisect_left(cuts, hi) - 1)
+        count = lambda d: min(hi, cuts[d + 1]) - max(lo, cuts[d])  # noqa: E731
+    if even and last - first > 1:
+        return [(first, first + 1, count(first)), (first + 1, last, bucket.shard_numel), (last, last + 1, count(last))]
+    return [(d, d + 1, count(d)) for d in range(first, min(last, bucket.dp - 1) + 1) if count(d) > 0]
 
 
 def plan_key(groups: list[list[ParamSpec]], dtypes: list[list[str]], layout: str, bucket_numel: int | None,

@@ -47,7 +47,7 @@ def shape_sets() -> dict[str, list[dict]]:
 
 def explorer_rows(sets: dict | None = None, grids=GRIDS, bucket_numel: int | None = None,
                   profiles: list[dict] | None = None) -> list[dict]:
-    """One row per (shapes, grid, layout in ``timemodel.TIME_LAYOUTS``): mean bytes sent per rank and that
+    """One row per (shapes, grid, layout in ``timemodel.CLASSIC_LAYOUTS``): mean bytes sent per rank and that
     over AdamW's, Newton-Schulz runs per matrix and the busiest rank's FLOPs, optimizer state per rank
     (largest shard, padding included) and the modelled step on each profile (``seconds``, by name)."""
     from ..plan import DEFAULT_BUCKET_NUMEL
@@ -59,7 +59,7 @@ def explorer_rows(sets: dict | None = None, grids=GRIDS, bucket_numel: int | Non
     for name, groups in sets.items():
         for dp, tp in grids:
             adamw = costmodel.step_bytes(groups, dp, tp, bucket_numel, muon=False)["total"]
-            for layout in timemodel.TIME_LAYOUTS:
+            for layout in timemodel.CLASSIC_LAYOUTS:
                 muon = layout != "adamw"
                 plan_layout = layout if muon else "bucket"
                 plans = costmodel.plans_for(groups, dp, tp, bucket_numel, plan_layout, muon)

@@ -13,7 +13,14 @@ a plan into time, per step, on a stated piece of hardware (a *profile*):
 * Newton-Schulz: the FLOPs (``ns5_flops``) of the busiest rank at ``flops * efficiency``; on one
   machine whose cores every rank shares (``shared_cores``), the FLOPs of all ranks together, since
   the machine ends Newton-Schulz when it has done every rank's share;
-* AdamW (``layout="adamw"``): the same plan's reduce-scatters and all-gathers, no Newton-Schulz.
+* AdamW (``layout="adamw"``): the same plan's reduce-scatters and all-gathers, no Newton-Schulz;
+* the group layout (``layout="group"``): as owner, the all-to-alls carrying each rank's piece to every
+  member's block; each member's Newton-Schulz share (``layouts.group_ns_flops``, B's rows split) and its
+  group's collectives (``layouts.group_seconds``: Gram all-reduces and B all-gathers, alpha-beta on the link
+  the group spans: ``intra`` when all members share a node). The rank that bounds the step is the one with
+  the most NS + group seconds; ``ns_group_gram`` and ``newton_schulz`` are that rank's. The plan is the
+  optimizer's default (groups sized by FLOPs) or, with ``timed_groups=True``, sized by time on the same
+  profile (``build_plan(..., hw=profile)``).
 
 The step is priced serially (communication + Newton-Schulz, no overlap: an upper bound; overlap
 can at best hide the smaller of the two). The optimizer's element-wise work (momentum, AdamW's
@@ -37,10 +44,16 @@ import importlib.util
 import json
 from pathlib import Path
 
-from ..newton_schulz import ns5_flops
+from ..group_routes import count_in_band, local_band, long_bounds
+from ..layouts import group_ns_flops, group_seconds
+from ..newton_schulz import NS_STEPS, ns5_flops
+from ..plan import ParamSpec, build_plan
 from . import costmodel
 
-TIME_LAYOUTS = ("adamw", "bucket", "owner", "aligned")
+# Chapter 13 compares the first four (``layout_seconds``' default, the layout explorer); "group" (chapter 14)
+# is priced on request.
+CLASSIC_LAYOUTS = ("adamw", "bucket", "owner", "aligned")
+TIME_LAYOUTS = CLASSIC_LAYOUTS + ("group",)
 PROFILE_KEYS = ("flops", "efficiency", "ranks_per_node", "intra", "inter", "reduce_scatter_as_all_reduce",
                 "shared_cores")
 CPU_RECORD = Path("book") / "data" / "time_model_cpu.json"
@@ -90,31 +103,65 @@ def check_profile(hw: dict) -> None:
         raise ValueError(f"profile flops must be > 0 and efficiency in (0, 1], got {hw['flops']}, {hw['efficiency']}")
 
 
-def ns_flops_per_rank(plan, use_muon: list[bool]) -> list[int]:
+def ns_flops_per_rank(plan, use_muon: list[bool], steps: int = NS_STEPS) -> list[int]:
     """Newton-Schulz FLOPs of one step on every world rank: every matrix on every rank under the bucket
-    layout, each matrix on its owner otherwise."""
+    layout, each matrix on its owner otherwise, and a grouped matrix's member share on each member."""
     load = [0] * plan.world
     for g, metas in enumerate(plan.metas):
         if not use_muon[g]:
             continue
         for meta in metas:
             flops = ns5_flops(*meta.full_shape)
+            members = plan.group_of(meta)
             if plan.layout == "bucket":
                 load = [x + flops for x in load]
+            elif members is not None:
+                for r in members:
+                    load[r] += group_ns_flops(*meta.full_shape, len(members), steps, split_b=True)
             else:
                 load[plan.owner_of(meta)] += flops
     return load
 
 
+def group_seconds_per_rank(plan, hw: dict, steps: int = NS_STEPS) -> list[float]:
+    """Seconds each rank spends in its groups' collectives per step (``layouts.group_seconds`` on the link
+    each group spans: ``intra`` if every member is on one node of ``ranks_per_node``, else ``inter``)."""
+    node = hw["ranks_per_node"] or plan.world
+    out = [0.0] * plan.world
+    for key, members in plan.groups.items():
+        rows, cols = plan.metas[key[0]][key[1]].full_shape
+        link = hw["intra"] if members[0] // node == members[-1] // node else hw["inter"]
+        t = group_seconds(rows, cols, len(members), steps, link)
+        for r in members:
+            out[r] += t
+    return out
+
+
 def owner_traffic(plan, g: int, bucket) -> tuple[list[list[int]], list[list[int]]]:
     """Bytes ``[sender][receiver]`` of one Muon bucket's two all-to-alls under the owner layouts: to the
     owners, and back. The rules of ``costmodel._rank_bytes``: a rank sends its piece of a matrix to the
-    matrix's owner (a TP-replicated matrix only from the owner's TP rank), and gets its piece back."""
+    matrix's owner (a TP-replicated matrix only from the owner's TP rank), and gets its piece back; under
+    the group layout, the part of its piece in each member's block to that member
+    (``group_routes.count_in_band``), and back."""
     world, tp = plan.world, plan.tp
     there = [[0] * world for _ in range(world)]
     back = [[0] * world for _ in range(world)]
     for i in bucket.param_indices:
         meta = plan.metas[g][i]
+        members = plan.group_of(meta)
+        if members is not None:
+            dim, bounds = long_bounds(meta.full_shape, len(members))
+            for k, q in enumerate(members):
+                for r in range(world):
+                    if r == q:
+                        continue
+                    piece = plan.piece_slice(meta, r // tp)
+                    lo, hi = local_band(meta.full_shape, meta.shape, meta.tp_split_dim, r % tp, bounds[k], bounds[k + 1])
+                    n = count_in_band(piece.start, piece.stop, meta.shape, dim, lo, hi) * costmodel.NS_BYTES
+                    if meta.tp_split_dim != -1 or r % tp == q % tp:
+                        there[r][q] += n
+                    back[q][r] += n
+            continue
         owner = plan.owner_of(meta)
         for r in range(world):
             if r == owner:
@@ -160,7 +207,8 @@ def busiest_ns_flops(groups: list[dict], dp: int, tp: int, bucket_numel: int | N
     return max(ns_flops_per_rank(plan, [bool(g["use_muon"]) for g in groups]))
 
 
-def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str, hw: dict) -> dict:
+def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str, hw: dict,
+                 timed_groups: bool = False) -> dict:
     """Modelled seconds of one optimizer step, by phase, on the slowest rank, for ``groups`` (``costmodel``
     form) on a ``dp x tp`` grid under ``layout`` (one of ``TIME_LAYOUTS``; "adamw": Distributed AdamW).
     Also: the busiest rank's Newton-Schulz FLOPs, ``comm`` (all collectives) and ``total`` (comm + NS)."""
@@ -168,7 +216,13 @@ def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None,
         raise ValueError(f"layout must be one of {TIME_LAYOUTS}, got {layout!r}")
     check_profile(hw)
     muon = layout != "adamw"
-    plan = costmodel.plans_for(groups, dp, tp, bucket_numel, "bucket" if layout == "adamw" else layout, muon)[0]
+    if layout == "group" and timed_groups:
+        specs = [[ParamSpec(f"g{g}.p{i}", tuple(sh), d) for i, (sh, d) in enumerate(zip(gr["shapes"], gr["tp_split_dims"]))]
+                 for g, gr in enumerate(groups)]
+        plan = build_plan(specs, dp, 0, tp, bucket_numel, "group", [bool(gr["use_muon"]) for gr in groups],
+                          hw={k: hw[k] for k in ("flops", "efficiency", "ranks_per_node", "intra", "inter")})
+    else:
+        plan = costmodel.plans_for(groups, dp, tp, bucket_numel, "bucket" if layout == "adamw" else layout, muon)[0]
     use_muon = [bool(muon and gr["use_muon"]) for gr in groups]
     per_node = hw["ranks_per_node"] or dp * tp
     links = costmodel.links_for_grid(dp, tp, per_node, hw["intra"], hw["inter"])
@@ -199,9 +253,15 @@ def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None,
     out["ns_to_owner"] = all_to_all_seconds(to_owner, hw)
     out["ns_from_owner"] = all_to_all_seconds(from_owner, hw)
     load = ns_flops_per_rank(plan, use_muon)
+    rate = hw["flops"] * hw["efficiency"]
+    gram = group_seconds_per_rank(plan, hw) if layout == "group" else [0.0] * plan.world
+    if hw["shared_cores"]:   # one machine: NS ends when every rank's share is done; the busiest rank's talk
+        out["newton_schulz"], out["ns_group_gram"] = sum(load) / rate, max(gram)
+    else:                    # the rank with the most NS + group seconds bounds the step
+        bound = max(range(plan.world), key=lambda r: (load[r] / rate + gram[r], -r))
+        out["newton_schulz"], out["ns_group_gram"] = load[bound] / rate, gram[bound]
     out["comm"] = sum(out[p] for p in costmodel.PHASES)
     out["busiest_ns_flops"] = max(load)
-    out["newton_schulz"] = (sum(load) if hw["shared_cores"] else max(load)) / (hw["flops"] * hw["efficiency"])
     out["total"] = out["comm"] + out["newton_schulz"]
     return out
 
@@ -226,9 +286,10 @@ def fsdp2_extra_seconds(shapes: list[tuple[int, int]], dp: int, hw: dict) -> dic
     return out
 
 
-def layout_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, hw: dict) -> dict:
-    """``step_seconds`` for every layout of ``TIME_LAYOUTS``, keyed by layout."""
-    return {layout: step_seconds(groups, dp, tp, bucket_numel, layout, hw) for layout in TIME_LAYOUTS}
+def layout_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, hw: dict,
+                   layouts: tuple[str, ...] = CLASSIC_LAYOUTS) -> dict:
+    """``step_seconds`` for every layout of ``layouts`` (chapter 13's four unless asked), keyed by layout."""
+    return {layout: step_seconds(groups, dp, tp, bucket_numel, layout, hw) for layout in layouts}
 
 
 if __name__ == "__main__":

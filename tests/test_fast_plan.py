@@ -1,0 +1,100 @@
+"""The fast plan builder (layouts.EvenCuts, HeldRuns, the segment tree of _Loads; plan._piece_runs) gives the
+same plan as the straightforward code it replaced, kept here as the reference: every rank's key compared
+for every matrix (O(world) per matrix), every DP rank's piece asked for, every cut stored.
+
+    PYTHONPATH=scripts python -m pytest -q tests/test_fast_plan.py
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import SCRIPTS
+from dmuon.layouts import HeldRuns, Matrix, assign_owners, assign_owners_and_groups, even_cuts, group_ns_flops, group_window
+from dmuon.newton_schulz import ns5_flops
+from dmuon.plan import ParamSpec, _owner_candidates, build_plan
+
+sys.path.insert(0, str(SCRIPTS))
+import plan_at_scale  # noqa: E402
+
+
+def reference_candidates(plan, muon):
+    """The old ``plan._owner_candidates``: every DP rank's piece, a full tuple per matrix."""
+    out = []
+    for buffer_idx, metas in enumerate(plan.metas):
+        if not muon[buffer_idx]:
+            continue
+        for meta in metas:
+            per_dp = [plan.piece_numel(meta, d) for d in range(plan.dp)]
+            held = tuple(per_dp[r // plan.tp] for r in range(plan.world))
+            ranks = range(plan.world)
+            if plan.layout == "aligned":
+                ranks = [r for r in ranks if per_dp[r // plan.tp] == meta.numel]
+            out.append(Matrix((buffer_idx, meta.param_idx), ns5_flops(*meta.full_shape), held, tuple(ranks)))
+    return out
+
+
+def reference_owners(matrices, world):
+    """The old ``layouts.assign_owners``: a min over every candidate for every matrix."""
+    load, owners = [0] * world, {}
+    for m in sorted(matrices, key=lambda m: -m.flops):
+        rank = min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
+        owners[m.key] = rank
+        load[rank] += m.flops
+    return owners
+
+
+def reference_groups(matrices, world, shapes, steps=5, split_b=False, tp=None):
+    """The old ``layouts.assign_owners_and_groups``."""
+    fair = sum(m.flops for m in matrices) / world
+    load, owners, groups = [0] * world, {}, {}
+    for m in sorted(matrices, key=lambda m: -m.flops):
+        size = min(world, max(shapes[m.key]), -(-m.flops // max(1, int(fair))))
+        if m.flops > fair and size > 1:
+            members = (tuple(sorted(sorted(range(world), key=lambda r: (load[r], r))[:size])) if tp is None
+                       else group_window(load, size, tp))
+            for r in members:
+                load[r] += group_ns_flops(*shapes[m.key], size, steps, split_b)
+            groups[m.key] = members
+            continue
+        rank = min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
+        owners[m.key] = rank
+        load[rank] += m.flops
+    return owners, groups, load
+
+
+CASES = [("llama3-8b", 2, 8, 4, 2**20), ("llama3-8b", 4, 16, 4, 2**18), ("moonlight-16b-a3b", 2, 3, 4, 2**20),
+         ("moonlight-16b-a3b", 2, 64, 1, 2**19), ("kimi-k2", 2, 7, 2, 2**22), ("llama3-70b", 2, 96, 1, 2**20)]
+
+
+@pytest.mark.parametrize("model,layers,dp,tp,bucket_numel", CASES)
+def test_fast_plan_equals_the_reference(model, layers, dp, tp, bucket_numel):
+    """Mid-size cases (MoE layers cut down; uneven DP such as 3, 7 and 96; matrices straddling shards and
+    buckets holding many matrices): the same cuts, pieces, owners, groups and loads, exactly. The
+    assignment's ties (equal FLOPs, equal loads, equal held pieces) are where a faster search could pick
+    another rank, and these models have many of them (every expert matrix is the same shape)."""
+    specs, muon = plan_at_scale.MODELS[model][0](layers)
+    world = dp * tp
+    for layout in ("owner", "aligned", "group"):
+        plan = build_plan(specs, dp, dp - 1, tp, bucket_numel=bucket_numel, layout=layout, muon=muon)
+        for buf in plan.buckets:
+            for b in buf:
+                want = even_cuts(b.numel, dp) if layout != "aligned" or not muon[b.buffer_idx] else tuple(b.cuts)
+                assert b.cuts == want and tuple(b.cuts) == want and b.shard_numel == max(
+                    y - x for x, y in zip(want, want[1:]))
+        fast, ref = _owner_candidates(plan, muon), reference_candidates(plan, muon)
+        assert [(m.key, m.flops, tuple(m.held), m.candidates) for m in fast] == \
+               [(m.key, m.flops, m.held, m.candidates) for m in ref]
+        if layout != "group":
+            assert plan.owners == reference_owners(ref, world) == assign_owners(fast, world)
+        shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in ref}
+        for kw in (dict(), dict(split_b=True), dict(split_b=True, tp=tp)):
+            assert assign_owners_and_groups(fast, world, shapes, **kw) == reference_groups(ref, world, shapes, **kw)
+
+
+def test_held_runs_index_like_the_tuple():
+    held = (0, 0, 5, 5, 5, 2, 0, 7)
+    runs = HeldRuns.of(held)
+    assert runs.runs == [(2, 5, 5), (5, 6, 2), (7, 8, 7)] and tuple(runs) == held and runs == held
+    assert [runs[r] for r in range(8)] == list(held) and len(runs) == 8
