@@ -438,9 +438,12 @@ glue("ch14-1024-step-share", f"{share:.0%}", display=False)
 # `DistributedMuon(..., layout="group")` is the owner layout, except that a matrix whose
 # Newton-Schulz FLOPs exceed the fair share (all of them over the number of ranks) gets a group of
 # ranks. In the same all-to-all that carries the other matrices' pieces to their owners, member
-# $i$ receives block $i$ of the matrix's long side; the members run `zeropower_sharded` together
-# over a process subgroup (the norm and the Gram matrices all-reduced in fp32, each member's rows
-# of $B$ all-gathered in bf16), and every element goes back where it came from. Below, four ranks
+# $i$ receives block $i$ of the matrix's long side; the members orthogonalise it together over a
+# process subgroup, in whichever of two forms sends fewer bytes (`ns_group.group_form`): the Gram
+# form `zeropower_sharded` (Gram matrices all-reduced in fp32, rows of $B$ all-gathered in bf16), or,
+# for a matrix less than about 3.3 times as long as wide, the row form `zeropower_rows` (the matrix,
+# then each step every member's rows of $A$ and of $X$, all-gathered in bf16: for a square matrix
+# less than half the Gram form's bytes); every element then goes back where it came from. Below, four ranks
 # (DP 2 x TP 2) run three steps of the owner and group layouts side by side against single-device
 # Muon, on one 96 x 230 matrix (nearly all the Newton-Schulz work) and three small ones.
 
@@ -471,7 +474,9 @@ for rank, ledger in enumerate(group_live["ledger_per_rank"]):
         sent = ledger["phases"].get(phase, {}).get("bytes_sent", 0)
         assert sent == expected[phase], phase
     gram.append(ledger["phases"]["ns_group_gram"]["bytes_sent"])
-assert len(set(gram)) == 1 and gram[0] == costmodel.group_gram_bytes(96, 230, 4)
+assert len(set(gram)) == 1 and gram[0] == costmodel.group_bytes(96, 230, 4)
+row_form = costmodel.group_row_bytes(96, 230, 4)
+assert gram[0] == row_form < costmodel.group_gram_bytes(96, 230, 4)   # fewer than Gram
 assert group_live["ns_calls"] == 4 + 3   # four members of one group, three owners
 glue("ch14-live-group-diff", f"{group_live['max_abs_diff']:.1e}", display=False)
 glue("ch14-live-gram-kb", f"{gram[0] / 1e3:.0f}", display=False)
@@ -479,12 +484,12 @@ glue("ch14-live-gram-kb", f"{gram[0] / 1e3:.0f}", display=False)
 # %% [markdown]
 # The owner layout matches the reference bit for bit, and so does every matrix the group layout
 # leaves to an owner; the one grouped matrix, the 96 x 230, differs by at most
-# {glue:text}`ch14-live-group-diff` (within the `--atol 1e-3` given here; the Gram sums run in
-# another order, so it need not be zero:
+# {glue:text}`ch14-live-group-diff` (within the `--atol 1e-3` given here; it runs in the row form,
+# which sums nothing across ranks but splits each GEMM by rows, so it need not be zero everywhere:
 # [`tests/test_group_layout.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_group_layout.py)
 # holds grouped matrices within $10^{-2}$ of the reference's update, relative, on 1 x 1 to 2 x 4,
 # and the others bit for bit). Each member sends {glue:text}`ch14-live-gram-kb` kB a step for the
-# group's collectives, which is what the closed form (`costmodel.group_gram_bytes`) says, rank by
+# group's collectives, which is what the closed form (`costmodel.group_bytes`) says, rank by
 # rank.
 #
 # ## What is built and what is not

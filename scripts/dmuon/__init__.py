@@ -17,7 +17,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     sharding       moving tensors by the plan: TP shard/unshard, pack/unpack buckets
     comm           every collective, with the communication ledger (bytes and Newton-Schulz work)
     flows          momentum shards -> orthogonalised shards, per layout (bucket gathers, owner all-to-all)
-    ns_group       one matrix's Newton-Schulz over a group of ranks (the Gram all-reduce form)
+    ns_group       one matrix's Newton-Schulz over a group of ranks (the Gram all-reduce form, or the row form)
     group_routes   the group layout: which elements of each rank's pieces go to which member (pure)
     group_flow     the group layout's flow: owners as in flows, large matrices over their group
     ns_gram_group  the Gram form (ns_form="gram") of one matrix over a group: R all-reduced once (pure)

@@ -4,21 +4,24 @@
 (above the fair share of Newton-Schulz FLOPs, ``layouts.assign_owners_and_groups``) has ``k`` members;
 member i is sent, in the same one all-to-all as the owners' pieces, the elements of every rank's
 pieces that fall in block i of the matrix's long side (``group_routes``), so it holds that block
-whole. The members then run ``ns_group.zeropower_sharded`` together over their process subgroup
-(``Comm.add_subgroups``: the norm and each iteration's Gram matrix all-reduced in fp32, B's rows
-split with ``split_b`` and all-gathered in bf16, phase "ns_group_gram"), and send every element back to where it came from,
-in the same all-to-all as the owners' results::
+whole. The members then orthogonalise it together over their process subgroup (``Comm.add_subgroups``,
+phase "ns_group_gram") in the form ``ns_group.group_form`` picks by the fewer bytes per member: the Gram
+form ``zeropower_sharded`` (the norm and each iteration's Gram matrix all-reduced in fp32, B's rows
+split with ``split_b`` and all-gathered in bf16), or, for a near-square matrix, the row form
+``zeropower_rows`` (the matrix and each iteration's rows of A and X all-gathered in bf16). They send
+every element back to where it came from, in the same all-to-all as the owners' results::
 
     my pieces --bf16, one all-to-all--> owners (whole matrices) and members (long-side blocks)
     owners: Newton-Schulz once          members: zeropower_sharded over the group's subgroup
     --one all-to-all--> my pieces of every orthogonalised matrix
 
 Owner matrices take exactly the owner layout's path (same assembly, same ``zeropower_ns5`` call), so
-their results equal the owner layout's bit for bit. Grouped matrices cannot: one process sums the Gram
-matrix X X^T over all n columns in one GEMM, the group sums each block's columns and then the k
-partial sums, a different order of fp32 additions, which now and then moves a bf16 rounding of A and
-is carried through the iterations (``ns_group.py``). The tolerance is stated and tested in
-``tests/test_group_layout.py``.
+their results equal the owner layout's bit for bit. Grouped matrices in the Gram form cannot: one process
+sums the Gram matrix X X^T over all n columns in one GEMM, the group sums each block's columns and then
+the k partial sums, a different order of fp32 additions, which now and then moves a bf16 rounding of A
+and is carried through the iterations. The row form sums nothing across ranks, and is bit-exact where
+the GEMM's rows do not depend on the call's row count (``ns_group.py`` says where). The tolerance is
+stated and tested in ``tests/test_group_layout.py``.
 
 Options, as under "owner": the owner matrices honour every option the owner layout does, bit for bit
 (``ns_form``, ``ns_coefficients``, ``ns_batch``, every ``overlap`` mode). A grouped matrix honours
@@ -39,7 +42,7 @@ from .flows import OwnerFlow, Pieces, Updates
 from .group_routes import band_indices, block_positions, count_in_band, local_band, long_bounds
 from .newton_schulz import NS_FORM
 from .ns_gram_group import gram_sharded_flops, zeropower_gram_sharded
-from .ns_group import zeropower_sharded
+from .ns_group import group_form, row_flops, zeropower_rows, zeropower_sharded
 from .plan import Bucket, DistMeta
 from .sharding import local_shard, tp_shard
 
@@ -213,17 +216,29 @@ class GroupFlow(OwnerFlow):
             return self._group_newton_schulz(group, meta, block)
 
     def _group_newton_schulz(self, group: dict, meta: DistMeta, block: torch.Tensor) -> torch.Tensor:
+        """My block of the grouped matrix. With ``ns_form="gram"`` the Gram iteration over the group
+        (``_group_gram``); otherwise the sharing ``ns_group.group_form`` picks from the shape alone (the same
+        on every member): Gram all-reduces or the row form. Either way the collectives are phase
+        "ns_group_gram"."""
         if group.get("ns_form", NS_FORM) == "gram":
             return self._group_gram(group, meta, block)
         route = self._route(meta)
         size, i = len(route.members), route.members.index(self.grid.rank)
         name = subgroup_name(route.members)
-        out = zeropower_sharded(block, lambda t: self.comm.all_reduce(t, name, Phase.NS_GROUP_GRAM), route.dim,
-                                group["ns_steps"], group["ns_coefficients"], group["eps"], split_b=(i, size),
-                                all_gather=lambda t: self.comm.all_gather(t, name, Phase.NS_GROUP_GRAM))
-        m = min(meta.full_shape)
-        b_rows = len(torch.tensor_split(torch.arange(m), size)[i])
-        self.comm.ledger.count_ns(group["ns_steps"] * (4 * m * m * block.shape[route.dim] + 2 * m * m * b_rows))
+        steps = group["ns_steps"]
+
+        def gather(t: torch.Tensor) -> torch.Tensor:
+            return self.comm.all_gather(t, name, Phase.NS_GROUP_GRAM)
+        if group_form(*meta.full_shape, size, steps) == "rows":
+            out = zeropower_rows(block, gather, route.dim, meta.full_shape[route.dim], (i, size), steps,
+                                 group["ns_coefficients"], group["eps"])
+            self.comm.ledger.count_ns(row_flops(*meta.full_shape, (i, size), steps))
+        else:
+            out = zeropower_sharded(block, lambda t: self.comm.all_reduce(t, name, Phase.NS_GROUP_GRAM), route.dim,
+                                    steps, group["ns_coefficients"], group["eps"], split_b=(i, size), all_gather=gather)
+            m = min(meta.full_shape)
+            b_rows = len(torch.tensor_split(torch.arange(m), size)[i])
+            self.comm.ledger.count_ns(steps * (4 * m * m * block.shape[route.dim] + 2 * m * m * b_rows))
         return self.trace("group_orthogonalised", meta.name, out)
 
     def _group_gram(self, group: dict, meta: DistMeta, block: torch.Tensor) -> torch.Tensor:

@@ -21,11 +21,14 @@ and, for Muon's Newton-Schulz, by layout:
 
     group    to the group, from the group   as owner, per member: my piece's elements in member i's
              (bf16)                      block of the long side (``group_routes.count_in_band``)
-             Gram all-reduces (fp32)     per member and run: 2 (k - 1) * 4 * (1 + steps * ceil(m^2 / k))
-             B all-gathers (bf16)        per member and run: steps * (k - 1) * 2 * ceil(m / k) * m
+             the group's own collectives, per member and run, in the form with fewer bytes
+             (``ns_group.group_form``), phase ns_group_gram:
+             Gram form: all-reduces (fp32)   2 (k - 1) * 4 * (1 + steps * ceil(m^2 / k))
+                        B all-gathers (bf16) steps * (k - 1) * 2 * ceil(m / k) * m
+             row form:  all-gathers (bf16)   (k - 1) * 2 * (ceil(n / k) * m + steps * ceil(m / k) * (m + n))
 
 (a matrix replicated over TP is sent to its owner, or member, by the TP rank of the receiver only,
-and comes back to every rank; k is the group's size, m the matrix's short side). So on a DP-only grid a Muon bucket costs (4 + 2 + 4) / (4 + 4) = 1.25 x an AdamW
+and comes back to every rank; k is the group's size, m the matrix's short side, n its long side). So on a DP-only grid a Muon bucket costs (4 + 2 + 4) / (4 + 4) = 1.25 x an AdamW
 bucket under the bucket layout, the paper's upper bound, exactly, padding or not; the owner layout
 moves only the pieces that are not already on a matrix's owner, twice (there and back); the
 aligned layout moves nothing over DP, but its uneven shards pad the reduce-scatter and all-gather.
@@ -42,12 +45,14 @@ from __future__ import annotations
 
 from ..group_routes import count_in_band, local_band, long_bounds
 from ..newton_schulz import NS_STEPS
+from ..ns_group import group_form
 from ..plan import ParamSpec, build_plan
 
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
 PHASES = ("grad_reduce_scatter", "ns_gather_dp", "ns_gather_tp", "ns_to_owner", "ns_group_gram", "ns_from_owner",
           "param_all_gather")
 GRAM_BYTES, B_BYTES = 4, 2   # the group's partial Grams (and norm) travel in fp32, B's rows in bf16
+ROW_BYTES = 2                # the row form's all-gathers (matrix, rows of A and of X) travel in bf16
 DP_GATHER_VARIANTS = ("bucket", "straddlers", "none")
 
 
@@ -101,6 +106,21 @@ def group_gram_bytes(rows: int, cols: int, size: int, steps: int = NS_STEPS) -> 
     return gram + steps * (size - 1) * B_BYTES * -(-m // size) * m
 
 
+def group_row_bytes(rows: int, cols: int, size: int, steps: int = NS_STEPS) -> int:
+    """Bytes one member of a group of ``size`` sends (ring) to orthogonalise one matrix in the row form: an
+    all-gather of the members' long-side blocks (``ceil(n / size)`` of n, each m long), then per step an
+    all-gather of its rows of A (``ceil(m / size)`` rows of m) and of X (``ceil(m / size)`` rows of n), bf16."""
+    m, n = min(rows, cols), max(rows, cols)
+    rows_per = -(-m // size)
+    return (size - 1) * ROW_BYTES * (-(-n // size) * m + steps * rows_per * (m + n))
+
+
+def group_bytes(rows: int, cols: int, size: int, steps: int = NS_STEPS) -> int:
+    """Bytes one member sends for one grouped matrix, in the form ``ns_group.group_form`` runs it in."""
+    form = group_form(rows, cols, size, steps)
+    return (group_row_bytes if form == "rows" else group_gram_bytes)(rows, cols, size, steps)
+
+
 def _group_bytes(plan, meta, members: tuple[int, ...], rank: int, steps: int, out: dict) -> None:
     """The group layout's traffic for one matrix, for world rank ``rank`` (added into ``out``)."""
     tp, size = plan.tp, len(members)
@@ -116,7 +136,7 @@ def _group_bytes(plan, meta, members: tuple[int, ...], rank: int, steps: int, ou
             out["ns_to_owner"] += count(rank, i) * NS_BYTES
         if rank == q:
             out["ns_from_owner"] += sum(count(r, i) for r in range(plan.world) if r != q) * NS_BYTES
-            out["ns_group_gram"] += group_gram_bytes(*meta.full_shape, size, steps)
+            out["ns_group_gram"] += group_bytes(*meta.full_shape, size, steps)
 
 
 def _rank_bytes(plan, use_muon: list[bool], rank: int, steps: list[int] | None = None) -> dict:
