@@ -495,12 +495,13 @@ glue("ch14-live-gram-kb", f"{gram[0] / 1e3:.0f}", display=False)
 # ## What is built and what is not
 #
 # Built and tested: the coefficient schedules and the Gram form (`ns_coefficients`, `ns_form`),
-# same-shape batching in the owner and aligned layouts (`ns_batch=True`), the group function
-# (`ns_group.zeropower_sharded`) and the group layout above, the plans and projections. **Not
-# built**: batching and the Gram form inside the group layout (it refuses both); groups sized by
-# time exist in the plan (`build_plan(..., hw=profile)`, used for the projections above) but
-# `DistributedMuon` does not take a profile yet, so the optimizer still sizes its groups by
-# FLOPs; and the projections are a model, not a measurement.
+# same-shape batching (`ns_batch=True`) in the owner, aligned and group layouts, the two ways a group
+# shares one matrix (`ns_group.zeropower_sharded` and `zeropower_rows`, picked per matrix by
+# `ns_group.group_form`), the group layout above with every option the owner layout takes (a grouped
+# matrix itself is never batched: each member holds only a block of it), and the plans and projections.
+# **Not built**: groups sized by time exist in the plan (`build_plan(..., hw=profile)`, used for the
+# projections above) but `DistributedMuon` does not take a profile yet, so the optimizer still sizes its
+# groups by FLOPs; and the projections are a model, not a measurement.
 #
 # ## Summary
 #

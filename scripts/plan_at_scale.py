@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dmuon.group_routes import count_in_band, local_band, long_bounds  # noqa: E402
-from dmuon.lab.costmodel import collective_seconds, group_gram_bytes, links_for_grid  # noqa: E402
+from dmuon.lab.costmodel import collective_seconds, group_bytes, links_for_grid  # noqa: E402
 from dmuon.layouts import assign_owners_and_groups, group_ns_flops, group_seconds  # noqa: E402
 from dmuon.newton_schulz import NS_STEPS, ns5_flops  # noqa: E402
 from dmuon.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, _owner_candidates, _piece_runs, build_plan  # noqa: E402
@@ -242,7 +242,7 @@ def _group_bytes_into(plan, meta, members: tuple[int, ...], steps: int, out: lis
     dp, tp, size = plan.dp, plan.tp, len(members)
     dim, bounds = long_bounds(meta.full_shape, size)
     other = meta.shape[1 - dim]
-    gram = group_gram_bytes(*meta.full_shape, size, steps)
+    gram = group_bytes(*meta.full_shape, size, steps)
     everyone = meta.tp_split_dim != -1 or tp == 1
 
     def count(r: int, band: tuple[int, int]) -> int:

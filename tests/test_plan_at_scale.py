@@ -8,8 +8,10 @@ import pytest
 from conftest import SCRIPTS
 from dmuon.lab.costmodel import step_bytes
 from dmuon.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS, build_problem
+from dmuon import layouts
 from dmuon.layouts import assign_owners, assign_owners_and_groups, group_ns_flops
 from dmuon.newton_schulz import ns5_flops
+from dmuon.ns_group import group_form
 from dmuon.plan import ParamSpec, _owner_candidates, build_plan
 
 sys.path.insert(0, str(SCRIPTS))
@@ -153,8 +155,9 @@ def test_model_shapes_add_up_to_the_published_sizes():
 
 def test_time_model_is_flops_at_the_rate_plus_the_group_collectives():
     """ns_seconds_per_rank: FLOPs / (peak x efficiency) everywhere; a group's members also pay
-    layouts.group_seconds, hops x alpha + costmodel.group_gram_bytes / beta, on NVLink when the group sits on
-    one node of 8 and on InfiniBand when it spans two (its size does not decide it)."""
+    layouts.group_seconds, hops x alpha + costmodel.group_bytes / beta, on NVLink when the group sits on
+    one node of 8 and on InfiniBand when it spans two (its size does not decide it); a wide matrix in the
+    Gram sharing, a square one in the row form (``ns_group.group_form``)."""
     from dmuon.lab.costmodel import collective_seconds, group_gram_bytes
     prof = plan_at_scale.profile()
     rate = prof["flops"] * prof["efficiency"]
@@ -170,6 +173,11 @@ def test_time_model_is_flops_at_the_rate_plus_the_group_collectives():
         assert group_gram_bytes(1024, 4096, 4) / b + 3 * (2 * 6 + 5) * a == pytest.approx(ring, rel=1e-12)
         want = group_ns_flops(1024, 4096, 4, split_b=True) / rate + ring
         assert [secs[r] for r in members] == pytest.approx([want] * 4, rel=1e-12)
+        # square: the row form, an all-gather of the long-side blocks, then 5 of A's rows and 5 of X's (bf16)
+        assert group_form(1024, 1024, 4) == "rows"
+        ring = collective_seconds("all_gather", 4, 2 * 256 * 1024, a, b) \
+            + 10 * collective_seconds("all_gather", 4, 2 * 256 * 1024, a, b)
+        assert layouts.group_seconds(1024, 1024, 4, 5, (a, b)) == pytest.approx(ring, rel=1e-12)
         assert sum(secs) == pytest.approx(4 * want, rel=1e-12)
 
 

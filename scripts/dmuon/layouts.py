@@ -307,13 +307,16 @@ def assign_owners_and_groups(matrices: list[Matrix], world: int, shapes: dict, s
 
 def group_seconds(rows: int, cols: int, size: int, steps: int, link: tuple[float, float]) -> float:
     """Alpha-beta seconds of one member's collectives to orthogonalise a ``rows x cols`` matrix in a group of
-    ``size`` over ``link`` (alpha s per hop, beta bytes/s): ring all-reduces of the norm and of ``steps``
-    partial Grams (2 (size - 1) hops each) and ``steps`` all-gathers of B's rows (size - 1 hops), and the
-    bytes a member sends, ``costmodel.group_gram_bytes`` (the one place the group's bytes are priced)."""
-    from .lab.costmodel import group_gram_bytes   # here: costmodel imports the plan, which imports this module
+    ``size`` over ``link`` (alpha s per hop, beta bytes/s), in the sharing ``ns_group.group_form`` picks:
+    Gram all-reduces (the norm and ``steps`` partial Grams, 2 (size - 1) hops each, and ``steps``
+    all-gathers of B's rows, size - 1 hops) or the row form (``1 + 2 steps`` all-gathers); and the bytes a
+    member sends, ``costmodel.group_bytes`` (the one place the group's bytes are priced)."""
+    from .lab.costmodel import group_bytes   # here: costmodel imports the plan, which imports this module
+    from .ns_group import group_form
 
     alpha, beta = link
-    return (size - 1) * (2 * (1 + steps) + steps) * alpha + group_gram_bytes(rows, cols, size, steps) / beta
+    hops = 1 + 2 * steps if group_form(rows, cols, size, steps) == "rows" else 2 * (1 + steps) + steps
+    return (size - 1) * hops * alpha + group_bytes(rows, cols, size, steps) / beta
 
 
 def _group_sizes(most: int, node: int) -> list[int]:

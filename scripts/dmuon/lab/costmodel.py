@@ -44,7 +44,8 @@ reduce-scatter as an all-reduce of the whole input, so ``gloo_reduce_scatter=Tru
 from __future__ import annotations
 
 from ..group_routes import count_in_band, local_band, long_bounds
-from ..newton_schulz import NS_STEPS
+from ..newton_schulz import NS_FORM, NS_STEPS
+from ..ns_gram_group import gram_sharded_bytes
 from ..ns_group import group_form
 from ..plan import ParamSpec, build_plan
 
@@ -90,9 +91,10 @@ def step_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, m
     plan = plans_for(groups, dp, tp, bucket_numel, layout, muon)[0]
     use_muon = [bool(muon and g["use_muon"]) for g in groups]
     steps = [g.get("ns_steps", NS_STEPS) for g in groups]
+    forms = [g.get("ns_form", NS_FORM) for g in groups]
     if rank is not None:
-        return _rank_bytes(plan, use_muon, rank, steps)
-    every = [_rank_bytes(plan, use_muon, r, steps) for r in (range(dp * tp) if layout != "bucket" else [0])]
+        return _rank_bytes(plan, use_muon, rank, steps, forms)
+    every = [_rank_bytes(plan, use_muon, r, steps, forms) for r in (range(dp * tp) if layout != "bucket" else [0])]
     mean = {k: sum(e[k] for e in every) / len(every) for k in every[0]}
     return {k: int(v) if v == int(v) else v for k, v in mean.items()}
 
@@ -115,13 +117,18 @@ def group_row_bytes(rows: int, cols: int, size: int, steps: int = NS_STEPS) -> i
     return (size - 1) * ROW_BYTES * (-(-n // size) * m + steps * rows_per * (m + n))
 
 
-def group_bytes(rows: int, cols: int, size: int, steps: int = NS_STEPS) -> int:
-    """Bytes one member sends for one grouped matrix, in the form ``ns_group.group_form`` runs it in."""
+def group_bytes(rows: int, cols: int, size: int, steps: int = NS_STEPS, ns_form: str = NS_FORM) -> int:
+    """Bytes one member sends for one grouped matrix: with the standard iteration, in the sharing
+    ``ns_group.group_form`` picks (Gram all-reduces or the row form); with ``ns_form="gram"``, the Gram
+    iteration's two all-reduces (``ns_gram_group.gram_sharded_bytes``)."""
+    if ns_form == "gram":
+        return gram_sharded_bytes(rows, cols, size)
     form = group_form(rows, cols, size, steps)
     return (group_row_bytes if form == "rows" else group_gram_bytes)(rows, cols, size, steps)
 
 
-def _group_bytes(plan, meta, members: tuple[int, ...], rank: int, steps: int, out: dict) -> None:
+def _group_bytes(plan, meta, members: tuple[int, ...], rank: int, steps: int, out: dict,
+                 ns_form: str = NS_FORM) -> None:
     """The group layout's traffic for one matrix, for world rank ``rank`` (added into ``out``)."""
     tp, size = plan.tp, len(members)
     dim, bounds = long_bounds(meta.full_shape, size)
@@ -136,10 +143,11 @@ def _group_bytes(plan, meta, members: tuple[int, ...], rank: int, steps: int, ou
             out["ns_to_owner"] += count(rank, i) * NS_BYTES
         if rank == q:
             out["ns_from_owner"] += sum(count(r, i) for r in range(plan.world) if r != q) * NS_BYTES
-            out["ns_group_gram"] += group_bytes(*meta.full_shape, size, steps)
+            out["ns_group_gram"] += group_bytes(*meta.full_shape, size, steps, ns_form)
 
 
-def _rank_bytes(plan, use_muon: list[bool], rank: int, steps: list[int] | None = None) -> dict:
+def _rank_bytes(plan, use_muon: list[bool], rank: int, steps: list[int] | None = None,
+                forms: list[str] | None = None) -> dict:
     dp, tp, layout = plan.dp, plan.tp, plan.layout
     out = dict.fromkeys(PHASES, 0)
     for g, buckets in enumerate(plan.buckets):
@@ -158,7 +166,8 @@ def _rank_bytes(plan, use_muon: list[bool], rank: int, steps: list[int] | None =
                     continue
                 members = plan.group_of(meta)
                 if members is not None:
-                    _group_bytes(plan, meta, members, rank, (steps or [NS_STEPS] * len(use_muon))[g], out)
+                    _group_bytes(plan, meta, members, rank, (steps or [NS_STEPS] * len(use_muon))[g], out,
+                                 (forms or [NS_FORM] * len(use_muon))[g])
                     continue
                 owner = plan.owner_of(meta)
                 sends = meta.tp_split_dim != -1 or rank % tp == owner % tp
