@@ -55,6 +55,15 @@ def native_bf16_matmul(device: torch.device) -> bool:
         return True
 
 
+def rounder(dtype: torch.dtype, device: torch.device):
+    """The rounding every Newton-Schulz kernel here applies after each operation: where ``dtype`` is bf16
+    and the device has no native bf16 matmul, round to bf16 and keep computing in fp32 (the emulation above);
+    otherwise nothing (the tensors already are ``dtype``)."""
+    if dtype == torch.bfloat16 and not native_bf16_matmul(device):
+        return lambda t: t.to(dtype).to(torch.float32)
+    return lambda t: t
+
+
 def zeropower_ns5(
     G: torch.Tensor,
     steps: int = NS_STEPS,
@@ -84,12 +93,7 @@ def zeropower_ns5(
     check_ns_form(form)
     if G.ndim == 3 and G.device.type == "cpu" and CPU_BATCH_AS_LOOP:
         return torch.stack([zeropower_ns5(g, steps, coefficients, eps, dtype, form) for g in G])
-    if dtype == torch.bfloat16 and not native_bf16_matmul(G.device):
-        def r(t):  # round to bf16, keep computing in fp32
-            return t.to(dtype).to(torch.float32)
-    else:
-        def r(t):
-            return t
+    r = rounder(dtype, G.device)
     X = r(G.to(dtype))
     tall = G.size(-2) > G.size(-1)
     if tall:

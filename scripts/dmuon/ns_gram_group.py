@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .newton_schulz import NS_COEFFICIENTS, NS_EPS, NS_STEPS, gram_polynomial, native_bf16_matmul
+from .newton_schulz import NS_COEFFICIENTS, NS_EPS, NS_STEPS, gram_polynomial, rounder
 from .ns_group import AllReduce
 from .ns_variants import ns_flops, ns_schedule
 
@@ -39,12 +39,7 @@ def zeropower_gram_sharded(shard: torch.Tensor, all_reduce: AllReduce, long_dim:
         raise ValueError(f"zeropower_gram_sharded takes a 2-D shard and long_dim 0 or 1, got shape "
                          f"{tuple(shard.shape)} and long_dim {long_dim!r}")
     schedule = ns_schedule(coefficients, steps)
-    if dtype == torch.bfloat16 and not native_bf16_matmul(shard.device):
-        def r(t):  # bf16 emulated as in newton_schulz.zeropower_ns5
-            return t.to(dtype).to(torch.float32)
-    else:
-        def r(t):
-            return t
+    r = rounder(dtype, shard.device)   # bf16 emulated as in newton_schulz.zeropower_ns5
     inner = torch.float64 if dtype == torch.float64 else torch.float32   # R's partial sums travel in this
     X = r(shard.to(dtype))
     if long_dim == 0:

@@ -56,7 +56,7 @@ from typing import Callable
 
 import torch
 
-from .newton_schulz import NS_COEFFICIENTS, NS_EPS, NS_STEPS, native_bf16_matmul
+from .newton_schulz import NS_COEFFICIENTS, NS_EPS, NS_STEPS, rounder
 from .ns_variants import ns_schedule
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]   # sums a tensor over the group, returns the sum
@@ -89,12 +89,7 @@ def zeropower_sharded(shard: torch.Tensor, all_reduce: AllReduce, long_dim: int,
     if all_gather is not None and split_b is None:
         raise ValueError("all_gather assembles B's row blocks: it needs split_b=(rank, size)")
     schedule = ns_schedule(coefficients, steps)
-    if dtype == torch.bfloat16 and not native_bf16_matmul(shard.device):
-        def r(t):  # bf16 emulated as in newton_schulz.zeropower_ns5
-            return t.to(dtype).to(torch.float32)
-    else:
-        def r(t):
-            return t
+    r = rounder(dtype, shard.device)   # bf16 emulated as in newton_schulz.zeropower_ns5
     acc = torch.float64 if dtype == torch.float64 else torch.float32   # partial sums travel in this
     X = r(shard.to(dtype))
     if long_dim == 0:
@@ -164,12 +159,7 @@ def zeropower_rows(block: torch.Tensor, all_gather: AllGather, long_dim: int, lo
         raise ValueError(f"long_dim {long_dim} must be the long side: the block has {block.size(1 - long_dim)} "
                          f"along the other dim, more than long_size {long_size}")
     schedule = ns_schedule(coefficients, steps)
-    if dtype == torch.bfloat16 and not native_bf16_matmul(block.device):
-        def r(t):  # bf16 emulated as in newton_schulz.zeropower_ns5
-            return t.to(dtype).to(torch.float32)
-    else:
-        def r(t):
-            return t
+    r = rounder(dtype, block.device)   # bf16 emulated as in newton_schulz.zeropower_ns5
     # the whole matrix, in its own orientation and contiguous, as the owner layout hands zeropower_ns5
     mine = block.to(dtype)
     whole = _gather_rows(all_gather, mine if long_dim == 0 else mine.T, long_counts, dtype)
