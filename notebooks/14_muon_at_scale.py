@@ -300,9 +300,10 @@ glue("ch14-verdict", verdict, display=False)
 #
 # Bytes and FLOPs become seconds through the hardware. `plan_at_scale.py` prices, per rank and
 # per step, the Newton-Schulz FLOPs at a stated matmul rate plus, for every group a rank is in,
-# the group's collectives (the norm and five Gram all-reduces in fp32, five all-gathers of B's
-# rows in bf16; alpha-beta, as in {doc}`chapter 6 <06_communication>`) on the link the group
-# spans: NVLink if all its members sit on one node of 8 consecutive ranks, InfiniBand otherwise.
+# the group's collectives on the link the group spans (alpha-beta, as in
+# {doc}`chapter 6 <06_communication>`), in the form the group would run (below: the norm and five
+# Gram all-reduces in fp32 and five all-gathers of B's rows in bf16, or, for a near-square matrix,
+# eleven all-gathers in bf16): NVLink if all its members sit on one node of 8 consecutive ranks, InfiniBand otherwise.
 # The figures are **assumptions from public H100 numbers, not measurements**: 989 TFLOP/s dense
 # bf16 peak (NVIDIA's H100 SXM datasheet) at an assumed 50% efficiency; NVLink 4 at 450 GB/s a
 # direction inside a node of 8; one 400 Gb/s InfiniBand NDR link per GPU (50 GB/s) between nodes;
@@ -432,6 +433,31 @@ glue("ch14-1024-step-share", f"{share:.0%}", display=False)
 # 1,024 ranks (Newton-Schulz is {glue:text}`ch14-1024-step-share` of Llama-3-8B's projected
 # group step on 1,024 ranks), which is what the next lever (larger buckets, fewer DP ranks per
 # ring) would have to address.
+#
+# {numref}`fig-ch14-scale-explorer` puts every plan of this section side by side: move the slider
+# through the models and grids; the left panel is the projection above, the right one what the
+# group plan costs besides Newton-Schulz.
+
+# %% tags=["hide-input"]
+from dmuon.lab.explorers import Figure
+from dmuon.lab.scale_explorer import scale_explorer
+
+explored = ([("Llama-3-8B", r) for r in small] + [("Llama-3-70B", r) for r in big]
+            + [("Moonlight", r) for r in moons])
+explorer = scale_explorer(explored, active=len(small) - 1)   # Llama-3-8B on 1,024 ranks
+glue("ch14-scale-explorer", Figure(explorer), display=False)
+
+# %% [markdown]
+# ```{glue:figure} ch14-scale-explorer
+# :name: fig-ch14-scale-explorer
+#
+# The plans at scale, one slider position per model and grid (every number from
+# `plan_at_scale.py`, run above): Newton-Schulz ms per step on the busiest rank under each group
+# rule (left, log scale, assumed H100 figures), and what the group plan costs besides, as group /
+# owner: the GB the busiest rank sends, the collectives it joins and the projected whole step
+# (right; the dotted line is the owner plan). The title gives both plans' NS load max/mean and
+# build times.
+# ```
 #
 # ## The group layout, live
 #

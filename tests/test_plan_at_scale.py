@@ -200,3 +200,22 @@ def test_bucket_size_sets_the_collectives_per_step():
         assert 2 * r["buckets"] < r["owner_collectives_per_rank_max"] <= 4 * r["buckets"]
     assert large["buckets"] < small["buckets"] and large["owner_collectives_per_rank_max"] < small["owner_collectives_per_rank_max"]
     assert large["adamw_bytes_per_rank"] <= small["adamw_bytes_per_rank"] * 1.01  # padding aside, the same bytes
+
+
+def test_scale_explorer_shows_each_plan_with_its_own_numbers():
+    """Chapter 14's explorer: one slider position per (model, grid), only that position's bars visible, its
+    bars and title carrying that row's numbers; no rows is refused."""
+    from dmuon.lab.scale_explorer import COSTS, RULES, scale_explorer
+    rows = [plan_at_scale.grid_report(dp, 4, layers=2, model="llama3-8b") for dp in (2, 8)]
+    fig = scale_explorer([("8B", r) for r in rows], active=1)
+    assert len(fig.layout.sliders[0].steps) == 2 and len(fig.data) == 2 * 2
+    for i, (step, row) in enumerate(zip(fig.layout.sliders[0].steps, rows)):
+        visible = step.args[0]["visible"]
+        shown = [t for t, v in zip(fig.data, visible) if v]
+        assert sum(visible) == 2 and list(shown[0].y) == [row[k + "_ns_ms"] for k in RULES]
+        assert list(shown[1].y) == [row["group" + k] / row["owner" + k] for k in COSTS.values()]
+        assert f"{row['dp']} x 4" in step.args[1]["title.text"]
+        assert f"{row['group_ns_max_over_mean']:.2f} group" in step.args[1]["title.text"]
+    assert [t.visible for t in fig.data] == [False] * 2 + [True] * 2
+    with pytest.raises(ValueError, match="at least one"):
+        scale_explorer([])
