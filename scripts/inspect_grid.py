@@ -27,7 +27,7 @@ def worker(grid, comm, args) -> int:
     mine = dict(grid.describe(),
                 params=[dict(dataclasses.asdict(m), held_shape=list(p.shape)) for m, p in
                         zip(opt.plan.metas[0], opt.param_groups[0]["params"])],
-                buckets=[dataclasses.asdict(b) for b in opt.plan.buckets[0]],
+                buckets=[dict(dataclasses.asdict(b), cuts=list(b.cuts)) for b in opt.plan.buckets[0]],
                 global_buffer_size=opt.plan.global_buffer_size[0], state_bytes=opt.state_bytes())
     everyone = comm.gather_objects(mine, "report")
     if grid.rank == 0:

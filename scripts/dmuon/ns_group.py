@@ -124,7 +124,7 @@ def zeropower_sharded(shard: torch.Tensor, all_reduce: AllReduce, long_dim: int,
 def _gather_rows(all_gather: AllGather, mine: torch.Tensor, counts: list[int], dtype: torch.dtype) -> torch.Tensor:
     """Every member's rows end to end (member j holds ``counts[j]`` rows): one all-gather of blocks padded to
     ``max(counts)`` rows, sent in ``dtype``."""
-    padded = torch.zeros(max(counts), mine.size(1), dtype=dtype)
+    padded = torch.zeros(max(counts), mine.size(1), dtype=dtype, device=mine.device)
     padded[:mine.size(0)] = mine
     got = all_gather(padded.reshape(-1)).view(len(counts), max(counts), mine.size(1))
     return torch.cat([got[j, :n] for j, n in enumerate(counts)])
