@@ -409,12 +409,14 @@ glue("ch14-8b-group-k", b8["group_size_max"], display=False)
 #
 # What the group plan costs besides Newton-Schulz, owner against group on the same grids: the
 # bytes each rank sends (the closed form, as the ledger checks), the collectives it joins, and
-# the whole step projected serially (ZeRO-1's reduce-scatters and all-gathers, the all-to-alls
-# to owners or members, Newton-Schulz with the group collectives).
+# the optimizer's step projected serially (ZeRO-1's reduce-scatters and all-gathers, the
+# all-to-alls to owners or members, Newton-Schulz with the group collectives). That is an upper
+# bound on the optimizer alone: no overlap, and no forward, backward or TP activation traffic, so
+# a TP group that spans two nodes (64 x 16 here) costs more than this table shows.
 
 # %%
 table(["model", "grid", "layout", "NS max/mean", "GB per rank", "collectives",
-       "step ms", "plan build"],
+       "opt. step ms", "plan build"],
       [[name, f"{r['dp']} x {r['tp']}", layout,
         f"{r[layout + '_ns_max_over_mean']:.2f}",
         f"{r[layout + '_bytes_per_rank_max'] / 1e9:.2f}",
@@ -465,7 +467,7 @@ glue("ch14-scale-explorer", Figure(explorer), display=False)
 # The plans at scale, one slider position per model and grid (every number from
 # `plan_at_scale.py`, run above): Newton-Schulz ms per step on the busiest rank under each group
 # rule (left, log scale, assumed H100 figures), and what the group plan costs besides, as group /
-# owner: the GB the busiest rank sends, the collectives it joins and the projected whole step
+# owner: the GB the busiest rank sends, the collectives it joins and the projected optimizer step
 # (right; the dotted line is the owner plan). The title gives both plans' NS load max/mean and
 # build times.
 # ```

@@ -7,7 +7,7 @@ panels for that plan, both from the report's own numbers:
   one owner per matrix, the two FLOP-sized group rules, the optimizer's time-sized groups and the ideal
   (log scale, one range for every position);
 - what the group plan costs besides, as group / owner: GB the busiest rank sends per step, the
-  collectives it joins, and the whole step's projected ms (the dotted line is 1: the same as owner).
+  collectives it joins, and the optimizer step's projected ms (the dotted line is 1: the same as owner).
 
 The title states the NS load max/mean of both plans and their build times. As in ``explorers``, every
 position is computed when the chapter runs and the page only switches which bars are visible.
@@ -28,7 +28,7 @@ from .explorers import BASE_LAYOUT
 RULES = {"owner": ("owner", "owner"), "scattered": ("FLOP-sized, any ranks", "group_scattered"),
          "flops": ("FLOP windows", "group_flops"), "group": ("group (timed)", "group"),
          "ideal": ("ideal", "ideal")}
-COSTS = {"GB per rank": "_bytes_per_rank_max", "collectives": "_collectives_per_rank_max", "step ms": "_step_ms"}
+COSTS = {"GB per rank": "_bytes_per_rank_max", "collectives": "_collectives_per_rank_max", "opt. step ms": "_step_ms"}
 
 
 def _frame(name: str, row: dict) -> tuple[list[go.Bar], str]:
