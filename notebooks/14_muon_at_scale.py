@@ -531,6 +531,28 @@ glue("ch14-live-gram-kb", f"{gram[0] / 1e3:.0f}", display=False)
 # group's collectives, which is what the closed form (`costmodel.group_bytes`) says, rank by
 # rank.
 #
+# ## Turning it on
+#
+# In the training loop of chapter 12 the group layout is one argument, and this chapter's other
+# options are keywords of the same constructor (the group layout with them, Polar Express
+# included, is checked against one process on 2 x 1 to 2 x 4):
+#
+# ```python
+# opt = DistributedMuon(groups, grid, layout="group",    # owner's plan, plus groups
+#                       ns_batch=True,                   # one call per shape on each owner
+#                       ns_coefficients="polar_express", # default "muon"; or "cubic"
+#                       ns_form="standard")              # or "gram" (groups too)
+# ```
+#
+# From the command line, `python scripts/train.py --dp 2 --tp 2 --layout group` trains the tiny
+# GPT with it (`train.py` has no flags for the other three). The groups are fixed when the
+# optimizer is built, on every rank alike, and each distinct set of members gets its own process
+# subgroup then. Pick `"group"` over `"owner"` when one matrix holds more than its fair share of
+# the Newton-Schulz work and its group would stay inside a node. Before training,
+# `python scripts/verify.py --dp D --tp T --layout group --shapes ...` shows, for your shapes on
+# your grid, which ranks each group spans (ledger rows such as `g0-1`, and `groups` in its JSON)
+# and checks the result against one process.
+#
 # ## What is built and what is not
 #
 # Built and tested: the coefficient schedules and the Gram form (`ns_coefficients`, `ns_form`),
