@@ -291,12 +291,7 @@ plt.close(fig)
 
 # %%
 from dmuon.lab.provenance import load_recorded, provenance_text
-from dmuon.lab.verdicts import spread, spread_text
-
-
-def ratio_text(samples):
-    lo, med, hi = spread(samples)
-    return f"{med:.2f} ({lo:.2f}-{hi:.2f})"
+from dmuon.lab.verdicts import ratio_text, spread, spread_text
 
 
 def layout_table(b):

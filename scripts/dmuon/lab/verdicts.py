@@ -44,6 +44,12 @@ def spread_text(samples: list[float], scale: float = 1e3, unit: str = "ms") -> s
     return f"{med:.0f} {unit} ({lo:.0f}-{hi:.0f})"
 
 
+def ratio_text(samples: list[float]) -> str:
+    """``"1.17 (0.97-1.18)"``: median, then min-max, of repeated ratios (no unit)."""
+    lo, med, hi = spread(samples)
+    return f"{med:.2f} ({lo:.2f}-{hi:.2f})"
+
+
 def fastest_text(named: dict[str, list[float]], band: float = NOISE_BAND) -> str:
     """``"2x2 fastest"`` or ``"tie between 2x2 and 4x1 (within the noise)"``."""
     winners = fastest(named, band)
