@@ -25,7 +25,7 @@ from plotly.subplots import make_subplots
 from . import palette
 from .explorers import BASE_LAYOUT
 
-RULES = {"owner": ("owner", "owner"), "scattered": ("FLOP-sized, any ranks", "group_scattered"),
+RULES = {"owner": ("owner", "owner"), "scattered": ("FLOP, any ranks", "group_scattered"),
          "flops": ("FLOP windows", "group_flops"), "group": ("group (timed)", "group"),
          "ideal": ("ideal", "ideal")}
 COSTS = {"GB per rank": "_bytes_per_rank_max", "collectives": "_collectives_per_rank_max", "opt. step ms": "_step_ms"}
@@ -41,9 +41,10 @@ def _frame(name: str, row: dict) -> tuple[list[go.Bar], str]:
     cost = go.Bar(x=list(COSTS), y=ratios, marker_color=palette.LAYOUT["group"], showlegend=False,
                   text=[f"{v:.2f}x" for v in ratios], textposition="outside",
                   hovertemplate="%{x}: group / owner %{y:.3f}<extra></extra>", xaxis="x2", yaxis="y2")
-    title = (f"{name} on {row['dp']} x {row['tp']} ({row['world']:,} ranks): NS max/mean "
-             f"{row['owner_ns_max_over_mean']:.2f} owner, {row['group_ns_max_over_mean']:.2f} group; "
-             f"plans built in {row['owner_build_s']:.2f} s and {row['group_build_s']:.2f} s")
+    title = (f"{name} on {row['dp']} x {row['tp']} ({row['world']:,} ranks)<br>"
+             f"<span style='font-size:12px'>NS max/mean {row['owner_ns_max_over_mean']:.2f} owner, "
+             f"{row['group_ns_max_over_mean']:.2f} group; plans built in {row['owner_build_s']:.2f} s "
+             f"and {row['group_build_s']:.2f} s (one run each)</span>")
     return [ns, cost], title
 
 
@@ -68,10 +69,18 @@ def scale_explorer(rows: list[tuple[str, dict]], active: int = 0) -> go.Figure:
     ns_all = [r[k + "_ns_ms"] for _, r in rows for k in RULES]
     cost_all = [r["group" + k] / r["owner" + k] for _, r in rows for k in COSTS.values()]
     fig.update_layout(**BASE_LAYOUT)
-    fig.update_layout(title=dict(text=titles[active], font=dict(size=13)), barmode="group", height=470,
-                      sliders=[dict(active=active, steps=steps, pad=dict(t=60),
+    # The title sits in its own band under the mode bar (two lines: the plan, then its numbers); the
+    # slider's ends are inset so the last label is not clipped.
+    fig.update_layout(title=dict(text=titles[active], font=dict(size=14), x=0.01, xanchor="left",
+                                 y=0.985, yanchor="top", yref="container"),
+                      margin=dict(l=60, r=30, t=120, b=40), barmode="group", height=520,
+                      sliders=[dict(active=active, steps=steps, pad=dict(t=70, l=20, r=40), x=0.0, len=0.96,
+                                    font=dict(size=11),
                                     currentvalue=dict(prefix="model and grid: ", font=dict(size=13)))])
-    fig.update_yaxes(type="log", range=[math.log10(min(ns_all) / 2), math.log10(max(ns_all) * 3)], row=1, col=1)
+    fig.update_annotations(font=dict(size=12))            # the two panel titles
+    # Decade ticks only: between decades plotly would print 2 and 5, which read as values.
+    fig.update_yaxes(type="log", dtick=1, range=[math.log10(min(ns_all) / 2), math.log10(max(ns_all) * 3)],
+                     row=1, col=1)
     fig.update_yaxes(range=[0, max(1.0, *cost_all) * 1.2], row=1, col=2)
     fig.add_hline(y=1.0, line=dict(color=palette.NEUTRAL["reference"], dash="dot", width=1), row=1, col=2)
     return fig
