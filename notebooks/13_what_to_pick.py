@@ -73,7 +73,11 @@ elif importlib.util.find_spec("dmuon") is None:
 #    `layout="aligned"` cuts the shards on matrix boundaries, so nothing travels over DP for
 #    Newton-Schulz. With uneven shapes the shards become uneven, and the gradient reduce-scatter
 #    and parameter all-gather carry the padding: see the first table below.
-# 4. **`layout="bucket"` only to reproduce the paper and the proof of concept**: every rank gathers
+# 4. **One matrix holds more than its fair share of the Newton-Schulz work** (its owner would be the
+#    busiest rank by far, or there are more ranks than matrices): `layout="group"` shares such a
+#    matrix over a group of ranks ({doc}`chapter 14 <14_muon_at_scale>`). It costs bytes and memory
+#    for the group's collectives, so use it where each group stays inside a node.
+# 5. **`layout="bucket"` only to reproduce the paper and the proof of concept**: every rank gathers
 #    whole buckets and orthogonalises every matrix, so its bytes are the paper's 1.25 x AdamW on a
 #    DP-only grid, and its Newton-Schulz work does not shrink as ranks are added.
 #
@@ -186,7 +190,8 @@ glue(
 #   matrix: on the stack of equal layers the busiest rank does {glue:text}`ch13-stack-ns-gain` times
 #   less Newton-Schulz work than under bucket on 4 ranks. On the proof of concept's shapes one
 #   matrix holds most of the work, so its owner is the busiest rank and the gain is small: Newton-
-#   Schulz of a matrix is not split ({doc}`chapter 8 <08_beyond_poc>`).
+#   Schulz of a matrix is not split ({doc}`chapter 8 <08_beyond_poc>`; `layout="group"` splits it,
+#   {doc}`chapter 14 <14_muon_at_scale>`).
 # - **aligned** moves nothing over DP for Newton-Schulz on the even stack (1.00 x AdamW on 4 x 1),
 #   but on the proof of concept's uneven shapes its shards are uneven, the collectives carry the
 #   padding, and it costs {glue:text}`ch13-poc-aligned` x AdamW, with more state per rank.
