@@ -215,7 +215,7 @@ glue(
 # Two hardware profiles:
 #
 # - **an H100 cluster**: the public figures that {doc}`chapter 14 <14_muon_at_scale>` projects
-#   with (`H100` in [`scripts/plan_at_scale.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/plan_at_scale.py), each figure cited there), taken as assumptions:
+#   with (`H100` in [`scripts/dmuon/hardware.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/hardware.py), each figure cited there), taken as assumptions:
 #   eight GPUs per node on NVLink, InfiniBand between nodes, Newton-Schulz at half the dense
 #   bf16 peak;
 # - **this machine**, calibrated by [`scripts/calibrate_time_model.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/calibrate_time_model.py) and recorded with its

@@ -368,7 +368,9 @@ glue("ch14-verdict", verdict, display=False)
 # is a fixed argument, so every rank builds the same plan. The table compares it with two rules
 # that size groups by FLOPs alone (ceil(FLOPs / fair share)): on the least-loaded ranks anywhere
 # ("FLOP, any ranks") and on contiguous windows that start on a TP group ("FLOP windows": what
-# `DistributedMuon(layout="group")` runs today, since it takes no profile yet).
+# `DistributedMuon(layout="group")` runs when it is given no profile). Given one,
+# `DistributedMuon(..., layout="group", hw=hardware.h100())`, the optimizer runs the timed plan:
+# the "group (timed)" column.
 
 # %%
 big_out = run("plan_at_scale.py", "--model", "llama3-70b", "--grids", "128x8,64x16",
@@ -407,9 +409,9 @@ plt.close(fig)
 #
 # Newton-Schulz time per step on the busiest rank (log scale), group collectives included,
 # projected from the plan with the assumed H100 figures: one owner per matrix, FLOP-sized groups
-# on any ranks, FLOP-sized TP-local windows (the optimizer's rule today), groups sized by time
-# (`build_plan(..., hw=profile)`, not yet in the optimizer), and an even
-# split of the work (the ideal).
+# on any ranks, FLOP-sized TP-local windows (the optimizer's rule without a profile), groups sized
+# by time (`build_plan(..., hw=profile)`, the optimizer's rule with `hw=`), and an even split of
+# the work (the ideal).
 # ```
 
 # %% tags=["remove-cell"]
@@ -449,10 +451,9 @@ glue("ch14-8b-group-k", b8["group_size_max"], display=False)
 # worse still: one larger than a node must start on a node boundary, which leaves it fewer
 # places to go than the least-loaded ranks anywhere). Counting the group's communication, the
 # timed plan keeps every group inside a node (at most {glue:text}`ch14-8b-group-k` ranks)
-# and the busiest rank needs {glue:text}`ch14-8b-group` ms. Until the optimizer takes a profile,
-# `layout="group"` runs the FLOP windows: use it where those groups stay inside a node (its
-# largest matrices' fair-share groups no larger than a node), and keep `layout="owner"` on grids
-# like Llama-3-8B's 1,024 ranks above, where they would not.
+# and the busiest rank needs {glue:text}`ch14-8b-group` ms. So give the optimizer the profile:
+# without one, `layout="group"` runs the FLOP windows, which are safe only where those groups stay
+# inside a node (the largest matrices' fair-share groups no larger than a node).
 #
 # What the group plan costs besides Newton-Schulz, owner against group on the same grids: the
 # bytes each rank sends (the closed form, as the ledger checks), the collectives it joins, and
@@ -690,20 +691,81 @@ glue("ch14-rec-peak", f"{peak['group'] / peak['owner']:.1f}", display=False)
 # included, is checked against one process on 2 x 1 to 2 x 4):
 #
 # ```python
+# from dmuon import DistributedMuon, hardware
+#
 # opt = DistributedMuon(groups, grid, layout="group",    # owner's plan, plus groups
+#                       hw=hardware.h100(),              # groups sized by time on these figures
 #                       ns_batch=True,                   # one call per shape on each owner
 #                       ns_coefficients="polar_express", # default "muon"; or "cubic"
 #                       ns_form="standard")              # or "gram" (groups too)
 # ```
 #
-# From the command line, `python scripts/train.py --dp 2 --tp 2 --layout group` trains the tiny
-# GPT with it (`train.py` has no flags for the other three). The groups are fixed when the
-# optimizer is built, on every rank alike, and each distinct set of members gets its own process
-# subgroup then. Pick `"group"` over `"owner"` when one matrix holds more than its fair share of
-# the Newton-Schulz work and its group would stay inside a node. Before training,
-# `python scripts/verify.py --dp D --tp T --layout group --shapes ...` shows, for your shapes on
-# your grid, which ranks each group spans (ledger rows such as `g0-1`, and `groups` in its JSON)
-# and checks the result against one process.
+# `hw` is the profile of the projections above: `hardware.h100()` gives their assumed H100
+# figures, `hardware.profile(flops=..., efficiency=..., ranks_per_node=..., intra=(alpha, beta),
+# inter=(alpha, beta))` your own cluster's. Every rank must pass the same profile (the optimizer
+# checks it with the rest of the plan before the first collective). Left out, the groups are
+# sized by FLOPs alone. The profile decides whether a group pays at all, so the same matrices
+# get different plans on different machines. Below, the optimizer runs on four ranks with two
+# large matrices, first with no profile, then with the H100 one, then with a made-up slow
+# machine (1 GFLOP/s per rank, nodes of four ranks with fast links inside). The third run
+# checks against one process.
+
+# %%
+import json
+import tempfile
+from pathlib import Path
+
+from dmuon import hardware
+from dmuon.plan import ParamSpec, build_plan
+
+shapes, dims = "20x36,36x20,116x218,120x142,24x24", "1,0,0,0,none"
+slow = hardware.profile(flops=1e9, efficiency=1.0, ranks_per_node=4,
+                        intra=(1e-6, 1e9), inter=(1e-4, 1e8))
+specs = [[ParamSpec(f"w{i}", tuple(map(int, s.split("x"))), -1 if d == "none" else int(d))
+          for i, (s, d) in enumerate(zip(shapes.split(","), dims.split(",")))]]
+plans = {name: build_plan(specs, 2, 0, 2, 4000, "group", hw=hw).groups
+         for name, hw in (("no profile (FLOPs)", None), ("hardware.h100()", hardware.h100()),
+                          ("slow machine", slow))}
+table(["hw=", "groups (matrix: ranks)"],
+      [[name, ", ".join(f"w{k[1]}: {list(m)}" for k, m in g.items()) or "none: every "
+        "matrix has one owner"] for name, g in plans.items()])
+with tempfile.TemporaryDirectory() as tmp:
+    profile_file = Path(tmp) / "slow.json"
+    profile_file.write_text(json.dumps(slow))
+    timed_out = run("verify.py", "--dp", 2, "--tp", 2, "--layout", "group", "--hw",
+                    profile_file, "--groups", 1, "--shapes", shapes, "--tp-dims", dims,
+                    "--bucket-numel", 4000, "--atol", "1e-3", log="collapsed")
+timed = last_json(timed_out)["layouts"]["group"]
+print("groups the optimizer formed:", timed["groups"],
+      f" largest |parameter - reference|: {timed['max_abs_diff']:.1e}")
+
+# %% tags=["remove-cell"]
+assert plans["hardware.h100()"] == {}
+assert all(m == tuple(range(m[0], m[0] + len(m))) for m in plans["no profile (FLOPs)"].values())
+assert timed["groups"] == {"0.2": [0, 1, 2], "0.3": [0, 3]} and timed["groups_agree"]
+assert {f"{k[0]}.{k[1]}": list(m) for k, m in plans["slow machine"].items()} == timed["groups"]
+assert timed["ok"] and timed["max_abs_diff"] <= 1e-3 and timed["state_dict_roundtrip"]
+assert "g0-1-2+g0-3" == timed["ledger"]["phases"]["ns_group_gram"]["group"]
+glue("ch14-timed-diff", "bit for bit" if timed["max_abs_diff"] == 0 else
+     f"within {timed['max_abs_diff']:.1e}", display=False)
+
+# %% [markdown]
+# Without a profile each large matrix gets a FLOP-sized window of contiguous ranks. On the H100
+# figures neither gets a group: each one's Newton-Schulz takes less time there than the latency
+# of a group's eleven collectives. On the slow machine the first matrix gets ranks 0, 1 and 2,
+# and the second gets ranks 0 and 3: not contiguous, and sharing rank 0, because a group inside
+# a node takes that node's least-busy ranks. The run matches one process
+# {glue:text}`ch14-timed-diff`, and rank 0's ledger row for the group collectives names both of
+# its subgroups (`g0-1-2+g0-3`).
+#
+# From the command line, `python scripts/train.py --dp 2 --tp 2 --layout group --hw h100`
+# trains the tiny GPT with it (`--hw` also takes a JSON file of the five numbers; `train.py` has
+# no flags for the other three options). The groups are fixed when the optimizer is built, on
+# every rank alike, and each distinct set of members gets its own process subgroup then. Pick
+# `"group"` over `"owner"` when one matrix holds more than its fair share of the Newton-Schulz
+# work. Before training, `python scripts/verify.py --dp D --tp T --layout group --hw PROFILE
+# --shapes ...` shows, for your shapes on your grid, which ranks each group spans (ledger rows
+# such as `g0-1`, and `groups` in its JSON) and checks the result against one process.
 #
 # ## What is built and what is not
 #
@@ -716,10 +778,11 @@ glue("ch14-rec-peak", f"{peak['group'] / peak['owner']:.1f}", display=False)
 # layout takes (a grouped matrix itself is never batched: each member holds only a block of it),
 # and the plans and projections, for a 1T-class mixture of experts too
 # (`plan_at_scale.py --model kimi-k2`).
-# **Not built**: groups sized by time exist in the plan (`build_plan(..., hw=profile)`, used for
-# the projections above) but `DistributedMuon` does not take a profile yet, so the optimizer still
-# sizes its groups by FLOPs (the "FLOP windows" column above); the projections price neither the
-# Gram form over a group nor expert parallelism; and they are a model, not a measurement.
+# and groups sized by time in the optimizer (`hw=`), checked against one process on groups that
+# are neither contiguous nor disjoint.
+# **Not built**: the projections price neither the Gram form over a group nor expert
+# parallelism, and they are a model, not a measurement; the profile is given, not measured on
+# the cluster (every rank must use the same numbers, so no rank may time its own).
 #
 # ## Summary
 #
@@ -730,7 +793,7 @@ glue("ch14-rec-peak", f"{peak['group'] / peak['owner']:.1f}", display=False)
 #   rounding that later steps carry on, so the group layout's tests allow $10^{-2}$ relative.
 #   The Grams cost $m^2$ fp32 a step, so a group pays only where that traffic is cheap next to the
 #   FLOPs it saves. The optimizer's `layout="group"` gives groups to the matrices above their fair
-#   share, sized by FLOPs; sizing them by time is in the plan, not yet in the optimizer.
+#   share: sized by time on a hardware profile (`hw=`), or by FLOPs alone without one.
 # - Same-shape batching turns an owner's many expert matrices into a few calls; Polar Express is
 #   closer to the polar factor in the same matmuls; the Gram form saves FLOPs on rectangles.
 #

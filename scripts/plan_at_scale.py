@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dmuon import hardware  # noqa: E402
 from dmuon.group_routes import count_in_band, local_band, long_bounds  # noqa: E402
 from dmuon.lab.costmodel import collective_seconds, group_bytes, links_for_grid  # noqa: E402
 from dmuon.layouts import assign_owners_and_groups, group_ns_flops, group_seconds  # noqa: E402
@@ -142,21 +143,14 @@ def kimi_k2(layers: int = 61, experts: int = 384):
 MODELS = {"llama3-70b": (llama3_70b, 80), "llama3-8b": (llama3_8b, 32), "moonlight-16b-a3b": (moonlight_16b_a3b, 27),
           "kimi-k2": (kimi_k2, 61)}
 
-# The time model's constants for a projection to H100s: ASSUMPTIONS taken from public figures, not measured here.
-# - bf16 dense matmul: 989 TFLOP/s peak (NVIDIA H100 SXM datasheet, nvidia.com/en-us/data-center/h100: 1,979 "with
-#   sparsity", half that dense); Newton-Schulz is charged at NS_EFFICIENCY of it (assumed 50%: large GEMMs reach more,
-#   the small m x m iterations and the expert matrices less).
-# - NVLink 4 inside a node of 8: 900 GB/s per GPU both ways together (same datasheet), so 450 GB/s one way;
-#   latency per ring hop assumed 3 us.
-# - InfiniBand between nodes: one 400 Gb/s NDR ConnectX-7 per GPU (DGX H100 user guide), 50 GB/s one way;
-#   latency per ring hop assumed 5 us.
-H100 = dict(flops=989e12, efficiency=0.5, gpus_per_node=8, nvlink=(3e-6, 450e9), infiniband=(5e-6, 50e9))
+# The projection's constants: public H100 figures taken as ASSUMPTIONS, not measured here (``dmuon.hardware.H100``,
+# each cited there), and the profile the optimizer's group plan is sized with (``build_plan(..., hw=)``).
+H100 = hardware.H100
 
 
 def profile(hw: dict = H100) -> dict:
-    """``hw`` as a hardware profile of ``lab/timemodel`` (the keys ``build_plan(..., hw=)`` sizes groups with)."""
-    return dict(flops=hw["flops"], efficiency=hw["efficiency"], ranks_per_node=hw["gpus_per_node"],
-                intra=tuple(hw["nvlink"]), inter=tuple(hw["infiniband"]))
+    """``hw`` (figures as ``H100`` gives them) as a hardware profile: ``hardware.node_profile``."""
+    return hardware.node_profile(hw)
 
 
 def span_link(members, prof: dict) -> tuple[float, float]:

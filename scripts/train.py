@@ -7,6 +7,7 @@
     python scripts/train.py --fsdp --dp 2 --tp 2 --optimizer hybrid --steps 20 --compare-torch-muon
     python scripts/train.py --dp 2 --tp 2 --clip 1.0 --save _build/run --every 10 --steps 20
     python scripts/train.py --dp 4 --tp 1 --clip 1.0 --resume _build/run --steps 40   # another grid, same curve
+    python scripts/train.py --dp 2 --tp 2 --layout group --hw h100   # groups sized by time (dmuon/hardware.py)
 
 The model is chapter 1's character-level GPT on Python's docs, split over TP by PyTorch's own
 ``parallelize_module`` (``dmuon/lab/tpgpt.py``); the optimizer reads each parameter's TP split from
@@ -36,7 +37,8 @@ before and after Newton-Schulz). The run ends with one JSON line:
   from its Chrome trace, Newton-Schulz apart (``dmuon/lab/traces.py``);
 * ``bytes_per_step``: what rank 0 sent in the optimizer's collectives (ring-algorithm bytes, from
   the ledger), with ``ledger`` per phase and ``bytes_per_step_per_rank``;
-* ``tp_split_dims`` (what the plan read from the placements) and ``state_metrics``.
+* ``tp_split_dims`` (what the plan read from the placements), ``state_metrics``, and under ``--layout group``
+  ``ns_groups`` (each grouped matrix's ranks; sized by time on ``hw`` with ``--hw``).
 
 **Clipping and checkpoints.** ``--clip MAX_NORM`` clips the DP-mean gradient by its global norm with
 ``opt.clip_grad_norm_`` (``dmuon/clipping.py``; the norms are in ``grad_norm``). ``--save DIR --every N``
@@ -74,11 +76,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from dmuon import hardware
 from dmuon.comm import PHASES
 from dmuon.devices import clock
 from dmuon.distributed import DistributedAdamW, DistributedMuon
 from dmuon.layouts import LAYOUTS
-from dmuon.launch import add_launch_args, check_launch_args, launch
+from dmuon.launch import add_launch_args, arg_type, check_launch_args, launch
 from dmuon.optim import hybrid_param_groups
 from dmuon.lab.charlm import batch, evaluate, load_corpus
 from dmuon.lab.statemetrics import NSMetrics, merge as merge_metrics
@@ -228,7 +231,8 @@ def worker(grid, comm, args) -> int:
         opt = FSDPMuon([dict(g, use_muon=False) if args.optimizer == "adamw" else g for g in groups], grid, comm=comm)
     else:
         cls = DistributedAdamW if args.optimizer == "adamw" else DistributedMuon
-        opt = cls(groups, grid, comm=comm, layout=args.layout, bucket_numel=args.bucket_numel)
+        timed = {} if args.hw is None else dict(hw=args.hw)   # the group layout's groups sized by time
+        opt = cls(groups, grid, comm=comm, layout=args.layout, bucket_numel=args.bucket_numel, **timed)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args))
     metrics_every = args.eval_every if args.metrics_every is None else args.metrics_every
     metrics = NSMetrics(opt) if args.optimizer != "adamw" and metrics_every and not args.fsdp else None
@@ -330,7 +334,9 @@ def worker(grid, comm, args) -> int:
         split = {n: d for g in opt.param_groups for n, d in zip(g["names"], g["tp_split_dims"])}
     result = dict(
         script="train.py", dp=grid.dp, tp=grid.tp, world_size=grid.dp * grid.tp, optimizer=args.optimizer,
-        layout=None if args.fsdp else args.layout, overlap=getattr(opt, "overlap", None), fsdp=args.fsdp,
+        layout=None if args.fsdp else args.layout, overlap=getattr(opt, "overlap", None), fsdp=args.fsdp, hw=args.hw,
+        ns_groups={opt.plan.metas[b][i].name: list(m) for (b, i), m in opt.plan.groups.items()}
+        if not args.fsdp else None,
         steps=args.steps, first_step=start, clip=args.clip, grad_norm=grad_norms, batch=args.batch, context=args.context,
         width=args.width, layers=args.layers, heads=args.heads, lr=args.lr, adamw_lr=args.adamw_lr or args.lr,
         weight_decay=args.weight_decay, warmup=args.warmup, schedule=args.schedule, seed=args.seed,
@@ -401,6 +407,9 @@ def parse_args(argv=None):
     p.add_argument("--layout", choices=LAYOUTS, default="owner",
                    help="Distributed Muon's layout (default owner; 'group' orthogonalises a matrix above its fair "
                         "share of Newton-Schulz work over a group of ranks)")
+    p.add_argument("--hw", type=arg_type(hardware.load), default=None, metavar="PROFILE",
+                   help="with --layout group: size the groups by time on this hardware profile, 'h100' or a JSON "
+                        "file of dmuon.hardware's five keys (default: by Newton-Schulz FLOPs alone)")
     p.add_argument("--fsdp", action="store_true",
                    help="wrap the model with fully_shard on 'dp' (after TP on 'tp') and optimize with dmuon.fsdp.FSDPMuon")
     p.add_argument("--compare-torch-muon", action="store_true",
@@ -444,6 +453,8 @@ def parse_args(argv=None):
             p.error("--compare-torch-muon compares Muon: use --optimizer hybrid or muon")
     if args.fsdp and args.profile:
         p.error("--profile is not supported with --fsdp yet")
+    if args.hw is not None and (args.layout != "group" or args.fsdp or args.optimizer == "adamw"):
+        p.error("--hw sizes the group layout's groups: it needs --layout group (not --fsdp or --optimizer adamw)")
     if args.every is not None and (args.every < 1 or not args.save):
         p.error("--every N needs --save DIR and N >= 1")
     args.every = args.every or args.steps

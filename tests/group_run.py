@@ -1,10 +1,12 @@
 """Run by tests/test_group_layout.py under the launcher (or in-process for 1 x 1): the "group" layout.
 
-Three seeded problems, each one large matrix (far above its fair share of Newton-Schulz FLOPs, so the
-plan gives it a group on any grid of 2 ranks or more) among five small ones, none of whose sides divide
-evenly by every group size: the large one is wide with TP splitting its short side, tall with TP splitting
-its long side, or replicated over TP. For each, DistributedMuon with layout "owner" and with layout
-"group" run 3 steps beside single-device ``dmuon.Muon`` on the DP-mean gradients, and every rank reports:
+Four seeded problems, each with large matrices (far above their fair share of Newton-Schulz FLOPs, so the
+plan gives them groups on any grid of 2 ranks or more) among five small ones, none of whose sides divide
+evenly by every group size: one large matrix, wide with TP splitting its short side, tall with TP splitting
+its long side, or replicated over TP; or two, with groups sized by time on ``TIMED_HW`` (``hw=``), which on
+2 x 2 gives groups no FLOP window would: ranks 0, 1, 2 and ranks 0, 3 (not contiguous, rank 0 in both).
+For each, DistributedMuon with layout "owner" and with layout "group" run 3 steps beside single-device
+``dmuon.Muon`` on the DP-mean gradients, and every rank reports:
 
 * for every parameter, its max abs difference from the reference (owner layout and group layout) and,
   for the grouped ones, the squared Frobenius distance to the reference and the squared size of the
@@ -25,7 +27,7 @@ import sys
 
 import torch
 
-from dmuon import DistributedMuon, Muon
+from dmuon import DistributedMuon, Muon, hardware
 from dmuon.launch import add_launch_args, launch
 from dmuon.lab.synthetic import build_problem, set_grads
 from dmuon.comm import Comm, Ledger
@@ -33,13 +35,17 @@ from dmuon.ns_gram_group import gram_sharded_bytes
 from dmuon.sharding import tp_shard
 
 SMALL = [((20, 36), 1), ((36, 20), 0), ((24, 24), -1), ((12, 8), 0), ((8, 28), 1)]
-LARGE = {"wide-tp-short": ((96, 230), 0), "tall-tp-long": ((228, 64), 0), "replicated": ((80, 170), -1)}
+LARGE = {"wide-tp-short": [((96, 230), 0)], "tall-tp-long": [((228, 64), 0)], "replicated": [((80, 170), -1)],
+         "timed": [((116, 218), 0), ((120, 142), 0)]}
+# A slow rank (1 GFLOP/s) in nodes of 4 with a fast link inside and a slow one between: groups pay, inside a node.
+TIMED_HW = hardware.profile(flops=1e9, efficiency=1.0, ranks_per_node=4, intra=(1e-6, 1e9), inter=(1e-4, 1e8))
+HW = {"timed": TIMED_HW}   # the problems whose group plan is sized by time (the others: by FLOPs)
 BUCKET_NUMEL = 4000   # several buckets; the large matrix's DP pieces straddle shard boundaries
 STEPS = 3
 
 
 def problem_for(name: str, tp: int):
-    items = SMALL[:2] + [LARGE[name]] + SMALL[2:]
+    items = SMALL[:2] + LARGE[name] + SMALL[2:]
     return build_problem("muon", [s for s, _ in items], [d for _, d in items], n_groups=1, seed=11, tp=tp)
 
 
@@ -49,8 +55,9 @@ def check(grid, name: str) -> dict:
     for layout in ("owner", "group"):
         ledgers[layout] = Ledger()
         comm = Comm(grid, ledger=ledgers[layout])
+        timed = dict(hw=HW[name]) if layout == "group" and name in HW else {}
         opts[layout] = DistributedMuon(problem.param_groups(grid.tp, grid.tp_rank), grid, comm=comm, layout=layout,
-                                       bucket_numel=BUCKET_NUMEL)
+                                       bucket_numel=BUCKET_NUMEL, **timed)
     ref_groups = problem.param_groups()
     ref = Muon(ref_groups)
     ref_params = {n: p for g in ref_groups for n, p in zip(g["names"], g["params"])}
@@ -99,7 +106,7 @@ OPTIONS = {"batch-none": ({}, dict(ns_batch=True, overlap="none")),
 
 
 def options_problem(tp: int):
-    items = SMALL[:2] + [LARGE["wide-tp-short"]] + SMALL[2:] + [((12, 8), 0)] * 10   # > 8 ranks: one owns two
+    items = SMALL[:2] + LARGE["wide-tp-short"] + SMALL[2:] + [((12, 8), 0)] * 10   # > 8 ranks: one owns two
     return build_problem("muon", [s for s, _ in items], [d for _, d in items], n_groups=1, seed=12, tp=tp)
 
 

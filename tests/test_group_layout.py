@@ -15,7 +15,9 @@ distance is 1.2e-2 to 1.5e-2, and the gradients here do not depend on the parame
 differences add to the updates without compounding. Measured here: up to about 3e-3.
 Every other matrix must equal the reference (and the owner layout) bit for bit. A grouped matrix runs in
 the form with fewer bytes (``ns_group.group_form``): every launch has one in each form (the wide and
-replicated problems are near square enough for the row form, the tall one, 64 x 228, is not); a row-form
+replicated problems are near square enough for the row form, the tall one, 64 x 228, is not). A fourth
+problem sizes its groups by time on a hardware profile (``hw=``), which on 2 x 2 makes groups that are not
+contiguous and share a rank; a row-form
 matrix sums nothing across ranks, and on the machine where it was measured (``test_group_rows.py``) it
 must also equal the reference bit for bit.
 
@@ -31,7 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dmuon import DistributedMuon, Grid
+from dmuon import DistributedMuon, Grid, hardware
 from dmuon.comm import Comm
 from dmuon.group_routes import band_indices, block_positions, count_in_band, local_band, long_bounds
 from dmuon.lab import costmodel
@@ -41,7 +43,7 @@ from dmuon.newton_schulz import zeropower_ns5
 from dmuon.ns_gram_group import gram_sharded_flops, zeropower_gram_sharded
 from dmuon.ns_variants import ns_flops
 from dmuon.ns_group import group_form, sharded_collectives, simulate, split_long_side, zeropower_sharded
-from dmuon.plan import ParamSpec, build_plan
+from dmuon.plan import ParamSpec, build_plan, disagreement, plan_key
 from conftest import ROOT, run
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -192,6 +194,49 @@ def test_the_gram_form_over_a_group_is_one_process_gram_form_to_rounding(shape, 
         zeropower_gram_sharded(G, lambda t: t, 2)
 
 
+def planned_groups(name: str, dp: int, tp: int) -> list:
+    """``group_run``'s report of the groups that ``build_plan`` gives problem ``name`` (with its ``hw``)."""
+    specs = [[ParamSpec(n, tuple(s), d) for n, s, d in zip(g["names"], g["shapes"], g["tp_split_dims"])]
+             for g in group_run.problem_for(name, tp).groups]
+    plan = build_plan(specs, dp, 0, tp, group_run.BUCKET_NUMEL, "group", hw=group_run.HW.get(name))
+    return sorted([list(k), list(v)] for k, v in plan.groups.items())
+
+
+def test_a_profile_sizes_groups_by_time_into_groups_no_flop_window_forms():
+    """The launches' timed problem (``group_run.TIMED_HW``): on 2 x 2 its two large matrices get ranks 0, 1, 2
+    and ranks 0, 3, which are neither contiguous windows nor disjoint, so the launch runs the flow on such
+    groups; without the profile the same matrices get FLOP windows. Every rank plans the same groups."""
+    timed = planned_groups("timed", 2, 2)
+    assert [members for _, members in timed] == [[0, 1, 2], [0, 3]], timed
+    specs = [[ParamSpec(n, tuple(s), d) for n, s, d in zip(g["names"], g["shapes"], g["tp_split_dims"])]
+             for g in group_run.problem_for("timed", 2).groups]
+    flop_sized = build_plan(specs, 2, 0, 2, group_run.BUCKET_NUMEL, "group").groups
+    assert all(m == tuple(range(m[0], m[0] + len(m))) for m in flop_sized.values()) and flop_sized
+    assert build_plan(specs, 2, 1, 2, group_run.BUCKET_NUMEL, "group", hw=group_run.TIMED_HW).groups == {
+        tuple(k): tuple(v) for k, v in timed}
+    # on the assumed H100 figures these small matrices are not worth a group: Newton-Schulz takes less than
+    # a group's collectives' latency, so every matrix keeps one owner
+    assert build_plan(specs, 2, 0, 2, group_run.BUCKET_NUMEL, "group", hw=hardware.h100()).groups == {}
+
+
+def test_a_profile_is_checked_and_only_the_group_layout_takes_one():
+    specs = [[ParamSpec("w", (96, 230), 0)]]
+    with pytest.raises(ValueError, match="needs layout='group', not 'owner'"):
+        build_plan(specs, 2, 0, 2, None, "owner", hw=hardware.h100())
+    for bad, words in ((dict(flops=1e9), "lacks"), (dict(hardware.h100(), efficiency=0), "efficiency"),
+                       (dict(hardware.h100(), inter=(5e-6,)), "inter must be"),
+                       (dict(hardware.h100(), ranks_per_node=2.5), "ranks_per_node"), ("h100", "must be a dict")):
+        with pytest.raises(ValueError, match=words):
+            build_plan(specs, 2, 0, 2, None, "group", hw=bad)
+    w = torch.nn.Parameter(torch.zeros(96, 230))
+    with pytest.raises(ValueError, match="needs layout='group', not 'owner'"):   # refused before any collective
+        DistributedMuon([dict(params=[w])], Grid.single(), layout="owner", hw=hardware.h100())
+    h100 = plan_key(specs, [["float32"]], "group", None, [True], hardware.h100())
+    other = plan_key(specs, [["float32"]], "group", None, [True], dict(hardware.h100(), ranks_per_node=4))
+    assert "hw is" in disagreement([h100, other]) and disagreement([h100, h100]) is None
+    assert "hw is" in disagreement([h100, plan_key(specs, [["float32"]], "group", None, [True])])
+
+
 GROUP_CALLS = {"gram": 1 + 2 * 5,    # the norm and 5 Gram all-reduces, 5 all-gathers of B's rows
                "rows": 1 + 2 * 5}    # the matrix, then 5 all-gathers of A's rows and 5 of X's
 
@@ -206,6 +251,7 @@ def check_grid(result: dict, dp: int, tp: int) -> None:
         per_rank = [r[name] for r in ranks]
         groups = per_rank[0]["groups"]
         assert all(r["groups"] == groups for r in per_rank)            # the same plan everywhere
+        assert groups == planned_groups(name, dp, tp), (name, groups)  # sized as build_plan says (hw: by time)
         assert (len(groups) > 0) == (dp * tp > 1), (name, groups)
         form = {f"w{key[1]}": group_form(*shapes[f"w{key[1]}"], len(members)) for key, members in groups}
         forms |= set(form.values())
@@ -222,7 +268,8 @@ def check_grid(result: dict, dp: int, tp: int) -> None:
                 size = len(dict((f"w{k[1]}", m) for k, m in groups)[pname])
                 if form[pname] == "rows" and MEASURED_EXACT and min(shapes[pname]) // size >= 4:
                     assert row["group_max_abs"] == 0.0, (name, rank, pname, row)   # one thread per rank
-            expected = costmodel.step_bytes(problem.groups, dp, tp, group_run.BUCKET_NUMEL, layout="group", rank=rank)
+            expected = costmodel.step_bytes(problem.groups, dp, tp, group_run.BUCKET_NUMEL, layout="group", rank=rank,
+                                            hw=group_run.HW.get(name))
             for phase in costmodel.PHASES:
                 assert found["bytes_per_phase"].get(phase, 0) == expected[phase], (name, rank, phase)
             calls = sum(GROUP_CALLS[form[f"w{key[1]}"]] for key, members in groups if rank in members)

@@ -124,7 +124,7 @@ def test_bad_input_names_the_problem():
     del hw["intra"]
     with pytest.raises(ValueError, match=r"lacks \['intra'\]"):
         timemodel.step_seconds(one((8, 8)), 2, 1, None, "bucket", hw)
-    with pytest.raises(ValueError, match="efficiency in"):
+    with pytest.raises(ValueError, match=r"efficiency must be in \(0, 1\]"):
         timemodel.step_seconds(one((8, 8)), 2, 1, None, "bucket", profile(efficiency=0))
 
 

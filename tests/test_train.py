@@ -5,8 +5,9 @@ a tiny model (width 32, 1 layer, 2 heads, 16-character windows, global batch 8) 
 Muon steps, with 1 thread per rank (threads that spin-wait make tiny models slow on a busy machine).
 The grids run different layouts (owner, aligned, bucket, group), which verify.py shows to be
 bit-for-bit the same (the group layout's grouped matrices within its tolerance, tests/test_group_layout.py),
-so every flow is exercised once: on 2x2 the group layout gives the two 32x128 MLP matrices a group of
-ranks each and the other two an owner, so its launch runs the owner flow and the group flow.
+so every flow is exercised once: on 2x2 the group layout, sized by time on a hardware profile given with
+``--hw`` (a JSON file: ``SLOW_HW``), gives the two 32x128 MLP matrices a group of ranks each and the other two
+an owner, so its launch runs the owner flow and the group flow.
 
 **Tolerance of the loss curves: 2e-3 nats per step, absolute** (the group layout included: its grouped
 matrices differ from one process's Newton-Schulz by the order of bf16 sums, the same kind of drift; on
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -50,9 +52,18 @@ TRACES = BUILD / "traces" / "test_train"
 PROFILED = (1, 2, "bucket")  # this grid's run also writes Chrome traces (profiling changes no number)
 
 
+# a slow rank (1 GFLOP/s) in nodes of 4, fast links inside: the group layout's launch sizes its groups on it
+SLOW_HW = dict(flops=1e9, efficiency=1.0, ranks_per_node=4, intra=[1e-6, 1e9], inter=[1e-4, 1e8])
+
+
 @functools.lru_cache(maxsize=None)
 def train(dp: int, tp: int, layout: str):
     profile = ["--profile", str(TRACES)] if (dp, tp, layout) == PROFILED else []
+    if layout == "group":
+        hw_file = BUILD / "test_train_hw.json"
+        hw_file.parent.mkdir(parents=True, exist_ok=True)
+        hw_file.write_text(json.dumps(SLOW_HW))
+        profile = ["--hw", str(hw_file)]
     proc = script("train.py", "--dp", str(dp), "--tp", str(tp), "--optimizer", "hybrid", "--layout", layout, *TINY,
                   *profile)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -82,6 +93,8 @@ def test_loss_falls_and_json_holds_the_run():
     assert set(t["communication"]) == {"grad_reduce_scatter", "ns_to_owner", "ns_group_gram", "ns_from_owner",
                                        "param_all_gather"}
     assert sum(r["ns_calls_per_step"]) == 2 + 2 * 2   # two owned matrices, two grouped ones of two members each
+    assert r["hw"] == SLOW_HW and sorted(r["ns_groups"]) == ["blocks.0.fc.weight", "blocks.0.out.weight"]
+    assert sorted(sum(r["ns_groups"].values(), [])) == [0, 1, 2, 3]   # two groups of two, on different ranks
     assert len(r["time_ms_per_rank"]) == 4 and len(r["bytes_per_step_per_rank"]) == 4
     assert r["bytes_per_step"] == r["ledger"]["bytes_sent"] > 0
     assert sum(p["bytes_sent"] for p in r["ledger"]["phases"].values()) == r["bytes_per_step"]
@@ -197,10 +210,28 @@ def test_head_major_gpt_is_charlms_function():
     torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=1e-6)
 
 
-def test_param_groups_per_optimizer():
+def load_train_script():
     spec = importlib.util.spec_from_file_location("train_script", SCRIPTS / "train.py")
-    train_script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train_script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hw_is_for_the_group_layout_and_a_bad_profile_is_named(tmp_path, capsys):
+    parse = load_train_script().parse_args
+    assert parse(["--layout", "group", "--hw", "h100"]).hw["ranks_per_node"] == 8
+    bad = tmp_path / "hw.json"
+    bad.write_text(json.dumps(dict(SLOW_HW, efficiency=2)))
+    for argv, words in ((["--layout", "owner", "--hw", "h100"], "needs --layout group"),
+                        (["--layout", "group", "--hw", "a100"], "'h100' or a JSON file"),
+                        (["--layout", "group", "--hw", str(bad)], "efficiency must be in")):
+        with pytest.raises(SystemExit):
+            parse(argv)
+        assert words in capsys.readouterr().err, argv
+
+
+def test_param_groups_per_optimizer():
+    train_script = load_train_script()
     from dmuon.lab.tpgpt import head_major_gpt
     model = head_major_gpt(50, d=32, n_layer=1, n_head=2, context=16)
     hidden = {"qkv", "proj", "fc", "out"}

@@ -13,6 +13,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     optim          single-device Muon / AdamW / hybrid MuonW and the hybrid routing rule
     grid           the DP x TP grid: rank layout and process groups
     layouts        where ZeRO-1 cuts buckets and who orthogonalises each matrix (pure)
+    hardware       hardware profiles (h100(), profile(...)) that size the group layout's groups by time
     plan           the ZeRO-1 plan: virtual buffers, buckets, padding, dist_meta, owners (pure)
     sharding       moving tensors by the plan: TP shard/unshard, pack/unpack buckets
     comm           every collective, with the communication ledger (bytes and Newton-Schulz work)

@@ -172,6 +172,9 @@ class Ledger:
                 continue
             p = phases.setdefault(r.phase, dict(calls=0, numel=0, bytes_sent=0, bytes_recv=0, seconds=0.0,
                                                  group=r.group, dtype=r.dtype))
+            for key in ("group", "dtype"):   # a rank in two groups, or the Gram form's fp32 beside bf16
+                if getattr(r, key) not in p[key].split("+"):
+                    p[key] += "+" + getattr(r, key)
             p["calls"] += 1
             p["seconds"] += r.total_seconds()
             p["numel"] += r.numel
@@ -186,11 +189,13 @@ class Ledger:
 
     def table(self, step: int | None = None) -> str:
         s = self.summary(step)
-        lines = [f"{'phase':<22}{'group':>6}{'dtype':>10}{'calls':>7}{'elements':>12}{'bytes sent':>14}"]
+        g = max([6] + [len(p["group"]) + 1 for p in s["phases"].values()])     # a rank in two groups: g0-1+g0-3
+        d = max([10] + [len(p["dtype"]) + 1 for p in s["phases"].values()])
+        lines = [f"{'phase':<22}{'group':>{g}}{'dtype':>{d}}{'calls':>7}{'elements':>12}{'bytes sent':>14}"]
         for name, p in s["phases"].items():
-            lines.append(f"{name:<22}{p['group']:>6}{p['dtype']:>10}{p['calls']:>7}{p['numel']:>12}"
+            lines.append(f"{name:<22}{p['group']:>{g}}{p['dtype']:>{d}}{p['calls']:>7}{p['numel']:>12}"
                          f"{p['bytes_sent']:>14}")
-        lines.append(f"{'total per rank per step':<57}{s['bytes_sent']:>14}")
+        lines.append(f"{'total per rank per step':<{41 + g + d}}{s['bytes_sent']:>14}")
         return "\n".join(lines)
 
 

@@ -19,6 +19,9 @@ every layout but "aligned", whose uneven shards travel padded.
     opt = DistributedMuon(hybrid_param_groups(model.named_parameters()), grid, layout="owner")
     loss.backward(); opt.step(); opt.zero_grad()
 
+``hw=`` (a hardware profile, ``hardware.py``; the group layout only) sizes the groups by time instead of by
+FLOPs: each matrix goes to one owner or to a group of any size, whichever finishes it first counting the
+group's collectives on the link its members share (``layouts.assign_timed``); every rank must give the same.
 ``ns_batch=True`` (owner, aligned and group layouts) has each owner run one batched Newton-Schulz per
 distinct matrix shape it owns, instead of one call per matrix (same parameters, bit for bit, on the CPUs
 we checked); under "group" a matrix orthogonalised by a group is never batched (each member holds a block
@@ -79,7 +82,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, grid, comm: Comm | None = None, layout: str = "bucket",
                  bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
-                 check_finite: bool = True, overlap: str | None = None, ns_batch: bool = False, **hyper):
+                 check_finite: bool = True, overlap: str | None = None, ns_batch: bool = False,
+                 hw: dict | None = None, **hyper):
         hyper = check_hyper(hyper)
         overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
@@ -102,9 +106,10 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         specs = [[ParamSpec(n, self._full_shape(p, d), d) for n, p, d in zip(g["names"], g["params"], g["tp_split_dims"])]
                  for g in self.param_groups]
         self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
-        self._check_ranks_agree(plan_key(specs, [[str(p.dtype).replace("torch.", "") for p in g["params"]]
-                                                 for g in self.param_groups], layout, bucket_numel, self.muon_groups))
-        self.plan = build_plan(specs, grid.dp, grid.dp_rank, grid.tp, bucket_numel, layout, self.muon_groups)
+        dtypes = [[str(p.dtype).replace("torch.", "") for p in g["params"]] for g in self.param_groups]
+        self._check_ranks_agree(plan_key(specs, dtypes, layout, bucket_numel, self.muon_groups, hw))
+        self.plan = build_plan(specs, grid.dp, grid.dp_rank, grid.tp, bucket_numel, layout, self.muon_groups, hw)
+        self.hw = hw   # the hardware profile the group layout's groups were sized on (None: by FLOPs)
         if self.plan.groups:  # collective: every rank has the same plan (checked above), so the same groups
             self.comm.add_subgroups(self.plan.groups.values())
         self.flow = self._make_flow(layout)

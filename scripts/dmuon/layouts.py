@@ -19,8 +19,9 @@ and the collectives are the same for all three:
   block i of the matrix's long side and the group runs ``ns_group.zeropower_sharded`` together
   (the Gram matrix all-reduced each iteration, ``split_b`` on); each block comes back as an owner's
   result would. Every other matrix has one owner, as under "owner". Given a hardware profile
-  (``build_plan(..., hw=)``), ``assign_timed`` decides by time instead: owner or group, its size and its
-  ranks, counting the group's collectives on the link it spans.
+  (``hardware.py``; ``DistributedMuon(..., hw=)``, ``build_plan(..., hw=)``), ``assign_timed`` decides by
+  time instead: owner or group, its size and its ranks, counting the group's collectives on the link it
+  spans.
 
 At scale (70,000 matrices, 1,024 ranks) the plan is built without any per-rank loop per matrix: even
 cuts are computed when asked (``EvenCuts``), what each rank holds of a matrix is a few runs

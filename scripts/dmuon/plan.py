@@ -36,6 +36,7 @@ import math
 import operator
 from dataclasses import dataclass, field
 
+from .hardware import check_hw
 from .layouts import EvenCuts, HeldRuns, Matrix, aligned_cuts, assign_owners, assign_owners_and_groups, check_layout
 from .newton_schulz import ns5_flops
 
@@ -197,8 +198,11 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
                muon: list[bool] | None = None, hw: dict | None = None) -> Plan:
     """Lay out every group's TP-local parameters in buffers and buckets, shard them over ``dp``, and
     (for the "owner" and "aligned" layouts) give every matrix of a Muon group (``muon[g]``, default
-    all) its owner. The result is the same on every rank but for ``dp_rank`` and ``local_range``."""
+    all) its owner; under "group" an owner or a group of ranks, sized by FLOPs or, given a hardware
+    profile ``hw`` (``hardware.py``), by time. The result is the same on every rank but for ``dp_rank``
+    and ``local_range``."""
     check_layout(layout)
+    hw = layout_hw(layout, hw)
     if not 0 <= dp_rank < dp:
         raise ValueError(f"dp_rank {dp_rank} outside 0..{dp - 1}")
     muon = [True] * len(groups) if muon is None else list(muon)
@@ -251,6 +255,16 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
     return plan
 
 
+def layout_hw(layout: str, hw: dict | None) -> dict | None:
+    """``hw`` checked (``hardware.check_hw``), or a ValueError if the layout takes no profile."""
+    if hw is None:
+        return None
+    if layout != "group":
+        raise ValueError(f"hw (a hardware profile) sizes the group layout's groups by time; it needs "
+                         f"layout='group', not {layout!r}")
+    return check_hw(hw)
+
+
 def _owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
     """Every Muon matrix with its NS cost, what each rank holds of it (``HeldRuns``, from the bucket's cuts
     without asking every DP rank), and who may own it."""
@@ -288,11 +302,12 @@ def _piece_runs(bucket: Bucket, meta: DistMeta, even: bool) -> list[tuple[int, i
 
 
 def plan_key(groups: list[list[ParamSpec]], dtypes: list[list[str]], layout: str, bucket_numel: int | None,
-             muon: list[bool]) -> dict:
+             muon: list[bool], hw: dict | None = None) -> dict:
     """What every rank must agree on before the first collective: the same plan from the same input.
     A rank whose model differs (another shape, dtype or parameter order) would otherwise send buffers
-    of another size, which hangs or fails far from the cause, or silently mixes parameters."""
-    return dict(layout=layout, bucket_numel=bucket_numel, muon=list(muon),
+    of another size, which hangs or fails far from the cause, or silently mixes parameters; one with
+    another hardware profile would form other groups."""
+    return dict(layout=layout, bucket_numel=bucket_numel, muon=list(muon), hw=layout_hw(layout, hw),
                 params=[[(s.name, tuple(s.full_shape), s.tp_split_dim, dt) for s, dt in zip(specs, dts)]
                         for specs, dts in zip(groups, dtypes)])
 
@@ -301,7 +316,7 @@ def disagreement(keys: list[dict]) -> str | None:
     """The first difference between rank 0's ``plan_key`` and another rank's, in words (None if none)."""
     ref = keys[0]
     for rank, key in enumerate(keys[1:], start=1):
-        for field_name in ("layout", "bucket_numel", "muon"):
+        for field_name in ("layout", "bucket_numel", "muon", "hw"):
             if key[field_name] != ref[field_name]:
                 return f"{field_name} is {key[field_name]!r} on rank {rank} but {ref[field_name]!r} on rank 0"
         if len(key["params"]) != len(ref["params"]):

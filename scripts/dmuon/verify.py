@@ -25,7 +25,7 @@ others, against the same reference. The top-level fields are the first layout's 
 ``max_abs_diff`` cover all of them); ``"layouts"`` has every layout's: ``ok``, ``max_abs_diff``,
 ``ns_calls`` (Newton-Schulz runs in the last step, summed over all ranks), ``ns_flops_max_rank``,
 ``owners_agree`` (every rank computed the same owner for every matrix), ``groups`` and ``groups_agree``
-(the same for the "group" layout's groups of ranks; its grouped matrices are within a tolerance of the
+(the same for the "group" layout's groups of ranks, sized by time on ``--hw`` when given; its grouped matrices are within a tolerance of the
 reference, not bit-exact, so give it ``--atol``: ``tests/test_group_layout.py``), ``state_dict_roundtrip`` (after
 the last step, ``state_dict()`` loaded into a new optimizer continues bit for bit as the original does,
 checked with one extra step), ``ledger`` (rank 0's) and
@@ -51,7 +51,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dmuon import checkpoint
+from dmuon import checkpoint, hardware
 from dmuon.comm import Comm
 from dmuon.distributed import OVERLAP_MODES, DistributedMuon
 from dmuon.layouts import LAYOUTS, parse_layouts
@@ -74,6 +74,9 @@ def parse_args(argv=None):
                    help="how collectives overlap compute (default: each layout's own; see dmuon/flows.py)")
     p.add_argument("--layout", type=arg_type(parse_layouts), default=["bucket"],
                    help=f"comma-separated layouts from {','.join(LAYOUTS)} (default bucket; see dmuon/layouts.py)")
+    p.add_argument("--hw", type=arg_type(hardware.load), default=None, metavar="PROFILE",
+                   help="size the group layout's groups by time on this hardware profile: 'h100' or a JSON file "
+                        "of dmuon.hardware's five keys (default: by Newton-Schulz FLOPs)")
     p.add_argument("--poc-bug", choices=sorted(POC_BUGS), default=None,
                    help="put one of the proof of concept's bugs back, to see this check catch it")
     p.add_argument("--save", default=None, metavar="DIR", help="write a checkpoint after the last step")
@@ -82,6 +85,8 @@ def parse_args(argv=None):
     check_launch_args(p, args)
     if args.steps < 1:
         p.error("--steps must be at least 1")
+    if args.hw is not None and "group" not in args.layout:
+        p.error("--hw sizes the group layout's groups: give --layout group (or a list with group)")
     check_problem_args(p, args, args.optimizer, args.groups)
     if args.resume:
         try:
@@ -115,7 +120,7 @@ def state_dict_roundtrip(opt, problem, args, grid, step: int) -> bool:
     saved = copy.deepcopy(opt.state_dict())
     copies = [dict(g, params=[torch.nn.Parameter(p.detach().clone()) for p in g["params"]]) for g in opt.param_groups]
     twin = type(opt)(copies, grid, layout=opt.layout, comm=Comm(grid, timeout_s=args.timeout),
-                     bucket_numel=args.bucket_numel, overlap=args.overlap)
+                     bucket_numel=args.bucket_numel, overlap=args.overlap, hw=opt.hw)
     twin.load_state_dict(saved)
     grads = problem.grads(step, grid.dp_rank, grid.dp)
     for o in (opt, twin):
@@ -135,7 +140,7 @@ def worker(grid, comm, args) -> int:
     optimizer_class = POC_BUGS[args.poc_bug] if args.poc_bug else DistributedMuon
     opts = {layout: optimizer_class(problem.param_groups(grid.tp, grid.tp_rank, dev), grid, layout=layout,
                                     comm=Comm(grid, timeout_s=args.timeout), bucket_numel=args.bucket_numel,
-                                    overlap=args.overlap)
+                                    overlap=args.overlap, hw=args.hw if layout == "group" else None)
             for layout in args.layout}
     # The reference runs once, on rank 0, and is broadcast: every rank then checks its own shard.
     ref_params = {n: t.to(dev).clone() for n, t in problem.full.items()}
@@ -208,7 +213,7 @@ def worker(grid, comm, args) -> int:
         ok=ok, max_abs_diff=worst, per_step_max_abs_diff=first["per_step_max_abs_diff"], dp=grid.dp, tp=grid.tp,
         world_size=grid.dp * grid.tp, optimizer=args.optimizer, steps=args.steps, seed=args.seed,
         shapes=[list(s) for s in args.shapes], tp_dims=args.tp_dims, bucket_numel=args.bucket_numel,
-        atol=args.atol, poc_bug=args.poc_bug, overlap=opts[args.layout[0]].overlap, backend=dist.get_backend(), device=str(dev),
+        atol=args.atol, poc_bug=args.poc_bug, hw=args.hw, overlap=opts[args.layout[0]].overlap, backend=dist.get_backend(), device=str(dev),
         resumed_from=resumed_from, saved_to=args.save, layout=args.layout[0], ns_calls=first["ns_calls"], ns_flops_max_rank=first["ns_flops_max_rank"],
         state_bytes=first["state_bytes"], ledger=first["ledger"], layouts=layouts)), flush=True)
     for opt in opts.values():

@@ -58,13 +58,14 @@ DP_GATHER_VARIANTS = ("bucket", "straddlers", "none")
 
 
 def plans_for(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str = "bucket",
-              muon: bool = True) -> list:
+              muon: bool = True, hw: dict | None = None) -> list:
     """The plan of every DP rank for ``groups`` (dicts with ``shapes`` (full), ``tp_split_dims`` and
-    ``use_muon``, as ``synthetic.Problem.groups``); ``muon=False`` plans every group as AdamW."""
+    ``use_muon``, as ``synthetic.Problem.groups``); ``muon=False`` plans every group as AdamW; ``hw``
+    sizes the group layout's groups by time (``hardware.py``), as the optimizer's ``hw=`` does."""
     specs = [[ParamSpec(f"g{g}.p{i}", tuple(s), d) for i, (s, d) in enumerate(zip(gr["shapes"], gr["tp_split_dims"]))]
              for g, gr in enumerate(groups)]
     flags = [bool(muon and g["use_muon"]) for g in groups]
-    return [build_plan(specs, dp, d, tp, bucket_numel, layout, flags) for d in range(dp)]
+    return [build_plan(specs, dp, d, tp, bucket_numel, layout, flags, hw) for d in range(dp)]
 
 
 def step_calls(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, muon: bool = True):
@@ -85,10 +86,11 @@ def step_calls(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, m
 
 
 def step_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, muon: bool = True,
-               layout: str = "bucket", rank: int | None = None) -> dict:
+               layout: str = "bucket", rank: int | None = None, hw: dict | None = None) -> dict:
     """Bytes world rank ``rank`` sends per step, by phase, and their total. With ``rank=None``, the mean
-    over all ranks (every rank sends the same under the bucket layout; the owner layouts differ by rank)."""
-    plan = plans_for(groups, dp, tp, bucket_numel, layout, muon)[0]
+    over all ranks (every rank sends the same under the bucket layout; the owner layouts differ by rank).
+    ``hw``: the group layout's plan sized by time on that profile (``plans_for``)."""
+    plan = plans_for(groups, dp, tp, bucket_numel, layout, muon, hw)[0]
     use_muon = [bool(muon and g["use_muon"]) for g in groups]
     steps = [g.get("ns_steps", NS_STEPS) for g in groups]
     forms = [g.get("ns_form", NS_FORM) for g in groups]

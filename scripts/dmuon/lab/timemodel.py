@@ -26,13 +26,14 @@ The step is priced serially (communication + Newton-Schulz, no overlap: an upper
 can at best hide the smaller of the two). The optimizer's element-wise work (momentum, AdamW's
 moments, the update) is left out on both sides.
 
-A profile is a dict: ``flops`` (matmul FLOP/s of one rank) and ``efficiency`` (Newton-Schulz's share
-of it), ``ranks_per_node`` (ranks on the fast link; ``None``: all on one machine), ``intra`` and
-``inter`` ((alpha s, beta bytes/s) per link), ``reduce_scatter_as_all_reduce`` (gloo runs one so) and
+A profile is a dict: the five keys a plan sizes groups with (``dmuon.hardware``: ``flops``, matmul FLOP/s
+of one rank, and ``efficiency``, Newton-Schulz's share of it; ``ranks_per_node``, ranks on the fast link,
+``None``: all on one machine; ``intra`` and ``inter``, (alpha s, beta bytes/s) per link), and
+``reduce_scatter_as_all_reduce`` (gloo runs one so) and
 ``shared_cores`` (the ``flops`` is the whole machine's, shared by the ranks computing at once), and
 optionally ``max_ranks`` (the largest grid the profile is meant for; callers skip larger ones).
-Two are provided: ``h100()`` (``scripts/plan_at_scale.py``'s ``H100``, public figures taken as
-assumptions, cited there) and ``this_machine()`` (measured here by ``scripts/calibrate_time_model.py``,
+Two are provided: ``h100()`` (``dmuon.hardware.H100``, public figures taken as assumptions, cited
+there) and ``this_machine()`` (measured here by ``scripts/calibrate_time_model.py``,
 recorded with its provenance in ``book/data/time_model_cpu.json``).
 
     python -m dmuon.lab.timemodel       # the proof of concept's shapes on 4 x 1 and 2 x 2, both profiles
@@ -44,10 +45,10 @@ import importlib.util
 import json
 from pathlib import Path
 
+from .. import hardware
 from ..group_routes import count_in_band, local_band, long_bounds
 from ..layouts import group_ns_flops, group_seconds
 from ..newton_schulz import NS_STEPS, ns5_flops
-from ..plan import ParamSpec, build_plan
 from . import costmodel
 
 # Chapter 13 compares the first four (``layout_seconds``' default, the layout explorer); "group" (chapter 14)
@@ -79,12 +80,10 @@ def plan_at_scale():
 
 
 def h100() -> dict:
-    """The H100 cluster profile: ``H100`` of ``scripts/plan_at_scale.py`` (NVLink inside a node of 8,
-    InfiniBand between nodes), read from the checkout so the figures and their citations live once."""
-    hw = plan_at_scale().H100
-    return dict(name="H100 cluster (assumed public figures)", flops=hw["flops"], efficiency=hw["efficiency"],
-                ranks_per_node=hw["gpus_per_node"], intra=tuple(hw["nvlink"]), inter=tuple(hw["infiniband"]),
-                reduce_scatter_as_all_reduce=False, shared_cores=False)
+    """The H100 cluster profile: ``dmuon.hardware.h100()`` (NVLink inside a node of 8, InfiniBand between
+    nodes; the figures and their citations live there), with the time model's two further keys."""
+    return dict(hardware.h100(), name="H100 cluster (assumed public figures)", reduce_scatter_as_all_reduce=False,
+                shared_cores=False)
 
 
 def this_machine(path: Path | None = None) -> dict:
@@ -96,11 +95,11 @@ def this_machine(path: Path | None = None) -> dict:
 
 
 def check_profile(hw: dict) -> None:
+    """The plan's five keys checked by ``hardware.check_hw``, and the time model's two more present."""
     missing = [k for k in PROFILE_KEYS if k not in hw]
     if missing:
         raise ValueError(f"hardware profile lacks {missing}: give every one of {PROFILE_KEYS} (see timemodel's docstring)")
-    if hw["flops"] <= 0 or not 0 < hw["efficiency"] <= 1:
-        raise ValueError(f"profile flops must be > 0 and efficiency in (0, 1], got {hw['flops']}, {hw['efficiency']}")
+    hardware.check_hw(hw)
 
 
 def ns_flops_per_rank(plan, use_muon: list[bool], steps: int = NS_STEPS) -> list[int]:
@@ -216,13 +215,9 @@ def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None,
         raise ValueError(f"layout must be one of {TIME_LAYOUTS}, got {layout!r}")
     check_profile(hw)
     muon = layout != "adamw"
-    if layout == "group" and timed_groups:
-        specs = [[ParamSpec(f"g{g}.p{i}", tuple(sh), d) for i, (sh, d) in enumerate(zip(gr["shapes"], gr["tp_split_dims"]))]
-                 for g, gr in enumerate(groups)]
-        plan = build_plan(specs, dp, 0, tp, bucket_numel, "group", [bool(gr["use_muon"]) for gr in groups],
-                          hw={k: hw[k] for k in ("flops", "efficiency", "ranks_per_node", "intra", "inter")})
-    else:
-        plan = costmodel.plans_for(groups, dp, tp, bucket_numel, "bucket" if layout == "adamw" else layout, muon)[0]
+    timed = hw if layout == "group" and timed_groups else None   # the plan's groups sized on this profile
+    plan = costmodel.plans_for(groups, dp, tp, bucket_numel, "bucket" if layout == "adamw" else layout, muon,
+                               timed)[0]
     use_muon = [bool(muon and gr["use_muon"]) for gr in groups]
     per_node = hw["ranks_per_node"] or dp * tp
     links = costmodel.links_for_grid(dp, tp, per_node, hw["intra"], hw["inter"])
