@@ -279,7 +279,7 @@ err, sigma = {}, {}
 for coefficients, form in VARIANTS:
     out = zeropower_ns5(M, 5, coefficients, dtype=torch.float32, form=form).double()
     err[(coefficients, form)] = float((out - polar).norm() / polar.norm())
-    sigma[(coefficients, form)] = torch.linalg.svdvals(out)   # where the steps leave them
+    sigma[(coefficients, form)] = torch.linalg.svdvals(out)   # where they end up
 table(["coefficients", "form", "error vs U V^T", "matmuls", "GFLOP"],
       [[c, f, f"{err[(c, f)]:.3f}", ns_matmuls(5, f),
         f"{ns_flops(256, 1024, 5, f) / 1e9:.2f}"] for c, f in VARIANTS])
@@ -294,7 +294,7 @@ assert ns_matmuls(5, "standard") == 15 and NS_COEFFICIENTS == (3.4445, -4.7750, 
 glue("ch14-err-muon", f"{err[('muon', 'standard')]:.3f}", display=False)
 glue("ch14-err-pe", f"{err[('polar_express', 'standard')]:.3f}", display=False)
 muon_sigma = sigma[("muon", "standard")]
-assert 0.5 < muon_sigma.min() < 0.9 and 1.1 < muon_sigma.max() < 1.3   # the prose's band
+assert 0.5 < muon_sigma.min() < 0.9 and 1.1 < muon_sigma.max() < 1.3   # prose's band
 glue("ch14-sigma-lo", f"{muon_sigma.min():.2f}", display=False)
 glue("ch14-sigma-hi", f"{muon_sigma.max():.2f}", display=False)
 flop_ratio = ns_flops(256, 1024, 5, "standard") / ns_flops(256, 1024, 5, "gram")
