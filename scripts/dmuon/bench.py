@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dmuon import hardware
 from dmuon.comm import Comm
 from dmuon.distributed import OVERLAP_MODES, DistributedAdamW, DistributedMuon, default_overlap
 from dmuon.launch import add_launch_args, arg_type, check_launch_args, launch, under_torchrun
@@ -120,7 +121,9 @@ def worker(grid, comm, args) -> int:
         groups = problem.param_groups(grid.tp, grid.tp_rank, dev)
         comms[name] = Comm(grid, timeout_s=args.timeout)
         cls = DistributedMuon if kind == "muon" else DistributedAdamW
-        opts[name] = cls(groups, grid, comm=comms[name], bucket_numel=args.bucket_numel, overlap=overlap, layout=layout)
+        timed = dict(hw=args.hw) if args.hw is not None and layout == "group" else {}
+        opts[name] = cls(groups, grid, comm=comms[name], bucket_numel=args.bucket_numel, overlap=overlap, layout=layout,
+                         **timed)
 
     seconds = {name: [] for name in opts}
     for step in range(1, args.warmup + args.steps + 1):
@@ -174,7 +177,8 @@ def worker(grid, comm, args) -> int:
     layouts = {}
     for layout in args.layout:
         m = results[muon_name(layout)]
-        closed = [step_bytes(problem.groups, grid.dp, grid.tp, args.bucket_numel, layout=layout, rank=r)["total"]
+        hw = args.hw if layout == "group" else None
+        closed = [step_bytes(problem.groups, grid.dp, grid.tp, args.bucket_numel, layout=layout, rank=r, hw=hw)["total"]
                   for r in range(grid.dp * grid.tp)]
         layouts[layout] = dict(
             variant=muon_name(layout), bytes_mean=m["bytes_mean"], bytes_ratio=ratio(m["bytes_mean"], adamw["bytes_mean"]),
@@ -261,6 +265,8 @@ def main(argv=None) -> int:
     p.add_argument("--stack", type=int, nargs="?", const=12, default=0, metavar="LAYERS",
                    help="a balanced transformer stack of LAYERS layers (default 12; see synthetic.stack_shapes)")
     p.add_argument("--layout", type=arg_type(parse_layouts), default=["bucket"], help=f"comma-separated layouts from {','.join(LAYOUTS)} (default bucket)")
+    p.add_argument("--hw", type=arg_type(hardware.load), default=None, metavar="PROFILE",
+                   help="size the group layout's groups by time on this profile: 'h100' or a JSON file (dmuon.hardware)")
     p.add_argument("--single", action="store_true", help="also time one process with all cores (grid efficiency)")
     p.add_argument("--sweep", action="store_true", help="run every grid of --grids in turn")
     p.add_argument("--grids", type=parse_grids, default=parse_grids(SWEEP_GRIDS), help=f"for --sweep (default {SWEEP_GRIDS})")
@@ -274,6 +280,8 @@ def main(argv=None) -> int:
     if args.out:  # the code and the machine as the run began
         args.origin = provenance(sys.argv if argv is None else [sys.argv[0], *argv])
         args.load_before = round(os.getloadavg()[0], 1)
+    if args.hw is not None and "group" not in args.layout:
+        p.error("--hw sizes the group layout's groups: give --layout group (or a list with group)")
     if args.report_shapes and args.stack:
         p.error("--report-shapes and --stack are two different problems: pick one")
     if args.report_shapes:
