@@ -37,6 +37,7 @@ from dmuon import DistributedMuon, Grid, hardware
 from dmuon.comm import Comm
 from dmuon.group_routes import band_indices, block_positions, count_in_band, local_band, long_bounds
 from dmuon.lab import costmodel
+from dmuon.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS
 from conftest import last_json
 from dmuon.layouts import group_window
 from dmuon.newton_schulz import zeropower_ns5
@@ -217,6 +218,24 @@ def test_a_profile_sizes_groups_by_time_into_groups_no_flop_window_forms():
     # on the assumed H100 figures these small matrices are not worth a group: Newton-Schulz takes less than
     # a group's collectives' latency, so every matrix keeps one owner
     assert build_plan(specs, 2, 0, 2, group_run.BUCKET_NUMEL, "group", hw=hardware.h100()).groups == {}
+
+
+def test_ranks_that_share_cores_get_groups_no_larger_than_the_ranks_that_compute_at_once():
+    """``parallel_ranks``: on one machine whose cores the ranks share, a group larger than the ranks that can
+    compute at once only adds traffic. The report's 4096 x 4096 matrix on 2 x 2, with a CPU core's rate per
+    rank and a loopback link: four members when every rank has its own device, two (one TP group) when two
+    compute at once, none (one owner) when one does."""
+    specs = [[ParamSpec(f"w{i}", s, d) for i, (s, d) in enumerate(zip(REPORT_SHAPES, REPORT_TP_DIMS))]]
+    link = (1.4e-3, 2.9e8)
+    groups = {par: build_plan(specs, 2, 0, 2, 2**20, "group",
+                              hw=hardware.profile(190e9, 1.0, None, link, link, parallel_ranks=par)).groups
+              for par in (None, 4, 2, 1)}
+    assert groups == {None: {(0, 0): (0, 1, 2, 3)}, 4: {(0, 0): (0, 1, 2, 3)}, 2: {(0, 0): (0, 1)}, 1: {}}
+    with pytest.raises(ValueError, match="parallel_ranks must be a positive int"):
+        hardware.profile(190e9, 1.0, None, link, link, parallel_ranks=0)
+    shared = dict(hardware.profile(190e9, 1.0, None, link, link), shared_cores=True)   # the time model's CPU kind
+    with pytest.raises(ValueError, match="whole machine's, shared by its ranks"):
+        build_plan(specs, 2, 0, 2, 2**20, "group", hw=shared)
 
 
 def test_a_profile_is_checked_and_only_the_group_layout_takes_one():

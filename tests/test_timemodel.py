@@ -15,6 +15,7 @@ import pytest
 from dmuon.lab import costmodel, timemodel
 from dmuon.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, REPORT_SHAPES, REPORT_TP_DIMS, stack_shapes
 from dmuon.newton_schulz import ns5_flops
+from dmuon.plan import ParamSpec, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 A, B, F = 1e-5, 1e9, 1e12  # alpha (s), beta (bytes/s), flops of the hand-made profile
@@ -200,3 +201,18 @@ def test_timed_groups_are_never_slower_in_the_model_than_flop_sized_ones():
         timed = timemodel.step_seconds(groups, dp, tp, None, "group", hw, timed_groups=True)
         flops = timemodel.step_seconds(groups, dp, tp, None, "group", hw)
         assert timed["newton_schulz"] + timed["ns_group_gram"] <= (flops["newton_schulz"] + flops["ns_group_gram"]) * (1 + 1e-9)
+
+
+def test_the_cpu_profile_becomes_a_plan_profile_for_a_launch():
+    """``plan_profile``: a launch of 4 ranks on 2 cores gives each rank 1 thread, so a rank computes at half
+    the machine's rate and two compute at once; on 16 cores each of 4 ranks has 4 threads, all compute at
+    once. On 2 cores the report's 4096 x 4096 matrix then goes to a group of two on 2 x 2, not four."""
+    cpu = timemodel.this_machine(ROOT / timemodel.CPU_RECORD)
+    two = timemodel.plan_profile(cpu, 4, cores=2)
+    assert (two["flops"], two["parallel_ranks"]) == (cpu["flops"] / 2, 2)
+    assert (two["intra"], two["ranks_per_node"]) == (tuple(cpu["intra"]), None)
+    sixteen = timemodel.plan_profile(cpu, 4, cores=16)
+    assert (sixteen["flops"], sixteen["parallel_ranks"]) == (cpu["flops"] / 4, 4)
+    assert timemodel.plan_profile(cpu, 1, cores=2)["parallel_ranks"] == 1
+    specs = [[ParamSpec(f"w{i}", s, d) for i, (s, d) in enumerate(zip(REPORT_SHAPES, REPORT_TP_DIMS))]]
+    assert build_plan(specs, 2, 0, 2, 2**20, "group", hw=two).groups == {(0, 0): (0, 1)}

@@ -10,7 +10,10 @@ collectives on its link (``layouts.assign_timed``). A profile is a dict of plain
 * ``flops``: matmul FLOP/s of one rank; ``efficiency``: the share of it Newton-Schulz reaches, in (0, 1];
 * ``ranks_per_node``: how many consecutive ranks share the fast link (the grid lays ranks out TP-fastest,
   ``grid.py``, so a TP group sits on one node when ``tp <= ranks_per_node``); ``None``: all on one node;
-* ``intra`` and ``inter``: (alpha, beta) inside a node and between nodes: seconds per ring hop, bytes/s.
+* ``intra`` and ``inter``: (alpha, beta) inside a node and between nodes: seconds per ring hop, bytes/s;
+* optionally ``parallel_ranks``: how many ranks of a node compute at ``flops`` at the same time, where
+  ranks share a node's cores (CPU ranks: cores // threads per rank); a group with more members than that
+  finishes no sooner, it only talks more. ``None`` (the default): every rank has its own device.
 
 Every rank must give the same profile (the optimizer checks it with the rest of the plan), so no rank
 measures its own. ``h100()`` is the profile of the public H100 figures below; ``profile(...)`` any other.
@@ -41,10 +44,10 @@ HW_KEYS = ("flops", "efficiency", "ranks_per_node", "intra", "inter")
 
 
 def profile(flops: float, efficiency: float, ranks_per_node: int | None, intra: tuple[float, float],
-            inter: tuple[float, float]) -> dict:
-    """A checked profile from its five numbers (see the module docstring)."""
+            inter: tuple[float, float], parallel_ranks: int | None = None) -> dict:
+    """A checked profile from its numbers (see the module docstring)."""
     return check_hw(dict(flops=flops, efficiency=efficiency, ranks_per_node=ranks_per_node, intra=intra,
-                         inter=inter))
+                         inter=inter, parallel_ranks=parallel_ranks))
 
 
 def node_profile(figures: dict) -> dict:
@@ -74,8 +77,9 @@ def load(spec: str) -> dict:
 
 
 def check_hw(hw: dict) -> dict:
-    """``hw``'s five keys, checked, with its links as tuples (extra keys, such as the time model's, are left
-    out: they do not change the plan). Raises ValueError naming the key that is missing or wrong."""
+    """``hw``'s five keys and ``parallel_ranks`` (None if absent), checked, with its links as tuples (other
+    keys, such as the time model's names, are left out: they do not change the plan). Raises ValueError
+    naming the key that is missing or wrong."""
     if not isinstance(hw, dict):
         raise ValueError(f"hw must be a dict with {HW_KEYS} (dmuon.hardware.profile(...) or .h100()), "
                          f"got {type(hw).__name__}")
@@ -83,13 +87,15 @@ def check_hw(hw: dict) -> dict:
     if missing:
         raise ValueError(f"hardware profile lacks {missing}: give every one of {HW_KEYS} (dmuon.hardware)")
     out = {k: hw[k] for k in HW_KEYS}
+    out["parallel_ranks"] = hw.get("parallel_ranks")
     if not _positive(out["flops"]):
         raise ValueError(f"hardware profile: flops must be a positive number of FLOP/s, got {out['flops']!r}")
     if not (_positive(out["efficiency"]) and out["efficiency"] <= 1):
         raise ValueError(f"hardware profile: efficiency must be in (0, 1], got {out['efficiency']!r}")
-    node = out["ranks_per_node"]
-    if node is not None and (isinstance(node, bool) or not isinstance(node, int) or node < 1):
-        raise ValueError(f"hardware profile: ranks_per_node must be a positive int or None, got {node!r}")
+    for key in ("ranks_per_node", "parallel_ranks"):
+        n = out[key]
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"hardware profile: {key} must be a positive int or None, got {n!r}")
     for link in ("intra", "inter"):
         value = out[link]
         if (not isinstance(value, (tuple, list)) or len(value) != 2 or not _number(value[0]) or value[0] < 0

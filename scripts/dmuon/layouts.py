@@ -337,10 +337,13 @@ def assign_timed(matrices: list[Matrix], world: int, shapes: dict, hw: dict, ste
     talk costs more than the Newton-Schulz it saves is not chosen, and a group that fits in a node takes
     that node's ``k`` least-busy ranks (not necessarily contiguous; the node whose k-th least busy rank is
     least busy, then least total, then the lowest), while a larger one takes the ``k`` least-busy ranks
-    anywhere. Ties go to the smaller group. The shard's trip to the members and back is left out: it moves
-    the same elements as the trip to one owner. Returns (owners, groups, FLOPs per rank)."""
+    anywhere. Ties go to the smaller group. With ``parallel_ranks`` P (ranks sharing a node's cores), a group
+    of k > P members computes in k / P turns, so it is no faster than P members. The shard's trip to the
+    members and back is left out: it moves the same elements as the trip to one owner. Returns (owners,
+    groups, FLOPs per rank)."""
     rate = hw["flops"] * hw["efficiency"]
     node = hw.get("ranks_per_node") or world
+    turns = lambda k: max(1.0, k / (hw.get("parallel_ranks") or k))   # noqa: E731  (members taking turns)
     fair = sum(m.flops for m in matrices) / world
     busy = _Loads(world)
     flops = [0] * world
@@ -365,7 +368,8 @@ def assign_timed(matrices: list[Matrix], world: int, shapes: dict, hw: dict, ste
                     ranks = anywhere[:k]
                 members = tuple(sorted(ranks))
                 link = hw["intra"] if members[0] // node == members[-1] // node else hw["inter"]
-                cost = group_ns_flops(rows, cols, k, steps, split_b) / rate + group_seconds(rows, cols, k, steps, link)
+                cost = (group_ns_flops(rows, cols, k, steps, split_b) / rate * turns(k)
+                        + group_seconds(rows, cols, k, steps, link))
                 finish = max(load[r] for r in members) + cost
                 if finish < best[0]:
                     best = (finish, members, cost)

@@ -262,6 +262,10 @@ def layout_hw(layout: str, hw: dict | None) -> dict | None:
     if layout != "group":
         raise ValueError(f"hw (a hardware profile) sizes the group layout's groups by time; it needs "
                          f"layout='group', not {layout!r}")
+    if isinstance(hw, dict) and hw.get("shared_cores"):
+        raise ValueError("this profile's flops is a whole machine's, shared by its ranks (shared_cores: the time "
+                         "model's CPU profile); to size groups give one rank's rate and parallel_ranks "
+                         "(dmuon.hardware.profile)")
     return check_hw(hw)
 
 

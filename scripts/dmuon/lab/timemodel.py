@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 from .. import hardware
@@ -92,6 +93,23 @@ def this_machine(path: Path | None = None) -> dict:
     profile = dict(record["profile"], intra=tuple(record["profile"]["intra"]), inter=tuple(record["profile"]["inter"]))
     return dict(profile, max_ranks=CPU_MAX_RANKS, provenance={k: record[k] for k in ("command", "commit", "torch", "cpu", "cores",
                                                               "recorded_at", "load_average_before")})
+
+
+def plan_profile(cpu: dict, ranks: int, cores: int | None = None) -> dict:
+    """The hardware profile (``dmuon.hardware``) that sizes the group layout's groups for ``ranks`` ranks
+    launched on the machine ``cpu`` describes (``this_machine()``: its ``flops`` is the whole machine's,
+    ``shared_cores``). The launcher gives each rank ``cores // ranks`` threads (at least one,
+    ``launch.py``), so a rank computes at that share of the machine's rate and ``cores // threads`` ranks
+    compute at once (``parallel_ranks``); every rank is on the one node, over the measured link.
+
+        python -c "import json; from dmuon.lab.timemodel import this_machine, plan_profile; \
+                   print(json.dumps(plan_profile(this_machine(), 4)))" > hw.json   # then --hw hw.json
+    """
+    cores = cores or os.cpu_count() or 1
+    threads = max(1, cores // ranks)
+    return hardware.profile(flops=cpu["flops"] * threads / cores, efficiency=cpu["efficiency"],
+                            ranks_per_node=None, intra=cpu["intra"], inter=cpu["inter"],
+                            parallel_ranks=max(1, cores // threads))
 
 
 def check_profile(hw: dict) -> None:
