@@ -702,7 +702,8 @@ glue("ch14-rec-peak", f"{peak['group'] / peak['owner']:.1f}", display=False)
 #
 # `hw` is the profile of the projections above: `hardware.h100()` gives their assumed H100
 # figures, `hardware.profile(flops=..., efficiency=..., ranks_per_node=..., intra=(alpha, beta),
-# inter=(alpha, beta))` your own cluster's. Every rank must pass the same profile (the optimizer
+# inter=(alpha, beta))` your own cluster's (with `parallel_ranks=` where ranks share a node's
+# cores, as CPU ranks do). Every rank must pass the same profile (the optimizer
 # checks it with the rest of the plan before the first collective). Left out, the groups are
 # sized by FLOPs alone. The profile decides whether a group pays at all, so the same matrices
 # get different plans on different machines. Below, the optimizer runs on four ranks with two
