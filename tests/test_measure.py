@@ -7,12 +7,14 @@ import json
 import pytest
 import torch
 
-from conftest import last_json, script
+from conftest import ROOT, last_json, script
+from dmuon.lab import timemodel
 from dmuon.lab.costmodel import (DP_GATHER_VARIANTS, collective_seconds, dp_gather_bytes, fit_alpha_beta, step_bytes, step_calls,
                              step_seconds)
 from dmuon.lab.profiling import step_peak_bytes
 from dmuon.lab.synthetic import build_problem
 from dmuon.lab.traces import breakdown, load_events, median_breakdown
+from dmuon.plan import ParamSpec, build_plan
 
 
 @pytest.mark.parametrize("dp,tp", [(2, 1), (3, 1), (4, 2), (2, 4)])
@@ -182,6 +184,25 @@ def test_bench_sweep_dp_only_gives_exactly_the_papers_bound():
     assert [(r["dp"], r["tp"]) for r in runs] == [(2, 1), (3, 1)]
     assert all(r["bytes_ratio"] == 1.25 and r["closed_form"]["bytes_ratio"] == 1.25 for r in runs)
     assert last_json(proc.stdout)["fastest_muon_grids"] and set(last_json(proc.stdout)["fastest_muon_grids"]) <= {"2x1", "3x1"}
+
+
+def test_bench_sizes_groups_on_this_machines_profile_for_each_grid_it_launches():
+    """``--hw this-machine``: the calibrated CPU profile made into a plan profile for each grid's ranks
+    (``timemodel.plan_profile``: 2 ranks get twice the threads of 4), the groups the plan gives with it, and
+    bytes equal to the closed form priced on that plan. The 512 x 768 matrix gets a group on both grids."""
+    proc = script("bench.py", "--sweep", "--grids", "2x1,2x2", "--layout", "group", "--hw", "this-machine",
+                  "--shapes", "36x57,512x768,33x17", "--tp-dims", "0,1,none", "--bucket-numel", "1500",
+                  "--steps", "1", "--warmup", "0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cpu = timemodel.this_machine(ROOT / timemodel.CPU_RECORD)
+    for r in last_json(proc.stdout)["sweep"]:
+        hw = timemodel.plan_profile(cpu, r["dp"] * r["tp"])
+        assert r["hw"] == json.loads(json.dumps(hw)) and r["closed_form"]["matches_ledger"]
+        specs = [[ParamSpec(f"p{i}", shape, d)
+                  for i, (shape, d) in enumerate(zip(((36, 57), (512, 768), (33, 17)), (0, 1, -1)))]]
+        plan = build_plan(specs, r["dp"], 0, r["tp"], 1500, "group", hw=hw)
+        assert r["layouts"]["group"]["groups"] == {f"{b}.{i}": list(m) for (b, i), m in plan.groups.items()}
+        assert r["layouts"]["group"]["groups"]["0.1"]   # a group (on 2 cores, of ranks 0 and 1: two compute at once)
 
 
 def test_profile_step_traces_and_splits_a_real_training_step(tmp_path):

@@ -52,6 +52,7 @@ from dmuon.layouts import LAYOUTS, parse_layouts
 from dmuon.newton_schulz import native_bf16_matmul
 from dmuon.optim import MuonW
 from dmuon.lab.costmodel import step_bytes
+from dmuon.lab.timemodel import plan_profile, this_machine
 from dmuon.lab.provenance import provenance
 from dmuon.lab.profiling import slowest_rank_seconds, step_peak_bytes, timed
 from dmuon.lab.verdicts import fastest, fastest_text
@@ -121,9 +122,8 @@ def worker(grid, comm, args) -> int:
         groups = problem.param_groups(grid.tp, grid.tp_rank, dev)
         comms[name] = Comm(grid, timeout_s=args.timeout)
         cls = DistributedMuon if kind == "muon" else DistributedAdamW
-        timed = dict(hw=args.hw) if args.hw is not None and layout == "group" else {}
         opts[name] = cls(groups, grid, comm=comms[name], bucket_numel=args.bucket_numel, overlap=overlap, layout=layout,
-                         **timed)
+                         hw=group_hw(args, layout))
 
     seconds = {name: [] for name in opts}
     for step in range(1, args.warmup + args.steps + 1):
@@ -177,13 +177,14 @@ def worker(grid, comm, args) -> int:
     layouts = {}
     for layout in args.layout:
         m = results[muon_name(layout)]
-        hw = args.hw if layout == "group" else None
+        hw = group_hw(args, layout)
         closed = [step_bytes(problem.groups, grid.dp, grid.tp, args.bucket_numel, layout=layout, rank=r, hw=hw)["total"]
                   for r in range(grid.dp * grid.tp)]
         layouts[layout] = dict(
             variant=muon_name(layout), bytes_mean=m["bytes_mean"], bytes_ratio=ratio(m["bytes_mean"], adamw["bytes_mean"]),
             closed_form_matches=closed == m["bytes_per_rank"], ns_calls=m["ns_calls"],
             ns_flops_max_rank=m["ns_flops_max_rank"], step_seconds=m["step_seconds"],
+            groups={f"{b}.{i}": list(ranks) for (b, i), ranks in opts[muon_name(layout)].plan.groups.items()},
             time_ratio=ratio(m["step_seconds"], adamw["step_seconds"]))
         if single:
             single_extra = single["muon"] - single["adamw"]
@@ -196,11 +197,12 @@ def worker(grid, comm, args) -> int:
                                          for t, a in zip(m["step_seconds_all"], adamw["step_seconds_all"])])
         layouts[layout]["step_seconds_all"] = m["step_seconds_all"]
     closed = {k: step_bytes(problem.groups, grid.dp, grid.tp, args.bucket_numel, muon=k == "muon",
-                            layout=args.layout[0])["total"] for k in ("muon", "adamw")}
+                            layout=args.layout[0], hw=group_hw(args, args.layout[0]) if k == "muon" else None)["total"]
+              for k in ("muon", "adamw")}
     summary = dict(
         dp=grid.dp, tp=grid.tp, world_size=grid.dp * grid.tp, backend=dist.get_backend(), device=str(dev),
         shapes=[list(s) for s in args.shapes], tp_dims=args.tp_dims, bucket_numel=args.bucket_numel,
-        steps=args.steps, warmup=args.warmup, variants=results, layouts=layouts, single=single,
+        steps=args.steps, warmup=args.warmup, variants=results, layouts=layouts, single=single, hw=args.hw,
         bf16_matmul="native" if native_bf16_matmul(dev) else "emulated (fp32 matmul on bf16 values)",
         bytes_ratio=ratio(muon["bytes_mean"], adamw["bytes_mean"]), time_ratio=ratio(muon["step_seconds"], adamw["step_seconds"]),
         comm_time_ratio=ratio(muon["comm_seconds"], adamw["comm_seconds"]),
@@ -223,6 +225,30 @@ def worker(grid, comm, args) -> int:
     return 0
 
 
+THIS_MACHINE = "this-machine"
+
+
+def load_hw(spec: str):
+    """``--hw``: ``hardware.load``'s profiles, or ``THIS_MACHINE``, resolved per grid by ``resolve_hw``."""
+    return spec if spec == THIS_MACHINE else hardware.load(spec)
+
+
+def resolve_hw(p, args) -> None:
+    """``--hw this-machine`` as the profile for this launch: the calibrated CPU profile (``timemodel``'s
+    ``this_machine``, book/data) for ``dp * tp`` ranks sharing this machine's cores (``plan_profile``)."""
+    if args.hw_spec == THIS_MACHINE:
+        try:
+            args.hw = plan_profile(this_machine(), args.dp * args.tp)
+        except FileNotFoundError as e:
+            p.error(f"--hw {THIS_MACHINE} reads the calibration in a checkout ({e.filename}): run from the "
+                    "repository, after scripts/calibrate_time_model.py")
+
+
+def group_hw(args, layout: str) -> dict | None:
+    """The profile the group layout's groups are sized on (None: by FLOPs, and for every other layout)."""
+    return args.hw if layout == "group" else None
+
+
 def print_table(s: dict) -> None:
     print(f"\n{s['dp']} x {s['tp']} grid ({s['backend']}, bf16 matmul {s['bf16_matmul']}), medians of "
           f"{s['steps']} steps; bytes (mean over ranks) and times per step")
@@ -238,6 +264,9 @@ def print_table(s: dict) -> None:
                  if "grid_efficiency" in v else "")
         print(f"layout {layout:<8} bytes/AdamW {v['bytes_ratio'] or float('nan'):.3f} "
               f"({'=' if v['closed_form_matches'] else 'DIFFERS FROM'} closed form), NS runs {v['ns_calls']}{extra}")
+        if v["groups"]:
+            print(f"  groups (matrix: ranks){' sized by time on --hw' if s['hw'] else ''}: "
+                  + ", ".join(f"{k}: {r}" for k, r in v["groups"].items()))
     fmt = lambda x: "n/a (AdamW sends nothing)" if x is None else f"{x:.3f}"  # noqa: E731
     print(f"Muon / AdamW: bytes {fmt(s['bytes_ratio'])} (closed form {fmt(s['closed_form']['bytes_ratio'])}, "
           f"{'matches' if s['closed_form']['matches_ledger'] else 'DOES NOT MATCH'} the ledger), "
@@ -265,8 +294,9 @@ def main(argv=None) -> int:
     p.add_argument("--stack", type=int, nargs="?", const=12, default=0, metavar="LAYERS",
                    help="a balanced transformer stack of LAYERS layers (default 12; see synthetic.stack_shapes)")
     p.add_argument("--layout", type=arg_type(parse_layouts), default=["bucket"], help=f"comma-separated layouts from {','.join(LAYOUTS)} (default bucket)")
-    p.add_argument("--hw", type=arg_type(hardware.load), default=None, metavar="PROFILE",
-                   help="size the group layout's groups by time on this profile: 'h100' or a JSON file (dmuon.hardware)")
+    p.add_argument("--hw", type=arg_type(load_hw), default=None, metavar="PROFILE",
+                   help="size the group layout's groups by time on this profile: 'h100', a JSON file (dmuon.hardware), "
+                        f"or '{THIS_MACHINE}' (the calibrated CPU profile of book/data, for this launch's ranks)")
     p.add_argument("--single", action="store_true", help="also time one process with all cores (grid efficiency)")
     p.add_argument("--sweep", action="store_true", help="run every grid of --grids in turn")
     p.add_argument("--grids", type=parse_grids, default=parse_grids(SWEEP_GRIDS), help=f"for --sweep (default {SWEEP_GRIDS})")
@@ -280,6 +310,7 @@ def main(argv=None) -> int:
     if args.out:  # the code and the machine as the run began
         args.origin = provenance(sys.argv if argv is None else [sys.argv[0], *argv])
         args.load_before = round(os.getloadavg()[0], 1)
+    args.hw_spec = args.hw
     if args.hw is not None and "group" not in args.layout:
         p.error("--hw sizes the group layout's groups: give --layout group (or a list with group)")
     if args.report_shapes and args.stack:
@@ -296,6 +327,7 @@ def main(argv=None) -> int:
     if not args.sweep:
         check_launch_args(p, args)
         check_problem_args(p, args)
+        resolve_hw(p, args)
         return launch(worker, args)
     if under_torchrun():
         p.error("--sweep launches one run per grid; under torchrun run one grid at a time with --dp/--tp")
@@ -305,6 +337,7 @@ def main(argv=None) -> int:
             args.dp, args.tp, args.result_file = dp, tp, os.path.join(tmp, f"{dp}x{tp}.json")
             check_launch_args(p, args)
             check_problem_args(p, args)
+            resolve_hw(p, args)
             if launch(worker, args):
                 return 1
             runs.append(json.loads(Path(args.result_file).read_text()))
