@@ -76,7 +76,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from dmuon import hardware
 from dmuon.comm import PHASES
 from dmuon.devices import clock
 from dmuon.distributed import DistributedAdamW, DistributedMuon
@@ -85,6 +84,7 @@ from dmuon.launch import add_launch_args, arg_type, check_launch_args, launch
 from dmuon.optim import hybrid_param_groups
 from dmuon.lab.charlm import batch, evaluate, load_corpus
 from dmuon.lab.statemetrics import NSMetrics, merge as merge_metrics
+from dmuon.lab.timemodel import THIS_MACHINE, hw_arg, resolve_hw
 from dmuon.lab.tpgpt import TP_PLAN_NOTE, tp_gpt
 from dmuon.lab.traces import breakdown as trace_breakdown, load_events, median_breakdown
 from dmuon.fsdp import FSDPMuon
@@ -407,9 +407,9 @@ def parse_args(argv=None):
     p.add_argument("--layout", choices=LAYOUTS, default="owner",
                    help="Distributed Muon's layout (default owner; 'group' orthogonalises a matrix above its fair "
                         "share of Newton-Schulz work over a group of ranks)")
-    p.add_argument("--hw", type=arg_type(hardware.load), default=None, metavar="PROFILE",
-                   help="with --layout group: size the groups by time on this hardware profile, 'h100' or a JSON "
-                        "file of dmuon.hardware's five keys (default: by Newton-Schulz FLOPs alone)")
+    p.add_argument("--hw", type=arg_type(hw_arg), default=None, metavar="PROFILE",
+                   help="with --layout group: size the groups by time on this hardware profile, 'h100', a JSON "
+                        f"file (dmuon.hardware) or '{THIS_MACHINE}' (default: by Newton-Schulz FLOPs alone)")
     p.add_argument("--fsdp", action="store_true",
                    help="wrap the model with fully_shard on 'dp' (after TP on 'tp') and optimize with dmuon.fsdp.FSDPMuon")
     p.add_argument("--compare-torch-muon", action="store_true",
@@ -455,6 +455,8 @@ def parse_args(argv=None):
         p.error("--profile is not supported with --fsdp yet")
     if args.hw is not None and (args.layout != "group" or args.fsdp or args.optimizer == "adamw"):
         p.error("--hw sizes the group layout's groups: it needs --layout group (not --fsdp or --optimizer adamw)")
+    args.hw_spec = args.hw
+    resolve_hw(p, args, threads=args.threads or None)
     if args.every is not None and (args.every < 1 or not args.save):
         p.error("--every N needs --save DIR and N >= 1")
     args.every = args.every or args.steps

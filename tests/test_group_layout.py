@@ -24,6 +24,7 @@ must also equal the reference bit for bit.
     pytest -q tests/test_group_layout.py
 """
 import functools
+import json
 import math
 import random
 import threading
@@ -238,6 +239,22 @@ def test_ranks_that_share_cores_get_groups_no_larger_than_the_ranks_that_compute
         build_plan(specs, 2, 0, 2, 2**20, "group", hw=shared)
 
 
+def test_a_profile_file_with_an_unknown_key_or_bad_bytes_is_refused_naming_the_file(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(dict(hardware.h100(), parallel_ranks=4, name="my cluster")))
+    assert hardware.load(str(good))["parallel_ranks"] == 4 and hardware.load("H100") == hardware.h100()
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps(dict(hardware.h100(), parallel_rank=1)))     # misspelt: must not pass unseen
+    shared = tmp_path / "shared.json"
+    shared.write_text(json.dumps(dict(hardware.h100(), shared_cores=True)))
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe")
+    for path, words in ((typo, r"unknown keys \['parallel_rank'\]"), (shared, "unknown keys"),
+                        (binary, "binary.json: not a JSON hardware profile"), (tmp_path, "is neither")):
+        with pytest.raises(ValueError, match=words):
+            hardware.load(str(path))
+
+
 def test_a_profile_is_checked_and_only_the_group_layout_takes_one():
     specs = [[ParamSpec("w", (96, 230), 0)]]
     with pytest.raises(ValueError, match="needs layout='group', not 'owner'"):
@@ -247,13 +264,24 @@ def test_a_profile_is_checked_and_only_the_group_layout_takes_one():
                        (dict(hardware.h100(), ranks_per_node=2.5), "ranks_per_node"), ("h100", "must be a dict")):
         with pytest.raises(ValueError, match=words):
             build_plan(specs, 2, 0, 2, None, "group", hw=bad)
+    import numpy as np
+    numpy_typed = hardware.check_hw(dict(hardware.h100(), flops=np.float32(2**40), ranks_per_node=np.int64(8)))
+    assert numpy_typed["flops"] == 2**40 and type(numpy_typed["ranks_per_node"]) is int
+    for bad, words in ((dict(hardware.h100(), flops=10**400), "flops must be"),
+                       (dict(hardware.h100(), parallel_ranks=16), "cannot exceed ranks_per_node"),
+                       (dict(hardware.h100(), shared_cores=True), "whole machine's")):
+        with pytest.raises(ValueError, match=words):
+            hardware.check_hw(bad)
     w = torch.nn.Parameter(torch.zeros(96, 230))
     with pytest.raises(ValueError, match="needs layout='group', not 'owner'"):   # refused before any collective
         DistributedMuon([dict(params=[w])], Grid.single(), layout="owner", hw=hardware.h100())
     h100 = plan_key(specs, [["float32"]], "group", None, [True], hardware.h100())
     other = plan_key(specs, [["float32"]], "group", None, [True], dict(hardware.h100(), ranks_per_node=4))
-    assert "hw is" in disagreement([h100, other]) and disagreement([h100, h100]) is None
-    assert "hw is" in disagreement([h100, plan_key(specs, [["float32"]], "group", None, [True])])
+    assert "ranks_per_node 4 on rank 1 but 8 on rank 0" in disagreement([h100, other])
+    assert disagreement([h100, h100]) is None
+    none = plan_key(specs, [["float32"]], "group", None, [True])
+    assert "given on rank 0 but not on rank 1" in disagreement([h100, none])
+    assert "given on rank 1 but not on rank 0" in disagreement([none, h100])
 
 
 GROUP_CALLS = {"gram": 1 + 2 * 5,    # the norm and 5 Gram all-reduces, 5 all-gathers of B's rows

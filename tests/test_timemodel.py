@@ -214,5 +214,11 @@ def test_the_cpu_profile_becomes_a_plan_profile_for_a_launch():
     sixteen = timemodel.plan_profile(cpu, 4, cores=16)
     assert (sixteen["flops"], sixteen["parallel_ranks"]) == (cpu["flops"] / 4, 4)
     assert timemodel.plan_profile(cpu, 1, cores=2)["parallel_ranks"] == 1
+    assert timemodel.plan_profile(cpu, 4, cores=2, threads=2)["parallel_ranks"] == 1   # train.py --threads 2
+    for bad in (dict(ranks=0), dict(ranks=-2), dict(ranks=4, cores=0), dict(ranks=4, threads=0)):
+        with pytest.raises(ValueError, match=">= 1"):
+            timemodel.plan_profile(cpu, **bad)
+    with pytest.raises(ValueError, match="whose cores the ranks share"):
+        timemodel.plan_profile(timemodel.h100(), 4)        # a cluster's profile goes to the plan as it is
     specs = [[ParamSpec(f"w{i}", s, d) for i, (s, d) in enumerate(zip(REPORT_SHAPES, REPORT_TP_DIMS))]]
     assert build_plan(specs, 2, 0, 2, 2**20, "group", hw=two).groups == {(0, 0): (0, 1)}

@@ -44,7 +44,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dmuon import hardware
 from dmuon.comm import Comm
 from dmuon.distributed import OVERLAP_MODES, DistributedAdamW, DistributedMuon, default_overlap
 from dmuon.launch import add_launch_args, arg_type, check_launch_args, launch, under_torchrun
@@ -52,7 +51,7 @@ from dmuon.layouts import LAYOUTS, parse_layouts
 from dmuon.newton_schulz import native_bf16_matmul
 from dmuon.optim import MuonW
 from dmuon.lab.costmodel import step_bytes
-from dmuon.lab.timemodel import plan_profile, this_machine
+from dmuon.lab.timemodel import THIS_MACHINE, hw_arg, resolve_hw
 from dmuon.lab.provenance import provenance
 from dmuon.lab.profiling import slowest_rank_seconds, step_peak_bytes, timed
 from dmuon.lab.verdicts import fastest, fastest_text
@@ -225,25 +224,6 @@ def worker(grid, comm, args) -> int:
     return 0
 
 
-THIS_MACHINE = "this-machine"
-
-
-def load_hw(spec: str):
-    """``--hw``: ``hardware.load``'s profiles, or ``THIS_MACHINE``, resolved per grid by ``resolve_hw``."""
-    return spec if spec == THIS_MACHINE else hardware.load(spec)
-
-
-def resolve_hw(p, args) -> None:
-    """``--hw this-machine`` as the profile for this launch: the calibrated CPU profile (``timemodel``'s
-    ``this_machine``, book/data) for ``dp * tp`` ranks sharing this machine's cores (``plan_profile``)."""
-    if args.hw_spec == THIS_MACHINE:
-        try:
-            args.hw = plan_profile(this_machine(), args.dp * args.tp)
-        except FileNotFoundError as e:
-            p.error(f"--hw {THIS_MACHINE} reads the calibration in a checkout ({e.filename}): run from the "
-                    "repository, after scripts/calibrate_time_model.py")
-
-
 def group_hw(args, layout: str) -> dict | None:
     """The profile the group layout's groups are sized on (None: by FLOPs, and for every other layout)."""
     return args.hw if layout == "group" else None
@@ -294,7 +274,7 @@ def main(argv=None) -> int:
     p.add_argument("--stack", type=int, nargs="?", const=12, default=0, metavar="LAYERS",
                    help="a balanced transformer stack of LAYERS layers (default 12; see synthetic.stack_shapes)")
     p.add_argument("--layout", type=arg_type(parse_layouts), default=["bucket"], help=f"comma-separated layouts from {','.join(LAYOUTS)} (default bucket)")
-    p.add_argument("--hw", type=arg_type(load_hw), default=None, metavar="PROFILE",
+    p.add_argument("--hw", type=arg_type(hw_arg), default=None, metavar="PROFILE",
                    help="size the group layout's groups by time on this profile: 'h100', a JSON file (dmuon.hardware), "
                         f"or '{THIS_MACHINE}' (the calibrated CPU profile of book/data, for this launch's ranks)")
     p.add_argument("--single", action="store_true", help="also time one process with all cores (grid efficiency)")

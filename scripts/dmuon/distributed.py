@@ -131,6 +131,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         """One small all-gather when the optimizer is built: every rank must plan the same parameters
         (a rank with another model would hang or corrupt the first collective instead)."""
         problem = disagreement(self.comm.gather_objects(key, "setup"))
+        if problem and problem.startswith("the hardware profile"):
+            raise ValueError(problem)
         if problem:
             raise ValueError(f"the ranks disagree about the parameters they optimize: {problem}. Every rank "
                              "must build the same model (TP-local shapes aside) and the same parameter groups")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from pathlib import Path
 
 # An H100 cluster, as ASSUMPTIONS taken from public figures, not measured here (``scripts/plan_at_scale.py``
@@ -41,6 +42,7 @@ from pathlib import Path
 H100 = dict(flops=989e12, efficiency=0.5, gpus_per_node=8, nvlink=(3e-6, 450e9), infiniband=(5e-6, 50e9))
 
 HW_KEYS = ("flops", "efficiency", "ranks_per_node", "intra", "inter")
+OPTIONAL_KEYS = ("parallel_ranks", "name")
 
 
 def profile(flops: float, efficiency: float, ranks_per_node: int | None, intra: tuple[float, float],
@@ -62,53 +64,72 @@ def h100() -> dict:
 
 
 def load(spec: str) -> dict:
-    """A profile named on a command line (``train.py --hw``): ``"h100"``, or a JSON file holding the five
-    keys (``{"flops": 4e14, "efficiency": 0.5, "ranks_per_node": 8, "intra": [3e-6, 2e11], ...}``)."""
+    """A profile named on a command line (``--hw``): ``"h100"``, or a JSON file holding the five keys and
+    optionally ``parallel_ranks`` (``{"flops": 4e14, "efficiency": 0.5, "ranks_per_node": 8, "intra": [3e-6,
+    2e11], ...}``; a key it does not know is refused, so that a misspelt one cannot pass unseen)."""
     if spec.lower() == "h100":
         return h100()
     path = Path(spec)
     if not path.is_file():
-        raise ValueError(f"--hw takes 'h100' or a JSON file with {HW_KEYS}; {spec!r} is neither")
+        raise ValueError(f"--hw takes 'h100' or a JSON file with {HW_KEYS} (and optionally parallel_ranks); "
+                         f"{spec!r} is neither")
     try:
-        hw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{spec}: not JSON ({e})") from None
+        hw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{spec}: not a JSON hardware profile ({e})") from None
+    unknown = sorted(set(hw) - set(HW_KEYS) - set(OPTIONAL_KEYS)) if isinstance(hw, dict) else []
+    if unknown:
+        raise ValueError(f"{spec}: unknown keys {unknown}; a profile has {HW_KEYS} and optionally {OPTIONAL_KEYS}")
     return check_hw(hw)
 
 
 def check_hw(hw: dict) -> dict:
-    """``hw``'s five keys and ``parallel_ranks`` (None if absent), checked, with its links as tuples (other
-    keys, such as the time model's names, are left out: they do not change the plan). Raises ValueError
-    naming the key that is missing or wrong."""
+    """``hw``'s five keys and ``parallel_ranks`` (None if absent), checked, as plain floats and ints with its
+    links as tuples (other keys, such as the time model's names, are left out: they do not change the plan).
+    Raises ValueError naming the key that is missing or wrong."""
     if not isinstance(hw, dict):
         raise ValueError(f"hw must be a dict with {HW_KEYS} (dmuon.hardware.profile(...) or .h100()), "
                          f"got {type(hw).__name__}")
+    if hw.get("shared_cores"):
+        raise ValueError("this profile's flops is a whole machine's, shared by its ranks (shared_cores: the time "
+                         "model's CPU profile); to size groups give one rank's rate and parallel_ranks "
+                         "(dmuon.hardware.profile, or lab.timemodel.plan_profile)")
     missing = [k for k in HW_KEYS if k not in hw]
     if missing:
         raise ValueError(f"hardware profile lacks {missing}: give every one of {HW_KEYS} (dmuon.hardware)")
-    out = {k: hw[k] for k in HW_KEYS}
-    out["parallel_ranks"] = hw.get("parallel_ranks")
-    if not _positive(out["flops"]):
-        raise ValueError(f"hardware profile: flops must be a positive number of FLOP/s, got {out['flops']!r}")
-    if not (_positive(out["efficiency"]) and out["efficiency"] <= 1):
-        raise ValueError(f"hardware profile: efficiency must be in (0, 1], got {out['efficiency']!r}")
+    out = dict(flops=_real(hw, "flops", "a positive number of FLOP/s", lambda x: x > 0),
+               efficiency=_real(hw, "efficiency", "in (0, 1]", lambda x: 0 < x <= 1))
     for key in ("ranks_per_node", "parallel_ranks"):
-        n = out[key]
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        n = hw.get(key)
+        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1):
             raise ValueError(f"hardware profile: {key} must be a positive int or None, got {n!r}")
+        out[key] = None if n is None else int(n)
+    if out["ranks_per_node"] and out["parallel_ranks"] and out["parallel_ranks"] > out["ranks_per_node"]:
+        raise ValueError(f"hardware profile: parallel_ranks ({out['parallel_ranks']}) counts ranks of one node, so it "
+                         f"cannot exceed ranks_per_node ({out['ranks_per_node']})")
     for link in ("intra", "inter"):
-        value = out[link]
-        if (not isinstance(value, (tuple, list)) or len(value) != 2 or not _number(value[0]) or value[0] < 0
-                or not _positive(value[1])):
+        value = hw[link]
+        pair = tuple(_as_float(x) for x in value) if isinstance(value, (tuple, list)) else ()
+        if len(pair) != 2 or None in pair or pair[0] < 0 or not pair[1] > 0:
             raise ValueError(f"hardware profile: {link} must be (alpha seconds >= 0, beta bytes/s > 0), "
                              f"got {value!r}")
-        out[link] = (float(value[0]), float(value[1]))
-    return out
+        out[link] = pair
+    return {k: out[k] for k in (*HW_KEYS, "parallel_ranks")}
 
 
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+def _as_float(x) -> float | None:
+    """``x`` as a finite float, or None (bools, strings, NaN, infinities and overflowing integers)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return None
+    try:
+        value = float(x)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
-def _positive(x) -> bool:
-    return _number(x) and x > 0
+def _real(hw: dict, key: str, what: str, ok) -> float:
+    value = _as_float(hw[key])
+    if value is None or not ok(value):
+        raise ValueError(f"hardware profile: {key} must be {what}, got {hw[key]!r}")
+    return value

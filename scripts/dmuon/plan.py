@@ -262,10 +262,6 @@ def layout_hw(layout: str, hw: dict | None) -> dict | None:
     if layout != "group":
         raise ValueError(f"hw (a hardware profile) sizes the group layout's groups by time; it needs "
                          f"layout='group', not {layout!r}")
-    if isinstance(hw, dict) and hw.get("shared_cores"):
-        raise ValueError("this profile's flops is a whole machine's, shared by its ranks (shared_cores: the time "
-                         "model's CPU profile); to size groups give one rank's rate and parallel_ranks "
-                         "(dmuon.hardware.profile)")
     return check_hw(hw)
 
 
@@ -320,7 +316,15 @@ def disagreement(keys: list[dict]) -> str | None:
     """The first difference between rank 0's ``plan_key`` and another rank's, in words (None if none)."""
     ref = keys[0]
     for rank, key in enumerate(keys[1:], start=1):
-        for field_name in ("layout", "bucket_numel", "muon", "hw"):
+        if key["hw"] != ref["hw"]:
+            mine, theirs = key["hw"], ref["hw"]
+            diff = (f"given on rank {rank if mine else 0} but not on rank {0 if mine else rank}"
+                    if mine is None or theirs is None else
+                    ", ".join(f"{k} {mine[k]!r} on rank {rank} but {theirs[k]!r} on rank 0"
+                              for k in mine if mine[k] != theirs[k]))
+            return (f"the hardware profile (hw=) differs between ranks: {diff}. Every rank must pass the same "
+                    "profile: the groups are sized on it")
+        for field_name in ("layout", "bucket_numel", "muon"):
             if key[field_name] != ref[field_name]:
                 return f"{field_name} is {key[field_name]!r} on rank {rank} but {ref[field_name]!r} on rank 0"
         if len(key["params"]) != len(ref["params"]):

@@ -51,13 +51,14 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dmuon import checkpoint, hardware
+from dmuon import checkpoint
 from dmuon.comm import Comm
 from dmuon.distributed import OVERLAP_MODES, DistributedMuon
 from dmuon.layouts import LAYOUTS, parse_layouts
 from dmuon.launch import add_launch_args, arg_type, check_launch_args, launch
 from dmuon.optim import MuonW
 from dmuon.lab.poc_bugs import POC_BUGS
+from dmuon.lab.timemodel import THIS_MACHINE, hw_arg, resolve_hw
 from dmuon.sharding import tp_shard
 from dmuon.lab.synthetic import OPTIMIZERS, add_problem_args, build_problem, check_problem_args, set_grads
 
@@ -74,9 +75,9 @@ def parse_args(argv=None):
                    help="how collectives overlap compute (default: each layout's own; see dmuon/flows.py)")
     p.add_argument("--layout", type=arg_type(parse_layouts), default=["bucket"],
                    help=f"comma-separated layouts from {','.join(LAYOUTS)} (default bucket; see dmuon/layouts.py)")
-    p.add_argument("--hw", type=arg_type(hardware.load), default=None, metavar="PROFILE",
-                   help="size the group layout's groups by time on this hardware profile: 'h100' or a JSON file "
-                        "of dmuon.hardware's five keys (default: by Newton-Schulz FLOPs)")
+    p.add_argument("--hw", type=arg_type(hw_arg), default=None, metavar="PROFILE",
+                   help="size the group layout's groups by time on this hardware profile: 'h100', a JSON file "
+                        f"(dmuon.hardware) or '{THIS_MACHINE}' (default: by Newton-Schulz FLOPs)")
     p.add_argument("--poc-bug", choices=sorted(POC_BUGS), default=None,
                    help="put one of the proof of concept's bugs back, to see this check catch it")
     p.add_argument("--save", default=None, metavar="DIR", help="write a checkpoint after the last step")
@@ -85,8 +86,11 @@ def parse_args(argv=None):
     check_launch_args(p, args)
     if args.steps < 1:
         p.error("--steps must be at least 1")
-    if args.hw is not None and "group" not in args.layout:
-        p.error("--hw sizes the group layout's groups: give --layout group (or a list with group)")
+    if args.hw is not None and ("group" not in args.layout or args.optimizer == "adamw"):
+        p.error("--hw sizes the group layout's groups: give --layout group (or a list with group) and a Muon "
+                "optimizer")
+    args.hw_spec = args.hw
+    resolve_hw(p, args)
     check_problem_args(p, args, args.optimizer, args.groups)
     if args.resume:
         try:
@@ -208,6 +212,9 @@ def worker(grid, comm, args) -> int:
         print(f"\ncommunication per rank 0 in step {last_step} ({args.optimizer}, layout {layout}, "
               f"dp={grid.dp}, tp={grid.tp}); Newton-Schulz runs over all ranks: {v['ns_calls']}")
         print(opts[layout].comm.ledger.table())
+        if v["groups"]:
+            print(f"groups (matrix: ranks), sized by {'time on --hw' if args.hw else 'FLOPs'}: "
+                  + ", ".join(f"{k}: {r}" for k, r in v["groups"].items()))
     print(f"\n{'OK' if ok else 'MISMATCH'}: largest difference {worst:.3e} (allowed {args.atol:g})")
     print(json.dumps(dict(
         ok=ok, max_abs_diff=worst, per_step_max_abs_diff=first["per_step_max_abs_diff"], dp=grid.dp, tp=grid.tp,

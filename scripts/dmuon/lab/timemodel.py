@@ -95,21 +95,54 @@ def this_machine(path: Path | None = None) -> dict:
                                                               "recorded_at", "load_average_before")})
 
 
-def plan_profile(cpu: dict, ranks: int, cores: int | None = None) -> dict:
+def plan_profile(cpu: dict, ranks: int, cores: int | None = None, threads: int | None = None) -> dict:
     """The hardware profile (``dmuon.hardware``) that sizes the group layout's groups for ``ranks`` ranks
     launched on the machine ``cpu`` describes (``this_machine()``: its ``flops`` is the whole machine's,
-    ``shared_cores``). The launcher gives each rank ``cores // ranks`` threads (at least one,
-    ``launch.py``), so a rank computes at that share of the machine's rate and ``cores // threads`` ranks
-    compute at once (``parallel_ranks``); every rank is on the one node, over the measured link.
+    ``shared_cores``). Each rank runs ``threads`` threads (default: what ``launch.py`` gives, ``cores //
+    ranks``, at least one), so it computes at that share of the machine's rate and ``cores // threads``
+    ranks compute at once (``parallel_ranks``); every rank is on the one node, over the measured link.
+    ``cores`` defaults to this machine's. ``--hw this-machine`` (``hw_arg``) builds it for a launch.
 
         python -c "import json; from dmuon.lab.timemodel import this_machine, plan_profile; \
                    print(json.dumps(plan_profile(this_machine(), 4)))" > hw.json   # then --hw hw.json
     """
-    cores = cores or os.cpu_count() or 1
-    threads = max(1, cores // ranks)
+    if not cpu.get("shared_cores"):
+        raise ValueError("plan_profile turns a profile of one machine whose cores the ranks share (shared_cores, "
+                         "this_machine()) into a plan profile; give a cluster's profile to the plan as it is")
+    cores = os.cpu_count() or 1 if cores is None else cores
+    if ranks < 1 or cores < 1 or (threads is not None and threads < 1):
+        raise ValueError(f"plan_profile needs ranks, cores and threads >= 1, got {ranks}, {cores}, {threads}")
+    threads = min(cores, threads or max(1, cores // ranks))
     return hardware.profile(flops=cpu["flops"] * threads / cores, efficiency=cpu["efficiency"],
                             ranks_per_node=None, intra=cpu["intra"], inter=cpu["inter"],
                             parallel_ranks=max(1, cores // threads))
+
+
+THIS_MACHINE = "this-machine"
+
+
+def hw_arg(spec: str):
+    """The type of a script's ``--hw``: ``hardware.load``'s profiles, or ``THIS_MACHINE`` (kept as a name until
+    ``resolve_hw`` knows the launch's ranks)."""
+    return THIS_MACHINE if spec.lower() == THIS_MACHINE else hardware.load(spec)
+
+
+def resolve_hw(parser, args, threads: int | None = None) -> None:
+    """``--hw this-machine`` (``args.hw_spec``) as the profile of this launch: the calibrated CPU profile of
+    book/data (``this_machine``) for ``args.dp * args.tp`` ranks (``plan_profile``; under torchrun with the
+    threads this process runs). Call it before each launch; a usage error if the calibration is missing."""
+    if getattr(args, "hw_spec", None) != THIS_MACHINE:
+        return
+    from ..launch import under_torchrun
+
+    if under_torchrun() and threads is None:
+        import torch
+        threads = torch.get_num_threads()
+    try:
+        args.hw = plan_profile(this_machine(), args.dp * args.tp, threads=threads)
+    except FileNotFoundError as e:
+        parser.error(f"--hw {THIS_MACHINE} reads this machine's calibration in a checkout ({e.filename}): run "
+                     "from the repository (make record, or scripts/calibrate_time_model.py, writes it)")
 
 
 def check_profile(hw: dict) -> None:
@@ -117,7 +150,7 @@ def check_profile(hw: dict) -> None:
     missing = [k for k in PROFILE_KEYS if k not in hw]
     if missing:
         raise ValueError(f"hardware profile lacks {missing}: give every one of {PROFILE_KEYS} (see timemodel's docstring)")
-    hardware.check_hw(hw)
+    hardware.check_hw({k: v for k, v in hw.items() if k != "shared_cores"})   # the values; shared is fine here
 
 
 def ns_flops_per_rank(plan, use_muon: list[bool], steps: int = NS_STEPS) -> list[int]:
