@@ -36,19 +36,22 @@ test: $(STAMP)
 verify: $(STAMP)
 	$(BIN)/python scripts/verify.py --dp 2 --tp 2
 
-# The timing runs the book cites rather than reruns on every build: chapter 8's benchmarks (more
-# steps than a build can afford), chapter 14's group layout on the report's shapes (tens of
-# seconds a step), and chapter 13's time model calibrated on this machine. Run it on an idle
-# machine: each file keeps its command, commit, machine and load average (dmuon/lab/provenance.py).
+# The timing runs the book cites rather than reruns on every build: chapter 13's time model
+# calibrated on this machine (first: chapter 14's timed run sizes its groups on it), chapter 8's
+# benchmarks (more steps than a build can afford), and chapter 14's group layout on the report's
+# shapes (tens of seconds a step), its groups sized by FLOPs, then by time on this machine's
+# profile. Run it on an idle machine: each file keeps its command, commit, machine and load
+# average (dmuon/lab/provenance.py).
 # Chapter 8 reruns a short benchmark live beside them and fails if its bytes differ from the record.
 # (book/data/convergence_study.json and fault_bench_2x1.json name their own commands inside.)
 RECORD := --stack 4 --steps 7 --warmup 2
 record: $(STAMP)
+	$(BIN)/python scripts/calibrate_time_model.py --out book/data/time_model_cpu.json
 	$(BIN)/python scripts/bench.py --dp 4 --tp 1 --layout bucket,owner,aligned --single $(RECORD) --out book/data/bench_layouts_4x1.json
 	$(BIN)/python scripts/bench.py --dp 2 --tp 2 --layout bucket,owner,aligned --single $(RECORD) --out book/data/bench_layouts_2x2.json
 	$(BIN)/python scripts/bench.py --dp 2 --tp 2 --layout owner --overlap none,naive,prefetch $(RECORD) --out book/data/bench_overlap_2x2.json
 	$(BIN)/python scripts/bench.py --dp 2 --tp 2 --layout owner,group --single --report-shapes --steps 5 --warmup 1 --out book/data/bench_group_2x2.json
-	$(BIN)/python scripts/calibrate_time_model.py --out book/data/time_model_cpu.json
+	$(BIN)/python scripts/bench.py --dp 2 --tp 2 --layout owner,group --hw this-machine --single --report-shapes --steps 5 --warmup 1 --out book/data/bench_group_timed_2x2.json
 
 clean:
 	rm -rf _build $(VENV)

@@ -279,11 +279,16 @@ sec = {
 }
 hname, cname = H100["name"], CPU["name"]
 muon_layouts = ("bucket", "owner", "aligned")
-# this machine: Newton-Schulz outweighs communication in every Muon step
-assert all(
+# this machine: Newton-Schulz outweighs communication in most Muon rows (how many
+# depends on the machine the calibration was recorded on: native bf16 runs it faster)
+ns_heavy = [
     sec[(cname, n, g, lay)]["newton_schulz"] > sec[(cname, n, g, lay)]["comm"]
     for n in SETS for g in GRIDS for lay in muon_layouts
-)
+]
+assert sum(ns_heavy) > len(ns_heavy) / 2
+glue("ch13-cpu-ns-rows", "every one" if all(ns_heavy) else f"{sum(ns_heavy)}",
+     display=False)
+glue("ch13-cpu-rows", len(ns_heavy), display=False)
 # shared cores: bucket's Newton-Schulz is the owner layout's times the ranks, exactly
 for n in SETS:
     for g in GRIDS:
@@ -321,8 +326,9 @@ glue("ch13-h100-ns-ratio", f"{ns_ratio:.1f}", display=False)
 # %% [markdown]
 # What the model says:
 #
-# - **On this machine Newton-Schulz is the step.** It outweighs communication in every Muon row,
-#   and because all ranks share the machine's cores, the bucket layout, where every rank
+# - **On this machine Newton-Schulz is most of the step.** It outweighs communication in
+#   {glue:text}`ch13-cpu-ns-rows` of the {glue:text}`ch13-cpu-rows` Muon rows, and because all
+#   ranks share the machine's cores, the bucket layout, where every rank
 #   orthogonalises every matrix, pays exactly the number of ranks times the owner layouts'
 #   Newton-Schulz. On the stack on 4 x 1 the owner layout's step is modelled
 #   {glue:text}`ch13-cpu-gain` times shorter than the bucket layout's.

@@ -622,7 +622,7 @@ glue("ch14-rows-square", f"{square:.0%}", display=False)
 # that asked for the group layout set its bar on the report's shapes (one 4096 x 4096 matrix with
 # 99.1% of the Newton-Schulz FLOPs, beside four smaller ones) on DP 2 x TP 2, against one process
 # using both cores of this machine: `bench.py --dp 2 --tp 2 --layout owner,group --single
-# --report-shapes`. Its steps take tens of seconds, so `make record` runs it once on an idle
+# --report-shapes`. Its steps take seconds each, so `make record` runs it once on an idle
 # machine and keeps the result in `book/data/` with its command, commit, machine and load
 # average; the Muon overhead ratio is {doc}`chapter 8 <08_beyond_poc>`'s (1.0: Muon adds on the
 # grid just what it adds in one process), with its spread over the measured steps.
@@ -683,6 +683,71 @@ glue("ch14-rec-peak", f"{peak['group'] / peak['owner']:.1f}", display=False)
 # step).
 # On a GPU cluster the same trade holds: a group spends link bandwidth and memory to shorten the
 # busiest rank's Newton-Schulz, which pays only where the links are fast, as the projections said.
+#
+# Those four members were sized by FLOPs. This machine has two cores, and the launcher gives
+# each of the four ranks one thread, so only two ranks compute at once: the third and fourth
+# members add traffic and no speed. Sizing by time sees that, given a profile that says it.
+# `make record` runs the same benchmark again with `--hw this-machine`, which turns
+# {doc}`chapter 13 <13_what_to_pick>`'s calibration of this machine into a profile for this
+# launch (`timemodel.plan_profile`: each rank's share of the measured matmul rate, the measured
+# link, and `parallel_ranks`, the ranks that compute at once).
+
+# %%
+timed_record = load_recorded("bench_group_timed_2x2.json")
+tbench = timed_record["result"]
+hw = tbench["hw"]
+print(provenance_text(timed_record))
+ns_rate = hw["flops"] * hw["efficiency"]
+print(f"profile: Newton-Schulz at {ns_rate / 1e9:.0f} GFLOP/s a rank, "
+      f"{hw['parallel_ranks']} ranks at once, link {hw['intra'][0] * 1e3:.1f} ms + "
+      f"{hw['intra'][1] / 1e6:.0f} MB/s; groups (matrix: ranks): "
+      f"{tbench['layouts']['group']['groups']}")
+timed_peak = {name: max(tbench["variants"][v["variant"]]["peak_bytes_per_rank"])
+              for name, v in tbench["layouts"].items()}
+table(["layout", "bytes / AdamW", "NS runs", "Muon step", "Muon overhead ratio",
+       "peak MB, busiest rank"],
+      [[name if name == "owner" else "group (sized by time)", f"{v['bytes_ratio']:.2f}",
+        v["ns_calls"], spread_text(v["step_seconds_all"]),
+        ratio_text(v["muon_overhead_ratio_all"]), f"{timed_peak[name] / 1e6:.0f}"]
+       for name, v in tbench["layouts"].items()], align="lrrrrr")
+
+# %% tags=["remove-cell"]
+from dmuon.plan import ParamSpec, build_plan
+
+# still this code's bytes, on the recorded profile
+for name, v in tbench["layouts"].items():
+    closed = [costmodel.step_bytes(recorded_problem.groups, tbench["dp"], tbench["tp"],
+                                   tbench["bucket_numel"], layout=name, rank=r,
+                                   hw=hw if name == "group" else None)["total"]
+              for r in range(tbench["world_size"])]
+    assert v["closed_form_matches"] and closed == tbench["variants"][v["variant"]][
+        "bytes_per_rank"], f"{name}: bytes changed since the record: run make record"
+TG, TO = tbench["layouts"]["group"], tbench["layouts"]["owner"]
+report_specs = [ParamSpec(f"w{i}", tuple(s), d) for i, (s, d) in
+                enumerate(zip(tbench["shapes"], tbench["tp_dims"]))]
+timed_groups = build_plan([report_specs], 2, 0, 2, tbench["bucket_numel"], "group",
+                          hw=hw).groups
+assert TG["groups"] == {f"{b}.{i}": list(m) for (b, i), m in timed_groups.items()}
+# the prose: two of the four ranks
+assert hw["parallel_ranks"] == 2 and TG["groups"] == {"0.0": [0, 1]}
+assert TG["bytes_ratio"] < G["bytes_ratio"]
+glue("ch14-timed-members", "ranks 0 and 1, one TP group", display=False)
+glue("ch14-timed-ratio", ratio_text(TG["muon_overhead_ratio_all"]), display=False)
+glue("ch14-timed-owner", ratio_text(TO["muon_overhead_ratio_all"]), display=False)
+two, four = TG["muon_overhead_ratio_all"], G["muon_overhead_ratio_all"]
+vs_flops = ("lower than with four members, outside the noise" if beats(two, four) else
+            "higher than with four members" if beats(four, two) else
+            "a tie with four members inside the noise")
+glue("ch14-timed-vs-flops", vs_flops, display=False)
+glue("ch14-timed-bytes", f"{G['bytes_ratio'] / TG['bytes_ratio']:.1f}", display=False)
+
+# %% [markdown]
+# Sized by time, the 4096 x 4096 matrix goes to two members, {glue:text}`ch14-timed-members`.
+# Its overhead ratio is {glue:text}`ch14-timed-ratio`, {glue:text}`ch14-timed-vs-flops`
+# ({glue:text}`ch14-rec-group` above; one owner: {glue:text}`ch14-timed-owner` in this run),
+# and the group layout sends {glue:text}`ch14-timed-bytes` times fewer bytes than with four. The
+# two runs are separate, each against its own one-process baseline, so compare their ratios, not
+# their seconds.
 #
 # ## Turning it on
 #
