@@ -107,9 +107,10 @@ glue("ch14-group-ratio", f"{at_1024['group_ns_max_over_mean']:.2f}", display=Fal
 # nothing. A plan that gives a matrix above the fair share (all Newton-Schulz FLOPs divided by
 # the ranks) a *group* of ranks when that finishes it sooner, counting the group's own traffic
 # (`build_plan(..., hw=profile)`, below), brings max/mean to {glue:text}`ch14-group-ratio` (the
-# "timed groups" column; how a group computes is next). The optimizer's `layout="group"` does not
-# size its groups this way yet: it sizes them by FLOPs alone, which the projections below show is
-# not always better than one owner. The build times are one run each, on a shared machine.
+# "timed groups" column; how a group computes is next). The optimizer's `layout="group"` runs this
+# plan when it is given the same profile (`hw=`, in "Turning it on" below); without one it sizes
+# groups by FLOPs alone, which the projections below show is not always better than one owner.
+# The build times are one run each, on a shared machine.
 #
 # ## Idea 1: one matrix over a group of ranks
 #
@@ -207,6 +208,11 @@ glue("ch14-calls-plain", calls, display=False)
 glue("ch14-calls-split", split_calls, display=False)
 glue("ch14-plain-kb", f"{nbytes / 1e3:.0f}", display=False)
 glue("ch14-split-kb", f"{split_bytes / 1e3:.0f}", display=False)
+from dmuon.ns_group import group_form
+
+assert group_form(*G.shape, 3) == "rows"
+glue("ch14-form-301", f'group_form(96, 301, 3) gives "{group_form(*G.shape, 3)}"',
+     display=False)
 
 # %% [markdown]
 # The group's result is within {glue:text}`ch14-group-diff` of one process's, inside the stated
@@ -216,10 +222,13 @@ glue("ch14-split-kb", f"{split_bytes / 1e3:.0f}", display=False)
 # over five steps). Splitting also leaves a floor: as above, every rank still builds all of $B$,
 # $2m^3$ FLOPs a step. The optimizer divides that too (`split_b`): each member builds only its
 # rows of $B$ and one all-gather in bf16 assembles them, one more collective a step. So where the
-# sketch above issues {glue:text}`ch14-calls-plain` collectives per matrix, the optimizer issues
-# {glue:text}`ch14-calls-split` (the norm, five Gram all-reduces and five all-gathers of $B$) for
-# {glue:text}`ch14-split-kb` kB per rank on this 96 x 301 matrix, against
-# {glue:text}`ch14-plain-kb` kB.
+# sketch above issues {glue:text}`ch14-calls-plain` collectives per matrix, the optimizer's Gram
+# form issues {glue:text}`ch14-calls-split` (the norm, five Gram all-reduces and five all-gathers
+# of $B$), with {glue:text}`ch14-split-kb` kB of input per rank on this 96 x 301 matrix against
+# {glue:text}`ch14-plain-kb` kB (input to the collectives; a ring all-reduce sends about twice
+# its input). For a matrix this close to square the optimizer picks a second form instead, the
+# row form, also eleven collectives a step ({glue:text}`ch14-form-301`; see "The group
+# layout, live" below).
 #
 # ## Idea 2: same-shape batching
 #
@@ -443,10 +452,9 @@ glue("ch14-8b-group-k", b8["group_size_max"], display=False)
 # {glue:text}`ch14-70b-owner` ms on Newton-Schulz per step with one owner per matrix and
 # {glue:text}`ch14-70b-group` ms with groups sized by time, against an ideal of
 # {glue:text}`ch14-70b-ideal` ms. Llama-3-8B shows why groups must be priced by time: sized by
-# FLOPs alone its groups grow to {glue:text}`ch14-8b-flops-k` ranks, past a node, and each
-# group's collectives (the norm, five 4096 x 4096 fp32 Gram all-reduces and five bf16
-# all-gathers of $B$ a step) cross InfiniBand, so both FLOP-sized rules are *slower* than one
-# owner per matrix ({glue:text}`ch14-8b-scattered` ms on any ranks,
+# FLOPs alone its groups grow to {glue:text}`ch14-8b-flops-k` ranks on 1,024 ranks, past a
+# node, and each group's eleven collectives a step cross InfiniBand, so there both FLOP-sized
+# rules are *slower* than one owner per matrix ({glue:text}`ch14-8b-scattered` ms on any ranks,
 # {glue:text}`ch14-8b-flops` ms in windows, {glue:text}`ch14-8b-owner` ms owner; the windows are
 # worse still: one larger than a node must start on a node boundary, which leaves it fewer
 # places to go than the least-loaded ranks anywhere). Counting the group's communication, the
@@ -510,8 +518,9 @@ glue("ch14-dp-1024", b8["dp"], display=False)
 # buckets, fewer DP ranks per ring) would have to address. That traffic is also why the
 # projected optimizer step *grows* with the ranks: Llama-3-8B's owner step goes from
 # {glue:text}`ch14-step-8b-64` ms on 64 ranks to {glue:text}`ch14-step-8b-1024` ms on 1,024, and
-# Moonlight's from {glue:text}`ch14-step-moon-64` ms to {glue:text}`ch14-step-moon-1024` ms,
-# where each rank joins {glue:text}`ch14-moon-calls-1024` collectives a step.
+# Moonlight's from {glue:text}`ch14-step-moon-64` ms to {glue:text}`ch14-step-moon-1024` ms: each
+# rank joins about as many collectives a step as before ({glue:text}`ch14-moon-calls-1024` for
+# Moonlight), but every ring now passes through more ranks, one latency per hop.
 #
 # {numref}`fig-ch14-scale-explorer` puts every plan of this section side by side: move the slider
 # through the models and grids; the left panel is the projection above, the right one what the
@@ -622,12 +631,14 @@ glue("ch14-rows-square", f"{square:.0%}", display=False)
 # that asked for the group layout set its bar on the report's shapes (one 4096 x 4096 matrix with
 # 99.1% of the Newton-Schulz FLOPs, beside four smaller ones) on DP 2 x TP 2, against one process
 # using both cores of this machine: `bench.py --dp 2 --tp 2 --layout owner,group --single
-# --report-shapes`. Its steps take seconds each, so `make record` runs it once on an idle
-# machine and keeps the result in `book/data/` with its command, commit, machine and load
-# average; the Muon overhead ratio is {doc}`chapter 8 <08_beyond_poc>`'s (1.0: Muon adds on the
+# --report-shapes`. Its steps take seconds each, so `make record` runs it once on a machine
+# otherwise idle and keeps the result in `book/data/` with its command, commit, machine and load
+# average (which counts the benchmark `make record` ran just before, its own ranks); the Muon overhead ratio is {doc}`chapter 8 <08_beyond_poc>`'s (1.0: Muon adds on the
 # grid just what it adds in one process), with its spread over the measured steps.
 
 # %%
+import statistics
+
 from dmuon.lab.provenance import load_recorded, provenance_text
 from dmuon.lab.synthetic import build_problem
 from dmuon.lab.verdicts import beats, ratio_text, spread_text
@@ -670,14 +681,19 @@ glue("ch14-rec-verdict",
 glue("ch14-rec-owner", ratio_text(O["muon_overhead_ratio_all"]), display=False)
 glue("ch14-rec-group", ratio_text(G["muon_overhead_ratio_all"]), display=False)
 glue("ch14-rec-bytes", f"{G['bytes_ratio'] / O['bytes_ratio']:.1f}", display=False)
-glue("ch14-rec-peak", f"{peak['group'] / peak['owner']:.1f}", display=False)
+# medians over the ranks: one rank's peak moves between runs
+typical = {name: statistics.median(
+               bench["variants"][v["variant"]]["peak_bytes_per_rank"])
+           for name, v in bench["layouts"].items()}
+glue("ch14-rec-peak", f"{typical['group'] / typical['owner']:.1f}", display=False)
 
 # %% [markdown]
 # The overhead ratio {glue:text}`ch14-rec-verdict`: {glue:text}`ch14-rec-owner` with one owner per
 # matrix, {glue:text}`ch14-rec-group` with the 4096 x 4096 matrix shared by the four ranks
 # (median, then min-max of the steps). The price is in the other columns: the group layout sends
-# {glue:text}`ch14-rec-bytes` times the owner layout's bytes, and its busiest rank peaks at
-# {glue:text}`ch14-rec-peak` times the memory, because a member holds its block of the matrix and
+# {glue:text}`ch14-rec-bytes` times the owner layout's bytes, and its ranks peak at
+# {glue:text}`ch14-rec-peak` times the memory (medians over the ranks: the busiest rank's peak
+# moves by one large buffer from run to run), because a member holds its block of the matrix and
 # the buffers of the group's collectives (this matrix is square, so it runs in the row form,
 # which all-gathers the whole matrix on every member, and then its Gram matrix and new rows every
 # step).
@@ -744,10 +760,11 @@ glue("ch14-timed-bytes", f"{G['bytes_ratio'] / TG['bytes_ratio']:.1f}", display=
 # %% [markdown]
 # Sized by time, the 4096 x 4096 matrix goes to two members, {glue:text}`ch14-timed-members`.
 # Its overhead ratio is {glue:text}`ch14-timed-ratio`, {glue:text}`ch14-timed-vs-flops`
-# ({glue:text}`ch14-rec-group` above; one owner: {glue:text}`ch14-timed-owner` in this run),
-# and the group layout sends {glue:text}`ch14-timed-bytes` times fewer bytes than with four. The
-# two runs are separate, each against its own one-process baseline, so compare their ratios, not
-# their seconds.
+# ({glue:text}`ch14-rec-group` above), and the group layout sends {glue:text}`ch14-timed-bytes`
+# times fewer bytes than with four. The two runs are separate, each against its own one-process
+# baseline, so compare their ratios, not their seconds, and read the owner layout's ratio as the
+# drift between runs: {glue:text}`ch14-timed-owner` in this run against
+# {glue:text}`ch14-rec-owner` in the first.
 #
 # ## Turning it on
 #
@@ -758,11 +775,13 @@ glue("ch14-timed-bytes", f"{G['bytes_ratio'] / TG['bytes_ratio']:.1f}", display=
 # ```python
 # from dmuon import DistributedMuon, hardware
 #
-# opt = DistributedMuon(groups, grid, layout="group",    # owner's plan, plus groups
-#                       hw=hardware.h100(),              # groups sized by time on these figures
-#                       ns_batch=True,                   # one call per shape on each owner
-#                       ns_coefficients="polar_express", # default "muon"; or "cubic"
-#                       ns_form="standard")              # or "gram" (groups too)
+# opt = DistributedMuon(
+#     groups, grid,
+#     layout="group",                   # owner's plan, plus groups
+#     hw=hardware.h100(),               # groups sized by time on a profile
+#     ns_batch=True,                    # one call per shape on each owner
+#     ns_coefficients="polar_express",  # default "muon"; or "cubic"
+#     ns_form="standard")               # or "gram" (groups too)
 # ```
 #
 # `hw` is the profile of the projections above: `hardware.h100()` gives their assumed H100
@@ -771,10 +790,10 @@ glue("ch14-timed-bytes", f"{G['bytes_ratio'] / TG['bytes_ratio']:.1f}", display=
 # cores, as CPU ranks do). Every rank must pass the same profile (the optimizer
 # checks it with the rest of the plan before the first collective). Left out, the groups are
 # sized by FLOPs alone. The profile decides whether a group pays at all, so the same matrices
-# get different plans on different machines. Below, the optimizer runs on four ranks with two
-# large matrices, first with no profile, then with the H100 one, then with a made-up slow
-# machine (1 GFLOP/s per rank, nodes of four ranks with fast links inside). The third run
-# checks against one process.
+# get different plans on different machines. Below, the plan for four ranks and two large
+# matrices with no profile, with the H100 one and with a made-up slow machine (1 GFLOP/s per
+# rank, nodes of four ranks with fast links inside); then the optimizer runs the slow machine's
+# plan against one process.
 
 # %%
 import json
@@ -797,8 +816,8 @@ plans = {name: build_plan(specs, 2, 0, 2, 4000, "group", hw=hw).groups
 table(["hw=", "groups (matrix: ranks)"],
       [[name, ", ".join(f"w{k[1]}: {list(m)}" for k, m in g.items()) or "none: every "
         "matrix has one owner"] for name, g in plans.items()])
-with tempfile.TemporaryDirectory() as tmp:
-    profile_file = Path(tmp) / "slow.json"
+with tempfile.TemporaryDirectory() as tmp:   # the profile as a file, as --hw takes it
+    profile_file = Path(tmp) / "slow_machine.json"
     profile_file.write_text(json.dumps(slow))
     timed_out = run("verify.py", "--dp", 2, "--tp", 2, "--layout", "group", "--hw",
                     profile_file, "--groups", 1, "--shapes", shapes, "--tp-dims", dims,
@@ -846,10 +865,9 @@ glue("ch14-timed-diff", "bit for bit" if timed["max_abs_diff"] == 0 else
 # form over the group, `ns_gram_group`, which all-reduces the norm and one Gram per optimizer
 # step, two collectives instead of eleven), the group layout above with every option the owner
 # layout takes (a grouped matrix itself is never batched: each member holds only a block of it),
-# and the plans and projections, for a 1T-class mixture of experts too
-# (`plan_at_scale.py --model kimi-k2`).
-# and groups sized by time in the optimizer (`hw=`), checked against one process on groups that
-# are neither contiguous nor disjoint.
+# the plans and projections, for a 1T-class mixture of experts too
+# (`plan_at_scale.py --model kimi-k2`), and groups sized by time in the optimizer (`hw=`),
+# checked against one process on groups that are neither contiguous nor disjoint.
 # **Not built**: the projections price neither the Gram form over a group nor expert
 # parallelism, and they are a model, not a measurement; the profile is given, not measured on
 # the cluster (every rank must use the same numbers, so no rank may time its own).
@@ -861,8 +879,9 @@ glue("ch14-timed-diff", "bit for bit" if timed["max_abs_diff"] == 0 else
 # - A group of ranks can orthogonalise one matrix with one Gram all-reduce per step, within
 #   $10^{-5}$ of one process in fp32; in the bf16 the optimizer runs, a reordered sum can flip a
 #   rounding that later steps carry on, so the group layout's tests allow $10^{-2}$ relative.
-#   The Grams cost $m^2$ fp32 a step, so a group pays only where that traffic is cheap next to the
-#   FLOPs it saves. The optimizer's `layout="group"` gives groups to the matrices above their fair
+#   For a near-square matrix the row form sends fewer bytes (the matrix, then each step's rows of
+#   $A$ and $X$, all-gathered in bf16) and sums nothing across ranks. Either way a group pays only
+#   where its traffic is cheap next to the FLOPs it saves. The optimizer's `layout="group"` gives groups to the matrices above their fair
 #   share: sized by time on a hardware profile (`hw=`), or by FLOPs alone without one.
 # - Same-shape batching turns an owner's many expert matrices into a few calls; Polar Express is
 #   closer to the polar factor in the same matmuls; the Gram form saves FLOPs on rectangles.
