@@ -32,6 +32,7 @@ import collections
 import contextlib
 import itertools
 import sys
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -191,10 +192,16 @@ def simulate(worker, dp: int, tp: int, args, device: str = "meta", passes: int =
         audit = Audit(torch.device(device))
         contributed: dict = collections.defaultdict(dict)
 
+        # Each optimizer's own number, not id(opt): a short-lived optimizer (verify.py's state_dict twin)
+        # may be freed and the next one built at the same address, which would merge their steps' syncs.
+        numbers, fresh = weakref.WeakKeyDictionary(), itertools.count()
+
         def pre(opt, a, kw):
             if _is_dmuon(opt):
-                audit._step = (id(opt), getattr(opt, "_audit_steps", 0))
-                opt._audit_steps = audit._step[1] + 1
+                if opt not in numbers:
+                    numbers[opt] = (next(fresh), itertools.count())
+                uid, steps = numbers[opt]
+                audit._step = (uid, next(steps))
                 audit.steps += 1
 
         def post(opt, a, kw):
