@@ -61,6 +61,10 @@ def worker(grid, comm, args) -> int:
     for step in range(1, args.steps + 1):
         set_grads(opt.param_groups, problem.grads(step, grid.dp_rank, grid.dp), grid)
         if step == args.step:
+            # A barrier first: every rank has finished the steps before, and rank 0 has said so. The
+            # launcher stops all ranks once the target fails, which could otherwise cut off a rank 0 that
+            # is still finishing step - 1 (seen once in CI on 2 cores: no "step 1 done").
+            comm.gather_objects(None, "report")
             inject(args.fault, target, grid, opt, step)
         opt.step()
         if grid.rank == 0:
