@@ -129,6 +129,35 @@ def test_bug2_is_hidden_when_every_matrix_is_split_over_tp():
     assert proc.returncode == 0 and last_json(proc.stdout)["ok"] is True
 
 
+def test_verify_runs_newton_schulz_options_on_a_grid_bit_for_bit():
+    """verify.py --ns-batch --ns-form gram --ns-coefficients polar_express on 3x2: the owner and aligned layouts
+    run the options on whole matrices, the reference runs them too, so the match is still exact; each owner
+    makes one Newton-Schulz call per distinct shape it owns: 9 matrices of one shape (split over TP by rows,
+    by columns or not at all) and a tenth on 6 ranks, so some owner must batch."""
+    shapes = ",".join(["36x56"] * 9 + ["20x44"])
+    proc = script("verify.py", "--dp", "3", "--tp", "2", "--layout", "owner,aligned", "--shapes", shapes,
+                  "--tp-dims", ",".join(["0", "1", "none"] * 3 + ["1"]), "--groups", "1", "--steps", "2", "--ns-batch", "--ns-form", "gram",
+                  "--ns-coefficients", "polar_express")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = last_json(proc.stdout)
+    assert (result["ns_batch"], result["ns_form"], result["ns_coefficients"]) == (True, "gram", "polar_express")
+    sizes = {f"0.{i}": s for i, s in enumerate(shapes.split(","))}
+    for layout, res in result["layouts"].items():
+        assert res["ok"] and res["max_abs_diff"] == 0.0 and res["state_dict_roundtrip"], layout
+        owned = {}
+        for matrix, rank in res["owners"].items():
+            owned.setdefault(rank, set()).add(sizes[matrix])
+        assert res["ns_calls"] == sum(len(s) for s in owned.values()) < len(sizes), (layout, res["owners"])
+
+
+def test_verify_refuses_newton_schulz_options_it_cannot_run():
+    for extra, message in ((["--layout", "bucket", "--ns-batch"], "the bucket layout has no owner"),
+                           (["--ns-coefficients", "quartic"], "unknown ns_coefficients 'quartic'"),
+                           (["--optimizer", "adamw", "--ns-form", "gram"], "give a Muon optimizer")):
+        proc = script("verify.py", "--dp", "2", *extra)
+        assert proc.returncode == 2 and message in proc.stderr, (extra, proc.stderr[-500:])
+
+
 def test_time_model_prices_the_ledgers_busiest_rank():
     """dmuon.lab.timemodel against the engine's ledger (the cached 2x2 run: several buckets, TP-split and
     replicated matrices): the owner layouts' per-pair traffic is what each rank sent and received, and with

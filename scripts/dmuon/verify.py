@@ -6,6 +6,7 @@
     python scripts/verify.py --dp 3 --tp 1 --layout owner --steps 2 --resume ckpt   # ... resumed elsewhere
     python scripts/verify.py --dp 3 --tp 1 --optimizer hybrid --steps 5
     python scripts/verify.py --dp 2 --tp 4 --shapes 100x100,124x324 --tp-dims 0,1
+    python scripts/verify.py --dp 3 --tp 2 --layout owner --ns-batch --ns-form gram --ns-coefficients polar_express
     torchrun --standalone --nproc-per-node 4 scripts/verify.py --dp 2 --tp 2   # NCCL when CUDA is there
     python -m dmuon.verify --dp 2 --tp 2        # the same, from an install (or: dmuon-verify --dp 2 --tp 2)
 
@@ -37,6 +38,12 @@ into every layout given, runs ``--steps`` more steps and compares each with the 
 reference run uninterrupted from step 1: steps N+1..N+M must match an uninterrupted run. The JSON
 then has ``"resumed_from"`` (the folder, the step and the grid and layout it was saved on).
 
+``--ns-coefficients``, ``--ns-form`` and ``--ns-batch`` run Newton-Schulz's options (``dmuon/ns_variants.py``,
+``DistributedMuon(ns_batch=...)``) on every Muon group, the reference included, so each option is checked on
+your grid as the default is: bit for bit under the owner and aligned layouts (a batched call gives the
+unbatched bits on this machine's kernels; ``tests/test_ns_variants.py``), within ``--atol`` for grouped
+matrices.
+
 ``--atol`` defaults to 0: on one machine the distributed run executes the same kernels on the
 same numbers as the reference, so it must match bit for bit (see the synthetic module for why
 reduction order cannot matter).
@@ -56,6 +63,7 @@ from dmuon.comm import Comm
 from dmuon.distributed import OVERLAP_MODES, DistributedMuon
 from dmuon.layouts import LAYOUTS, parse_layouts
 from dmuon.launch import add_launch_args, arg_type, check_launch_args, launch
+from dmuon.ns_variants import NAMED_SCHEDULES, NS_FORMS, check_ns_options
 from dmuon.optim import MuonW
 from dmuon.lab.poc_bugs import POC_BUGS
 from dmuon.lab.timemodel import THIS_MACHINE, hw_arg, resolve_hw
@@ -78,6 +86,13 @@ def parse_args(argv=None):
     p.add_argument("--hw", type=arg_type(hw_arg), default=None, metavar="PROFILE",
                    help="size the group layout's groups by time on this hardware profile: 'h100', a JSON file "
                         f"(dmuon.hardware) or '{THIS_MACHINE}' (default: by Newton-Schulz FLOPs)")
+    p.add_argument("--ns-coefficients", default=None, metavar="NAME",
+                   help=f"Newton-Schulz coefficients of the Muon groups: {', '.join(sorted(NAMED_SCHEDULES))} "
+                        "(default muon, the paper's quintic)")
+    p.add_argument("--ns-form", choices=NS_FORMS, default=None,
+                   help="iterate on the matrix (standard, the default) or on its small Gram matrix (gram)")
+    p.add_argument("--ns-batch", action="store_true",
+                   help="one batched Newton-Schulz per distinct shape an owner holds (not with the bucket layout)")
     p.add_argument("--poc-bug", choices=sorted(POC_BUGS), default=None,
                    help="put one of the proof of concept's bugs back, to see this check catch it")
     p.add_argument("--save", default=None, metavar="DIR", help="write a checkpoint after the last step")
@@ -89,6 +104,16 @@ def parse_args(argv=None):
     if args.hw is not None and ("group" not in args.layout or args.optimizer == "adamw"):
         p.error("--hw sizes the group layout's groups: give --layout group (or a list with group) and a Muon "
                 "optimizer")
+    if args.optimizer == "adamw" and (args.ns_coefficients or args.ns_form or args.ns_batch):
+        p.error("--ns-coefficients, --ns-form and --ns-batch are Newton-Schulz options: give a Muon optimizer "
+                "(--optimizer muon or hybrid), not adamw")
+    if args.ns_batch and "bucket" in args.layout:
+        p.error("--ns-batch batches same-shape matrices on their owner: the bucket layout has no owner; "
+                "give --layout owner, aligned or group")
+    try:
+        check_ns_options(args.ns_coefficients or "muon", 5, args.ns_form or "standard")
+    except ValueError as e:
+        p.error(f"--ns-coefficients/--ns-form: {e}")
     args.hw_spec = args.hw
     resolve_hw(p, args)
     check_problem_args(p, args, args.optimizer, args.groups)
@@ -112,10 +137,15 @@ def reference_optimizer(problem, params: dict) -> MuonW:
                   for g in problem.groups])
 
 
+def ns_options(args) -> dict:
+    """The Newton-Schulz hyperparameters given on the command line (none: every group keeps the defaults)."""
+    return {k: v for k, v in (("ns_coefficients", args.ns_coefficients), ("ns_form", args.ns_form)) if v}
+
+
 def problem_signature(args) -> dict:
     """What must be equal for a resumed run to be compared with the same reference."""
     return dict(optimizer=args.optimizer, shapes=[list(x) for x in args.shapes], tp_dims=list(args.tp_dims),
-                groups=args.groups, seed=args.seed)
+                groups=args.groups, seed=args.seed, **ns_options(args))
 
 
 def state_dict_roundtrip(opt, problem, args, grid, step: int) -> bool:
@@ -124,7 +154,7 @@ def state_dict_roundtrip(opt, problem, args, grid, step: int) -> bool:
     saved = copy.deepcopy(opt.state_dict())
     copies = [dict(g, params=[torch.nn.Parameter(p.detach().clone()) for p in g["params"]]) for g in opt.param_groups]
     twin = type(opt)(copies, grid, layout=opt.layout, comm=Comm(grid, timeout_s=args.timeout),
-                     bucket_numel=args.bucket_numel, overlap=args.overlap, hw=opt.hw)
+                     bucket_numel=args.bucket_numel, overlap=args.overlap, hw=opt.hw, ns_batch=opt.ns_batch)
     twin.load_state_dict(saved)
     grads = problem.grads(step, grid.dp_rank, grid.dp)
     for o in (opt, twin):
@@ -140,11 +170,15 @@ def state_dict_roundtrip(opt, problem, args, grid, step: int) -> bool:
 
 def worker(grid, comm, args) -> int:
     problem = build_problem(args.optimizer, args.shapes, args.tp_dims, args.groups, args.seed, grid.tp)
+    for g in problem.groups:  # the distributed optimizers and the reference both read a group's hyper
+        if g["use_muon"]:
+            g["hyper"].update(ns_options(args))
     dev = grid.device
     optimizer_class = POC_BUGS[args.poc_bug] if args.poc_bug else DistributedMuon
     opts = {layout: optimizer_class(problem.param_groups(grid.tp, grid.tp_rank, dev), grid, layout=layout,
                                     comm=Comm(grid, timeout_s=args.timeout), bucket_numel=args.bucket_numel,
-                                    overlap=args.overlap, hw=args.hw if layout == "group" else None)
+                                    overlap=args.overlap, hw=args.hw if layout == "group" else None,
+                                    ns_batch=args.ns_batch)
             for layout in args.layout}
     # The reference runs once, on rank 0, and is broadcast: every rank then checks its own shard.
     ref_params = {n: t.to(dev).clone() for n, t in problem.full.items()}
@@ -220,7 +254,8 @@ def worker(grid, comm, args) -> int:
         ok=ok, max_abs_diff=worst, per_step_max_abs_diff=first["per_step_max_abs_diff"], dp=grid.dp, tp=grid.tp,
         world_size=grid.dp * grid.tp, optimizer=args.optimizer, steps=args.steps, seed=args.seed,
         shapes=[list(s) for s in args.shapes], tp_dims=args.tp_dims, bucket_numel=args.bucket_numel,
-        atol=args.atol, poc_bug=args.poc_bug, hw=args.hw, overlap=opts[args.layout[0]].overlap, backend=dist.get_backend(), device=str(dev),
+        atol=args.atol, poc_bug=args.poc_bug, hw=args.hw, ns_batch=args.ns_batch,
+        ns_coefficients=args.ns_coefficients or "muon", ns_form=args.ns_form or "standard", overlap=opts[args.layout[0]].overlap, backend=dist.get_backend(), device=str(dev),
         resumed_from=resumed_from, saved_to=args.save, layout=args.layout[0], ns_calls=first["ns_calls"], ns_flops_max_rank=first["ns_flops_max_rank"],
         state_bytes=first["state_bytes"], ledger=first["ledger"], layouts=layouts)), flush=True)
     for opt in opts.values():
