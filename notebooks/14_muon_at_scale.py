@@ -854,7 +854,9 @@ glue("ch14-timed-diff", "bit for bit" if timed["max_abs_diff"] == 0 else
 # `"group"` over `"owner"` when one matrix holds more than its fair share of the Newton-Schulz
 # work. Before training, `python scripts/verify.py --dp D --tp T --layout group --hw PROFILE
 # --shapes ...` shows, for your shapes on your grid, which ranks each group spans (ledger rows
-# such as `g0-1`, and `groups` in its JSON) and checks the result against one process.
+# such as `g0-1`, and `groups` in its JSON) and checks the result against one process;
+# `--ns-batch`, `--ns-form gram` and `--ns-coefficients polar_express` add the other options, which
+# the one process then runs too.
 #
 # ## What is built and what is not
 #
