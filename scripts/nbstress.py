@@ -10,9 +10,11 @@ This is both the reproduction of issue 16's stall and its stress check:
 
 A *stall* is a cell for which the client received the kernel's reply more than ``--stall-after``
 seconds (default 5) after the kernel stamped it; every cell's reply normally arrives within
-milliseconds. With ``--client guarded`` (``dmuon.lab.nbexec``, what the build and tests use) the
-table also counts *late wake-ups*: polls that found a reply only when their 0.5 s slice ran out,
-i.e. the lost wake-ups that stall plain nbclient, each absorbed in under a second.
+milliseconds. A chapter whose cell fails counts under *errors* (its last lines are printed) and the
+rounds go on; the exit code is 1 when any run stalled or failed. With ``--client guarded``
+(``dmuon.lab.nbexec``, what the build and tests use) the table also counts *late wake-ups*: polls
+that found a reply only when their 0.5 s slice ran out, i.e. the lost wake-ups that stall plain
+nbclient, each absorbed in under a second.
 
 ``--synthetic`` runs a small notebook (cells that stream a subprocess's output and draw a figure)
 instead of the chapters: the same traffic pattern, a few seconds a round. The last line is JSON.
@@ -114,12 +116,19 @@ def main(argv=None) -> int:
         paths = [ROOT / "notebooks" / f"{c.stem}.ipynb" for c in chapters() if wanted is None or c.stem in wanted]
         if wanted and len(paths) != len(wanted):
             p.error(f"unknown chapters: {sorted(wanted - {q.stem for q in paths})}")
-    stats = {q.stem: {"runs": 0, "stalls": 0, "late_wakeups": 0, "retries": 0, "slowest_s": 0.0, "worst_delay_s": 0.0}
-             for q in paths}
+    stats = {q.stem: {"runs": 0, "stalls": 0, "errors": 0, "late_wakeups": 0, "retries": 0, "slowest_s": 0.0,
+                      "worst_delay_s": 0.0} for q in paths}
     for r in range(args.rounds):
         for path in paths:
-            seconds, delays, late, retries = run_once(path, args.client, args.timeout)
             s = stats[path.stem]
+            try:
+                seconds, delays, late, retries = run_once(path, args.client, args.timeout)
+            except Exception as e:  # a cell that failed: count it, say which, and go on with the rounds
+                s["runs"] += 1
+                s["errors"] += 1
+                print(f"round {r + 1:2d} {path.stem:<26} ERROR {type(e).__name__}: "
+                      + " | ".join(str(e).strip().splitlines()[-3:]), flush=True)
+                continue
             stalled = [(i, round(d, 1)) for i, d in delays if d > args.stall_after]
             s["runs"] += 1
             s["stalls"] += len(stalled)
@@ -129,17 +138,17 @@ def main(argv=None) -> int:
             s["worst_delay_s"] = round(max([s["worst_delay_s"], *(d for _, d in delays)]), 3)
             print(f"round {r + 1:2d} {path.stem:<26} {seconds:6.1f} s  late wake-ups {late}"
                   + (f"  STALLED cells {stalled}" if stalled else ""), flush=True)
-    print(f"\n{'chapter':<26} {'runs':>5} {'stalls':>6} {'retries':>7} {'late wake-ups':>13} "
+    print(f"\n{'chapter':<26} {'runs':>5} {'stalls':>6} {'errors':>6} {'retries':>7} {'late wake-ups':>13} "
           f"{'slowest s':>9} {'worst reply delay s':>19}")
     for name, s in stats.items():
-        print(f"{name:<26} {s['runs']:5d} {s['stalls']:6d} {s['retries']:7d} {s['late_wakeups']:13d} "
-              f"{s['slowest_s']:9.1f} {s['worst_delay_s']:19.3f}")
-    total = {k: sum(s[k] for s in stats.values()) for k in ("runs", "stalls", "late_wakeups", "retries")}
+        print(f"{name:<26} {s['runs']:5d} {s['stalls']:6d} {s['errors']:6d} {s['retries']:7d} "
+              f"{s['late_wakeups']:13d} {s['slowest_s']:9.1f} {s['worst_delay_s']:19.3f}")
+    total = {k: sum(s[k] for s in stats.values()) for k in ("runs", "stalls", "errors", "late_wakeups", "retries")}
     if nbexec.SlicedChannel.late_log:
         print("late wake-ups (channel, message, seconds it had waited in the socket):",
               [(c, m, round(a, 3)) for c, m, a in nbexec.SlicedChannel.late_log])
     print(json.dumps({"client": args.client, "rounds": args.rounds, **total, "chapters": stats}))
-    return 0
+    return 1 if total["stalls"] or total["errors"] else 0
 
 
 if __name__ == "__main__":
