@@ -209,12 +209,13 @@ speed = last_json(run("ns_speed.py"))
 pairs = speed["pair_ratios"]
 glue("ch8-ns-ratio", f"{speed['best_ratio']:.0%}", display=False)
 glue("ch8-ns-pairs", f"{min(pairs):.0%} to {max(pairs):.0%}", display=False)
-# a verdict from the fastest runs, which load can only slow; no assert: a busy machine moves it
-glue("ch8-ns-verdict",
-     "close enough to the matmul rate that FLOPs are a fair measure of its time"
-     if speed["best_ratio"] >= 0.7 else
-     "well below the matmul rate on this machine, so FLOPs measure its time only roughly "
-     "(elementwise work and memory traffic between the matmuls weigh more where matmuls are fast)",
+# a verdict from the fastest runs, which load can only slow (no assert: load moves it)
+close = ("close enough to the matmul rate that FLOPs are a fair measure of its "
+         "time")
+rough = ("well below the matmul rate on this machine, so FLOPs measure its time "
+         "only roughly (the elementwise work between the matmuls weighs more where "
+         "matmuls are fast)")
+glue("ch8-ns-verdict", close if speed["best_ratio"] >= 0.7 else rough,
      display=False)
 
 # %% [markdown]
