@@ -212,9 +212,9 @@ glue("ch8-ns-pairs", f"{min(pairs):.0%} to {max(pairs):.0%}", display=False)
 # a verdict from the fastest runs, which load can only slow (no assert: load moves it)
 close = ("close enough to the matmul rate that FLOPs are a fair measure of its "
          "time")
-rough = ("well below the matmul rate on this machine, so FLOPs measure its time "
-         "only roughly (the elementwise work between the matmuls weighs more where "
-         "matmuls are fast)")
+rough = ("well below the matmul rate in this run, so FLOPs measure its time only "
+         "roughly here (a busy machine, or elementwise work between the matmuls "
+         "that weighs more where matmuls are fast)")
 glue("ch8-ns-verdict", close if speed["best_ratio"] >= 0.7 else rough,
      display=False)
 
