@@ -15,7 +15,7 @@ help:
 	@echo "make test    run the tests (unit, distributed on gloo, notebooks, book, browser)"
 	@echo "make verify  check Distributed Muon against one process on a 2 x 2 grid"
 	@echo "make record  re-record the timing runs the book cites (book/data/bench_*.json, time_model_cpu.json; ~10 min, idle machine)"
-	@echo "make setup   only create .venv from requirements.txt and install dmuon into it (editable)"
+	@echo "make setup   only create .venv from requirements.txt and install muongrid into it (editable)"
 	@echo "make clean   remove the build and the virtual environment"
 
 $(STAMP): requirements.txt pyproject.toml
@@ -41,7 +41,7 @@ verify: $(STAMP)
 # benchmarks (more steps than a build can afford), and chapter 14's group layout on the report's
 # shapes (tens of seconds a step), its groups sized by FLOPs, then by time on this machine's
 # profile. Run it on an idle machine: each file keeps its command, commit, machine and load
-# average (dmuon/lab/provenance.py).
+# average (muongrid/lab/provenance.py).
 # Chapter 8 reruns a short benchmark live beside them and fails if its bytes differ from the record.
 # (book/data/convergence_study.json and fault_bench_2x1.json name their own commands inside.)
 RECORD := --stack 4 --steps 7 --warmup 2

@@ -18,16 +18,16 @@
 # # 0. Start here
 #
 # ```{admonition} What this chapter runs
-# One 4-process run of [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py) (a 2 x 2 grid over gloo). About 20 seconds on a
+# One 4-process run of [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) (a 2 x 2 grid over gloo). About 20 seconds on a
 # 2-core laptop.
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -35,20 +35,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -74,10 +74,10 @@ elif importlib.util.find_spec("dmuon") is None:
 # ## How this book is built
 #
 # Each chapter is a notebook. The notebooks *explain* and *launch*; the algorithm lives in one
-# place, the small package `dmuon` in [`scripts/`](https://github.com/dmuon-book/distributed-muon/tree/main/scripts), and the command-line scripts beside it. A
-# chapter that needs several processes runs a script such as [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py) as a subprocess:
+# place, the small package `muongrid` in [`scripts/`](https://github.com/muongrid-book/distributed-muon/tree/main/scripts), and the command-line scripts beside it. A
+# chapter that needs several processes runs a script such as [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) as a subprocess:
 # processes spawned from inside a notebook kernel cannot import functions defined in its cells, so
-# distributed code must live in files. The helper `dmuon.lab.notebook.run` streams the script's output
+# distributed code must live in files. The helper `muongrid.lab.notebook.run` streams the script's output
 # into the cell and **raises if the script fails**, so a broken script can never leave a green
 # page behind.
 #
@@ -87,7 +87,7 @@ elif importlib.util.find_spec("dmuon") is None:
 #
 # The set-up cell under each chapter's title (folded in the book) prepares the environment: in
 # Colab it clones the book's repository and installs whatever Colab lacks (never torch); elsewhere
-# it checks that the `dmuon` package is installed.
+# it checks that the `muongrid` package is installed.
 
 # %% [markdown]
 # ## The machine this page was built on
@@ -101,7 +101,7 @@ import platform
 
 import torch
 
-from dmuon.newton_schulz import native_bf16_matmul
+from muongrid.newton_schulz import native_bf16_matmul
 
 print(
     f"Python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} "
@@ -114,14 +114,14 @@ print(
         "native (fast)"
         if native_bf16_matmul(torch.device("cpu"))
         else "no fast path (AVX2 only): Newton-Schulz emulates bf16 products in fp32, "
-             "see dmuon/newton_schulz.py"
+             "see muongrid/newton_schulz.py"
     ),
 )
 
 # %% [markdown]
 # ## A first distributed run
 #
-# [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py) runs Distributed Muon on a grid of processes: here 2 data-parallel
+# [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) runs Distributed Muon on a grid of processes: here 2 data-parallel
 # replicas x 2 tensor-parallel shards, i.e. 4 processes talking over gloo, the CPU backend.
 # Each rank gets different gradients (as if it saw a different slice of the batch). Rank 0 also
 # runs ordinary single-process Muon on the whole matrices with the *averaged* gradients, and after
@@ -129,7 +129,7 @@ print(
 # shapes are those of Moonshot's proof of concept.
 
 # %%
-from dmuon.lab.notebook import last_json, run
+from muongrid.lab.notebook import last_json, run
 
 result = last_json(run("verify.py", "--dp", 2, "--tp", 2, "--steps", 3))
 
@@ -195,14 +195,14 @@ glue("ch0-tp-gathers", calls["ns_gather_tp"], display=False)
 # %% tags=["remove-input"]
 from IPython.display import Markdown
 
-from dmuon.lab.notebook import repository_url
+from muongrid.lab.notebook import repository_url
 
 url = repository_url()
 folder = url.rstrip("/").rsplit("/", 1)[-1]
 Markdown(f"""```bash
 git clone {url}
 cd {folder}
-make setup                         # .venv: torch (CPU), the Jupyter kernel, dmuon
+make setup                         # .venv: torch (CPU), the Jupyter kernel, muongrid
 .venv/bin/pip install jupyterlab   # once, unless you have a Jupyter already
 .venv/bin/jupyter lab notebooks/   # start with 00_start_here.ipynb
 ```""")
@@ -228,14 +228,14 @@ make setup                         # .venv: torch (CPU), the Jupyter kernel, dmu
 # of contents, so it lists every chapter there is):
 
 # %% tags=["remove-input"]
-from dmuon.lab.roadmap import table_markdown
+from muongrid.lab.roadmap import table_markdown
 
 Markdown(table_markdown())
 
 # %% [markdown]
 # ## Summary
 #
-# - The algorithm lives in [`scripts/dmuon`](https://github.com/dmuon-book/distributed-muon/tree/main/scripts/dmuon); chapters explain it and launch it through scripts.
+# - The algorithm lives in [`scripts/muongrid`](https://github.com/muongrid-book/distributed-muon/tree/main/scripts/muongrid); chapters explain it and launch it through scripts.
 # - `verify.py` compares a distributed run with a single process after every step; on one machine
 #   they agree exactly.
 # - The same scripts run on a laptop (gloo) and on GPU clusters (`torchrun`, NCCL).

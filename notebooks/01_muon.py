@@ -23,11 +23,11 @@
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -35,20 +35,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -72,7 +72,7 @@ elif importlib.util.find_spec("dmuon") is None:
 #
 # Our running example is a tiny GPT that predicts the next character of Python's own help texts
 # (`pydoc_data.topics`, which ships with every Python). The model and the data are in
-# [`scripts/dmuon/lab/charlm.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/charlm.py). Let us take one batch, compute the gradient, and look at the
+# [`scripts/muongrid/lab/charlm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/charlm.py). Let us take one batch, compute the gradient, and look at the
 # singular values of the gradient of one weight matrix.
 
 # %%
@@ -84,9 +84,9 @@ import torch
 import torch.nn.functional as F
 from myst_nb import glue
 
-from dmuon.lab.charlm import TinyGPT, batch, load_corpus
-from dmuon.lab import palette
-from dmuon.lab.diagrams import book_style
+from muongrid.lab.charlm import TinyGPT, batch, load_corpus
+from muongrid.lab import palette
+from muongrid.lab.diagrams import book_style
 
 book_style()
 
@@ -154,13 +154,13 @@ plt.close(fig)
 # price of not converging exactly. After five steps every singular value that is not tiny
 # (above about a thousandth of the Frobenius norm) lies in a band around 1, which works as well as
 # exact orthogonalisation in practice; directions the update hardly touches stay small. `singular_value_map` in
-# [`dmuon/newton_schulz.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/newton_schulz.py) applies the polynomial to numbers; `zeropower_ns5` applies it to a
+# [`muongrid/newton_schulz.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/newton_schulz.py) applies the polynomial to numbers; `zeropower_ns5` applies it to a
 # matrix. {numref}`fig-ch1-nsmap` draws both polynomials: **move its slider** to change the
 # number of steps (it works in this page; every position was computed when the page was built).
 
 # %%
-from dmuon.lab.explorers import Figure, ns_map_explorer
-from dmuon.newton_schulz import NS_COEFFICIENTS, singular_value_map
+from muongrid.lab.explorers import Figure, ns_map_explorer
+from muongrid.newton_schulz import NS_COEFFICIENTS, singular_value_map
 
 sigma = torch.linspace(0, 1, 501)
 glue("ch1-nsmap", Figure(ns_map_explorer()), display=False)
@@ -190,7 +190,7 @@ print(
 # overshooting wildly. The dashed curve is 3 steps: small singular values are not yet lifted.
 
 # %%
-from dmuon.lab.explorers import ns_coefficient_explorer
+from muongrid.lab.explorers import ns_coefficient_explorer
 
 glue("ch1-coefficients", Figure(ns_coefficient_explorer()), display=False)
 
@@ -219,7 +219,7 @@ glue("ch1-coefficients", Figure(ns_coefficient_explorer()), display=False)
 # {glue:text}`ch1-band-lo`; the rest are pulled into the band.
 
 # %%
-from dmuon.newton_schulz import ns5_flops, zeropower_ns5
+from muongrid.newton_schulz import ns5_flops, zeropower_ns5
 
 U, S, Vh = torch.linalg.svd(G, full_matrices=False)
 exact = U @ Vh
@@ -279,7 +279,7 @@ print(
 # ## The whole Muon step
 #
 # For each weight matrix $W$ of shape $A \times B$, with gradient $G_t$ (the math is in
-# [`dmuon/updates.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/updates.py), one small function per line below):
+# [`muongrid/updates.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/updates.py), one small function per line below):
 #
 # $$
 # \begin{aligned}
@@ -293,7 +293,7 @@ print(
 #
 # Line by line, with the symbols:
 # - $M_t$ is the momentum, an exponential moving average (EMA) of the gradients; $\mu$ is the
-#   momentum coefficient, $\mu = 0.95$ (the default of `dmuon.Muon` and of `torch.optim.Muon`).
+#   momentum coefficient, $\mu = 0.95$ (the default of `muongrid.Muon` and of `torch.optim.Muon`).
 # - $N_t$ is the Nesterov look-ahead: the gradient blended once more with the new momentum.
 # - $O_t$ is $N_t$ orthogonalised by NS5 (the five quintic steps above), in bf16.
 # - $W_t$ is the new weight. $\eta$ is the learning rate and $\lambda$ the weight-decay
@@ -303,7 +303,7 @@ print(
 #
 # Moonshot writes the momentum as a plain sum, $M_t = \mu M_{t-1} + G_t$; that is the EMA form
 # times $1/(1-\mu)$, a scale that NS5 divides away in its first line, so both give the same
-# update up to bf16 rounding (a test in [`tests/test_math.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_math.py) checks exactly this). We use the EMA
+# update up to bf16 rounding (a test in [`tests/test_math.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_math.py) checks exactly this). We use the EMA
 # form so that our Muon can be compared bit for bit with `torch.optim.Muon` {cite:p}`pytorch2025muon`.
 #
 # The factor $0.2\sqrt{\max(A, B)}$ is Moonshot's "match RMS" adjustment
@@ -314,7 +314,7 @@ print(
 # so its RMS comes out somewhat below 0.2. Let us measure it on our gradients:
 
 # %%
-from dmuon.updates import adjust_lr
+from muongrid.updates import adjust_lr
 
 rms_seen = []
 for name, p in [
@@ -340,12 +340,12 @@ glue("ch1-rms", " and ".join(rms_seen), display=False)
 # singular values to equalise. Embedding tables are lookups: each row is used only when its
 # token appears, so orthogonalising the whole table mixes rows that were never used. The output
 # head's rows are per-class and are usually left to AdamW too. The hybrid, called MuonW here,
-# routes each parameter by one rule, `routes_to_muon` in [`dmuon/optim.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/optim.py): Muon for 2-D
+# routes each parameter by one rule, `routes_to_muon` in [`muongrid/optim.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/optim.py): Muon for 2-D
 # parameters except embeddings and heads (recognised by their module names), AdamW for the rest.
 # For our model:
 
 # %%
-from dmuon.optim import hybrid_param_groups, routes_to_muon
+from muongrid.optim import hybrid_param_groups, routes_to_muon
 
 rows = [
     (name, tuple(p.shape), "Muon" if routes_to_muon(name, p) else "AdamW")
@@ -372,8 +372,8 @@ print(
 # optimizer's learning rate tuned over the same sweep, several seeds, equal tokens.
 
 # %%
-from dmuon.lab.charlm import train
-from dmuon.optim import AdamW, MuonW
+from muongrid.lab.charlm import train
+from muongrid.optim import AdamW, MuonW
 
 STEPS, LR, WD = 300, 3e-3, 0.1
 histories = {}
@@ -451,8 +451,8 @@ glue("ch1-time-word", "longer" if time_ratio > 1 else "shorter", display=False)
 # conventions, so for the same hyperparameters both must produce the same parameters:
 
 # %%
-from dmuon.newton_schulz import native_bf16_matmul
-from dmuon.optim import Muon
+from muongrid.newton_schulz import native_bf16_matmul
+from muongrid.optim import Muon
 
 if not hasattr(torch.optim, "Muon"):
     print(

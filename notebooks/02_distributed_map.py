@@ -18,16 +18,16 @@
 # # 2. A map of distributed training
 #
 # ```{admonition} What this chapter runs
-# [`scripts/collectives.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/collectives.py) on 4 processes over gloo; everything else is closed-form arithmetic.
+# [`scripts/collectives.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/collectives.py) on 4 processes over gloo; everything else is closed-form arithmetic.
 # About 15 seconds on a 2-core laptop.
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -35,20 +35,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -72,11 +72,11 @@ elif importlib.util.find_spec("dmuon") is None:
 # Training keeps four things per parameter: the parameter, its gradient, an fp32 master copy that
 # the optimizer updates, and the optimizer's own state. With mixed precision (bf16 parameters and
 # gradients) and AdamW that is 2 + 2 + 4 + 8 = 16 bytes per parameter, before any activations.
-# The calculator in [`dmuon/lab/memory.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/memory.py) does this arithmetic:
+# The calculator in [`muongrid/lab/memory.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/memory.py) does this arithmetic:
 
 # %%
-from dmuon.lab.memory import STRATEGIES, per_rank_bytes
-from dmuon.lab.notebook import table
+from muongrid.lab.memory import STRATEGIES, per_rank_bytes
+from muongrid.lab.notebook import table
 
 GB = 1e9
 table(
@@ -127,7 +127,7 @@ table(
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
-from dmuon.lab.diagrams import book_style
+from muongrid.lab.diagrams import book_style
 
 book_style()
 
@@ -155,7 +155,7 @@ table(
     align="llrrrrr",
 )
 
-from dmuon.lab import palette
+from muongrid.lab import palette
 
 DEVICE_GB = 80
 fig, ax = plt.subplots(figsize=(6.4, 5.6))
@@ -198,13 +198,13 @@ plt.close(fig)
 # - **{term}`all-reduce`**: every rank contributes a full tensor and receives the full sum. It is a
 #   reduce-scatter followed by an all-gather.
 #
-# A fourth, **broadcast**, copies one rank's tensor to all. [`scripts/collectives.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/collectives.py) runs all four
+# A fourth, **broadcast**, copies one rank's tensor to all. [`scripts/collectives.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/collectives.py) runs all four
 # on 4 processes over gloo. Rank $r$'s values are $100r + i$, so you can see where every number
 # came from; its full printout is folded below, and {numref}`fig-ch2-collectives` draws it.
 
 # %%
-from dmuon.lab.diagrams import collectives_diagram
-from dmuon.lab.notebook import last_json, run
+from muongrid.lab.diagrams import collectives_diagram
+from muongrid.lab.notebook import last_json, run
 
 demo = last_json(run("collectives.py", "--dp", 4, "--numel", 8, log="collapsed"))
 assert demo["allreduce_is_rs_plus_ag"]
@@ -227,7 +227,7 @@ plt.close("all")
 # **Counting bytes.** In the ring algorithm that NCCL uses for large tensors, the ranks pass shards
 # around a ring: in an all-gather over $n$ ranks with shards of $s$ elements, each rank sends
 # (and receives) $(n-1)s$ elements; a reduce-scatter is the same; an all-reduce is twice that. Every
-# collective in this book goes through one wrapper ([`dmuon/comm.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/comm.py)) that records these counts in a
+# collective in this book goes through one wrapper ([`muongrid/comm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/comm.py)) that records these counts in a
 # *ledger*. For the run above (fp32, 4 bytes per element):
 
 # %%
@@ -255,7 +255,7 @@ for op, rec in demo["ledger"].items():
 # every position was computed with `per_rank_bytes` when the page was built).
 
 # %%
-from dmuon.lab.explorers import Figure, memory_explorer
+from muongrid.lab.explorers import Figure, memory_explorer
 
 glue("ch2-explorer", Figure(memory_explorer()), display=False)
 
@@ -274,7 +274,7 @@ glue("ch2-explorer", Figure(memory_explorer()), display=False)
 # `per_rank_bytes(n, optimizer, zero=..., dp=..., tp=..., mixed_precision=...)` gives any other point.
 
 # %%
-from dmuon.lab.explorers import grid_memory_explorer
+from muongrid.lab.explorers import grid_memory_explorer
 
 glue("ch2-grid", Figure(grid_memory_explorer(billions=7)), display=False)
 

@@ -18,16 +18,16 @@
 # # 3. The 2-D grid
 #
 # ```{admonition} What this chapter runs
-# [`scripts/inspect_grid.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/inspect_grid.py) on 8 processes (a 2 x 4 grid), and one launch of [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py)
+# [`scripts/inspect_grid.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/inspect_grid.py) on 8 processes (a 2 x 4 grid), and one launch of [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py)
 # that is meant to fail before starting. About 20 seconds on a 2-core laptop.
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -35,20 +35,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -75,7 +75,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # So the TP groups are runs of consecutive ranks ($\{0,1,2,3\}, \{4,5,6,7\}$ for a 2 x 4 grid) and
 # the DP groups are the ranks `tp` apart ($\{0,4\}, \{1,5\}, \ldots$). This is the order PyTorch's
 # `init_device_mesh(device, (dp, tp), mesh_dim_names=("dp", "tp"))` uses, and the one place in
-# our code that builds the groups is [`dmuon/grid.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/grid.py).
+# our code that builds the groups is [`muongrid/grid.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/grid.py).
 #
 # Consecutive ranks are the ones that `torchrun` starts on the same node (`--nproc-per-node`
 # at a time). Putting TP on consecutive ranks therefore keeps each TP group inside a node, on its
@@ -85,13 +85,13 @@ elif importlib.util.find_spec("dmuon") is None:
 #
 # ## The grid of a real run
 #
-# [`scripts/inspect_grid.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/inspect_grid.py) starts 8 processes as a 2 x 4 grid ({term}`data parallel (DP)` x
+# [`scripts/inspect_grid.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/inspect_grid.py) starts 8 processes as a 2 x 4 grid ({term}`data parallel (DP)` x
 # {term}`tensor parallel (TP)`). Each builds its groups and its
 # Distributed Muon optimizer, then reports the ranks in its DP and TP group *as the process groups
 # themselves list them*, the part of the optimizer state it owns, and its bytes of state.
 
 # %%
-from dmuon.lab.notebook import last_json, run
+from muongrid.lab.notebook import last_json, run
 
 grid_run = last_json(run("inspect_grid.py", "--dp", 2, "--tp", 4))
 
@@ -104,9 +104,9 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
 from myst_nb import glue
 
-from dmuon.grid import grid_layout
-from dmuon.lab import palette
-from dmuon.lab.diagrams import book_style
+from muongrid.grid import grid_layout
+from muongrid.lab import palette
+from muongrid.lab.diagrams import book_style
 
 book_style()
 
@@ -209,7 +209,7 @@ plt.close(fig)
 # TP rank 0 of this grid:
 
 # %% tags=["hide-input"]
-from dmuon.lab.notebook import table
+from muongrid.lab.notebook import table
 
 rank0 = ranks[0]
 table(

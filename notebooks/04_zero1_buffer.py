@@ -18,16 +18,16 @@
 # # 4. The ZeRO-1 virtual buffer
 #
 # ```{admonition} What this chapter runs
-# The ZeRO-1 plan computed in the notebook, then [`scripts/inspect_grid.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/inspect_grid.py) on 6 processes (3 x 2)
+# The ZeRO-1 plan computed in the notebook, then [`scripts/inspect_grid.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/inspect_grid.py) on 6 processes (3 x 2)
 # to check it. About 15 seconds on a 2-core laptop.
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -35,20 +35,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -81,15 +81,15 @@ elif importlib.util.find_spec("dmuon") is None:
 # must fit in memory when gathered, so buckets are capped (here at 100,000 elements; a matrix
 # bigger than the cap gets a bucket of its own). Each bucket is padded to a multiple of `dp` and
 # split into `dp` equal **shards**; DP rank `r` owns shard `r` of every bucket. `build_plan` in
-# [`dmuon/plan.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/plan.py) does all of this, as pure arithmetic:
+# [`muongrid/plan.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/plan.py) does all of this, as pure arithmetic:
 
 # %%
 from IPython.display import Markdown
 from myst_nb import glue
 
-from dmuon.lab.notebook import table
-from dmuon.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
-from dmuon.plan import ParamSpec, build_plan
+from muongrid.lab.notebook import table
+from muongrid.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
+from muongrid.plan import ParamSpec, build_plan
 
 DP, TP, BUCKET = 3, 2, 100_000
 specs = [
@@ -112,9 +112,9 @@ table(["bucket", "starts at", "elements", "padding", "shards", "shard size", "ho
 # Here is how `build_plan` cuts a group into buckets (the real code, read from the file when the
 # book is built):
 #
-# ```{literalinclude} ../scripts/dmuon/plan.py
+# ```{literalinclude} ../scripts/muongrid/plan.py
 # :pyobject: split_into_buckets
-# :caption: dmuon/plan.py
+# :caption: muongrid/plan.py
 # ```
 #
 # ## The plan, drawn
@@ -124,8 +124,8 @@ table(["bucket", "starts at", "elements", "padding", "shards", "shard size", "ho
 # %% tags=["hide-input"]
 import matplotlib.pyplot as plt
 
-from dmuon.lab import palette
-from dmuon.lab.diagrams import book_style
+from muongrid.lab import palette
+from muongrid.lab.diagrams import book_style
 
 book_style()
 
@@ -259,19 +259,19 @@ table(["field", *(m.name for m in metas)], [[k, *v] for k, v in fields.items()],
 # `build_plan` fills them in for one bucket like this: each matrix takes the next `numel` elements
 # of the buffer (`global_range`), and its `local_range` is where that range meets this rank's shard:
 #
-# ```{literalinclude} ../scripts/dmuon/plan.py
+# ```{literalinclude} ../scripts/muongrid/plan.py
 # :start-after: BOOK-START dist-meta
 # :end-before: BOOK-END dist-meta
 # :dedent:
-# :caption: dmuon/plan.py, build_plan: the dist_meta of each matrix of a bucket
+# :caption: muongrid/plan.py, build_plan: the dist_meta of each matrix of a bucket
 # ```
 #
 # The optimizer's state for a matrix is then a view of the rank's shard of the bucket, the elements
 # between the two ends of `local_range` (an empty view where the rank owns none):
 #
-# ```{literalinclude} ../scripts/dmuon/sharding.py
+# ```{literalinclude} ../scripts/muongrid/sharding.py
 # :pyobject: local_shard
-# :caption: dmuon/sharding.py
+# :caption: muongrid/sharding.py
 # ```
 #
 # The owned pieces of a matrix, taken over all DP ranks, cover it exactly once. Check it for
@@ -302,7 +302,7 @@ for i, spec in enumerate(specs[0]):
 # uses? Launch the same configuration on 6 processes and compare every rank's `dist_meta` with ours:
 
 # %%
-from dmuon.lab.notebook import last_json, run
+from muongrid.lab.notebook import last_json, run
 
 real = last_json(
     run("inspect_grid.py", "--dp", DP, "--tp", TP, "--bucket-numel", BUCKET)
@@ -354,7 +354,7 @@ glue("ch4-state-numel", f"{plans[0].local_state_numel():,}", display=False)
 # built). Hover over a band for its range.
 
 # %%
-from dmuon.lab.explorers import Figure, plan_explorer
+from muongrid.lab.explorers import Figure, plan_explorer
 
 glue(
     "ch4-explorer",
@@ -374,10 +374,10 @@ glue(
 # buckets cut the buffer in more places and change which matrices straddle two owners. Both
 # explorers move in the static page. To try your own shapes in Jupyter, build
 # `[[ParamSpec(name, (rows, cols), tp_dim), ...]]` and call `plan_explorer` or `bucket_explorer`
-# from `dmuon.lab.explorers` with it.
+# from `muongrid.lab.explorers` with it.
 
 # %%
-from dmuon.lab.explorers import bucket_explorer
+from muongrid.lab.explorers import bucket_explorer
 
 glue(
     "ch4-buckets",

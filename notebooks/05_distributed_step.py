@@ -18,17 +18,17 @@
 # # 5. One distributed Muon step
 #
 # ```{admonition} What this chapter runs
-# [`scripts/trace_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/trace_step.py) on 4 processes, [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py) on five grids of 2 to 4 processes, and
+# [`scripts/trace_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/trace_step.py) on 4 processes, [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) on five grids of 2 to 4 processes, and
 # three short runs that put the proof of concept's two bugs back. About 1-2 minutes
 # on a 2-core laptop.
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -36,20 +36,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -94,103 +94,103 @@ elif importlib.util.find_spec("dmuon") is None:
 #
 # ## The code, stage by stage
 #
-# The optimizer is `ZeroOneOptimizer` in [`dmuon/distributed.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/distributed.py)
+# The optimizer is `ZeroOneOptimizer` in [`muongrid/distributed.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/distributed.py)
 # (`DistributedMuon` is a thin subclass of it); stages 3-6 are the layout's *flow*, here the proof
-# of concept's `BucketFlow` in [`dmuon/flows.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/flows.py). The excerpts below
+# of concept's `BucketFlow` in [`muongrid/flows.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/flows.py). The excerpts below
 # are read from those files when the book is built, so they are the code that ran in this chapter.
 # `step()` calls two methods, one for stages 1-7 and one for stage 8:
 #
-# ```{literalinclude} ../scripts/dmuon/distributed.py
+# ```{literalinclude} ../scripts/muongrid/distributed.py
 # :pyobject: ZeroOneOptimizer.step
 # :dedent:
-# :caption: dmuon/distributed.py: the step
+# :caption: muongrid/distributed.py: the step
 # ```
 #
 # Stages 1-7 for a Muon group. The generator `updates` hands the flow each bucket's momentum shard
 # (stages 1-2); the flow hands back this rank's piece of every orthogonalised matrix (stages 3-6),
 # which stage 7 applies to the master shard:
 #
-# ```{literalinclude} ../scripts/dmuon/distributed.py
+# ```{literalinclude} ../scripts/muongrid/distributed.py
 # :start-after: BOOK-START muon-group
 # :end-before: BOOK-END muon-group
 # :dedent:
-# :caption: dmuon/distributed.py, ZeroOneOptimizer._update_master_shards: a Muon group
+# :caption: muongrid/distributed.py, ZeroOneOptimizer._update_master_shards: a Muon group
 # ```
 #
 # **Stage 1**, the gradient reduce-scatter (the same as AdamW's):
 #
-# ```{literalinclude} ../scripts/dmuon/distributed.py
+# ```{literalinclude} ../scripts/muongrid/distributed.py
 # :pyobject: ZeroOneOptimizer._reduce_scatter_grads
 # :dedent:
-# :caption: dmuon/distributed.py
+# :caption: muongrid/distributed.py
 # ```
 #
 # **Stage 2**, momentum, elementwise, so it runs on the flat shard unchanged:
 #
-# ```{literalinclude} ../scripts/dmuon/updates.py
+# ```{literalinclude} ../scripts/muongrid/updates.py
 # :pyobject: muon_momentum_
-# :caption: dmuon/updates.py
+# :caption: muongrid/updates.py
 # ```
 #
 # **Stage 3**, the DP gather of each bucket (bf16), started per bucket:
 #
-# ```{literalinclude} ../scripts/dmuon/flows.py
+# ```{literalinclude} ../scripts/muongrid/flows.py
 # :pyobject: BucketFlow.run
 # :dedent:
-# :caption: dmuon/flows.py
+# :caption: muongrid/flows.py
 # ```
 #
 # **Stages 4-6** for every matrix of a gathered bucket: cut the matrix out of the bucket *as a
 # matrix*, TP gather, Newton-Schulz, TP shard, DP shard (the comments name the stages):
 #
-# ```{literalinclude} ../scripts/dmuon/flows.py
+# ```{literalinclude} ../scripts/muongrid/flows.py
 # :pyobject: BucketFlow._orthogonalise_bucket
 # :dedent:
-# :caption: dmuon/flows.py
+# :caption: muongrid/flows.py
 # ```
 #
 # The helpers it calls are a few lines each: cutting a matrix out of the gathered bucket (with
 # `.view(meta.shape)`: the proof of concept's second bug, below, was a flat `.view(-1)` here),
 # joining the TP slices, and keeping this DP rank's part:
 #
-# ```{literalinclude} ../scripts/dmuon/sharding.py
+# ```{literalinclude} ../scripts/muongrid/sharding.py
 # :pyobject: bucket_matrix
-# :caption: dmuon/sharding.py
+# :caption: muongrid/sharding.py
 # ```
 #
-# ```{literalinclude} ../scripts/dmuon/sharding.py
+# ```{literalinclude} ../scripts/muongrid/sharding.py
 # :pyobject: tp_unshard
-# :caption: dmuon/sharding.py
+# :caption: muongrid/sharding.py
 # ```
 #
-# ```{literalinclude} ../scripts/dmuon/sharding.py
+# ```{literalinclude} ../scripts/muongrid/sharding.py
 # :pyobject: dp_shard_of
-# :caption: dmuon/sharding.py
+# :caption: muongrid/sharding.py
 # ```
 #
 # **Stage 7**, decoupled weight decay and the scaled step, on the fp32 master shard:
 #
-# ```{literalinclude} ../scripts/dmuon/updates.py
+# ```{literalinclude} ../scripts/muongrid/updates.py
 # :pyobject: apply_update_
-# :caption: dmuon/updates.py
+# :caption: muongrid/updates.py
 # ```
 #
 # **Stage 8**, the parameter all-gather (AdamW's too):
 #
-# ```{literalinclude} ../scripts/dmuon/distributed.py
+# ```{literalinclude} ../scripts/muongrid/distributed.py
 # :pyobject: ZeroOneOptimizer._all_gather_params
 # :dedent:
-# :caption: dmuon/distributed.py
+# :caption: muongrid/distributed.py
 # ```
 #
 # ## A step, traced
 #
-# [`scripts/trace_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/trace_step.py) runs one step of the real optimizer on a 2 x 2 grid with its trace hook
+# [`scripts/trace_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/trace_step.py) runs one step of the real optimizer on a 2 x 2 grid with its trace hook
 # on: at each stage the optimizer reports the tensor it holds. Follow the 676 x 876 matrix `w3`,
 # which is split over TP by columns and straddles the DP shard boundary:
 
 # %%
-from dmuon.lab.notebook import last_json, run
+from muongrid.lab.notebook import last_json, run
 
 trace = last_json(
     run("trace_step.py", "--dp", 2, "--tp", 2, "--show", "w3", log="collapsed")
@@ -204,10 +204,10 @@ trace = last_json(
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
-from dmuon.lab import palette
-from dmuon.lab.diagrams import book_style, step_flow_diagram
-from dmuon.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
-from dmuon.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
+from muongrid.lab import palette
+from muongrid.lab.diagrams import book_style, step_flow_diagram
+from muongrid.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
+from muongrid.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
 
 book_style()
 specs = [
@@ -336,7 +336,7 @@ plt.close(fig)
 # DP part. Every rank does this for every matrix of the bucket:
 
 # %%
-from dmuon.lab.notebook import table
+from muongrid.lab.notebook import table
 
 w3 = {r["rank"]: [e for e in r["events"] if e["name"] == "w3"] for r in trace["ranks"]}
 kept = {r: next(e for e in w3[r] if e["stage"] == "dp_shard")["numel"] for r in w3}
@@ -369,7 +369,7 @@ print(
 #
 # ## What each stage costs
 #
-# Every collective went through the ledger ([`dmuon/comm.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/comm.py)). Bytes per rank for this step:
+# Every collective went through the ledger ([`muongrid/comm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/comm.py)). Bytes per rank for this step:
 
 # %%
 phases = trace["ledger"]["phases"]
@@ -399,7 +399,7 @@ table(
 #
 # ## Is it right? Checking against one process
 #
-# [`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py) runs Distributed Muon beside single-process Muon (on rank 0) for several
+# [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) runs Distributed Muon beside single-process Muon (on rank 0) for several
 # steps, with different gradients on every DP rank, and compares every rank's parameters with the
 # reference after each step. Shapes that do not divide evenly, matrices that straddle shards,
 # several parameter groups with different learning rates: all included. Five grids; each run's
@@ -470,7 +470,7 @@ glue(
 # ## The proof of concept's two bugs
 #
 # The community tutorial found two bugs in Moonshot's proof of concept
-# {cite:p}`wei2025muondistributed`. [`dmuon/lab/poc_bugs.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/poc_bugs.py) puts each one back into this engine as a
+# {cite:p}`wei2025muondistributed`. [`muongrid/lab/poc_bugs.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/poc_bugs.py) puts each one back into this engine as a
 # one-method change, and `verify.py --poc-bug ...` runs the check with it.
 #
 # **Bug 1: a stale `params`.** The second loop over parameter groups forgot
@@ -552,7 +552,7 @@ print(
 )
 
 # %% [markdown]
-# Both bugs have regression tests ([`tests/test_distributed.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_distributed.py)) that assert the check catches them.
+# Both bugs have regression tests ([`tests/test_distributed.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_distributed.py)) that assert the check catches them.
 #
 # ## When a rank fails
 #
@@ -564,7 +564,7 @@ print(
 
 # %% tags=["remove-cell"]
 # The exercises' answers, computed (the solutions below quote them).
-from dmuon.lab.costmodel import dp_gather_bytes
+from muongrid.lab.costmodel import dp_gather_bytes
 
 dp3 = [build_plan(specs, 3, d, 1, DEFAULT_BUCKET_NUMEL) for d in range(3)]
 w1_owners = [

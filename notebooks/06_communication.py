@@ -18,16 +18,16 @@
 # # 6. Communication: Muon vs AdamW, in bytes and in time
 #
 # ```{admonition} What this chapter runs
-# [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) on a 2 x 2 grid (both optimizers, 5 steps each), [`scripts/measure_links.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/measure_links.py) on 4
+# [`scripts/bench.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/bench.py) on a 2 x 2 grid (both optimizers, 5 steps each), [`scripts/measure_links.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/measure_links.py) on 4
 # processes, and the closed-form cost model. About 30 seconds on a 2-core laptop.
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -35,20 +35,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -69,19 +69,19 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## The ledger of one step
 #
-# [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) runs Distributed Muon and Distributed AdamW side by side in one job, with the
+# [`scripts/bench.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/bench.py) runs Distributed Muon and Distributed AdamW side by side in one job, with the
 # same parameters (the five matrices of the proof of concept), the same gradients and the same
 # 2 x 2 grid, alternating their steps. Each has its own ledger, so every byte is attributed:
 
 # %%
-from dmuon.lab.notebook import last_json, run
+from muongrid.lab.notebook import last_json, run
 
 bench = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--steps", 5, log="collapsed"))
 
 # %%
 from myst_nb import glue
 
-from dmuon.lab.notebook import table
+from muongrid.lab.notebook import table
 
 muon, adamw = bench["variants"]["muon"], bench["variants"]["adamw"]
 phases = ("grad_reduce_scatter", "ns_gather_dp", "ns_gather_tp", "param_all_gather")
@@ -101,7 +101,7 @@ print(f"Muon / AdamW bytes: {bench['bytes_ratio']:.4f} (per rank per step)")
 # %% [markdown]
 # ## Theory: the closed form
 #
-# Every term above has a formula ({doc}`chapter 2 <02_distributed_map>`'s ring counts, [`dmuon/lab/costmodel.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/costmodel.py)). Per bucket of
+# Every term above has a formula ({doc}`chapter 2 <02_distributed_map>`'s ring counts, [`muongrid/lab/costmodel.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/costmodel.py)). Per bucket of
 # $P$ TP-local elements padded to a multiple of $d$ (the DP size), with shard $s = P/d$:
 #
 # | phase | dtype | bytes per rank | who |
@@ -116,8 +116,8 @@ print(f"Muon / AdamW bytes: {bench['bytes_ratio']:.4f} (per rank per step)")
 # grid from 1 x 1 to 2 x 4:
 
 # %%
-from dmuon.lab.costmodel import step_bytes
-from dmuon.lab.synthetic import build_problem
+from muongrid.lab.costmodel import step_bytes
+from muongrid.lab.synthetic import build_problem
 
 groups = build_problem("muon", tp=2).groups
 for kind, measured in (("muon", muon), ("adamw", adamw)):
@@ -154,12 +154,12 @@ for kind, measured in (("muon", muon), ("adamw", adamw)):
 # %%
 import matplotlib.pyplot as plt
 
-from dmuon.lab.diagrams import book_style
+from muongrid.lab.diagrams import book_style
 
 book_style()
 
-from dmuon.lab import palette
-from dmuon.lab.costmodel import DP_GATHER_VARIANTS, dp_gather_bytes
+from muongrid.lab import palette
+from muongrid.lab.costmodel import DP_GATHER_VARIANTS, dp_gather_bytes
 
 poc = build_problem("muon").groups
 layers = []
@@ -259,7 +259,7 @@ for tp in (1, 2, 4):
 # median over steps):
 
 # %% tags=["hide-input"]
-from dmuon.lab.verdicts import ratio_range
+from muongrid.lab.verdicts import ratio_range
 
 table(
     ["optimizer", "bytes", "collectives", "comm. ms", "step ms"],
@@ -316,7 +316,7 @@ ALPHA, BETA = links["alpha_s"], links["beta_bytes_per_s"] or float(
 # all-reduces:
 
 # %%
-from dmuon.lab.costmodel import step_seconds
+from muongrid.lab.costmodel import step_seconds
 
 for name in ("muon", "adamw"):
     predicted = step_seconds(
@@ -354,7 +354,7 @@ for name in ("muon", "adamw"):
 # TP, output projections by columns, as in Megatron); {numref}`fig-ch6-projection` shows it.
 
 # %%
-from dmuon.lab.costmodel import links_for_grid
+from muongrid.lab.costmodel import links_for_grid
 
 INTRA, INTER, GPUS_PER_NODE, BUCKET = (3e-6, 150e9), (10e-6, 40e9), 8, 2**25
 
@@ -440,7 +440,7 @@ for dp, tp in ((64, 1), (8, 8)):
 # position was computed with the model when the page was built):
 
 # %%
-from dmuon.lab.explorers import Figure, projection_explorer
+from muongrid.lab.explorers import Figure, projection_explorer
 
 glue(
     "ch6-explorer",
@@ -468,7 +468,7 @@ glue(
 # `project(dp, tp, intra=(seconds, bytes/s), inter=(seconds, bytes/s))` prices any other link.
 
 # %%
-from dmuon.lab.explorers import link_explorer
+from muongrid.lab.explorers import link_explorer
 
 latency_figure = link_explorer(
     lambda dp, tp, us: project(dp, tp, inter=(us * 1e-6, INTER[1])),

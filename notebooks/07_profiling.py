@@ -18,17 +18,17 @@
 # # 7. Profiling: where a training step's time goes
 #
 # ```{admonition} What this chapter runs
-# [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) twice (2 processes, tiny GPT, batch 32 and 128), [`scripts/bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/bench.py) with
+# [`scripts/profile_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/profile_step.py) twice (2 processes, tiny GPT, batch 32 and 128), [`scripts/bench.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/bench.py) with
 # three overlap modes on a 2 x 2 grid, and `bench.py --sweep` over three 4-process grids. About 2
 # minutes on a 2-core laptop.
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -36,20 +36,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -70,16 +70,16 @@ elif importlib.util.find_spec("dmuon") is None:
 # %% [markdown]
 # ## A real training step, profiled
 #
-# [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) trains two copies of {doc}`chapter 1 <01_muon>`'s tiny GPT on two data-parallel ranks,
+# [`scripts/profile_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/profile_step.py) trains two copies of {doc}`chapter 1 <01_muon>`'s tiny GPT on two data-parallel ranks,
 # one with Distributed MuonW (Muon on the hidden matrices, AdamW on the rest) and one with
 # Distributed AdamW, alternating their steps, from the same weights on the same batches. Every
 # step is forward, backward, then the ZeRO-1 optimizer. Between them a barrier makes the faster rank
 # wait for the slower one *before* the optimizer starts, so that waiting shows as waiting rather
 # than as slow communication. After two warm-up steps the profiler records everything on every
-# rank; each rank then parses its own trace ([`dmuon/lab/traces.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/traces.py)).
+# rank; each rank then parses its own trace ([`muongrid/lab/traces.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/traces.py)).
 
 # %%
-from dmuon.lab.notebook import last_json, run
+from muongrid.lab.notebook import last_json, run
 
 profile = last_json(run("profile_step.py", "--dp", 2, "--steps", 5, log="collapsed"))
 
@@ -87,8 +87,8 @@ profile = last_json(run("profile_step.py", "--dp", 2, "--steps", 5, log="collaps
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
-from dmuon.lab import palette
-from dmuon.lab.diagrams import book_style
+from muongrid.lab import palette
+from muongrid.lab.diagrams import book_style
 
 book_style()
 
@@ -140,7 +140,7 @@ glue("ch7-batch", f"{profile['batch']} x {profile['context']}", display=False)
 # ({numref}`fig-ch7-trace`):
 
 # %%
-from dmuon.lab.traces import load_events
+from muongrid.lab.traces import load_events
 
 events = load_events(profile["ranks"][0]["trace"])
 LANES = ["step", "fwd+bwd", "waiting", "optimizer", "collectives", "Newton-Schulz"]
@@ -205,7 +205,7 @@ def share(p, kind):
     return sum(rank[kind]["optimizer_share"] for rank in p["ranks"]) / len(p["ranks"])
 
 
-from dmuon.lab.notebook import table
+from muongrid.lab.notebook import table
 
 table(["batch", "Muon: optimizer share", "AdamW: optimizer share"],
       [[p["batch"], f"{share(p, 'muon'):.1%}", f"{share(p, 'adamw'):.1%}"]
@@ -232,7 +232,7 @@ glue("ch7-share-note",
 # asynchronously and then waiting for it at once overlaps nothing; it only adds the cost of the
 # handle. Real overlap needs independent work to do while the bytes travel. Distributed Muon has
 # some: Newton-Schulz of one bucket (or matrix) does not depend on the gather of the next. The
-# engine's {term}`overlap` option has three modes ([`dmuon/distributed.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/distributed.py)): `none`; `naive` (every
+# engine's {term}`overlap` option has three modes ([`muongrid/distributed.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/distributed.py)): `none`; `naive` (every
 # collective asynchronous, waited for at once, as in the report); and `prefetch` (start every
 # bucket's DP gather and every matrix's TP gather first, then orthogonalise while later ones
 # arrive). All three give identical parameters (the tests check it). Measured side by side, on a
@@ -271,18 +271,18 @@ sweep = last_json(run("bench.py", "--sweep", "--grids", "4x1,1x4,2x2", "--steps"
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
-from dmuon.lab import claims
-from dmuon.lab.costmodel import dp_gather_bytes, step_bytes
-from dmuon.lab.synthetic import build_problem
-from dmuon.lab.traces import like_for_like_steps
-from dmuon.lab.verdicts import fastest, fastest_text, ratio_range, spread_text
+from muongrid.lab import claims
+from muongrid.lab.costmodel import dp_gather_bytes, step_bytes
+from muongrid.lab.synthetic import build_problem
+from muongrid.lab.traces import like_for_like_steps
+from muongrid.lab.verdicts import fastest, fastest_text, ratio_range, spread_text
 
 grids = {f"{r['dp']}x{r['tp']}": r for r in sweep["sweep"]}
 poc = build_problem("muon").groups
 straddle_ratio = 1 + (dp_gather_bytes(poc, 4, 1, 2**20, "straddlers")
                       / step_bytes(poc, 4, 1, 2**20, muon=False)["total"])
 # the same forward-backward for both optimizers: the copies' own differ by noise
-# (dmuon/lab/traces.py)
+# (muongrid/lab/traces.py)
 full_step, full_step_big = (like_for_like_steps(p["ranks"])
                             for p in (profile, profile_big))
 step_ratio, step_ratio_big = (s["muon"] / s["adamw"]
@@ -298,7 +298,7 @@ g22 = grids["2x2"]
 comm_lo, _, comm_hi = ratio_range(*(g22["variants"][n]["comm_seconds_all"]
                                     for n in ("muon", "adamw")))
 muon_steps = {k: r["variants"]["muon"]["step_seconds_all"] for k, r in grids.items()}
-# a winner only outside the noise (dmuon/lab/verdicts.py), else a tie
+# a winner only outside the noise (muongrid/lab/verdicts.py), else a tie
 winners = fastest(muon_steps)
 naive_m = v["muon-naive"]["comm_seconds"] / v["muon"]["comm_seconds"]
 naive_a = v["adamw-naive"]["comm_seconds"] / v["adamw"]["comm_seconds"]
@@ -363,7 +363,7 @@ display(Markdown(claims.table(rows)))
 # ## Summary
 #
 # - `torch.profiler` plus a few named ranges splits a step into forward-backward, communication,
-#   Newton-Schulz and the rest; [`dmuon/lab/traces.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/traces.py) does the arithmetic on the Chrome JSON.
+#   Newton-Schulz and the rest; [`muongrid/lab/traces.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/traces.py) does the arithmetic on the Chrome JSON.
 # - The optimizer's share of a step shrinks as the work per step grows; small models on CPUs
 #   exaggerate it.
 # - `async_op=True` followed by `wait()` is not overlap. Overlap needs independent work, arranged in

@@ -48,11 +48,11 @@
 # it: {doc}`chapter 10 <10_checkpoints_failures>` saves a run on one grid and layout and resumes it, bit for bit, on another.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -60,20 +60,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -92,7 +92,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # pieces, on every TP rank) to the owner, in bf16; the owner joins the DP pieces into TP shards and the
 # TP shards into the matrix, runs Newton-Schulz **once**, cuts the result into the same pieces and
 # sends each back. One uneven `all_to_all_single` per bucket goes each way
-# ([`scripts/dmuon/flows.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/flows.py)). A third layout, **aligned**, cuts the ZeRO-1 shards on matrix
+# ([`scripts/muongrid/flows.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/flows.py)). A third layout, **aligned**, cuts the ZeRO-1 shards on matrix
 # boundaries, as Megatron's layer-wise optimizer does: a matrix then lies on one DP rank, its owner
 # is one of that rank's TP peers, and nothing crosses DP for Newton-Schulz; the shards are uneven,
 # and every shard travels padded to the largest. {numref}`fig-ch8-layouts` follows one matrix
@@ -102,9 +102,9 @@ elif importlib.util.find_spec("dmuon") is None:
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
-from dmuon.lab.diagrams import book_style, layouts_diagram
-from dmuon.lab.synthetic import DEFAULT_SHAPES
-from dmuon.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
+from muongrid.lab.diagrams import book_style, layouts_diagram
+from muongrid.lab.synthetic import DEFAULT_SHAPES
+from muongrid.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
 
 book_style()
 poc = [[ParamSpec(f"w{i}", shape, -1) for i, shape in enumerate(DEFAULT_SHAPES)]]
@@ -135,7 +135,7 @@ plt.close("all")
 # %%
 from myst_nb import glue
 
-from dmuon.lab.notebook import last_json, run, table
+from muongrid.lab.notebook import last_json, run, table
 
 check = last_json(run("verify.py", "--dp", 3, "--tp", 2,
                       "--layout", "bucket,owner,aligned", "--steps", 3,
@@ -167,14 +167,14 @@ assert layouts["owner"]["ns_calls"] == layouts["aligned"]["ns_calls"] == n_matri
 # Every rank must pick the same owner for every matrix without talking, so the rule uses only the
 # plan's geometry: take the matrices in order of decreasing Newton-Schulz FLOPs
 # ($5(4m^2n + 2m^3)$ for $m \le n$, {doc}`chapter 1 <01_muon>`) and give each to the rank with the least work so far,
-# ties going to the rank that already holds most of the matrix ([`scripts/dmuon/layouts.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/layouts.py)). This is
+# ties going to the rank that already holds most of the matrix ([`scripts/muongrid/layouts.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/layouts.py)). This is
 # the *longest processing time first* rule: no rank ends with more than the mean plus one matrix.
 # Here it is for the proof of concept's five matrices on a 2 x 2 grid, computed from the plan alone:
 
 # %%
-from dmuon.newton_schulz import ns5_flops
-from dmuon.plan import ParamSpec, build_plan
-from dmuon.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
+from muongrid.newton_schulz import ns5_flops
+from muongrid.plan import ParamSpec, build_plan
+from muongrid.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
 
 specs = [[ParamSpec(f"w{i}", s, d)
           for i, (s, d) in enumerate(zip(DEFAULT_SHAPES, DEFAULT_TP_DIMS))]]
@@ -200,9 +200,9 @@ assert max(load) <= total / 4 + max(ns5_flops(*m.full_shape) for m in plan.metas
 # rule balances well, as the next sections measure.
 #
 # Balancing FLOPs balances time only if Newton-Schulz runs at the rate of the matmuls it is made
-# of. [`scripts/ns_speed.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/ns_speed.py) times NS5 on a 1024 x 1024 matrix beside one matmul of the same size, in
+# of. [`scripts/ns_speed.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/ns_speed.py) times NS5 on a 1024 x 1024 matrix beside one matmul of the same size, in
 # the dtype NS5 really computes in on this machine (bf16 where the CPU has a fast bf16 GEMM,
-# otherwise fp32 on bf16-rounded values, [`dmuon/newton_schulz.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/newton_schulz.py)):
+# otherwise fp32 on bf16-rounded values, [`muongrid/newton_schulz.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/newton_schulz.py)):
 
 # %%
 speed = last_json(run("ns_speed.py"))
@@ -229,15 +229,15 @@ glue("ch8-ns-verdict", close if speed["best_ratio"] >= 0.7 else rough,
 #
 # The owner layouts move different bytes on different ranks (an owner receives more than it sends),
 # so the ledger is read per rank. Each rank's ledger in the check above, phase by phase, against
-# the closed form ([`dmuon/lab/costmodel.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/costmodel.py): byte formulas written from the algorithm, geometry read
+# the closed form ([`muongrid/lab/costmodel.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/costmodel.py): byte formulas written from the algorithm, geometry read
 # from the plan), for every rank of the 3 x 2 grid:
 
 # %%
 import matplotlib.pyplot as plt
 
-from dmuon.lab import palette
-from dmuon.lab.costmodel import PHASES, step_bytes
-from dmuon.lab.synthetic import build_problem
+from muongrid.lab import palette
+from muongrid.lab.costmodel import PHASES, step_bytes
+from muongrid.lab.synthetic import build_problem
 
 # what verify.py built: the default shapes, two groups
 groups = build_problem("muon", n_groups=2, tp=2).groups
@@ -294,14 +294,14 @@ plt.close(fig)
 #
 # The timings in this section are **recorded runs**: seven measured steps each, made once by
 # `make record` and kept in
-# [`book/data/`](https://github.com/dmuon-book/distributed-muon/tree/main/book/data) with the
+# [`book/data/`](https://github.com/muongrid-book/distributed-muon/tree/main/book/data) with the
 # command, commit, machine and load average that produced them; each table prints them.
 # A build of this page on a busy machine would otherwise tell another story every time. The
 # 2 x 2 grid then runs again live, below, labelled as this machine's.
 
 # %%
-from dmuon.lab.provenance import load_recorded, provenance_text
-from dmuon.lab.verdicts import ratio_text, spread, spread_text
+from muongrid.lab.provenance import load_recorded, provenance_text
+from muongrid.lab.verdicts import ratio_text, spread, spread_text
 
 
 def layout_table(b):
@@ -460,7 +460,7 @@ glue("ch8-live-verdict",
 # and no rank waits for another until the end. The recorded run, seven steps of each:
 
 # %%
-from dmuon.lab.verdicts import fastest, fastest_text  # noqa: E402
+from muongrid.lab.verdicts import fastest, fastest_text  # noqa: E402
 
 ov_record = load_recorded("bench_overlap_2x2.json")
 print(provenance_text(ov_record), end="\n\n")
@@ -485,7 +485,7 @@ glue("ch8-overlap-steps", "step: " + fastest_text(steps), display=False)
 # "In collectives" is the time rank 0 spent inside or waiting for a collective. Prefetch is built
 # to shorten it, because a rank no longer waits for each bucket's busiest owner; in the recorded
 # run {glue:text}`ch8-overlap-waits` (a winner needs medians 10% apart and ranges that do not
-# overlap: [`dmuon/lab/verdicts.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/verdicts.py)). The whole step moves less than the
+# overlap: [`muongrid/lab/verdicts.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/verdicts.py)). The whole step moves less than the
 # waiting does ({glue:text}`ch8-overlap-steps`), since the ranks still share the same two cores;
 # on a GPU, where collectives run on their own hardware queue, overlap is what hides the traffic.
 
@@ -496,7 +496,7 @@ glue("ch8-overlap-steps", "step: " + fastest_text(steps), display=False)
 # from the FLOP count alone:
 
 # %%
-from dmuon.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS
+from muongrid.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS
 
 flops = [ns5_flops(*s) for s in REPORT_SHAPES]
 share = max(flops) / sum(flops)

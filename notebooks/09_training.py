@@ -18,8 +18,8 @@
 # # 9. Training a model with DP x TP
 #
 # ```{admonition} What this chapter runs
-# [`scripts/train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/train.py) on four grids, the convergence study's script at a short
-# length, and [`scripts/profile_step.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/profile_step.py) on three grids. The full study is too long to rerun on
+# [`scripts/train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/train.py) on four grids, the convergence study's script at a short
+# length, and [`scripts/profile_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/profile_step.py) on three grids. The full study is too long to rerun on
 # every build; its recorded result is read from `book/data/`, with the command that made it.
 # ```
 #
@@ -42,11 +42,11 @@
 # - say which of the paper's and the report's claims hold for a real model on this machine.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -54,27 +54,27 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
 # ## The model, split with PyTorch's own layers
 #
 # The model is {doc}`chapter 1 <01_muon>`'s character-level GPT ({glue:text}`ch9-model`, trained on Python's own
-# documentation), made tensor-parallel by [`dmuon/lab/tpgpt.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/tpgpt.py) with
+# documentation), made tensor-parallel by [`muongrid/lab/tpgpt.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/tpgpt.py) with
 # `torch.distributed.tensor.parallel.parallelize_module` on the grid's "tp" mesh dimension. It is
 # Megatron-LM's split {cite:p}`shoeybi2019megatron`: in each block the fused query-key-value
 # projection and the first MLP matrix are `ColwiseParallel` (each TP rank holds some of the output
@@ -98,7 +98,7 @@ elif importlib.util.find_spec("dmuon") is None:
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
-from dmuon.lab.notebook import last_json, run, table
+from muongrid.lab.notebook import last_json, run, table
 
 COMMON = ["--optimizer", "hybrid", "--steps", 30, "--eval-every", 10, "--threads", 1]
 runs = {(2, 2): last_json(run("train.py", "--dp", 2, "--tp", 2, "--layout", "owner",
@@ -116,8 +116,8 @@ table(["parameter", "placement the plan read", "TP split dim"],
        for name, dim in first["tp_split_dims"].items() if name.startswith("blocks.0.")])
 
 # %% tags=["hide-input"]
-from dmuon.lab import palette
-from dmuon.lab.charlm import TinyGPT
+from muongrid.lab import palette
+from muongrid.lab.charlm import TinyGPT
 
 shapes = {n: tuple(p.shape) for n, p in TinyGPT(vocab_size=96).named_parameters()
           if n.startswith("blocks.0.")}
@@ -209,7 +209,7 @@ glue("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}", display=False)
 # two half-batch means where one process takes one mean over the whole batch, and TP splits each
 # matrix product in two and adds the halves with an all-reduce. The same numbers are added in
 # another order, so fp32 results differ in their last bits, and Newton-Schulz, which runs in bf16,
-# can round such a difference up to a bf16 step. [`tests/test_train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_train.py) allows 2e-3 nats, far below
+# can round such a difference up to a bf16 step. [`tests/test_train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_train.py) allows 2e-3 nats, far below
 # what a real fault does: it explains the margin, and exercise 4 lets you break the data split and
 # watch the curves part.
 #
@@ -218,7 +218,7 @@ glue("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}", display=False)
 # While it trains, `train.py` can measure, for every Muon matrix, what goes into Newton-Schulz (the
 # momentum) and what comes out (the update), the "optimizer-state metrics" of the original Muon
 # tutorial. They are computed where the matrix is orthogonalised, by its owner, and only the scalars
-# travel: no extra matrix is gathered ([`dmuon/lab/statemetrics.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/statemetrics.py)). The **effective rank** of a
+# travel: no extra matrix is gathered ([`muongrid/lab/statemetrics.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/statemetrics.py)). The **effective rank** of a
 # matrix's singular values is the exponential of their entropy once normalised: the number of
 # directions that carry weight, equal to the rank when all singular values are equal and 1 when
 # one dominates. **Largest / median** says how lopsided the spectrum is.
@@ -296,7 +296,7 @@ assert gain > 1.5, gain
 # The paper reports that Muon needs about half of AdamW's training compute for the same loss
 # {cite:p}`liu2025muonscalable`, and the Muon tutorial measured 34% lower loss than AdamW on MNIST
 # after 3 epochs {cite:p}`wei2025muontutorial`. A comparison is only as fair as its baseline: an
-# AdamW run at a poor learning rate makes anything look good. [`scripts/convergence_study.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/convergence_study.py)
+# AdamW run at a poor learning rate makes anything look good. [`scripts/convergence_study.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/convergence_study.py)
 # therefore
 #
 # 1. sweeps the learning rate of each optimizer (AdamW; the hybrid, whose AdamW groups take the same
@@ -392,8 +392,8 @@ glue("ch9-gap-rel", f"{gap / a['mean'][-1]:.1%}", display=False)
 glue("ch9-fraction", "never, within this budget" if frac is None else f"{frac:.0%}",
      display=False)
 glue("ch9-tokens", f"{s['total_tokens'] / 1e6:.2f} million", display=False)
-from dmuon.lab.charlm import load_corpus
-from dmuon.optim import hybrid_param_groups
+from muongrid.lab.charlm import load_corpus
+from muongrid.optim import hybrid_param_groups
 
 gpt = TinyGPT(vocab_size=load_corpus()["vocab_size"], d=cfg["width"],
               n_layer=cfg["layers"])
@@ -544,11 +544,11 @@ plt.close(fig)
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
-from dmuon.lab import claims
-from dmuon.lab.verdicts import beats, fastest_text, spread_text
+from muongrid.lab import claims
+from muongrid.lab.verdicts import beats, fastest_text, spread_text
 
 by_grid = {g["grid"]: g for g in grids["grids"]}
-# a winner only outside the noise (dmuon/lab/verdicts.py), else a tie
+# a winner only outside the noise (muongrid/lab/verdicts.py), else a tie
 winners = grids["fastest_for_muon"]
 muon_steps = {k: g["muon_step_ms_all"] for k, g in by_grid.items()}
 shares = ", ".join(f"{k} {g['muon_optimizer_share']:.0%}" for k, g in by_grid.items())
@@ -651,6 +651,6 @@ display(Markdown(claims.table(claim_rows)))
 #    fix them in prose.
 # 4. The 2 x 1 run now averages two gradients of the same half batch: it trains on half the data
 #    of each step (and reports that half's loss), so its curve is off the 1 x 1 one from the first
-#    step, by several times the 2e-3 nats [`tests/test_train.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_train.py) allows, and the gap grows as the
+#    step, by several times the 2e-3 nats [`tests/test_train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_train.py) allows, and the gap grows as the
 #    run goes on (undo the change afterwards).
 # :::

@@ -39,11 +39,11 @@
 # - read a failed run's report: who failed first, why, and what the other ranks' errors mean.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -51,20 +51,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -72,7 +72,7 @@ elif importlib.util.find_spec("dmuon") is None:
 #
 # Take the tiny GPT of {doc}`chapter 1 <01_muon>` with the hybrid split (Muon for the attention and MLP matrices,
 # AdamW for embeddings, head, norms and biases), build a Distributed Muon and a Distributed AdamW
-# for it in this process (a 1 x 1 grid), and save each with `dmuon.checkpoint.save`. The checkpoint
+# for it in this process (a 1 x 1 grid), and save each with `muongrid.checkpoint.save`. The checkpoint
 # is a folder written by `torch.distributed.checkpoint` ({term}`DCP`, {cite:t}`pytorch2025dcp`); its metadata lists every tensor it
 # holds, so we can count the bytes of each kind of state without loading any of them:
 
@@ -85,10 +85,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from myst_nb import glue
 
-from dmuon import DistributedAdamW, DistributedMuon, Grid, hybrid_param_groups
-from dmuon import checkpoint
-from dmuon.lab.charlm import TinyGPT
-from dmuon.lab.notebook import last_json, run, table
+from muongrid import DistributedAdamW, DistributedMuon, Grid, hybrid_param_groups
+from muongrid import checkpoint
+from muongrid.lab.charlm import TinyGPT
+from muongrid.lab.notebook import last_json, run, table
 
 torch.manual_seed(0)
 model = TinyGPT(vocab_size=96)
@@ -134,7 +134,7 @@ glue("ch10-state-ratio", f"{state_ratio:.2f}", display=False)
 glue("ch10-master-ratio", f"{with_master:.2f}", display=False)
 
 fig, ax = plt.subplots(figsize=(6.4, 2.6))
-from dmuon.lab import palette
+from muongrid.lab import palette
 
 colors = palette.STATE  # the colours of this state in every figure of the book
 for row, (name, per_kind) in enumerate(saved.items()):
@@ -176,9 +176,9 @@ plt.close(fig)
 # rectangle. This is DCP's own convention: its `get_state_dict` / `set_state_dict` also key
 # optimizer state by fully qualified parameter names and store sharded tensors in global
 # coordinates. They expect the shards to be DTensor placements, and a ZeRO-1 cut through the rows
-# of a matrix is not one, so [`dmuon/checkpoint.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/checkpoint.py) describes the rectangles itself. The grid and
+# of a matrix is not one, so [`muongrid/checkpoint.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/checkpoint.py) describes the rectangles itself. The grid and
 # layout that wrote the checkpoint, every parameter's shape and kinds, and the hyperparameters go to
-# a small `dmuon.json` beside the data.
+# a small `muongrid.json` beside the data.
 
 # %% [markdown]
 # ## Save on one grid, resume on another
@@ -224,7 +224,7 @@ table(["saved on", "resumed on", "compared",
 # whole with `torch.save`, the marker inside; `torch.load("ckpt.pt", weights_only=True)` reads it
 # back without running any pickled code, and `checkpoint.load_single` puts it into the
 # single-device `MuonW`, or into PyTorch's own `torch.optim.Muon`, whose `momentum_buffer` is the
-# same momentum ([`tests/test_checkpoint.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_checkpoint.py) continues a run there: bit for bit where the CPU has a
+# same momentum ([`tests/test_checkpoint.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_checkpoint.py) continues a run there: bit for bit where the CPU has a
 # native bf16 matrix product, within a bf16 rounding of the update elsewhere):
 
 # %%
@@ -240,22 +240,22 @@ for key in sorted(k for k in plain if k.startswith("optim.state.layers.3.weight"
 #
 # A checkpoint is written by every rank at once, so a rank can die after some files are written
 # and before others are. `checkpoint.save` writes into `<path>.partial` and only when every rank has
-# finished does rank 0 write `dmuon.json` and move the folder into place; the previous checkpoint at
+# finished does rank 0 write `muongrid.json` and move the folder into place; the previous checkpoint at
 # `<path>` is replaced only then. Below, a run saves after step 1, then a second run tries to save
-# after step 2 and rank 1 dies in the middle (`DMUON_DIE_WHILE_SAVING=1` makes it exit once its
+# after step 2 and rank 1 dies in the middle (`MUONGRID_DIE_WHILE_SAVING=1` makes it exit once its
 # files are written):
 
 # %%
 safe = work / "safe"
 run("verify.py", "--dp", 2, "--steps", 1, "--save", safe, *problem, log="collapsed")
 run("verify.py", "--dp", 2, "--steps", 2, "--save", safe, *problem, expect_failure=True,
-    log="collapsed", env={"DMUON_DIE_WHILE_SAVING": "1"})
+    log="collapsed", env={"MUONGRID_DIE_WHILE_SAVING": "1"})
 partial = Path(f"{safe}.partial")
 print(f"{safe.name}.partial: {len(list(partial.glob('*.distcp')))} data files, "
-      f"dmuon.json {'present' if (partial / 'dmuon.json').exists() else 'absent'}")
+      f"muongrid.json {'present' if (partial / 'muongrid.json').exists() else 'absent'}")
 print(f"{safe.name}: the checkpoint of step {checkpoint.read_marker(safe)[1]['step']}, "
       "untouched")
-assert (not (partial / "dmuon.json").exists()
+assert (not (partial / "muongrid.json").exists()
         and checkpoint.read_marker(safe)[1]["step"] == 1)
 
 # %% [markdown]
@@ -265,7 +265,7 @@ assert (not (partial / "dmuon.json").exists()
 # that fails changes nothing. Three ways to get it wrong, each tried on a single-process optimizer:
 
 # %%
-from dmuon.lab.synthetic import DEFAULT_SHAPES, build_problem  # noqa: E402
+from muongrid.lab.synthetic import DEFAULT_SHAPES, build_problem  # noqa: E402
 
 corrupt = work / "corrupt"
 corrupt.mkdir()
@@ -305,23 +305,23 @@ table(["loading", "the error", "parameters unchanged"], rows, align="lll")
 # In a distributed run the failing rank is rarely the one that reports first. If rank 1 raises,
 # ranks 0, 2 and 3 are still waiting in a collective; when the launcher stops them, or when their
 # peer's connection closes, they fail too, with errors that say nothing about the cause. The
-# launcher ([`dmuon/launch.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/launch.py)) therefore names the rank that failed **first**, prints its traceback
+# launcher ([`muongrid/launch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/launch.py)) therefore names the rank that failed **first**, prints its traceback
 # in full and every other rank in one line (`--- then ...`), stops every rank and exits with code
 # 1. A rank killed by a signal is the root cause (nothing else explains it); ranks the launcher
 # stopped itself are never blamed. A rank that hangs is ended by its peers' collective timeout
-# (`--timeout`), or, if the backend never returns, by the {term}`watchdog <collective timeout>` in [`dmuon/comm.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/comm.py), which
+# (`--timeout`), or, if the backend never returns, by the {term}`watchdog <collective timeout>` in [`muongrid/comm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/comm.py), which
 # names the collective it was waiting in.
 #
-# [`scripts/faults.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/faults.py) injects a fault on one rank at step 2. It knows eight; here the five whose
+# [`scripts/faults.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/faults.py) injects a fault on one rank at step 2. It knows eight; here the five whose
 # endings differ most run on a 2 x 1 grid, rank 1 misbehaving (the logs are folded; the table has
 # the launcher's verdict, the first failing rank's last words, cut at 180 characters, and how long
 # the whole run took, start-up included). The other three (nan, wrong-dtype, watchdog) are
-# described below; [`tests/test_failures.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_failures.py) runs all eight on 2 x 1 and 2 x 2 grids.
+# described below; [`tests/test_failures.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_failures.py) runs all eight on 2 x 1 and 2 x 2 grids.
 
 # %%
 import time  # noqa: E402
 
-from dmuon.lab.faultcheck import EXPECTED, first_failure, judge  # noqa: E402
+from muongrid.lab.faultcheck import EXPECTED, first_failure, judge  # noqa: E402
 
 SHOWN = ["raise", "kill", "hang", "shape-mismatch", "corrupt-checkpoint"]
 assert set(SHOWN) <= set(EXPECTED)
@@ -361,25 +361,25 @@ table(["fault", "the launcher's verdict", "the first failing rank's last words",
 # `book/troubleshooting.md` lists each message with what to do about it.
 #
 # **Why the launcher is ours.** Under `torchrun`, PyTorch's elastic agent supervises the ranks and
-# `dmuon` only adds its messages. For local runs we tried the same agent in-process
+# `muongrid` only adds its messages. For local runs we tried the same agent in-process
 # (`torch.distributed.launcher.api.elastic_launch`): it ended all nine faults, but on its own it
 # names one failed rank without the grid coordinates, gives a rank that ignores SIGTERM 30 s (a
 # constant in torch) before killing it, and its report itself fails on a half-written error file.
 # Meeting the requirements took our own supervision on top of it, more code than the launcher it
-# would replace. [`dmuon/launch.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/launch.py) keeps the small one, and forks the ranks from the launcher once it
+# would replace. [`muongrid/launch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/launch.py) keeps the small one, and forks the ranks from the launcher once it
 # has imported torch, so the ranks do not each pay for importing it again.
 #
 # ### Every time, and under load
 #
 # A failure path that works once on an idle machine can still hang or leave processes behind on a
 # busy one: a rank is slow to start, or the report is read while a rank writes it. (Both happened
-# to earlier versions of this launcher.) [`scripts/fault_bench.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/fault_bench.py) repeats every fault 20 times
+# to earlier versions of this launcher.) [`scripts/fault_bench.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/fault_bench.py) repeats every fault 20 times
 # while busy processes compete for the CPU, and counts the runs that ended cleanly (exit code 1,
 # the right message, the right rank named first) and the processes left behind. Its result is
 # kept in the repository with the command, commit and machine that produced it:
 
 # %%
-from dmuon.lab.provenance import load_recorded, provenance_text  # noqa: E402
+from muongrid.lab.provenance import load_recorded, provenance_text  # noqa: E402
 
 bench = load_recorded("fault_bench_2x1.json")
 table(["fault", "runs", "clean", "slowest run", "slowest, from the fault",

@@ -27,7 +27,7 @@
 # Newton-Schulz needs whole matrices and {term}`FSDP2` {cite:p}`pytorch2025fsdp2` gives every rank a block of rows, so {term}`DTensor` quietly
 # gathers each matrix on every rank, and every rank orthogonalises every matrix. This chapter puts the
 # three ways of sharding a Muon model side by side, ZeRO-1 x TP (chapters 4 to 9), FSDP2, and FSDP2 x
-# TP, and measures `dmuon.fsdp.FSDPMuon`, which sends each matrix to one owner, against
+# TP, and measures `muongrid.fsdp.FSDPMuon`, which sends each matrix to one owner, against
 # `torch.optim.Muon` on the same FSDP2 model, in the same run, on the same batches.
 #
 # **Learning goals.** After this chapter you can
@@ -38,11 +38,11 @@
 # - read `train.py --compare-torch-muon`'s report, and pick a layout for a model of your own.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -50,20 +50,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -92,7 +92,7 @@ elif importlib.util.find_spec("dmuon") is None:
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
-from dmuon.lab.diagrams import book_style, holders_diagram
+from muongrid.lab.diagrams import book_style, holders_diagram
 
 book_style()
 glue("ch11-holders", holders_diagram(((64, 64), (192, 64)), dp=2, tp=2), display=False)
@@ -114,7 +114,7 @@ plt.close("all")
 # ```
 
 # %%
-from dmuon.lab.notebook import last_json, run, table
+from muongrid.lab.notebook import last_json, run, table
 from myst_nb import glue
 
 TINY = [
@@ -273,7 +273,7 @@ glue("ch11-owner-fsdp", f"{owner_bytes['fsdp']:,}", display=False)
 #
 # `train.py --compare-torch-muon` trains both on the same batches in one run. torch's traffic is
 # counted by `CommDebugMode` around its optimizer step, each collective priced with the same ring
-# formulas as our ledger ([`dmuon/lab/dtensor_comm.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/dtensor_comm.py)); its Newton-Schulz calls are counted by
+# formulas as our ledger ([`muongrid/lab/dtensor_comm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/dtensor_comm.py)); its Newton-Schulz calls are counted by
 # wrapping its Newton-Schulz function.
 
 # %%
@@ -289,7 +289,7 @@ for name in ("FSDP2 x TP (2x2)", "FSDP2 (2x1)"):
         ("step_ms", "step ms (rank 0, mean)"),
         ("final_loss", "loss at the last step"),
     ):
-        a, b = c[key]["dmuon"], c[key]["torch"]
+        a, b = c[key]["muongrid"], c[key]["torch"]
         fmt = (
             (lambda v: f"{v:.4f}")
             if key == "final_loss"
@@ -297,16 +297,16 @@ for name in ("FSDP2 x TP (2x2)", "FSDP2 (2x1)"):
         )
         rows.append([name, label, fmt(a), fmt(b)])
     ratios[name] = c
-table(["grid", "per step", "dmuon FSDPMuon", "torch.optim.Muon"], rows, align="llrr")
+table(["grid", "per step", "muongrid FSDPMuon", "torch.optim.Muon"], rows, align="llrr")
 c22 = ratios["FSDP2 x TP (2x2)"]
 glue(
     "ch11-bytes-ratio",
-    f"{c22['bytes_per_step']['torch'] / c22['bytes_per_step']['dmuon']:.0f}",
+    f"{c22['bytes_per_step']['torch'] / c22['bytes_per_step']['muongrid']:.0f}",
     display=False,
 )
 glue("ch11-coll-torch", f"{c22['collectives_per_step']['torch']:,}", display=False)
-glue("ch11-coll-ours", f"{c22['collectives_per_step']['dmuon']:,}", display=False)
-glue("ch11-ns-ours", f"{c22['ns_calls_per_step_all_ranks']['dmuon']}", display=False)
+glue("ch11-coll-ours", f"{c22['collectives_per_step']['muongrid']:,}", display=False)
+glue("ch11-ns-ours", f"{c22['ns_calls_per_step_all_ranks']['muongrid']}", display=False)
 glue("ch11-ns-torch", f"{c22['ns_calls_per_step_all_ranks']['torch']}", display=False)
 glue("ch11-time-ratio", f"{c22['optimizer_time_ratio']:.1f}", display=False)
 loss_pairs = zip(c22["step_loss_torch"], runs["FSDP2 x TP (2x2)"]["step_loss"])
@@ -320,7 +320,7 @@ print("torch's collectives by op, rank 0, 2x2:", c22["torch_by_op"])
 # run it {glue:text}`ch11-ns-ours` times: once per matrix. Its optimizer step took
 # {glue:text}`ch11-time-ratio` times as long as ours here (times on a shared 2-core CPU are noisy;
 # the counts are not). The two loss curves differ by at most {glue:text}`ch11-loss-gap` nats per
-# step: the same method, summed in another order ([`tests/test_fsdp.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_fsdp.py) checks FSDPMuon bit for bit
+# step: the same method, summed in another order ([`tests/test_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_fsdp.py) checks FSDPMuon bit for bit
 # against single-device Muon on 2x1, 4x1, 2x2 and, after resharding a checkpoint, 3x1 and 1x1, and
 # within a stated tolerance of `torch.optim.Muon`).
 #
@@ -332,7 +332,7 @@ print("torch's collectives by op, rank 0, 2x2:", c22["torch_by_op"])
 # %% [markdown]
 # ## Checkpoints
 #
-# `dmuon.fsdp.save` and `load` go through FSDP2's own `get_state_dict` / `set_state_dict` and DCP.
+# `muongrid.fsdp.save` and `load` go through FSDP2's own `get_state_dict` / `set_state_dict` and DCP.
 # FSDPMuon keeps its state as torch keeps it (`momentum_buffer`, `exp_avg`, `exp_avg_sq`, `step`), as
 # DTensors placed like their parameters, so DCP reshards them: the tests save on 2 x 2 and continue
 # on 3 x 1, and save on 2 x 1 and continue in one process, bit for bit with a run that was never
@@ -381,7 +381,7 @@ print("torch's collectives by op, rank 0, 2x2:", c22["torch_by_op"])
 # 1. Run `python scripts/train.py --fsdp --dp 3 --tp 1 --batch 12 --steps 6 --compare-torch-muon` (uneven rows).
 #    How do the bytes per rank differ between the three ranks, and why?
 # 2. In the FSDP2 x TP run, which matrices are sent by only one of two TP ranks, and why is that
-#    enough? (Hint: [`dmuon/fsdp_routes.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/fsdp_routes.py), "senders".)
+#    enough? (Hint: [`muongrid/fsdp_routes.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/fsdp_routes.py), "senders".)
 # 3. With `--optimizer muon`, the embeddings and the head join Muon. Predict how the owner traffic
 #    changes, then measure it.
 #

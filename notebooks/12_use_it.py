@@ -35,11 +35,11 @@
 # - say what differs from `torch.optim.Muon` / `torch.optim.AdamW` and what to do about each difference.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -47,26 +47,26 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
 # ## The loop, ZeRO-1 x TP
 #
-# [`scripts/loop_zero1_tp.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py) is the whole program: the grid, the tiny GPT made tensor-parallel with
+# [`scripts/loop_zero1_tp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py) is the whole program: the grid, the tiny GPT made tensor-parallel with
 # PyTorch's `parallelize_module` on `grid.mesh["tp"]`, the hybrid parameter groups (Muon for the
 # hidden matrices, AdamW for embeddings, head and norms), `DistributedMuon(..., layout="owner")`, a
 # warm-up scheduler, clipping, and a checkpoint every N steps that any grid can resume. Replace the
@@ -77,7 +77,7 @@ from pathlib import Path
 
 from IPython.display import Code
 
-from dmuon.lab.notebook import last_json, run, table
+from muongrid.lab.notebook import last_json, run, table
 
 Code(Path("../scripts/loop_zero1_tp.py").read_text(), language="python")
 
@@ -89,7 +89,7 @@ Code(Path("../scripts/loop_zero1_tp.py").read_text(), language="python")
 #   rank's own gradient; the optimizer clips the mean, by its norm over every rank's shards (a TP
 #   shard counted once, a replicated parameter once) and returns that norm, as torch's function does.
 # - `save_run(...)` on every rank: each rank holds only its shard of the optimizer state, so a save
-#   is collective; it goes through `dmuon.checkpoint` (global coordinates), so it loads on any grid.
+#   is collective; it goes through `muongrid.checkpoint` (global coordinates), so it loads on any grid.
 # - The batch is drawn whole and each DP rank takes its rows, so every grid trains on the same data.
 #
 # Now run it for real: 20 steps on a 2 x 2 grid, saving at steps 10 and 20, then the second half
@@ -141,7 +141,7 @@ table(
 # momentum, AdamW moments, step counts), the scheduler, the position in the data and the RNG all came
 # back. The differences are in the last digits: a 4 x 1 grid adds its numbers in another order than a
 # 2 x 2 grid (the DP mean of four gradients instead of two, whole matmuls instead of TP partial
-# sums). [`tests/test_resume.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_resume.py) resumes on another layout of the same grid, where the order is the
+# sums). [`tests/test_resume.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_resume.py) resumes on another layout of the same grid, where the order is the
 # same, and requires the curves to be equal bit for bit.
 
 # %% [markdown]
@@ -222,7 +222,7 @@ table(
 # %% [markdown]
 # ## What differs from a single-device optimizer, and why
 #
-# Everything else behaves as `torch.optim` documents, and [`tests/test_contract.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_contract.py) checks it against
+# Everything else behaves as `torch.optim` documents, and [`tests/test_contract.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_contract.py) checks it against
 # `torch.optim.Muon` and `torch.optim.AdamW` at world sizes 1 to 4: a step starts from the parameters'
 # current values (load weights or clamp them whenever you like); a parameter whose gradient is None on
 # every rank is skipped (frozen layers can stay in the groups), and None on only some ranks counts as
@@ -239,7 +239,7 @@ table(
 #   `opt.clip_grad_norm_(1.0)`. ZeRO-1 averages over DP inside `step()`, and FSDP2's `.grad` are
 #   blocks, so the optimizer clips the DP mean by its global norm.
 # - **`state_dict()`.** Single device: the whole state. Ours: this rank's shard; loading another
-#   rank's is refused, saying so. Save on every rank, or use `dmuon.checkpoint` / `save_run` to
+#   rank's is refused, saying so. Save on every rank, or use `muongrid.checkpoint` / `save_run` to
 #   change grids.
 # - **Pickling (`torch.save(opt)`).** Single device: works. Ours: refused, naming the fix, since
 #   process groups cannot be pickled; `copy.deepcopy(opt)` works (`DistributedMuon`).
@@ -260,7 +260,7 @@ table(
 # 1. You have two nodes of 8 GPUs and a model that needs TP 4. Write the `torchrun` line for the
 #    first node. Which ranks form the first TP group and the first DP group, and does any TP group
 #    cross a node?
-# 2. Replace `opt.clip_grad_norm_(1.0)` in [`scripts/loop_zero1_tp.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py) by
+# 2. Replace `opt.clip_grad_norm_(1.0)` in [`scripts/loop_zero1_tp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py) by
 #    `torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`. What is clipped then, and why is the
 #    step no longer the single-device step?
 # 3. Resume the run this chapter saved on 2 x 2 at step 10 in one process (`--dp 1 --tp 1`). Will
@@ -281,13 +281,13 @@ table(
 #    own gradient by its own norm (and, under TP, by the norm of this rank's shards only), so ranks
 #    scale by different factors and the mean that `step()` forms is not the clipped mean gradient a
 #    single device would use. `opt.clip_grad_norm_` clips the DP mean by its norm over every rank's
-#    shards, a TP shard counted once ([`dmuon/clipping.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/clipping.py)).
+#    shards, a TP shard counted once ([`muongrid/clipping.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/clipping.py)).
 # 3. No, only to rounding: one process adds the gradients and the TP partial sums in another order
 #    than the 2 x 2 grid, as the 4 x 1 resume above shows. Run `python scripts/loop_zero1_tp.py --dp 1
 #    --tp 1 --steps 20 --resume <save dir>/step10` with the save directory of the 2 x 2 run; the
 #    JSON line it prints at the end (`first_step` 11, `losses`) is compared with the second half of the
 #    2 x 2 run's `losses`. Bit-for-bit equality holds when the order is the same: another layout on
-#    the same grid ([`tests/test_resume.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_resume.py)).
+#    the same grid ([`tests/test_resume.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_resume.py)).
 # 4. Put the layer in the parameter groups from the start (`add_param_group` is refused: the ZeRO-1
 #    plan is fixed when the optimizer is built) and set `requires_grad_(False)` on it for the first 100
 #    steps: a parameter whose gradient is None on every rank is skipped. Turn `requires_grad` back on

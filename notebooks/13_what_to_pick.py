@@ -26,15 +26,15 @@
 # The chapters before this one built, checked and measured several ways to run Muon on sharded
 # models. This page puts them side by side: which to pick, and what each costs per rank and per
 # step, computed here from the same plan the optimizer uses, the byte formulas that the tests
-# hold the ledger to (`dmuon.lab.costmodel`, `dmuon.lab.choice`), and a time model built on them
-# (`dmuon.lab.timemodel`).
+# hold the ledger to (`muongrid.lab.costmodel`, `muongrid.lab.choice`), and a time model built on them
+# (`muongrid.lab.timemodel`).
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -42,20 +42,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -94,10 +94,10 @@ elif importlib.util.find_spec("dmuon") is None:
 from IPython.display import Markdown, display
 from myst_nb import glue
 
-from dmuon.lab.choice import layout_costs
-from dmuon.lab.notebook import table
-from dmuon.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, stack_shapes
-from dmuon.plan import DEFAULT_BUCKET_NUMEL
+from muongrid.lab.choice import layout_costs
+from muongrid.lab.notebook import table
+from muongrid.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, stack_shapes
+from muongrid.plan import DEFAULT_BUCKET_NUMEL
 
 stack, stack_dims = stack_shapes(layers=4)
 SETS = {
@@ -202,7 +202,7 @@ glue(
 # ## What it costs in time
 #
 # Bytes and FLOPs become seconds through the hardware. The time model
-# ([`dmuon/lab/timemodel.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/timemodel.py)) prices every collective of a step with the alpha-beta model of
+# ([`muongrid/lab/timemodel.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/timemodel.py)) prices every collective of a step with the alpha-beta model of
 # {doc}`chapter 6 <06_communication>` (a latency $\alpha$ per hop and a bandwidth $\beta$): the
 # ring reduce-scatters and all-gathers, the bucket layout's gathers for Newton-Schulz, and the
 # owner layouts' all-to-alls, where a rank's time is the larger of what it sends and what it
@@ -215,17 +215,17 @@ glue(
 # Two hardware profiles:
 #
 # - **an H100 cluster**: the public figures that {doc}`chapter 14 <14_muon_at_scale>` projects
-#   with (`H100` in [`scripts/dmuon/hardware.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/hardware.py), each figure cited there), taken as assumptions:
+#   with (`H100` in [`scripts/muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py), each figure cited there), taken as assumptions:
 #   eight GPUs per node on NVLink, InfiniBand between nodes, Newton-Schulz at half the dense
 #   bf16 peak;
-# - **this machine**, calibrated by [`scripts/calibrate_time_model.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/calibrate_time_model.py) and recorded with its
-#   provenance in [`book/data/time_model_cpu.json`](https://github.com/dmuon-book/distributed-muon/blob/main/book/data/time_model_cpu.json): the matmul rate Newton-Schulz runs at here and
+# - **this machine**, calibrated by [`scripts/calibrate_time_model.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/calibrate_time_model.py) and recorded with its
+#   provenance in [`book/data/time_model_cpu.json`](https://github.com/muongrid-book/distributed-muon/blob/main/book/data/time_model_cpu.json): the matmul rate Newton-Schulz runs at here and
 #   gloo's $\alpha$ and $\beta$ fitted to all-gathers over 4 ranks. All ranks share the
 #   machine's cores, so Newton-Schulz takes every rank's FLOPs at the machine's rate. The record
 #   names the machine it measured (printed below); run the script on yours to price your own.
 
 # %% tags=["hide-input"]
-from dmuon.lab.timemodel import h100, layout_seconds, this_machine
+from muongrid.lab.timemodel import h100, layout_seconds, this_machine
 
 H100, CPU = h100(), this_machine()
 SHORT = dict(zip(SETS, ("PoC five", "4-layer stack")))
@@ -350,9 +350,9 @@ glue("ch13-h100-ns-ratio", f"{ns_ratio:.1f}", display=False)
 # DP-only grids.
 
 # %% tags=["hide-input"]
-from dmuon.lab.choice import fsdp2_extra, zero1_owner_extra
-from dmuon.lab.costmodel import plans_for
-from dmuon.lab.timemodel import fsdp2_extra_seconds, step_seconds
+from muongrid.lab.choice import fsdp2_extra, zero1_owner_extra
+from muongrid.lab.costmodel import plans_for
+from muongrid.lab.timemodel import fsdp2_extra_seconds, step_seconds
 
 rows, extra, extra_s = [], {}, {}
 for name, groups in SETS.items():
@@ -421,22 +421,22 @@ glue("ch13-stack-buckets", n_buckets, display=False)
 # {numref}`fig-ch13-explorer` puts every layout beside Distributed AdamW for three sets of
 # matrices: the balanced stack above, the community report's five shapes (one 4096 x 4096 among
 # four small ones) and one layer of Llama-3-8B (its seven matrices, from
-# [`scripts/plan_at_scale.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/plan_at_scale.py)). The menu picks the matrices, the slider the grid; both move in this
+# [`scripts/plan_at_scale.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_at_scale.py)). The menu picks the matrices, the slider the grid; both move in this
 # page, and every position was computed with the functions above when the page was built
-# (`dmuon.lab.layout_explorer`). This machine's bars appear up to 8 ranks, the most the book
+# (`muongrid.lab.layout_explorer`). This machine's bars appear up to 8 ranks, the most the book
 # launches on one machine.
 
 # %% tags=["hide-input"]
-from dmuon.lab.explorers import Figure
-from dmuon.lab.layout_explorer import explorer_rows, layout_explorer
+from muongrid.lab.explorers import Figure
+from muongrid.lab.layout_explorer import explorer_rows, layout_explorer
 
 explore = explorer_rows(profiles=[H100, CPU])
 glue("ch13-explorer", Figure(layout_explorer(explore)), display=False)
 
 # %% tags=["remove-cell"]
 # The claims of the text below, on every position of the explorer.
-from dmuon.lab.synthetic import REPORT_SHAPES
-from dmuon.newton_schulz import ns5_flops
+from muongrid.lab.synthetic import REPORT_SHAPES
+from muongrid.newton_schulz import ns5_flops
 
 cells = {}
 for r in explore:
@@ -513,12 +513,12 @@ for lay in muon_layouts:
 # ## The claims, and where this book checks them
 #
 # Every claim of the paper, the community report and the tutorial that the book tests, in one
-# list ([`dmuon/lab/claims.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/dmuon/lab/claims.py));
+# list ([`muongrid/lab/claims.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/claims.py));
 # the chapters named print this book's figure beside each, measured where the page was built or
 # read from a recorded run:
 
 # %% tags=["hide-input"]
-from dmuon.lab import claims  # noqa: E402
+from muongrid.lab import claims  # noqa: E402
 
 display(Markdown(claims.index_table()))
 
@@ -533,12 +533,12 @@ display(Markdown(claims.index_table()))
 #   {glue:text}`ch13-report-gap`% of each other on H100s. On a CPU Newton-Schulz is the step,
 #   and the owner layouts divide it by the number of ranks.
 # - Every figure on this page is computed from the plan, the cost model and the time model;
-#   `dmuon.lab.choice`, `dmuon.lab.timemodel` and `dmuon.lab.layout_explorer` give the same for
+#   `muongrid.lab.choice`, `muongrid.lab.timemodel` and `muongrid.lab.layout_explorer` give the same for
 #   your own shapes, grid and hardware.
 #
 # ## Exercises
 #
-# Each one is a call to `dmuon.lab.choice` (`layout_costs(groups, dp, tp, bucket_numel)` for a
+# Each one is a call to `muongrid.lab.choice` (`layout_costs(groups, dp, tp, bucket_numel)` for a
 # list of parameter groups like `SETS[...]` above; `fsdp2_extra` and `zero1_owner_extra` as in the
 # FSDP2 cell), so it runs in a second.
 #

@@ -18,11 +18,11 @@
 # # 14. Muon at a thousand GPUs
 #
 # ```{admonition} What this chapter runs
-# The ZeRO-1 plan for three real models on grids up to 1,024 ranks ([`scripts/plan_at_scale.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/plan_at_scale.py),
+# The ZeRO-1 plan for three real models on grids up to 1,024 ranks ([`scripts/plan_at_scale.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_at_scale.py),
 # no process per rank: only the plan and closed forms), a few small Newton-Schulz runs in this
 # kernel, one matrix orthogonalised by a group of three simulated ranks (threads in this
 # kernel), and three steps of the optimizer's "group" layout on four launched ranks
-# ([`scripts/verify.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/verify.py)).
+# ([`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py)).
 # About a minute.
 # ```
 #
@@ -34,11 +34,11 @@
 # ranks are plans and projections, not runs.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m dmuon.lab.notebook sync`).
+# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install only what Colab lacks (never torch).
 # Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "https://github.com/dmuon-book/distributed-muon"
+REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/distributed-muon"):
         clone = ["git", "clone", "--depth", "1", REPOSITORY]
@@ -46,20 +46,20 @@ if "google.colab" in sys.modules:
             raise RuntimeError(
                 f"could not clone {REPOSITORY}. If that is not the book's "
                 "repository, set repository.url in _config.yml to it and run "
-                "`python -m dmuon.lab.notebook sync`")
+                "`python -m muongrid.lab.notebook sync`")
     os.chdir("/content/distributed-muon/notebooks")
     wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
               ("sklearn", "scikit-learn")]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     install = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("dmuon") is None:  # the book's package, not its deps
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("dmuon") is None:
+elif importlib.util.find_spec("muongrid") is None:
     raise ModuleNotFoundError(
-        "the dmuon package is not installed: run `make setup` in the repository and "
+        "the muongrid package is not installed: run `make setup` in the repository and "
         "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
 
 # %% [markdown]
@@ -74,7 +74,7 @@ elif importlib.util.find_spec("dmuon") is None:
 # %%
 from myst_nb import glue
 
-from dmuon.lab.notebook import last_json, run, table
+from muongrid.lab.notebook import last_json, run, table
 
 small = last_json(run("plan_at_scale.py", "--model", "llama3-8b",
                       "--grids", "8x8,32x8,128x8", "--json", log="collapsed"))["rows"]
@@ -124,13 +124,13 @@ glue("ch14-group-ratio", f"{at_1024['group_ns_max_over_mean']:.2f}", display=Fal
 # runs, with three differences: Megatron runs it over the TP group the matrix is already split
 # over, along that split; here the plan cuts the long side and picks the group's ranks (any ranks,
 # reached through the all-to-all that already carries pieces to their owners), and the optimizer
-# also splits $B$ among the members (below). `dmuon.ns_group.zeropower_sharded` implements it.
+# also splits $B$ among the members (below). `muongrid.ns_group.zeropower_sharded` implements it.
 
 # %% tags=["hide-input"]
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from dmuon.lab import palette
+from muongrid.lab import palette
 
 COLOURS = [palette.rank(r) for r in range(3)]  # one per rank of the group
 fig, axes = plt.subplots(2, 2, figsize=(8, 5.6))
@@ -176,7 +176,7 @@ plt.close(fig)
 # kernel's order, the group sums each block and then the $k$ partial sums, the same fp32
 # additions in another order. So the check is a tolerance: relative Frobenius difference at
 # most $10^{-5}$ in fp32 (the reordering moves only the last bits;
-# [`tests/test_ns_group.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_ns_group.py)
+# [`tests/test_ns_group.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_ns_group.py)
 # holds the group form to this bound on several shapes and group sizes). Here, three "ranks"
 # (threads in this kernel with an all-reduce that sums in rank order, `ns_group.simulate`) on a
 # matrix whose long side does not divide by three:
@@ -184,8 +184,8 @@ plt.close(fig)
 # %%
 import torch
 
-from dmuon.newton_schulz import NS_COEFFICIENTS, zeropower_ns5
-from dmuon.ns_group import sharded_collectives, simulate, split_long_side
+from muongrid.newton_schulz import NS_COEFFICIENTS, zeropower_ns5
+from muongrid.ns_group import sharded_collectives, simulate, split_long_side
 
 G = torch.randn(96, 301, generator=torch.Generator().manual_seed(0))
 long_dim, blocks = split_long_side(G, 3)
@@ -208,7 +208,7 @@ glue("ch14-calls-plain", calls, display=False)
 glue("ch14-calls-split", split_calls, display=False)
 glue("ch14-plain-kb", f"{nbytes / 1e3:.0f}", display=False)
 glue("ch14-split-kb", f"{split_bytes / 1e3:.0f}", display=False)
-from dmuon.ns_group import group_form
+from muongrid.ns_group import group_form
 
 assert group_form(*G.shape, 3) == "rows"
 glue("ch14-form-301", f'group_form(96, 301, 3) gives "{group_form(*G.shape, 3)}"',
@@ -276,8 +276,8 @@ glue("ch14-moon-calls", moon["owner_ns_calls_batched_max"], display=False)
 # %%
 import time
 
-from dmuon.lab.verdicts import fastest_text, spread_text
-from dmuon.ns_variants import ns_flops, ns_matmuls
+from muongrid.lab.verdicts import fastest_text, spread_text
+from muongrid.ns_variants import ns_flops, ns_matmuls
 
 M = torch.randn(256, 1024, generator=torch.Generator().manual_seed(1))
 U, _, Vh = torch.linalg.svd(M.double(), full_matrices=False)
@@ -325,7 +325,7 @@ glue("ch14-gram-even", f"{even / 256:.1f}", display=False)
 #   here.
 # - The Polar Express coefficients are the published set for five steps, a lower bound of
 #   $10^{-3}$ on the singular values and a safety factor of $2 \times 10^{-2}$
-#   (`dmuon.ns_variants`); the paper's method gives other sets for other set-ups (more steps,
+#   (`muongrid.ns_variants`); the paper's method gives other sets for other set-ups (more steps,
 #   another lower bound), and `ns_coefficients` takes any schedule.
 # - The Gram form pays only on rectangles: it saves FLOPs once the long side is more than
 #   {glue:text}`ch14-gram-even` times the short one and costs more on square matrices. Its
@@ -353,8 +353,8 @@ glue("ch14-verdict", verdict, display=False)
 
 # %% [markdown]
 # Verdict over five interleaved rounds: {glue:text}`ch14-verdict` (a form wins only if its median
-# is more than 10% lower and the spreads do not overlap, `dmuon.lab.verdicts`).
-# [`scripts/ns_variants.py`](https://github.com/dmuon-book/distributed-muon/blob/main/scripts/ns_variants.py) gives the full table per shape and dtype, with bf16.
+# is more than 10% lower and the spreads do not overlap, `muongrid.lab.verdicts`).
+# [`scripts/ns_variants.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/ns_variants.py) gives the full table per shape and dtype, with bf16.
 #
 # ## The plans at scale, and what they would cost on H100s
 #
@@ -527,8 +527,8 @@ glue("ch14-dp-1024", b8["dp"], display=False)
 # group plan costs besides Newton-Schulz.
 
 # %% tags=["hide-input"]
-from dmuon.lab.explorers import Figure
-from dmuon.lab.scale_explorer import scale_explorer
+from muongrid.lab.explorers import Figure
+from muongrid.lab.scale_explorer import scale_explorer
 
 explored = ([("Llama-3-8B", r) for r in small] + [("Llama-3-70B", r) for r in big]
             + [("Moonlight", r) for r in moons])
@@ -564,8 +564,8 @@ glue("ch14-scale-explorer", Figure(explorer), display=False)
 # Muon, on one 96 x 230 matrix (nearly all the Newton-Schulz work) and three small ones.
 
 # %%
-from dmuon.lab import costmodel
-from dmuon.ns_group import group_form, group_ring_bytes
+from muongrid.lab import costmodel
+from muongrid.ns_group import group_form, group_ring_bytes
 
 shapes, dims = "96x230,20x36,36x20,24x24", "0,1,0,none"
 out = run("verify.py", "--dp", 2, "--tp", 2, "--layout", "owner,group", "--groups", 1,
@@ -619,7 +619,7 @@ glue("ch14-rows-square", f"{square:.0%}", display=False)
 # (the check allows the `--atol 1e-3` given here). It runs in the row
 # form, which sums nothing across ranks but splits each GEMM by rows, and a kernel may round a
 # block of rows differently from the whole, so the check is a tolerance, not equality:
-# [`tests/test_group_layout.py`](https://github.com/dmuon-book/distributed-muon/blob/main/tests/test_group_layout.py)
+# [`tests/test_group_layout.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_group_layout.py)
 # holds grouped matrices within $10^{-2}$ of the reference's update, relative, on 1 x 1 to 2 x 4,
 # and the others bit for bit. Each member sends {glue:text}`ch14-live-gram-kb` kB a step for the
 # group's collectives (the ledger's phase `ns_group_gram` counts them in either form), which is
@@ -639,9 +639,9 @@ glue("ch14-rows-square", f"{square:.0%}", display=False)
 # %%
 import statistics
 
-from dmuon.lab.provenance import load_recorded, provenance_text
-from dmuon.lab.synthetic import build_problem
-from dmuon.lab.verdicts import beats, ratio_text, spread_text
+from muongrid.lab.provenance import load_recorded, provenance_text
+from muongrid.lab.synthetic import build_problem
+from muongrid.lab.verdicts import beats, ratio_text, spread_text
 
 record = load_recorded("bench_group_2x2.json")
 bench = record["result"]
@@ -728,7 +728,7 @@ table(["layout", "bytes / AdamW", "NS runs", "Muon step", "Muon overhead ratio",
        for name, v in tbench["layouts"].items()], align="lrrrrr")
 
 # %% tags=["remove-cell"]
-from dmuon.plan import ParamSpec, build_plan
+from muongrid.plan import ParamSpec, build_plan
 
 # still this code's bytes, on the recorded profile
 for name, v in tbench["layouts"].items():
@@ -773,7 +773,7 @@ glue("ch14-timed-bytes", f"{G['bytes_ratio'] / TG['bytes_ratio']:.1f}", display=
 # included, is checked against one process on 2 x 1 to 2 x 4):
 #
 # ```python
-# from dmuon import DistributedMuon, hardware
+# from muongrid import DistributedMuon, hardware
 #
 # opt = DistributedMuon(
 #     groups, grid,
@@ -800,8 +800,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from dmuon import hardware
-from dmuon.plan import ParamSpec, build_plan
+from muongrid import hardware
+from muongrid.plan import ParamSpec, build_plan
 
 shapes, dims = "20x36,36x20,116x218,120x142,24x24", "1,0,0,0,none"
 slow = hardware.profile(flops=1e9, efficiency=1.0, ranks_per_node=4,

@@ -4,7 +4,7 @@
     python scripts/build_book.py --force      # execute every chapter again
     python scripts/build_book.py --only 05_distributed_step   # execute one chapter (no render)
 
-Each chapter runs once in a guarded nbclient (``dmuon.lab.nbexec``: no silent stalls; a stalled
+Each chapter runs once in a guarded nbclient (``muongrid.lab.nbexec``: no silent stalls; a stalled
 cell is named and its chapter executed again), its executed copy is kept in ``_build/executed/``,
 and the book is rendered from those copies with ``jupyter-book build -W -n --keep-going``. The time
 per chapter is printed at the end. Exits non-zero if a chapter fails or the render warns.
@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-os.chdir(ROOT)  # dmuon.lab.notebook finds the checkout from the working directory
+os.chdir(ROOT)  # muongrid.lab.notebook finds the checkout from the working directory
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from dmuon.lab import bookbuild  # noqa: E402
-from dmuon.lab.nbexec import Report, timing_table  # noqa: E402
+from muongrid.lab import bookbuild  # noqa: E402
+from muongrid.lab.nbexec import Report, timing_table  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         return 0
     print("[build_book] rendering ...", flush=True)
     render_started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="dmuon-book-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="muongrid-book-") as tmp:
         src = bookbuild.stage(Path(tmp), stems, toc=toc)
         proc = bookbuild.render(src)
         if proc.stderr.strip() and proc.returncode == 0:

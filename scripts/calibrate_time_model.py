@@ -1,4 +1,4 @@
-"""Calibrate the time model (``dmuon/lab/timemodel.py``) on this machine and record it with its provenance.
+"""Calibrate the time model (``muongrid/lab/timemodel.py``) on this machine and record it with its provenance.
 
     python scripts/calibrate_time_model.py --out book/data/time_model_cpu.json
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dmuon.lab.notebook import last_json  # noqa: E402
-from dmuon.lab.provenance import provenance  # noqa: E402
+from muongrid.lab.notebook import last_json  # noqa: E402
+from muongrid.lab.provenance import provenance  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent
 MEASUREMENTS = {"ns_speed": ["ns_speed.py", "--size", "1024", "--repeats", "5"],

@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from dmuon.launch import add_launch_args, check_launch_args, launch
+from muongrid.launch import add_launch_args, check_launch_args, launch
 
 
 def worker(grid, comm, args) -> int:

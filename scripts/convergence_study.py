@@ -23,7 +23,7 @@ final loss (linear between evaluations), as a fraction of AdamW's tokens, and th
 when AdamW gets there at all.
 
 Runs go ``--jobs`` at a time, each with ``--threads`` CPU threads. ``--out`` writes every result so
-far after each run, with the command, commit, versions and machine (``dmuon/lab/provenance.py``).
+far after each run, with the command, commit, versions and machine (``muongrid/lab/provenance.py``).
 The last line printed is the same JSON.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dmuon.lab.provenance import provenance
+from muongrid.lab.provenance import provenance
 
 TRAIN_PY = Path(__file__).resolve().parent / "train.py"
 OPTIMIZERS = ("adamw", "hybrid")

@@ -3,7 +3,7 @@
 A failure path that works once on an idle machine can still hang or leave processes behind when
 the machine is busy (a rank is slow to start, a report is read while it is being written). This
 runs each fault ``--repeats`` times on one grid, with one busy process per core competing for the
-CPU, and prints per fault: runs, clean failures (``dmuon/lab/faultcheck.py`` says what clean
+CPU, and prints per fault: runs, clean failures (``muongrid/lab/faultcheck.py`` says what clean
 means: exit code 1, the right message, the right rank named first), the slowest time from launch
 to exit, the slowest time from the fault to the exit (for a hang, bounded by ``--timeout`` + 15 s)
 and the processes left behind. The target is every run clean and nothing left behind.
@@ -28,8 +28,8 @@ import time
 import uuid
 from pathlib import Path
 
-from dmuon.lab.faultcheck import EXPECTED, first_failure, judge, processes_with_tag
-from dmuon.lab.provenance import provenance
+from muongrid.lab.faultcheck import EXPECTED, first_failure, judge, processes_with_tag
+from muongrid.lab.provenance import provenance
 
 FAULTS_PY = Path(__file__).resolve().parent / "faults.py"
 FAULT_STEP = 2
@@ -43,7 +43,7 @@ def busy_processes(n: int) -> list[subprocess.Popen]:
 def one_run(fault: str, dp: int, tp: int, timeout: float, limit: float) -> dict:
     """Run one fault on the last rank; time it; judge it; look for leftovers."""
     rank, tag = dp * tp - 1, uuid.uuid4().hex
-    env = dict(os.environ, DMUON_TEST_TAG=tag, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, MUONGRID_TEST_TAG=tag, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, str(FAULTS_PY), "--dp", str(dp), "--tp", str(tp), "--fault", fault, "--rank", str(rank),
            "--step", str(FAULT_STEP), "--timeout", str(timeout)]
     start = time.monotonic()

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-from dmuon import checkpoint
-from dmuon.comm import report_fatal
-from dmuon.distributed import DistributedMuon
-from dmuon.launch import add_launch_args, check_launch_args, launch
-from dmuon.lab.synthetic import build_problem, set_grads
+from muongrid import checkpoint
+from muongrid.comm import report_fatal
+from muongrid.distributed import DistributedMuon
+from muongrid.launch import add_launch_args, check_launch_args, launch
+from muongrid.lab.synthetic import build_problem, set_grads
 
 FAULTS = ("none", "raise", "hang", "nan", "watchdog", "kill", "shape-mismatch", "wrong-dtype",
           "corrupt-checkpoint")
@@ -76,7 +76,7 @@ def inject(fault: str, target: bool, grid, opt, step: int) -> None:
     """The fault, on the target rank at ``step`` (the others carry on as if nothing happened)."""
     first = opt.param_groups[0]["params"][0]
     if fault == "corrupt-checkpoint":  # every rank saves, one truncates a file, every rank loads
-        mine = tempfile.mkdtemp(prefix="dmuon-fault-") if grid.rank == 0 else None
+        mine = tempfile.mkdtemp(prefix="muongrid-fault-") if grid.rank == 0 else None
         folder = opt.comm.gather_objects(mine, "report")[0]  # rank 0's folder, on every rank
         checkpoint.save(opt, Path(folder) / "ckpt", step=step - 1)
         if target:
@@ -99,7 +99,7 @@ def inject(fault: str, target: bool, grid, opt, step: int) -> None:
         say(f"rank {grid.rank}: hanging at step {step} (not entering the collective)")
         time.sleep(3600)
     if fault == "watchdog":  # what comm.py's watchdog does to a rank stuck in a collective
-        report_fatal(f"[dmuon watchdog] (injected) rank {grid.rank} ended at step {step}")
+        report_fatal(f"[muongrid watchdog] (injected) rank {grid.rank} ended at step {step}")
         os._exit(3)
     if fault == "kill":  # what the out-of-memory killer does: no exception, no traceback, no clean-up
         say(f"rank {grid.rank}: sending itself SIGKILL at step {step}")

@@ -25,7 +25,7 @@ if [ "${NGPU:-0}" -lt 4 ]; then
     exit 2
 fi
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/dmuon-gpu-smoke.XXXXXX")
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/muongrid-gpu-smoke.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 STEPS=()
 FAILED=0
@@ -69,7 +69,7 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, "scripts")
 import torch
-from dmuon.lab.provenance import provenance
+from muongrid.lab.provenance import provenance
 
 work, out, ngpu, steps = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 record = dict(provenance(["scripts/gpu_smoke.sh"]), gpus=ngpu, gpu=torch.cuda.get_device_name(0),

@@ -16,9 +16,9 @@ import json
 import sys
 
 
-from dmuon.distributed import DistributedMuon
-from dmuon.launch import add_launch_args, check_launch_args, launch
-from dmuon.lab.synthetic import add_problem_args, build_problem, check_problem_args
+from muongrid.distributed import DistributedMuon
+from muongrid.launch import add_launch_args, check_launch_args, launch
+from muongrid.lab.synthetic import add_problem_args, build_problem, check_problem_args
 
 
 def worker(grid, comm, args) -> int:

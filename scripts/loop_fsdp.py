@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
-from dmuon import FSDPMuon, hybrid_param_groups
-from dmuon.lab.charlm import batch, load_corpus
-from dmuon.lab.tpgpt import head_major_gpt, tp_plan
-from dmuon.launch import add_launch_args, launch
-from dmuon.resume import load_run, save_run
+from muongrid import FSDPMuon, hybrid_param_groups
+from muongrid.lab.charlm import batch, load_corpus
+from muongrid.lab.tpgpt import head_major_gpt, tp_plan
+from muongrid.launch import add_launch_args, launch
+from muongrid.resume import load_run, save_run
 
 
 def worker(grid, comm, args):

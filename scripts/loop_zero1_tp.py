@@ -6,7 +6,7 @@
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
         scripts/loop_zero1_tp.py --dp 4 --tp 4 --steps 1000            # on each of two nodes
 
-``worker`` is the loop; ``dmuon.launch`` runs it on dp*tp local gloo processes, or as one rank under
+``worker`` is the loop; ``muongrid.launch`` runs it on dp*tp local gloo processes, or as one rank under
 torchrun (NCCL on GPUs). The model is the book's tiny GPT; put yours in its place.
 """
 import argparse
@@ -18,11 +18,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor.parallel import parallelize_module
 
-from dmuon import DistributedMuon, hybrid_param_groups
-from dmuon.lab.charlm import batch, load_corpus
-from dmuon.lab.tpgpt import head_major_gpt, tp_plan
-from dmuon.launch import add_launch_args, launch
-from dmuon.resume import load_run, save_run
+from muongrid import DistributedMuon, hybrid_param_groups
+from muongrid.lab.charlm import batch, load_corpus
+from muongrid.lab.tpgpt import head_major_gpt, tp_plan
+from muongrid.launch import add_launch_args, launch
+from muongrid.resume import load_run, save_run
 
 
 def worker(grid, comm, args):

@@ -5,7 +5,7 @@
 
 Times an all-gather and a reduce-scatter over the DP group for shards from 256 bytes to 4 MiB
 (median of several repetitions, slowest rank), fits ``t = (n-1) * (alpha + shard_bytes / beta)``
-to the all-gathers (``dmuon/costmodel.fit_alpha_beta``), and reports how long a reduce-scatter
+to the all-gathers (``muongrid/costmodel.fit_alpha_beta``), and reports how long a reduce-scatter
 takes relative to an all-gather that moves the same bytes under the ring algorithm. With NCCL
 the two should be close; gloo runs a reduce-scatter as an all-reduce (twice the ring's bytes, plus
 the additions), so expect more. The last line is JSON.
@@ -21,9 +21,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dmuon.lab.costmodel import collective_seconds, fit_alpha_beta
-from dmuon.launch import add_launch_args, check_launch_args, launch
-from dmuon.lab.profiling import slowest_rank_seconds
+from muongrid.lab.costmodel import collective_seconds, fit_alpha_beta
+from muongrid.launch import add_launch_args, check_launch_args, launch
+from muongrid.lab.profiling import slowest_rank_seconds
 
 
 def worker(grid, comm, args) -> int:

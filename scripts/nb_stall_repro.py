@@ -1,6 +1,6 @@
 """Reproduce issue 16's stall on demand: a reply that sits in the socket while the client sleeps.
 
-    python scripts/nb_stall_repro.py              # plain jupyter_client channel, then dmuon's sliced one
+    python scripts/nb_stall_repro.py              # plain jupyter_client channel, then muongrid's sliced one
     python scripts/nb_stall_repro.py --timeout 10
 
 What it does, in one process and without a kernel: a "kernel" socket sends a Jupyter message to a
@@ -16,7 +16,7 @@ in the socket, and nothing wakes the wait:
 * ``jupyter_client``'s ``AsyncZMQSocketChannel`` returns it only when the timeout expires (pyzmq's
   poll makes a last non-blocking check then), with no error: the stall ``make book`` showed, where
   the timeout was a cell's 900 s.
-* ``dmuon.lab.nbexec.SlicedChannel`` polls in slices of 0.5 s and returns it within one slice.
+* ``muongrid.lab.nbexec.SlicedChannel`` polls in slices of 0.5 s and returns it within one slice.
 
 ``scripts/nbstress.py`` shows the same stall arising by itself while chapters execute.
 """
@@ -35,7 +35,7 @@ from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.session import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dmuon.lab.nbexec import SlicedChannel  # noqa: E402
+from muongrid.lab.nbexec import SlicedChannel  # noqa: E402
 
 
 async def lost_wakeup(channel_class, timeout: float) -> tuple[float, str]:
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     result = {}
     for name, cls in [("jupyter_client AsyncZMQSocketChannel", AsyncZMQSocketChannel),
-                      ("dmuon SlicedChannel", SlicedChannel)]:
+                      ("muongrid SlicedChannel", SlicedChannel)]:
         seconds, kind = asyncio.run(lost_wakeup(cls, args.timeout))
         print(f"{name:<38} got the {kind} after {seconds:5.2f} s (timeout {args.timeout:g} s, no error)")
         result[name.split()[-1]] = round(seconds, 3)

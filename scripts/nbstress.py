@@ -12,7 +12,7 @@ A *stall* is a cell for which the client received the kernel's reply more than `
 seconds (default 5) after the kernel stamped it; every cell's reply normally arrives within
 milliseconds. A chapter whose cell fails counts under *errors* (its last lines are printed) and the
 rounds go on; the exit code is 1 when any run stalled or failed. With ``--client guarded``
-(``dmuon.lab.nbexec``, what the build and tests use) the table also counts *late wake-ups*: polls
+(``muongrid.lab.nbexec``, what the build and tests use) the table also counts *late wake-ups*: polls
 that found a reply only when their 0.5 s slice ran out, i.e. the lost wake-ups that stall plain
 nbclient, each absorbed in under a second.
 
@@ -32,8 +32,8 @@ import nbformat
 from nbclient import NotebookClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dmuon.lab import nbexec  # noqa: E402
-from dmuon.lab.notebook import chapters  # noqa: E402
+from muongrid.lab import nbexec  # noqa: E402
+from muongrid.lab.notebook import chapters  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     if args.synthetic:
-        paths = [synthetic(Path("/tmp") / "dmuon_nbstress_synthetic.ipynb")]
+        paths = [synthetic(Path("/tmp") / "muongrid_nbstress_synthetic.ipynb")]
     else:
         wanted = None if args.chapters == "all" else set(args.chapters.split(","))
         paths = [ROOT / "notebooks" / f"{c.stem}.ipynb" for c in chapters() if wanted is None or c.stem in wanted]

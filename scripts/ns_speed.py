@@ -4,7 +4,7 @@
     python scripts/ns_speed.py --size 2048 --repeats 5
     python scripts/ns_speed.py --device cuda   # on a GPU
 
-NS5 is nothing but matmuls (``dmuon/newton_schulz.py``), so its FLOP rate should be close to the
+NS5 is nothing but matmuls (``muongrid/newton_schulz.py``), so its FLOP rate should be close to the
 matmul rate of the dtype it computes in: bf16 where the hardware has a fast bf16 GEMM (GPUs,
 AVX-512 BF16 / AMX CPUs), else fp32 on bf16 values (the emulation). The script times NS5 and the
 matching matmul alternately and ends with one JSON line holding both rates, their ratio and which
@@ -25,8 +25,8 @@ import sys
 
 import torch
 
-from dmuon.lab.profiling import timed
-from dmuon.newton_schulz import native_bf16_matmul, ns5_flops, zeropower_ns5
+from muongrid.lab.profiling import timed
+from muongrid.newton_schulz import native_bf16_matmul, ns5_flops, zeropower_ns5
 
 
 def main(argv=None) -> int:

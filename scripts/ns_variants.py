@@ -1,7 +1,7 @@
 """Newton-Schulz variants side by side: error against the exact polar factor, matmuls, time on this machine.
 
 For each shape and dtype (fp32, bf16) and each variant (coefficient schedule x form, see
-``dmuon/ns_variants.py``), on a Gaussian matrix (a momentum-like spectrum) and a skewed one (singular
+``muongrid/ns_variants.py``), on a Gaussian matrix (a momentum-like spectrum) and a skewed one (singular
 values spread over three decades):
 
 * ``err``: ||NS(G) - U V^T||_F / ||U V^T||_F, with ``U V^T`` the exact polar factor from
@@ -14,7 +14,7 @@ values spread over three decades):
   forms meet the same load).
 
 The bf16 path is printed: native bf16 GEMMs where the CPU has them (AVX-512 BF16/AMX), otherwise
-bf16 emulated with fp32 GEMMs on bf16 values (``dmuon.newton_schulz``). Machines are shared and
+bf16 emulated with fp32 GEMMs on bf16 values (``muongrid.newton_schulz``). Machines are shared and
 noisy: read the spread, not one number. Run:
 
     python scripts/ns_variants.py [--shapes 512x512,512x2048,2048x512] [--repeats 5] [--json]
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from dmuon.newton_schulz import native_bf16_matmul, zeropower_ns5  # noqa: E402
-from dmuon.ns_variants import ns_flops, ns_matmuls  # noqa: E402
+from muongrid.newton_schulz import native_bf16_matmul, zeropower_ns5  # noqa: E402
+from muongrid.ns_variants import ns_flops, ns_matmuls  # noqa: E402
 
 VARIANTS = [("muon", "standard"), ("muon", "gram"), ("polar_express", "standard"), ("polar_express", "gram"),
             ("cubic", "standard")]

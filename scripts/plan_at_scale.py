@@ -3,7 +3,7 @@
 Models (``--model``): Llama-3-70B, Llama-3-8B, and two MoEs with one matrix per expert: Moonlight-16B-A3B and
 Kimi K2, a 1T-class model (their shapes and sources in the builders below).
 
-For each DP x TP grid, two plans of ``dmuon.plan.build_plan`` (the code the optimizer runs), each built and
+For each DP x TP grid, two plans of ``muongrid.plan.build_plan`` (the code the optimizer runs), each built and
 timed: the "owner" layout (one owner per matrix) and the "group" layout with this script's hardware profile
 (``build_plan(..., layout="group", hw=profile(H100))``: a matrix goes to one owner or to a group of ranks,
 whichever finishes it first counting the group's collectives, ``layouts.assign_timed``). Per plan, per rank:
@@ -36,12 +36,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dmuon import hardware  # noqa: E402
-from dmuon.group_routes import count_in_band, local_band, long_bounds  # noqa: E402
-from dmuon.lab.costmodel import collective_seconds, group_bytes, links_for_grid  # noqa: E402
-from dmuon.layouts import assign_owners_and_groups, group_ns_flops, group_seconds  # noqa: E402
-from dmuon.newton_schulz import NS_STEPS, ns5_flops  # noqa: E402
-from dmuon.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, _owner_candidates, _piece_runs, build_plan  # noqa: E402
+from muongrid import hardware  # noqa: E402
+from muongrid.group_routes import count_in_band, local_band, long_bounds  # noqa: E402
+from muongrid.lab.costmodel import collective_seconds, group_bytes, links_for_grid  # noqa: E402
+from muongrid.layouts import assign_owners_and_groups, group_ns_flops, group_seconds  # noqa: E402
+from muongrid.newton_schulz import NS_STEPS, ns5_flops  # noqa: E402
+from muongrid.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, _owner_candidates, _piece_runs, build_plan  # noqa: E402
 
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
 
@@ -143,7 +143,7 @@ def kimi_k2(layers: int = 61, experts: int = 384):
 MODELS = {"llama3-70b": (llama3_70b, 80), "llama3-8b": (llama3_8b, 32), "moonlight-16b-a3b": (moonlight_16b_a3b, 27),
           "kimi-k2": (kimi_k2, 61)}
 
-# The projection's constants: public H100 figures taken as ASSUMPTIONS, not measured here (``dmuon.hardware.H100``,
+# The projection's constants: public H100 figures taken as ASSUMPTIONS, not measured here (``muongrid.hardware.H100``,
 # each cited there), and the profile the optimizer's group plan is sized with (``build_plan(..., hw=)``).
 H100 = hardware.H100
 

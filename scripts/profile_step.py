@@ -7,7 +7,7 @@
     torchrun --standalone --nproc-per-node 4 scripts/profile_step.py --dp 2 --tp 2
 
 Every rank trains two copies of chapter 1's tiny GPT, made tensor-parallel over the grid's "tp"
-dimension by PyTorch's ``parallelize_module`` (``dmuon/lab/tpgpt.py``; on one TP rank it is
+dimension by PyTorch's ``parallelize_module`` (``muongrid/lab/tpgpt.py``; on one TP rank it is
 chapter 1's model), started from the same weights: one with Distributed Muon on the hybrid groups
 (Muon for the hidden matrices, AdamW for the rest), one with Distributed AdamW on everything.
 Their steps alternate. Each DP replica draws its own batches (the TP ranks of a replica share
@@ -16,7 +16,7 @@ parameter all-gather), with a barrier in between so that time spent waiting for 
 backward pass is counted as waiting, not as communication. After a few warm-up steps
 torch.profiler records every rank; each rank writes ``trace_rank<r>.json`` (open it at
 https://ui.perfetto.dev) and splits its own trace into forward-backward, waiting,
-communication, Newton-Schulz and the rest of the optimizer (``dmuon/lab/traces.py``). Rank 0
+communication, Newton-Schulz and the rest of the optimizer (``muongrid/lab/traces.py``). Rank 0
 prints the medians per rank and one JSON line.
 
 ``--grids`` runs one such launch per grid, one after the other, each with ``--global-batch``
@@ -38,14 +38,14 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from dmuon.lab.charlm import batch, load_corpus
-from dmuon.distributed import DistributedAdamW, DistributedMuon
-from dmuon.layouts import LAYOUTS
-from dmuon.launch import add_launch_args, check_launch_args, launch, under_torchrun, without_torchrun
-from dmuon.optim import hybrid_param_groups
-from dmuon.lab.tpgpt import tp_gpt
-from dmuon.lab.traces import breakdown, like_for_like_steps, load_events, median_breakdown
-from dmuon.lab.verdicts import fastest, fastest_text
+from muongrid.lab.charlm import batch, load_corpus
+from muongrid.distributed import DistributedAdamW, DistributedMuon
+from muongrid.layouts import LAYOUTS
+from muongrid.launch import add_launch_args, check_launch_args, launch, under_torchrun, without_torchrun
+from muongrid.optim import hybrid_param_groups
+from muongrid.lab.tpgpt import tp_gpt
+from muongrid.lab.traces import breakdown, like_for_like_steps, load_events, median_breakdown
+from muongrid.lab.verdicts import fastest, fastest_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,10 +7,10 @@
     python scripts/train.py --fsdp --dp 2 --tp 2 --optimizer hybrid --steps 20 --compare-torch-muon
     python scripts/train.py --dp 2 --tp 2 --clip 1.0 --save _build/run --every 10 --steps 20
     python scripts/train.py --dp 4 --tp 1 --clip 1.0 --resume _build/run --steps 40   # another grid, same curve
-    python scripts/train.py --dp 2 --tp 2 --layout group --hw h100   # groups sized by time (dmuon/hardware.py)
+    python scripts/train.py --dp 2 --tp 2 --layout group --hw h100   # groups sized by time (muongrid/hardware.py)
 
 The model is chapter 1's character-level GPT on Python's docs, split over TP by PyTorch's own
-``parallelize_module`` (``dmuon/lab/tpgpt.py``); the optimizer reads each parameter's TP split from
+``parallelize_module`` (``muongrid/lab/tpgpt.py``); the optimizer reads each parameter's TP split from
 its DTensor placement. ``--optimizer``: ``hybrid`` (Muon for the hidden matrices, AdamW for
 embeddings, head and norms: ``optim.routes_to_muon``), ``muon`` (Muon for every 2-D parameter, the
 embeddings and head too; AdamW for the 1-D norms, which Muon cannot take) or ``adamw``.
@@ -25,7 +25,7 @@ order of floating-point reductions (which TP and DP change).
 Every ``--eval-every`` K steps (and at step 0 and the last step) rank 0 prints one progress line
 (step, train loss, estimates of train and validation loss on fixed windows, tokens/s); every
 ``--metrics-every`` steps (default K) the optimizer-state metrics are measured
-(``dmuon/lab/statemetrics.py``: per Muon matrix, update RMS, momentum norm, singular-value spread
+(``muongrid/lab/statemetrics.py``: per Muon matrix, update RMS, momentum norm, singular-value spread
 before and after Newton-Schulz). The run ends with one JSON line:
 
 * ``step_loss`` (the global mean loss of every step), ``evals`` (step, tokens, train_loss, val_loss),
@@ -34,22 +34,22 @@ before and after Newton-Schulz). The run ends with one JSON line:
   optimizer, its ``communication`` per phase (the ledger's timings) and the rest,
   ``optimizer_compute``; ``time_ms_per_rank`` the same for every rank;
 * ``profile_ms_per_rank`` (with ``--profile DIR``): each rank's medians over the traced steps, read
-  from its Chrome trace, Newton-Schulz apart (``dmuon/lab/traces.py``);
+  from its Chrome trace, Newton-Schulz apart (``muongrid/lab/traces.py``);
 * ``bytes_per_step``: what rank 0 sent in the optimizer's collectives (ring-algorithm bytes, from
   the ledger), with ``ledger`` per phase and ``bytes_per_step_per_rank``;
 * ``tp_split_dims`` (what the plan read from the placements), ``state_metrics``, and under ``--layout group``
   ``ns_groups`` (each grouped matrix's ranks; sized by time on ``hw`` with ``--hw``).
 
 **Clipping and checkpoints.** ``--clip MAX_NORM`` clips the DP-mean gradient by its global norm with
-``opt.clip_grad_norm_`` (``dmuon/clipping.py``; the norms are in ``grad_norm``). ``--save DIR --every N``
+``opt.clip_grad_norm_`` (``muongrid/clipping.py``; the norms are in ``grad_norm``). ``--save DIR --every N``
 checkpoints model, optimizer, scheduler, data position and RNG into ``DIR/step<N>`` every N steps (and at
 the last step); ``--resume DIR`` continues from the newest of them (or from ``DIR/step<N>`` given
-itself) on any grid and layout, also with ``--fsdp`` (``dmuon/resume.py``):
+itself) on any grid and layout, also with ``--fsdp`` (``muongrid/resume.py``):
 ``step_loss`` then starts at ``first_step``.
 
 **FSDP2** (``--fsdp``): after ``parallelize_module`` on "tp" the model is wrapped with ``fully_shard`` on
 "dp", so parameters, gradients and optimizer state are row blocks (FSDP2 gathers the weights for the
-forward and backward and reduce-scatters the gradients itself), and the optimizer is ``dmuon.fsdp.FSDPMuon``
+forward and backward and reduce-scatters the gradients itself), and the optimizer is ``muongrid.fsdp.FSDPMuon``
 (each Muon matrix orthogonalised once, by one owner; ``--optimizer adamw`` runs its AdamW only). The
 ledger then holds only the optimizer's own traffic (``ns_to_owner``, ``ns_from_owner``); FSDP2's
 gathers and reduce-scatters are the same for every optimizer and are not counted. State metrics are off.
@@ -58,7 +58,7 @@ gathers and reduce-scatters are the same for every optimizer and are not counted
 with ``torch.optim.Muon`` for the same Muon parameters and ``torch.optim.AdamW`` for the rest, in the
 same run, and reports both side by side in ``compare``: bytes per step (ours: the ledger; torch's:
 every collective DTensor issues inside its optimizer step, seen by ``CommDebugMode``, priced with the
-same ring formulas, ``dmuon/lab/dtensor_comm.py``), collectives per step, Newton-Schulz calls per step
+same ring formulas, ``muongrid/lab/dtensor_comm.py``), collectives per step, Newton-Schulz calls per step
 (ours: the ledger; torch's: calls of its ``_zeropower_via_newtonschulz``, counted), optimizer and step
 time, and both loss curves.
 """
@@ -76,19 +76,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from dmuon.comm import PHASES
-from dmuon.devices import clock
-from dmuon.distributed import DistributedAdamW, DistributedMuon
-from dmuon.layouts import LAYOUTS
-from dmuon.launch import add_launch_args, arg_type, check_launch_args, launch
-from dmuon.optim import hybrid_param_groups
-from dmuon.lab.charlm import batch, evaluate, load_corpus
-from dmuon.lab.statemetrics import NSMetrics, merge as merge_metrics
-from dmuon.lab.timemodel import THIS_MACHINE, hw_arg, resolve_hw
-from dmuon.lab.tpgpt import TP_PLAN_NOTE, tp_gpt
-from dmuon.lab.traces import breakdown as trace_breakdown, load_events, median_breakdown
-from dmuon.fsdp import FSDPMuon
-from dmuon.resume import load_run, save_run
+from muongrid.comm import PHASES
+from muongrid.devices import clock
+from muongrid.distributed import DistributedAdamW, DistributedMuon
+from muongrid.layouts import LAYOUTS
+from muongrid.launch import add_launch_args, arg_type, check_launch_args, launch
+from muongrid.optim import hybrid_param_groups
+from muongrid.lab.charlm import batch, evaluate, load_corpus
+from muongrid.lab.statemetrics import NSMetrics, merge as merge_metrics
+from muongrid.lab.timemodel import THIS_MACHINE, hw_arg, resolve_hw
+from muongrid.lab.tpgpt import TP_PLAN_NOTE, tp_gpt
+from muongrid.lab.traces import breakdown as trace_breakdown, load_events, median_breakdown
+from muongrid.fsdp import FSDPMuon
+from muongrid.resume import load_run, save_run
 
 # What makes two runs the same run: a resume refuses to change these (the grid, layout and --steps may change).
 RUN_ARGS = ("optimizer", "fsdp", "batch", "context", "lr", "adamw_lr", "weight_decay", "warmup", "schedule", "seed",
@@ -196,7 +196,7 @@ class TorchMuon:
         self.rows = []
 
     def train_step(self, x, y, dev) -> float:
-        from dmuon.lab.dtensor_comm import CountingCommMode
+        from muongrid.lab.dtensor_comm import CountingCommMode
         t0 = clock(dev)
         loss = F.cross_entropy(self.model(x).flatten(0, 1), y.flatten())
         for o in self.opts:
@@ -379,23 +379,23 @@ def compare_report(everyone, ours_ms, step_loss, torch_loss, args) -> dict:
         optimizer_ms=(ours_ms["optimizer"], theirs[0]["optimizer_ms"]),
         step_ms=(ours_ms["step"], theirs[0]["step_ms"]),
         final_loss=(step_loss[-1], torch_loss[-1]))
-    print(f"\n{'per step (last step; times: mean after the first)':<52}{'dmuon FSDPMuon':>16}{'torch.optim.Muon':>18}")
+    print(f"\n{'per step (last step; times: mean after the first)':<52}{'muongrid FSDPMuon':>16}{'torch.optim.Muon':>18}")
     for k, (a, b) in rows.items():
         fmt = (lambda v: f"{v:,.4f}") if k == "final_loss" else (lambda v: f"{v:,.1f}") if k.endswith("_ms") \
             else (lambda v: f"{v:,}")
         print(f"{k + (' (rank 0)' if k in ('bytes_per_step', 'collectives_per_step', 'optimizer_ms', 'step_ms') else ''):<52}"
               f"{fmt(a):>16}{fmt(b):>18}")
     print(f"torch's collectives by op (rank 0): {theirs[0]['by_op']}; world = {world} ranks", flush=True)
-    out = {k: dict(dmuon=a, torch=b) for k, (a, b) in rows.items()}
+    out = {k: dict(muongrid=a, torch=b) for k, (a, b) in rows.items()}
     out.update(step_loss_torch=torch_loss, torch_by_op=theirs[0]["by_op"],
-               bytes_per_step_per_rank=dict(dmuon=[r["bytes_per_step"] for r in everyone],
+               bytes_per_step_per_rank=dict(muongrid=[r["bytes_per_step"] for r in everyone],
                                             torch=[t["bytes_per_step"] for t in theirs]),
                step_time_ratio=theirs[0]["step_ms"] / ours_ms["step"],
                optimizer_time_ratio=theirs[0]["optimizer_ms"] / ours_ms["optimizer"],
-               how_bytes=("dmuon: the ledger (comm.py), each collective dmuon's optimizer ran, priced as a ring "
+               how_bytes=("muongrid: the ledger (comm.py), each collective muongrid's optimizer ran, priced as a ring "
                           "algorithm moves it, per rank; torch: each functional collective DTensor ran inside "
                           "torch.optim.Muon.step and AdamW.step, seen by CommDebugMode, priced with the same ring "
-                          "formulas (dmuon/lab/dtensor_comm.py); FSDP2's own gathers and reduce-scatters of the "
+                          "formulas (muongrid/lab/dtensor_comm.py); FSDP2's own gathers and reduce-scatters of the "
                           "forward/backward are the same for both and counted in neither"))
     return out
 
@@ -409,9 +409,9 @@ def parse_args(argv=None):
                         "share of Newton-Schulz work over a group of ranks)")
     p.add_argument("--hw", type=arg_type(hw_arg), default=None, metavar="PROFILE",
                    help="with --layout group: size the groups by time on this hardware profile, 'h100', a JSON "
-                        f"file (dmuon.hardware) or '{THIS_MACHINE}' (default: by Newton-Schulz FLOPs alone)")
+                        f"file (muongrid.hardware) or '{THIS_MACHINE}' (default: by Newton-Schulz FLOPs alone)")
     p.add_argument("--fsdp", action="store_true",
-                   help="wrap the model with fully_shard on 'dp' (after TP on 'tp') and optimize with dmuon.fsdp.FSDPMuon")
+                   help="wrap the model with fully_shard on 'dp' (after TP on 'tp') and optimize with muongrid.fsdp.FSDPMuon")
     p.add_argument("--compare-torch-muon", action="store_true",
                    help="also train the same FSDP2 model with torch.optim.Muon (+ AdamW) in this run and compare "
                         "bytes, collectives, Newton-Schulz calls, time and loss (implies --fsdp)")

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 # Before anything imports torch (OpenMP reads it when it loads): this process and every one the tests
-# start. dmuon.lab.nbexec.quiet_openmp says why; importing it here would import torch first.
+# start. muongrid.lab.nbexec.quiet_openmp says why; importing it here would import torch first.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 
 
-from dmuon.lab.faultcheck import processes_with_tag  # noqa: F401  (a run's leftover processes)
-from dmuon.lab.notebook import last_json  # noqa: F401  (the tests read scripts' JSON lines as the book does)
+from muongrid.lab.faultcheck import processes_with_tag  # noqa: F401  (a run's leftover processes)
+from muongrid.lab.notebook import last_json  # noqa: F401  (the tests read scripts' JSON lines as the book does)
 
 # Small shapes that divide unevenly by every DP size tested (so buckets need padding and matrices
 # straddle shard boundaries) while their TP split dims divide by 1, 2 and 4.
@@ -28,7 +28,7 @@ ODD_TP_DIMS = "0,1,none,1,0"
 
 def run(cmd: list[str], timeout: float = 240, tag: str | None = None) -> subprocess.CompletedProcess:
     """Run a command from the repository root with a unique tag in its environment."""
-    env = dict(os.environ, DMUON_TEST_TAG=tag or uuid.uuid4().hex, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, MUONGRID_TEST_TAG=tag or uuid.uuid4().hex, PYTHONUNBUFFERED="1")
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -43,14 +43,14 @@ def tag():
 
 # ---- the built book, shared by the book and browser tests ---------------------------------------
 
-from dmuon.lab import bookbuild  # noqa: E402
+from muongrid.lab import bookbuild  # noqa: E402
 
 BUILD = bookbuild.BUILD
 
 
 def execute_notebook(nb, timeout: float = 300):
     """Run ``nb`` in notebooks/ with the guarded client the book build uses, in place."""
-    from dmuon.lab.nbexec import GuardedClient
+    from muongrid.lab.nbexec import GuardedClient
 
     GuardedClient(nb, label="test notebook", timeout=timeout,
                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
@@ -71,7 +71,7 @@ def executed_notebook(name: str) -> Path:
 # starts `scripts/build_book.py --only <chapters>` at once, in its own process group, and runs the
 # tests that read executed chapters (`_reads_chapters`) last; by then the
 # chapters are executed and fingerprinted, and `executed_notebook` reuses them. The chapters are every
-# stale one if a selected test uses `built_book`, else those named in the selected tests' ids. DMUON_TEST_CHAPTERS=
+# stale one if a selected test uses `built_book`, else those named in the selected tests' ids. MUONGRID_TEST_CHAPTERS=
 # inline executes them in the test process instead, when the first test needs one (the old order).
 
 _background: dict = {}
@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(session, config, items):
     everything = any("built_book" in getattr(i, "fixturenames", ()) for i in readers)
     wanted = [s for s in bookbuild.toc_chapters() if everything or any(s in i.nodeid for i in readers)]
     stale = [s for s in wanted if not bookbuild.is_fresh(s)]
-    if stale and not config.option.collectonly and os.environ.get("DMUON_TEST_CHAPTERS", "background") == "background":
+    if stale and not config.option.collectonly and os.environ.get("MUONGRID_TEST_CHAPTERS", "background") == "background":
         log = BUILD / "test-chapters.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         _background["log"] = log

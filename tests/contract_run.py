@@ -1,10 +1,10 @@
 """Run by tests/test_contract.py under the launcher: the torch-optimizer contract on a real DP x TP grid.
 
 For every layout (DistributedMuon, hybrid groups) and for DistributedAdamW, against single-device
-``dmuon.MuonW`` on the DP-mean gradients (whole tensors, every rank computes it itself):
+``muongrid.MuonW`` on the DP-mean gradients (whole tensors, every rank computes it itself):
 
 * ``clip``: ``opt.clip_grad_norm_`` every step (active: max_norm below the norm), the reference clipped by
-  ``torch.nn.utils.clip_grads_with_norm_`` with ``dmuon.clipping.total_norm``; the returned norms and the
+  ``torch.nn.utils.clip_grads_with_norm_`` with ``muongrid.clipping.total_norm``; the returned norms and the
   parameters must be equal bit for bit (a matrix the "group" layout orthogonalises over several ranks:
   within its stated tolerance, see ``same``), the norm within 1e-6 of ``torch.nn.utils.get_total_norm``;
 * ``edit``: parameters scaled between steps are where the next step starts (finding 1);
@@ -22,12 +22,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dmuon import DistributedAdamW, DistributedMuon, MuonW
-from dmuon.clipping import total_norm
-from dmuon.launch import add_launch_args, launch
-from dmuon.layouts import LAYOUTS
-from dmuon.lab.synthetic import build_problem
-from dmuon.sharding import tp_shard
+from muongrid import DistributedAdamW, DistributedMuon, MuonW
+from muongrid.clipping import total_norm
+from muongrid.launch import add_launch_args, launch
+from muongrid.layouts import LAYOUTS
+from muongrid.lab.synthetic import build_problem
+from muongrid.sharding import tp_shard
 
 SHAPES, TP_DIMS = [(12, 20), (17, 10), (9, 10)], [0, 1, -1]   # uneven over 3 ranks, one replicated over TP
 
@@ -50,7 +50,7 @@ def give(opt, grads, grid, none=()):
 
 
 # A matrix the "group" layout orthogonalises over several ranks adds its Gram sums in another order than
-# one process (dmuon/ns_group.py), so it is held to the group layout's tolerance (tests/test_group_layout.py):
+# one process (muongrid/ns_group.py), so it is held to the group layout's tolerance (tests/test_group_layout.py):
 # within 1e-2 of the reference's update, on this rank's shard. Every other parameter: bit for bit.
 GROUP_RTOL = 1e-2
 
@@ -127,8 +127,8 @@ def run_case(cls, layout, case, grid, comm) -> dict:
 def fsdp_checks(grid, comm) -> dict:
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     from fsdp_run import CONTEXT, D, HEADS, HYPER, LAYERS, VOCAB, fsdp_model, give as give_fsdp, grads, groups
-    from dmuon.fsdp import FSDPMuon
-    from dmuon.lab.tpgpt import head_major_gpt
+    from muongrid.fsdp import FSDPMuon
+    from muongrid.lab.tpgpt import head_major_gpt
     torch.manual_seed(0)
     ref = head_major_gpt(VOCAB, d=D, n_layer=LAYERS, n_head=HEADS, context=CONTEXT)
     ref_opt = MuonW(groups(ref), **HYPER)
@@ -152,7 +152,7 @@ def fsdp_checks(grid, comm) -> dict:
         out["fsdp_norms_equal"] &= bool(torch.equal(norm, ref_norm))
         opt.step()
         ref_opt.step()
-        from dmuon.fsdp import fsdp_piece
+        from muongrid.fsdp import fsdp_piece
         for n, p in model.named_parameters():
             block = dict(named)[n].detach()[fsdp_piece(n, p, grid).slices()]
             out["fsdp_equal"] &= bool(torch.equal(p.detach().to_local(), block))

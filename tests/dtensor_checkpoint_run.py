@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from dmuon import DistributedMuon, checkpoint, hybrid_param_groups
-from dmuon.launch import add_launch_args, launch
-from dmuon.lab.tpgpt import tp_gpt
+from muongrid import DistributedMuon, checkpoint, hybrid_param_groups
+from muongrid.launch import add_launch_args, launch
+from muongrid.lab.tpgpt import tp_gpt
 
 def worker(grid, comm, args):
     model = tp_gpt(40, grid, d=32, n_layer=1, n_head=2, context=8)

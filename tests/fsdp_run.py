@@ -1,5 +1,5 @@
 """Run by tests/test_fsdp.py under the launcher: FSDPMuon on a fully_shard model (TP underneath when tp > 1)
-against single-device dmuon.MuonW and against torch.optim.Muon on the same FSDP2 model, and a DCP
+against single-device muongrid.MuonW and against torch.optim.Muon on the same FSDP2 model, and a DCP
 checkpoint saved on one grid and loaded on another. Prints one JSON line (rank 0) with what it measured.
 
 Every step's gradients are drawn from a generator seeded by (step, parameter index), whole, on every
@@ -14,12 +14,12 @@ import sys
 
 import torch
 
-from dmuon import MuonW
+from muongrid import MuonW
 from torch.distributed.tensor import DTensor
 
-from dmuon.fsdp import FSDPMuon, fsdp_piece, load, save
-from dmuon.launch import add_launch_args, launch
-from dmuon.lab.tpgpt import head_major_gpt, tp_gpt
+from muongrid.fsdp import FSDPMuon, fsdp_piece, load, save
+from muongrid.launch import add_launch_args, launch
+from muongrid.lab.tpgpt import head_major_gpt, tp_gpt
 
 VOCAB, D, HEADS, LAYERS, CONTEXT = 41, 40, 2, 1, 8   # 41 rows and 40*k rows split unevenly over 3 (and 41 over 2, 4)
 HYPER = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True)

@@ -6,7 +6,7 @@ evenly by every group size: one large matrix, wide with TP splitting its short s
 its long side, or replicated over TP; or two, with groups sized by time on ``TIMED_HW`` (``hw=``), which on
 2 x 2 gives groups no FLOP window would: ranks 0, 1, 2 and ranks 0, 3 (not contiguous, rank 0 in both).
 For each, DistributedMuon with layout "owner" and with layout "group" run 3 steps beside single-device
-``dmuon.Muon`` on the DP-mean gradients, and every rank reports:
+``muongrid.Muon`` on the DP-mean gradients, and every rank reports:
 
 * for every parameter, its max abs difference from the reference (owner layout and group layout) and,
   for the grouped ones, the squared Frobenius distance to the reference and the squared size of the
@@ -27,12 +27,12 @@ import sys
 
 import torch
 
-from dmuon import DistributedMuon, Muon, hardware
-from dmuon.launch import add_launch_args, launch
-from dmuon.lab.synthetic import build_problem, set_grads
-from dmuon.comm import Comm, Ledger
-from dmuon.ns_gram_group import gram_sharded_bytes
-from dmuon.sharding import tp_shard
+from muongrid import DistributedMuon, Muon, hardware
+from muongrid.launch import add_launch_args, launch
+from muongrid.lab.synthetic import build_problem, set_grads
+from muongrid.comm import Comm, Ledger
+from muongrid.ns_gram_group import gram_sharded_bytes
+from muongrid.sharding import tp_shard
 
 SMALL = [((20, 36), 1), ((36, 20), 0), ((24, 24), -1), ((12, 8), 0), ((8, 28), 1)]
 LARGE = {"wide-tp-short": [((96, 230), 0)], "tall-tp-long": [((228, 64), 0)], "replicated": [((80, 170), -1)],

@@ -1,11 +1,11 @@
 """Run by tests/test_ns_group.py under the launcher: Newton-Schulz at scale on a real DP x TP grid.
 
 * ``batched``: DistributedMuon, layout "owner", ``ns_batch=True``, on shapes with repeats (several
-  matrices of one shape, spread over buckets), 3 steps against single-device ``dmuon.Muon`` on the
+  matrices of one shape, spread over buckets), 3 steps against single-device ``muongrid.Muon`` on the
   DP-mean gradients: parameters equal bit for bit, and each rank's Newton-Schulz calls per step equal the
   number of distinct shapes it owns (from the plan). Also with Polar Express coefficients and the Gram
   form, against the single-device optimizer with the same options.
-* ``group``: ``dmuon.ns_group.zeropower_sharded`` on every rank of the "world" group and of the "tp"
+* ``group``: ``muongrid.ns_group.zeropower_sharded`` on every rank of the "world" group and of the "tp"
   group, each rank holding a near-equal block of a matrix's long side, against ``zeropower_ns5`` of the
   whole matrix in this process (tolerance in tests/test_ns_group.py), and its all-reduces counted.
 
@@ -19,13 +19,13 @@ import sys
 
 import torch
 
-from dmuon import DistributedMuon, Muon
-from dmuon.comm import Ledger
-from dmuon.launch import add_launch_args, launch
-from dmuon.lab.synthetic import build_problem
-from dmuon.newton_schulz import zeropower_ns5
-from dmuon.ns_group import split_long_side, zeropower_sharded
-from dmuon.sharding import tp_shard
+from muongrid import DistributedMuon, Muon
+from muongrid.comm import Ledger
+from muongrid.launch import add_launch_args, launch
+from muongrid.lab.synthetic import build_problem
+from muongrid.newton_schulz import zeropower_ns5
+from muongrid.ns_group import split_long_side, zeropower_sharded
+from muongrid.sharding import tp_shard
 
 # Repeated shapes (eight 16x24, four 24x16, two 20x20) and two of their own, so that on 4 ranks every owner
 # holds several matrices of one shape; TP split dims divide by 2.

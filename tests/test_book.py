@@ -7,8 +7,8 @@ import re
 import pytest
 import yaml
 
-from dmuon.lab.bookbuild import toc_files  # noqa: F401  (test_browser imports it from here)
-from dmuon.lab.notebook import chapters, repository_url
+from muongrid.lab.bookbuild import toc_files  # noqa: F401  (test_browser imports it from here)
+from muongrid.lab.notebook import chapters, repository_url
 from conftest import ROOT
 
 
@@ -99,7 +99,7 @@ def _make_book(checkout):
     import subprocess
     import sys
 
-    env = dict(os.environ, PYTHONPATH=str(checkout / "scripts"), DMUON_OFFLINE="require")
+    env = dict(os.environ, PYTHONPATH=str(checkout / "scripts"), MUONGRID_OFFLINE="require")
     return subprocess.run([sys.executable, str(checkout / "scripts" / "build_book.py")], cwd=checkout, env=env,
                           capture_output=True, text=True, timeout=900)
 
@@ -124,11 +124,11 @@ def test_make_book_executes_chapters_and_fails_when_a_script_breaks(tmp_path):
     assert "cell_output" in page and "output traceback" not in page
     assert "00_start_here: reused" in proc.stdout and "whole build" in proc.stdout  # the timing table
     # While repository.url is the placeholder, the build says so loudly (on stderr; -W forbids warnings).
-    if repository_url() == "https://github.com/dmuon-book/distributed-muon":  # offline_assets.PLACEHOLDER_URL
+    if repository_url() == "https://github.com/muongrid-book/distributed-muon":  # offline_assets.PLACEHOLDER_URL
         assert "is still the placeholder" in proc.stderr
 
     broken = _copy_of_the_checkout(tmp_path / "broken")
-    verify = broken / "scripts" / "dmuon" / "verify.py"  # scripts/verify.py is a wrapper around it
+    verify = broken / "scripts" / "muongrid" / "verify.py"  # scripts/verify.py is a wrapper around it
     source = verify.read_text()
     assert "def worker(grid, comm, args) -> int:\n" in source
     verify.write_text(source.replace("def worker(grid, comm, args) -> int:\n",

@@ -1,4 +1,4 @@
-"""The book's prose points at real files: every ``scripts/...``, ``dmuon/...`` and ``tests/...`` path it
+"""The book's prose points at real files: every ``scripts/...``, ``muongrid/...`` and ``tests/...`` path it
 mentions exists, a path written alone in a code span is a link to that file on the repository, and
 every ``{literalinclude}`` (the code excerpts of chapters 4 and 5) names a file, a ``:pyobject:`` and
 markers that exist. Nothing is executed: the Jupytext sources and book/*.md are parsed (about a second).
@@ -14,21 +14,21 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from dmuon.lab.notebook import repository_url
+from muongrid.lab.notebook import repository_url
 from conftest import ROOT
 
 # A path in prose: not part of a longer path or URL (``../scripts/x``, ``.../blob/main/scripts/x``).
-PATH = re.compile(r"(?<![\w/.-])((?:scripts|dmuon|tests)/[\w./-]*)")
+PATH = re.compile(r"(?<![\w/.-])((?:scripts|muongrid|tests)/[\w./-]*)")
 # A code span holding nothing but such a path, and whether a Markdown link wraps it.
-SPAN = re.compile(r"(\[)?`((?:scripts|dmuon|tests)/[\w./-]*)`(\]\(([^)\s]+)\))?")
+SPAN = re.compile(r"(\[)?`((?:scripts|muongrid|tests)/[\w./-]*)`(\]\(([^)\s]+)\))?")
 FENCE = re.compile(r"^(```+|:::+)(.*)$")
 INCLUDE = re.compile(r"^```\{literalinclude\}\s+(\S+)\s*\n((?::[\w-]+:.*\n)*)", re.M)
 
 
 def repo_path(mention: str) -> Path:
-    """Where a mention lives in the checkout: ``dmuon/x`` is ``scripts/dmuon/x``."""
+    """Where a mention lives in the checkout: ``muongrid/x`` is ``scripts/muongrid/x``."""
     mention = mention.rstrip(".,;:")
-    return ROOT / ("scripts/" + mention if mention.startswith("dmuon/") else mention)
+    return ROOT / ("scripts/" + mention if mention.startswith("muongrid/") else mention)
 
 
 def prose(markdown: str) -> str:
@@ -130,25 +130,25 @@ def test_the_chapters_with_the_step_show_its_code():
 def test_the_checks_catch_what_they_are_for():
     """The checks above can fail: a missing path, a bare path, a wrong link, a missing excerpt."""
     url = "https://github.com/o/r"
-    assert problems("see `dmuon/nothing_here.py`", url)
+    assert problems("see `muongrid/nothing_here.py`", url)
     assert problems("see `scripts/verify.py`", url)
     assert problems(f"see [`scripts/verify.py`]({url}/blob/main/scripts/other.py)", url)
     assert not problems(f"see [`scripts/verify.py`]({url}/blob/main/scripts/verify.py)", url)
     assert not problems(f"run `python scripts/verify.py --dp 2` or\n```bash\nls scripts/nowhere\n```", url)
     assert problems("run `python scripts/nowhere.py`", url)
     folder = ROOT / "notebooks"
-    assert include_problems("```{literalinclude} ../scripts/dmuon/flows.py\n:pyobject: NoSuch.thing\n```", folder)
+    assert include_problems("```{literalinclude} ../scripts/muongrid/flows.py\n:pyobject: NoSuch.thing\n```", folder)
     assert include_problems("```{literalinclude} ../scripts/missing.py\n```", folder)
-    assert include_problems("```{literalinclude} ../scripts/dmuon/plan.py\n:start-after: NO MARKER\n```", folder)
-    assert not include_problems("```{literalinclude} ../scripts/dmuon/flows.py\n:pyobject: BucketFlow.run\n```",
+    assert include_problems("```{literalinclude} ../scripts/muongrid/plan.py\n:start-after: NO MARKER\n```", folder)
+    assert not include_problems("```{literalinclude} ../scripts/muongrid/flows.py\n:pyobject: BucketFlow.run\n```",
                                 folder)
 
 
 # ---- the front door: the road map comes from _toc.yml, the first page says how to start --------------
 
 def test_the_road_map_lists_every_page_of_the_toc():
-    from dmuon.lab.bookbuild import toc_files
-    from dmuon.lab.roadmap import rows, table_markdown
+    from muongrid.lab.bookbuild import toc_files
+    from muongrid.lab.roadmap import rows, table_markdown
 
     listed = toc_files()[1:]
     assert [r[0] for r in rows()] == listed
@@ -162,7 +162,7 @@ def test_the_road_map_lists_every_page_of_the_toc():
 
 
 def test_a_chapter_without_a_road_map_question_is_an_error():
-    from dmuon.lab.roadmap import rows
+    from muongrid.lab.roadmap import rows
 
     toc = ("format: jb-book\nroot: book/index\nchapters:\n"
            "  - file: notebooks/00_start_here\n  - file: notebooks/99_new\n")

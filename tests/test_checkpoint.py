@@ -1,9 +1,9 @@
-"""Checkpoints (dmuon/checkpoint.py): save on one grid and layout, resume on others bit for bit; crashes
+"""Checkpoints (muongrid/checkpoint.py): save on one grid and layout, resume on others bit for bit; crashes
 and bad checkpoints fail clearly and change nothing.
 
 Tolerance zero: a resumed run must continue exactly as the single-device reference run uninterrupted
 from step 1 does (the synthetic gradients average to the same global gradient on every grid, see
-dmuon/lab/synthetic.py, so one reference serves every grid). The "group" layout, and anything resumed
+muongrid/lab/synthetic.py, so one reference serves every grid). The "group" layout, and anything resumed
 from a checkpoint it wrote, is held to its own tolerance instead (``group_atol``): a matrix it orthogonalises
 over several ranks is not bit-exact (tests/test_group_layout.py).
 """
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from conftest import ODD_SHAPES, ODD_TP_DIMS, last_json, script
-from dmuon import DistributedAdamW, DistributedMuon, Grid, MuonW, checkpoint
-from dmuon.lab.synthetic import build_problem
+from muongrid import DistributedAdamW, DistributedMuon, Grid, MuonW, checkpoint
+from muongrid.lab.synthetic import build_problem
 
 PROBLEM = ["--optimizer", "hybrid", "--shapes", ODD_SHAPES, "--tp-dims", ODD_TP_DIMS, "--bucket-numel", "1500"]
 
@@ -40,8 +40,8 @@ def group_atol(steps: int = 4) -> float:
     no element can be further off than this. Computed here, in one process, on verify.py's problem: 7.2e-3.
     Measured: 0.0 on every grid here (this problem's grouped matrix happens to round alike); a resume that
     forgets the momentum (a mutation tried once by hand) is 1.5e-2 off after its two steps."""
-    from dmuon.lab.synthetic import parse_shapes, parse_tp_dims
-    from dmuon.verify import reference_optimizer
+    from muongrid.lab.synthetic import parse_shapes, parse_tp_dims
+    from muongrid.verify import reference_optimizer
     problem = build_problem("hybrid", parse_shapes(ODD_SHAPES), parse_tp_dims(ODD_TP_DIMS))
     params = {n: t.clone() for n, t in problem.full.items()}
     ref = reference_optimizer(problem, params)
@@ -98,15 +98,15 @@ def test_a_save_that_dies_half_way_leaves_the_previous_checkpoint(tmp_path, monk
     path = tmp_path / "run"
     assert script("verify.py", "--dp", "2", "--steps", "1", "--save", str(path), *PROBLEM).returncode == 0
     # The next save dies: rank 1 exits once every rank has written its shard, before the checkpoint is complete.
-    monkeypatch.setenv("DMUON_DIE_WHILE_SAVING", "1")
+    monkeypatch.setenv("MUONGRID_DIE_WHILE_SAVING", "1")
     died = script("verify.py", "--dp", "2", "--steps", "2", "--save", str(path), *PROBLEM)
-    monkeypatch.delenv("DMUON_DIE_WHILE_SAVING")
+    monkeypatch.delenv("MUONGRID_DIE_WHILE_SAVING")
     assert died.returncode != 0 and "rank 1 (dp 1, tp 0) failed first" in died.stderr
-    assert (tmp_path / "run.partial").is_dir() and not (tmp_path / "run.partial" / "dmuon.json").exists()
-    assert json.loads((path / "dmuon.json").read_text())["step"] == 1  # the previous one, untouched
+    assert (tmp_path / "run.partial").is_dir() and not (tmp_path / "run.partial" / "muongrid.json").exists()
+    assert json.loads((path / "muongrid.json").read_text())["step"] == 1  # the previous one, untouched
     resumed = script("verify.py", "--dp", "2", "--steps", "1", "--resume", str(path), *PROBLEM)
     assert resumed.returncode == 0 and last_json(resumed.stdout)["resumed_from"]["step"] == 1
-    with pytest.raises(checkpoint.CheckpointError, match="has no dmuon.json"):
+    with pytest.raises(checkpoint.CheckpointError, match="has no muongrid.json"):
         checkpoint.read_marker(tmp_path / "run.partial")
 
 
@@ -172,7 +172,7 @@ def test_a_truncated_or_foreign_checkpoint_fails_before_anything_changes(tmp_pat
     after = state_of(target)
     assert all(torch.equal(before[i][k], after[i][k]) for i in before for k in before[i])
     (tmp_path / "foreign").mkdir()
-    with pytest.raises(checkpoint.CheckpointError, match="not a dmuon checkpoint"):
+    with pytest.raises(checkpoint.CheckpointError, match="not a muongrid checkpoint"):
         checkpoint.load(target, tmp_path / "foreign")
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint at"):
         checkpoint.load(target, tmp_path / "missing")
@@ -182,8 +182,8 @@ def test_export_loads_into_torch_optim_muon(tmp_path):
     """torch.optim.Muon keeps the same EMA momentum (``momentum_buffer``), so a Muon checkpoint continues
     there. Tolerance as in test_math's comparison with torch.optim.Muon: exact where the CPU has a native
     bf16 GEMM (the same kernels run), else one bf16 ulp of the update per element and step."""
-    from dmuon.newton_schulz import native_bf16_matmul
-    from dmuon.updates import adjust_lr
+    from muongrid.newton_schulz import native_bf16_matmul
+    from muongrid.updates import adjust_lr
 
     problem = build_problem("muon", SHAPES, [-1] * len(SHAPES), 1, seed=3)
     opt = DistributedMuon(problem.param_groups(), Grid.single(), layout="owner", bucket_numel=300)

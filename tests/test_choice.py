@@ -1,14 +1,14 @@
-"""dmuon.lab.choice, the per-layout costs of chapter 13, against what they must be by construction.
+"""muongrid.lab.choice, the per-layout costs of chapter 13, against what they must be by construction.
 Arithmetic only (no processes): well under a second.
 
     PYTHONPATH=scripts python -m pytest -q tests/test_choice.py
 """
 from __future__ import annotations
 
-from dmuon.lab.choice import STATE_BYTES, layout_costs
-from dmuon.lab.synthetic import stack_shapes
-from dmuon.newton_schulz import ns5_flops
-from dmuon.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
+from muongrid.lab.choice import STATE_BYTES, layout_costs
+from muongrid.lab.synthetic import stack_shapes
+from muongrid.newton_schulz import ns5_flops
+from muongrid.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
 
 
 def test_layout_costs_on_an_even_stack_and_an_uneven_grid():
@@ -34,7 +34,7 @@ def test_layout_costs_on_an_even_stack_and_an_uneven_grid():
 def test_fsdp2_pieces_follow_torch_chunk_and_the_extra_is_the_owner_round_trip():
     import torch
 
-    from dmuon.lab.choice import fsdp2_extra, fsdp2_row_pieces
+    from muongrid.lab.choice import fsdp2_extra, fsdp2_row_pieces
 
     for rows, dp in [(10, 4), (3, 4), (8, 2), (7, 3)]:
         pieces = fsdp2_row_pieces((rows, 5), dp)

@@ -1,4 +1,4 @@
-"""The claims list (``dmuon/lab/claims.py``): one wording per claim, tables in one order, links that resolve.
+"""The claims list (``muongrid/lab/claims.py``): one wording per claim, tables in one order, links that resolve.
 
 Runs in well under a second; executes no chapter (chapters 7, 9 and 13 render these tables when built).
 """
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dmuon.lab import claims
+from muongrid.lab import claims
 
 ROOT = Path(__file__).resolve().parents[1]
 

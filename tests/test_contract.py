@@ -1,12 +1,12 @@
 """The torch-optimizer contract (issue 17): DistributedMuon, DistributedAdamW and FSDPMuon in a user's loop.
 
 Generic checks in the spirit of torch's test/test_optim.py and common_optimizers.py (our own code), at
-world size 1 (a 1 x 1 grid, no process group) with torch.optim.Muon / torch.optim.AdamW or dmuon.MuonW as
+world size 1 (a 1 x 1 grid, no process group) with torch.optim.Muon / torch.optim.AdamW or muongrid.MuonW as
 the reference, and at world sizes 2, 3 and 4 through three launches of tests/contract_run.py (2 x 1 with
 FSDPMuon, 2 x 2, 3 x 1). One test per finding of the issue (1-8) that failed before the change.
 
 Tolerances: zero (torch.equal) wherever the same kernels run on the same numbers (our engine against
-dmuon.MuonW, with or without clipping); the global gradient norm against torch's get_total_norm within
+muongrid.MuonW, with or without clipping); the global gradient norm against torch's get_total_norm within
 1e-5 relative (torch sums per-tensor fp32 norms, we sum squares in fp64: both round, differently);
 torch.optim.Muon against ours as in tests/test_math.py (equal with a native bf16 GEMM, else within a
 bf16 ulp of the update per step: our NS emulates bf16 GEMMs there).
@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from conftest import ROOT, last_json, run
-from dmuon import DistributedAdamW, DistributedMuon, Grid, MuonW
-from dmuon.layouts import LAYOUTS
+from muongrid import DistributedAdamW, DistributedMuon, Grid, MuonW
+from muongrid.layouts import LAYOUTS
 
 GRID = Grid.single()
 
@@ -112,8 +112,8 @@ def test_finding4_torch_keywords_give_torch_optim_muons_step():
         grads_for(ours, step), grads_for(theirs, step)
         opt.step(), ref.step()
     # tests/test_math.py's rule: equal with a native bf16 GEMM, else a bf16 ulp of the update per step
-    from dmuon.newton_schulz import native_bf16_matmul
-    from dmuon.updates import adjust_lr
+    from muongrid.newton_schulz import native_bf16_matmul
+    from muongrid.updates import adjust_lr
     for a, b in zip(ours, theirs):
         atol = 0.0 if native_bf16_matmul(torch.device("cpu")) else 2 * adjust_lr(0.02, a.shape, "original") * 2**-6
         assert (a - b).abs().max().item() <= atol
@@ -252,7 +252,7 @@ def test_zero_lr_and_zero_decay_change_nothing(cls):
 
 
 def test_clip_at_world_size_one_equals_torch_clipping_with_the_same_norm():
-    from dmuon.clipping import total_norm
+    from muongrid.clipping import total_norm
     ours, ref = model_params(), model_params()
     opt, ref_opt = DistributedMuon(ours, GRID), MuonW(ref)
     for step in (1, 2):
@@ -310,7 +310,7 @@ def test_finding8_save_on_rank0_load_everywhere_is_refused_with_what_to_do():
     found = RUNS["2x1"]()["ranks"]
     message = found[1]["adamw-rank0"]["refused"]
     assert "shard of rank dp 0, tp 0; this is rank dp 1, tp 0" in message
-    assert "save opt.state_dict() on every rank" in message and "dmuon.checkpoint" in message
+    assert "save opt.state_dict() on every rank" in message and "muongrid.checkpoint" in message
 
 
 # ---- FSDPMuon at world size 1 (a one-process gloo group: fully_shard needs one) -----------------------
@@ -334,8 +334,8 @@ def fsdp_model(grid):
 
 
 def test_fsdpmuon_keeps_the_contract(fsdp_grid):
-    from dmuon.clipping import total_norm
-    from dmuon.fsdp import FSDPMuon
+    from muongrid.clipping import total_norm
+    from muongrid.fsdp import FSDPMuon
     model = fsdp_model(fsdp_grid)
     for bad, match in [(dict(lr=-1.0), "lr should be >= 0"), (dict(momentum=-0.5), "momentum should be >= 0"),
                        (dict(weight_decay=-0.1), "weight_decay should be >= 0")]:

@@ -2,7 +2,7 @@
 
 Every run checks all three layouts (bucket, owner, aligned) side by side in one launch: each gets its
 own optimizer, and each must match the reference. Tolerance: zero. Each rank runs the same kernels on the same numbers as the reference (the
-gradients are dyadic, so the DP sum is exact in any order; see dmuon/lab/synthetic.py), so any
+gradients are dyadic, so the DP sum is exact in any order; see muongrid/lab/synthetic.py), so any
 difference at all is a bug. Shapes divide unevenly by every DP size (padding, straddling
 matrices), buckets are small so there are several, and there are several parameter groups.
 """
@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from conftest import ODD_SHAPES, ODD_TP_DIMS, last_json, run, script
-from dmuon.lab.costmodel import PHASES, step_bytes
-from dmuon.lab.synthetic import build_problem, parse_shapes, parse_tp_dims
+from muongrid.lab.costmodel import PHASES, step_bytes
+from muongrid.lab.synthetic import build_problem, parse_shapes, parse_tp_dims
 
 GRIDS = [(1, 1), (2, 1), (2, 2), (3, 1), (1, 4), (2, 4), (3, 2)]
 # Muon on grids that cover one process, DP only (even and uneven), TP only, and both (with more DP
@@ -159,11 +159,11 @@ def test_verify_refuses_newton_schulz_options_it_cannot_run():
 
 
 def test_time_model_prices_the_ledgers_busiest_rank():
-    """dmuon.lab.timemodel against the engine's ledger (the cached 2x2 run: several buckets, TP-split and
+    """muongrid.lab.timemodel against the engine's ledger (the cached 2x2 run: several buckets, TP-split and
     replicated matrices): the owner layouts' per-pair traffic is what each rank sent and received, and with
     no latency and 1 byte/s each phase lasts the busiest rank's max(sent, received) bytes, exactly, so the
     model orders the layouts as the ledger does."""
-    from dmuon.lab import costmodel, timemodel
+    from muongrid.lab import costmodel, timemodel
 
     dp, tp = 2, 2
     layouts = last_json(verify_run("muon", dp, tp, "none").stdout)["layouts"]

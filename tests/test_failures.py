@@ -2,7 +2,7 @@
 
 Every fault of ``scripts/faults.py`` runs on a 2 x 1 and a 2 x 2 grid, on the last rank (so the
 culprit is never rank 0 by luck). Each must end the whole run with exit code 1, the message a user
-needs, the failing rank named first where one rank is at fault (``dmuon/lab/faultcheck.py`` says
+needs, the failing rank named first where one rank is at fault (``muongrid/lab/faultcheck.py`` says
 what each fault must show), and no process left behind. The
 subprocess timeout is the backstop for "never ends"; how long each fault takes to end under load
 is measured by ``scripts/fault_bench.py``, not asserted here.
@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import ROOT, SCRIPTS, processes_with_tag, run, script
-from dmuon.lab.faultcheck import EXPECTED, judge
+from muongrid.lab.faultcheck import EXPECTED, judge
 
 
 def assert_no_orphans(tag):
@@ -36,7 +36,7 @@ def test_every_fault_ends_the_run_with_a_clear_message_and_no_orphans(fault, dp,
                   "--timeout", "5", tag=tag, timeout=120)
     assert judge(fault, dp, tp, rank, proc.returncode, proc.stdout, proc.stderr) == [], proc.stderr[-3000:]
     if fault == "hang" and tp == 1:  # the waiting rank names the collective it waited in: the step's first,
-        # where every rank says which parameters have a gradient (dmuon/contract.py)
+        # where every rank says which parameters have a gradient (muongrid/contract.py)
         assert "all_reduce over the world group" in proc.stderr and "phase contract, step 2" in proc.stderr
     assert_no_orphans(tag)
 
@@ -66,7 +66,7 @@ def test_bad_shapes_and_grid_arguments_are_clear_errors():
 
 
 def test_killing_the_launcher_leaves_no_rank_behind(tag):
-    env = dict(os.environ, DMUON_TEST_TAG=tag, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, MUONGRID_TEST_TAG=tag, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, str(SCRIPTS / "faults.py"), "--dp", "2", "--fault", "hang", "--rank", "1",
                              "--timeout", "300"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -84,8 +84,8 @@ def test_watchdog_ends_a_rank_whose_collective_never_returns():
     plus a grace period the watchdog names the collective and ends the process with code 3."""
     code = (
         "import time\n"
-        "from dmuon.comm import Comm\n"
-        "from dmuon.grid import Grid\n"
+        "from muongrid.comm import Comm\n"
+        "from muongrid.grid import Grid\n"
         "grid = Grid(2, 1, 0, 0, 0, None, None, 'cpu')\n"
         "comm = Comm(grid, timeout_s=0.5)\n"
         "comm._inflight = (time.monotonic() - 60, 'all_gather over the dp group (test)')\n"
@@ -93,12 +93,12 @@ def test_watchdog_ends_a_rank_whose_collective_never_returns():
     )
     proc = run([sys.executable, "-c", code], timeout=60)
     assert proc.returncode == 3
-    assert "[dmuon watchdog] all_gather over the dp group (test) has not finished" in proc.stderr
+    assert "[muongrid watchdog] all_gather over the dp group (test) has not finished" in proc.stderr
 
 
 def test_a_rank_killed_from_outside_is_the_root_cause_not_the_ranks_the_launcher_stopped(tag):
     """kill -9 of rank 1 while rank 0 hangs: the report blames rank 1, never a rank the launcher ended."""
-    env = dict(os.environ, DMUON_TEST_TAG=tag, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, MUONGRID_TEST_TAG=tag, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, str(SCRIPTS / "faults.py"), "--dp", "2", "--tp", "2", "--fault", "hang",
                              "--rank", "0", "--timeout", "120"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -122,8 +122,8 @@ import sys
 sys.path.insert(0, {scripts!r})
 import torch
 {before}
-from dmuon import launch
-from dmuon.verify import main
+from muongrid import launch
+from muongrid.verify import main
 context = launch._context
 def traced():  # the method the launch really uses, after verify's own checks built the problem
     ctx = context()
@@ -144,7 +144,7 @@ def test_ranks_are_forked_only_from_a_process_without_threads(before, method):
     the run still ends, exact. One rank, so it runs on every core, in parallel regions:
     forked after tensor work, it hangs (the subprocess timeout catches that; checked by hand)."""
     code = LAUNCH_AFTER.format(scripts=str(SCRIPTS), before=before)
-    env = {k: v for k, v in os.environ.items() if k != "DMUON_START_METHOD"}
+    env = {k: v for k, v in os.environ.items() if k != "MUONGRID_START_METHOD"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"start method: {method}\n" in proc.stdout and "OK: largest difference 0.000e+00" in proc.stdout

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from conftest import SCRIPTS
-from dmuon.layouts import HeldRuns, Matrix, assign_owners, assign_owners_and_groups, even_cuts, group_ns_flops, group_window
-from dmuon.newton_schulz import ns5_flops
-from dmuon.plan import ParamSpec, _owner_candidates, build_plan
+from muongrid.layouts import HeldRuns, Matrix, assign_owners, assign_owners_and_groups, even_cuts, group_ns_flops, group_window
+from muongrid.newton_schulz import ns5_flops
+from muongrid.plan import ParamSpec, _owner_candidates, build_plan
 
 sys.path.insert(0, str(SCRIPTS))
 import plan_at_scale  # noqa: E402

@@ -1,4 +1,4 @@
-"""FSDPMuon (dmuon/fsdp.py) on fully_shard models, against one process and against torch.optim.Muon.
+"""FSDPMuon (muongrid/fsdp.py) on fully_shard models, against one process and against torch.optim.Muon.
 
 Five launches of tests/fsdp_run.py (cached, shared by the tests), each a tiny GPT (width 40, one block,
 vocabulary 41) with *every* matrix in Muon (embeddings and head too, which are replicated over TP) and
@@ -9,7 +9,7 @@ the vectors in AdamW, 3 steps with seeded whole gradients given to every optimiz
 * 3x1 (uneven rows: 41, 160 and 40 rows over 3) and 1x1 *load* those checkpoints (2x2 -> 3x1, 2x1 -> 1x1:
   another number of ranks, 2-D into 1-D) and continue to step 4.
 
-**Against single-device dmuon.MuonW: bit for bit (tolerance 0).** Momentum, decay and AdamW are
+**Against single-device muongrid.MuonW: bit for bit (tolerance 0).** Momentum, decay and AdamW are
 elementwise, and Newton-Schulz runs once on the same whole matrix (assembled from the blocks at their
 global offsets) with the same function, so the same numbers go through the same kernels.
 
@@ -117,7 +117,7 @@ def test_ledger_bytes_are_the_blocks_that_leave_their_rank():
 # ---- the routing, pure ---------------------------------------------------------------------------
 
 def test_routes_send_a_tp_replicated_block_once():
-    from dmuon.fsdp_routes import Piece, routes
+    from muongrid.fsdp_routes import Piece, routes
     # a 4 x 6 matrix replicated over tp=2, rows split over dp=2: ranks 0,1 hold rows 0-1, ranks 2,3 rows 2-3
     top, bottom = Piece((0, 0), (2, 6)), Piece((2, 0), (2, 6))
     r = routes([(4, 6)], [[top], [top], [bottom], [bottom]], tp=2)
@@ -128,13 +128,13 @@ def test_routes_send_a_tp_replicated_block_once():
 
 
 def test_routes_refuse_pieces_that_do_not_cover_the_matrix():
-    from dmuon.fsdp_routes import Piece, routes
+    from muongrid.fsdp_routes import Piece, routes
     with pytest.raises(ValueError, match="cover 8 elements, not 12"):
         routes([(3, 4)], [[Piece((0, 0), (1, 4))], [Piece((1, 0), (1, 4))]], tp=1)
 
 
 def test_owners_balance_newton_schulz_work():
-    from dmuon.fsdp_routes import Piece, routes
+    from muongrid.fsdp_routes import Piece, routes
     shapes = [(8, 8)] * 4
     pieces = [[Piece((0, 0), (4, 8))] * 4, [Piece((4, 0), (4, 8))] * 4]
     assert sorted(routes(shapes, pieces, tp=1).owners) == [0, 0, 1, 1]
@@ -144,7 +144,7 @@ def test_owners_balance_newton_schulz_work():
 
 @pytest.fixture(scope="module")
 def grid():
-    from dmuon import Grid
+    from muongrid import Grid
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield Grid.build(1, 1)
@@ -156,7 +156,7 @@ def test_bad_input_is_refused_by_name(grid):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import distribute_tensor, Shard
-    from dmuon.fsdp import FSDPMuon
+    from muongrid.fsdp import FSDPMuon
     plain = torch.nn.Linear(4, 6, bias=False)
     with pytest.raises(ValueError, match=r"'w' is a plain tensor, not an FSDP2 parameter.*fully_shard"):
         FSDPMuon([dict(params=[plain.weight], names=["w"])], grid)
@@ -184,8 +184,8 @@ def test_bad_input_is_refused_by_name(grid):
 
 def test_a_torch_optimizer_with_a_scheduler_and_a_state_dict_round_trip(grid):
     from torch.distributed.fsdp import fully_shard
-    from dmuon import MuonW
-    from dmuon.fsdp import FSDPMuon
+    from muongrid import MuonW
+    from muongrid.fsdp import FSDPMuon
 
     def build():
         torch.manual_seed(0)
@@ -221,8 +221,8 @@ def test_a_torch_optimizer_with_a_scheduler_and_a_state_dict_round_trip(grid):
 
 def test_checkpoint_folder_is_complete_or_refused(grid, tmp_path):
     from torch.distributed.fsdp import fully_shard
-    from dmuon.checkpoint import CheckpointError
-    from dmuon.fsdp import FSDPMuon, load, save
+    from muongrid.checkpoint import CheckpointError
+    from muongrid.fsdp import FSDPMuon, load, save
     model = torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False))
     fully_shard(model, mesh=grid.mesh["dp"])
     opt = FSDPMuon([dict(params=list(model.parameters()))], grid)

@@ -34,18 +34,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from dmuon import DistributedMuon, Grid, hardware
-from dmuon.comm import Comm
-from dmuon.group_routes import band_indices, block_positions, count_in_band, local_band, long_bounds
-from dmuon.lab import costmodel
-from dmuon.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS
+from muongrid import DistributedMuon, Grid, hardware
+from muongrid.comm import Comm
+from muongrid.group_routes import band_indices, block_positions, count_in_band, local_band, long_bounds
+from muongrid.lab import costmodel
+from muongrid.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS
 from conftest import last_json
-from dmuon.layouts import group_window
-from dmuon.newton_schulz import zeropower_ns5
-from dmuon.ns_gram_group import gram_sharded_flops, zeropower_gram_sharded
-from dmuon.ns_variants import ns_flops
-from dmuon.ns_group import group_form, sharded_collectives, simulate, split_long_side, zeropower_sharded
-from dmuon.plan import ParamSpec, build_plan, disagreement, plan_key
+from muongrid.layouts import group_window
+from muongrid.newton_schulz import zeropower_ns5
+from muongrid.ns_gram_group import gram_sharded_flops, zeropower_gram_sharded
+from muongrid.ns_variants import ns_flops
+from muongrid.ns_group import group_form, sharded_collectives, simulate, split_long_side, zeropower_sharded
+from muongrid.plan import ParamSpec, build_plan, disagreement, plan_key
 from conftest import ROOT, run
 
 sys.path.insert(0, str(Path(__file__).parent))

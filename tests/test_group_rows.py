@@ -1,4 +1,4 @@
-"""The group's row form (``dmuon.ns_group.zeropower_rows``), its closed form and the choice of form.
+"""The group's row form (``muongrid.ns_group.zeropower_rows``), its closed form and the choice of form.
 
 The row form shares one matrix over k ranks along its short side: every member all-gathers the whole
 matrix, then computes its rows of A = X X^T, of B and of the new X, and all-gathers A and X each step.
@@ -23,9 +23,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from dmuon.lab import costmodel
-from dmuon.newton_schulz import native_bf16_matmul, zeropower_ns5
-from dmuon.ns_group import (group_form, group_ring_bytes, row_collectives, row_flops, simulate, split_long_side,
+from muongrid.lab import costmodel
+from muongrid.newton_schulz import native_bf16_matmul, zeropower_ns5
+from muongrid.ns_group import (group_form, group_ring_bytes, row_collectives, row_flops, simulate, split_long_side,
                             zeropower_rows)
 
 MEASURED_EXACT = (torch.backends.cpu.get_cpu_capability() == "AVX2" and torch.backends.mkl.is_available()

@@ -1,11 +1,11 @@
-"""Chapter 13's kernel-free explorer (dmuon/lab/layout_explorer.py): what it draws is the models' numbers,
+"""Chapter 13's kernel-free explorer (muongrid/lab/layout_explorer.py): what it draws is the models' numbers,
 and its controls switch between precomputed frames (tests/test_browser.py moves it in a real page)."""
 from __future__ import annotations
 
 import pytest
 
-from dmuon.lab import costmodel, timemodel
-from dmuon.lab.layout_explorer import explorer_rows, layout_explorer, shape_sets
+from muongrid.lab import costmodel, timemodel
+from muongrid.lab.layout_explorer import explorer_rows, layout_explorer, shape_sets
 
 HW = dict(name="test", flops=1e12, efficiency=1.0, ranks_per_node=None, intra=(1e-5, 1e9), inter=(1e-5, 1e9),
           reduce_scatter_as_all_reduce=False, shared_cores=False, max_ranks=2)

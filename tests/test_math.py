@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from dmuon.distributed import DistributedMuon
-from dmuon.grid import Grid
-from dmuon.newton_schulz import native_bf16_matmul, ns5_flops, singular_value_map, zeropower_ns5
-from dmuon.optim import AdamW, Muon, MuonW, hybrid_param_groups, routes_to_muon
-from dmuon.lab.synthetic import build_problem
-from dmuon.updates import adjust_lr, muon_momentum_
+from muongrid.distributed import DistributedMuon
+from muongrid.grid import Grid
+from muongrid.newton_schulz import native_bf16_matmul, ns5_flops, singular_value_map, zeropower_ns5
+from muongrid.optim import AdamW, Muon, MuonW, hybrid_param_groups, routes_to_muon
+from muongrid.lab.synthetic import build_problem
+from muongrid.updates import adjust_lr, muon_momentum_
 
 
 def test_ns5_rejects_non_matrix():

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from conftest import ROOT, last_json, script
-from dmuon.lab import timemodel
-from dmuon.lab.costmodel import (DP_GATHER_VARIANTS, collective_seconds, dp_gather_bytes, fit_alpha_beta, step_bytes, step_calls,
+from muongrid.lab import timemodel
+from muongrid.lab.costmodel import (DP_GATHER_VARIANTS, collective_seconds, dp_gather_bytes, fit_alpha_beta, step_bytes, step_calls,
                              step_seconds)
-from dmuon.lab.profiling import step_peak_bytes
-from dmuon.lab.synthetic import build_problem
-from dmuon.lab.traces import breakdown, load_events, median_breakdown
-from dmuon.plan import ParamSpec, build_plan
+from muongrid.lab.profiling import step_peak_bytes
+from muongrid.lab.synthetic import build_problem
+from muongrid.lab.traces import breakdown, load_events, median_breakdown
+from muongrid.plan import ParamSpec, build_plan
 
 
 @pytest.mark.parametrize("dp,tp", [(2, 1), (3, 1), (4, 2), (2, 4)])
@@ -83,7 +83,7 @@ def test_trace_breakdown_on_a_known_trace(tmp_path):
 
 
 def test_like_for_like_steps_share_one_forward_backward():
-    from dmuon.lab.traces import like_for_like_steps
+    from muongrid.lab.traces import like_for_like_steps
 
     ranks = [dict(muon=dict(forward_backward=50.0, optimizer=30.0), adamw=dict(forward_backward=70.0, optimizer=10.0)),
              dict(muon=dict(forward_backward=52.0, optimizer=32.0), adamw=dict(forward_backward=68.0, optimizer=12.0))]
@@ -111,7 +111,7 @@ def test_trace_breakdown_reads_device_time_on_a_cuda_trace(tmp_path):
 
 
 def test_a_timing_verdict_needs_a_gap_outside_the_noise():
-    from dmuon.lab.verdicts import beats, fastest, fastest_text, spread_text
+    from muongrid.lab.verdicts import beats, fastest, fastest_text, spread_text
 
     clear, slow = [0.100, 0.102, 0.105], [0.130, 0.128, 0.135]
     assert beats(clear, slow) and not beats(slow, clear)
@@ -122,16 +122,16 @@ def test_a_timing_verdict_needs_a_gap_outside_the_noise():
     assert fastest(tied) == ["4x1", "2x2"]
     assert fastest_text(tied) == "tie between 4x1 and 2x2 (within the noise)"
     assert spread_text([0.3, 0.312, 0.33]) == "312 ms (300-330)"
-    from dmuon.lab.verdicts import ratio_range
+    from muongrid.lab.verdicts import ratio_range
     assert ratio_range([2.0, 3.0, 4.0], [1.0, 1.5, 2.0]) == (1.0, 2.0, 4.0)
     with pytest.raises(ValueError, match="at least one measurement"):
         fastest({"2x2": []})
 
 
 def test_ledger_keeps_a_bounded_window_of_steps():
-    from dmuon.comm import Comm
-    from dmuon.distributed import DistributedMuon
-    from dmuon.grid import Grid
+    from muongrid.comm import Comm
+    from muongrid.distributed import DistributedMuon
+    from muongrid.grid import Grid
 
     p = torch.nn.Parameter(torch.randn(8, 8))
     opt = DistributedMuon([p], Grid.single(), comm=Comm(Grid.single()))

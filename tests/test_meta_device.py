@@ -1,7 +1,7 @@
 """The GPU path without a GPU: every optimizer path and entry point's worker on the ``meta`` device.
 
 Each case runs a script's ``worker`` for every rank of a grid in this one process, over torch's ``fake``
-process group, with the grid's device set to ``meta`` (``dmuon/lab/devicecheck.py``). It fails on a
+process group, with the grid's device set to ``meta`` (``muongrid/lab/devicecheck.py``). It fails on a
 tensor that is off the grid's device at a collective (NCCL would raise), on an op that mixes devices (a
 CPU batch fed to a device model, say), and on more than one host sync inside one optimizer step (the
 engine's budget: every ``.item()``/``bool(t)`` on a GPU stalls the CPU until the device catches up).
@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from conftest import SCRIPTS
-from dmuon.lab import devicecheck
-from dmuon.lab.devicecheck import simulate
+from muongrid.lab import devicecheck
+from muongrid.lab.devicecheck import simulate
 
 SYNC_BUDGET = 1  # host syncs per optimizer step: the batched finite check reads one flag
 SMALL = ["--shapes", "36x57,45x28,33x17,20x44,8x12", "--tp-dims", "0,1,none,1,0"]
@@ -30,14 +30,14 @@ TRAIN = ["--steps", "1", "--eval-every", "1", "--eval-batches", "1", "--eval-bat
          "--width", "16", "--heads", "2", "--context", "8", "--layers", "1", "--metrics-every", "0"]
 
 
-PACKAGED = {"verify", "bench"}  # scripts/verify.py and bench.py wrap dmuon.verify / dmuon.bench
+PACKAGED = {"verify", "bench"}  # scripts/verify.py and bench.py wrap muongrid.verify / muongrid.bench
 
 
 def entry(name: str):
     """Import ``scripts/<name>.py`` as a module (it is a script, not part of the package), or, for the
     checks that live in the package, the module the script wraps."""
     if name in PACKAGED:
-        return importlib.import_module(f"dmuon.{name}")
+        return importlib.import_module(f"muongrid.{name}")
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
@@ -64,7 +64,7 @@ def args_of(name: str, argv: list[str]):
 @pytest.fixture(scope="module", autouse=True)
 def quiet_and_small_corpus():
     """One corpus load for all cases (the scripts read it on every rank), and no deprecation noise."""
-    from dmuon.lab import charlm
+    from muongrid.lab import charlm
     corpus = charlm.load_corpus()
     saved = {}
     for name in ("train", "profile_step"):
@@ -125,7 +125,7 @@ def test_fsdp_more_ranks_than_matrices():
 def test_the_check_catches_each_kind():
     """The audit is not vacuous: a CPU tensor at a collective, a mixed-device op and two syncs in a step
     are each reported."""
-    from dmuon.distributed import DistributedMuon
+    from muongrid.distributed import DistributedMuon
 
     def worker(grid, comm, args):
         comm.all_gather(torch.ones(4), "dp", "demo")                       # off the grid's device
@@ -149,7 +149,7 @@ def test_checkpoint_placement_names_the_device_index():
     """ShardedTensor compares a shard's placement device with its tensor's device: cuda:1 is not cuda."""
     from torch.distributed._shard.sharded_tensor.metadata import ShardMetadata
 
-    from dmuon.checkpoint import placement
+    from muongrid.checkpoint import placement
     assert placement(3, torch.device("cuda", 1)) == "rank:3/cuda:1"
     assert ShardMetadata([0], [1], placement(3, torch.device("cuda", 1))).placement.device() == torch.device("cuda", 1)
     assert placement(0, torch.device("cpu")) == "rank:0/cpu"
@@ -167,7 +167,7 @@ def test_subgroups_get_the_timeout():
 
     import torch.distributed as dist
 
-    from dmuon.grid import subgroup_options
+    from muongrid.grid import subgroup_options
     assert subgroup_options(None) is None
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -184,9 +184,9 @@ def test_finite_check_reads_one_flag_and_still_names_the_bad_parameters():
     the wording faultcheck expects, and lists the others."""
     import re
 
-    from dmuon.finite import check_finite, nonfinite
-    from dmuon.lab.devicecheck import Audit, DeviceAudit
-    from dmuon.lab.faultcheck import EXPECTED
+    from muongrid.finite import check_finite, nonfinite
+    from muongrid.lab.devicecheck import Audit, DeviceAudit
+    from muongrid.lab.faultcheck import EXPECTED
 
     audit = Audit(torch.device("meta"))
     audit._step = "step"
@@ -206,7 +206,7 @@ def test_finite_check_reads_one_flag_and_still_names_the_bad_parameters():
 def test_rank_device_under_torchrun_and_one_gpu_per_process(monkeypatch):
     """cuda:{LOCAL_RANK % visible GPUs}: all GPUs visible -> its own index; one visible (a scheduler's
     CUDA_VISIBLE_DEVICES per task) -> cuda:0, not a cuda:5 that does not exist. gloo -> the CPU."""
-    from dmuon.devices import rank_device
+    from muongrid.devices import rank_device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("LOCAL_RANK", "5")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
@@ -223,8 +223,8 @@ def test_bucket_prefetch_keeps_at_most_two_gathered_buckets_alive(monkeypatch):
     """The bucket layout with prefetch gathers one bucket ahead: at most two DP-gathered bf16 buckets are
     alive at once (gathered and not yet orthogonalised), not every bucket of the model; the numbers are
     those of the unprefetched step (zero tolerance: the same kernels on the same numbers)."""
-    from dmuon import DistributedMuon, Grid
-    from dmuon.comm import Pending
+    from muongrid import DistributedMuon, Grid
+    from muongrid.comm import Pending
 
     def params():
         g = torch.Generator().manual_seed(0)

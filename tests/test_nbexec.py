@@ -14,7 +14,7 @@ from jupyter_client.channels import AsyncZMQSocketChannel
 
 import sys
 
-from dmuon.lab import nbexec
+from muongrid.lab import nbexec
 from conftest import SCRIPTS, last_json, script
 
 sys.path.insert(0, str(SCRIPTS))
@@ -29,7 +29,7 @@ def test_plain_channel_sleeps_through_a_lost_wakeup_until_its_timeout():
 
 
 def test_sliced_channel_finds_the_same_reply_within_a_slice():
-    """Same lost wake-up, dmuon's channel: found by the first slice's final check, and counted.
+    """Same lost wake-up, muongrid's channel: found by the first slice's final check, and counted.
     The bound is the 20 s timeout, 40 slices away: only a real stall can reach it."""
     before = nbexec.SlicedChannel.late_wakeups
     seconds, kind = asyncio.run(lost_wakeup(nbexec.SlicedChannel, timeout=20.0))

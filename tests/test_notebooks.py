@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from nbclient.exceptions import CellExecutionError
 
-from dmuon.lab.notebook import SETUP_MARKER, chapters, repository_url, sync
+from muongrid.lab.notebook import SETUP_MARKER, chapters, repository_url, sync
 from conftest import ROOT, execute_notebook, executed_notebook
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -35,7 +35,7 @@ def test_pair_is_in_sync_and_ipynb_has_no_outputs(name):
 
 
 def test_setup_cells_are_generated_from_the_one_repository_url():
-    assert sync(check_only=True) == [], "run `python -m dmuon.lab.notebook sync`"
+    assert sync(check_only=True) == [], "run `python -m muongrid.lab.notebook sync`"
     url = repository_url()
     assert url.startswith("https://github.com/")
     for name in CHAPTERS:
@@ -76,11 +76,11 @@ def test_chapter_executes(name):
 
 
 def test_a_failing_script_fails_the_notebook(tmp_path):
-    """`!python script.py` would not raise; dmuon.lab.notebook.run must, so a broken script breaks the build."""
+    """`!python script.py` would not raise; muongrid.lab.notebook.run must, so a broken script breaks the build."""
     setup = next(c for c in nbformat.read(NOTEBOOKS / f"{CHAPTERS[0]}.ipynb", as_version=4).cells if c.cell_type == "code")
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell(setup.source),
-        nbformat.v4.new_code_cell('from dmuon.lab.notebook import run\nrun("verify.py", "--dp", 0)'),
+        nbformat.v4.new_code_cell('from muongrid.lab.notebook import run\nrun("verify.py", "--dp", 0)'),
         nbformat.v4.new_code_cell('print("this cell must never run")'),
     ])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -90,7 +90,7 @@ def test_a_failing_script_fails_the_notebook(tmp_path):
 
 
 def test_expected_failure_that_succeeds_also_fails(tmp_path):
-    from dmuon.lab import notebook as booktools
+    from muongrid.lab import notebook as booktools
 
     with pytest.raises(booktools.ScriptFailed, match="expected to fail"):
         booktools.run("verify.py", "--shapes", "8x8", "--steps", "1", expect_failure=True)

@@ -1,4 +1,4 @@
-"""A matrix orthogonalised by a group of ranks (dmuon/ns_group.py) and same-shape batching on owners.
+"""A matrix orthogonalised by a group of ranks (muongrid/ns_group.py) and same-shape batching on owners.
 
 Tolerance of the group form against ``zeropower_ns5`` of the whole matrix (it cannot be bit-exact: the
 Gram matrix's fp32 sums run in another order, see ns_group.py):
@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from conftest import ROOT, last_json, run
-from dmuon.newton_schulz import zeropower_ns5
+from muongrid.newton_schulz import zeropower_ns5
 from torch.utils.flop_counter import FlopCounterMode
 
-from dmuon.ns_group import sharded_collectives, sharded_flops, simulate, split_long_side, zeropower_sharded
+from muongrid.ns_group import sharded_collectives, sharded_flops, simulate, split_long_side, zeropower_sharded
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from dmuon import newton_schulz
-from dmuon.newton_schulz import NS_COEFFICIENTS, singular_value_map, zeropower_ns5
-from dmuon.ns_variants import (CUBIC, POLAR_EXPRESS, composed_map, ns_flops, ns_matmuls, ns_schedule)
-from dmuon.optim import Muon
+from muongrid import newton_schulz
+from muongrid.newton_schulz import NS_COEFFICIENTS, singular_value_map, zeropower_ns5
+from muongrid.ns_variants import (CUBIC, POLAR_EXPRESS, composed_map, ns_flops, ns_matmuls, ns_schedule)
+from muongrid.optim import Muon
 
 
 def _gen(seed):
@@ -147,8 +147,8 @@ def test_gram_form_in_bf16_stays_close_to_the_polar_factor():
 def test_ns_batch_in_one_process_counts_one_call_per_shape_and_refuses_the_bucket_layout():
     """1 x 1 grid, owner layout: the batched step equals single-device Muon bit for bit, with one NS call
     per distinct shape per group (the launch tests in test_ns_group.py cover 2x1 and 2x2)."""
-    from dmuon import DistributedMuon, Grid
-    from dmuon.lab.synthetic import build_problem
+    from muongrid import DistributedMuon, Grid
+    from muongrid.lab.synthetic import build_problem
     shapes = [(12, 20), (12, 20), (9, 9), (12, 20), (9, 9), (20, 12)]
     problem = build_problem("muon", shapes, [-1] * 6, 1, seed=3)
     opt = DistributedMuon(problem.param_groups(), Grid.single(), layout="owner", bucket_numel=300, ns_batch=True)

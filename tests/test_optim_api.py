@@ -12,9 +12,9 @@ import copy
 import pytest
 import torch
 
-from dmuon import DistributedAdamW, DistributedMuon, Grid, MuonW
-from dmuon.layouts import LAYOUTS
-from dmuon.lab.synthetic import build_problem
+from muongrid import DistributedAdamW, DistributedMuon, Grid, MuonW
+from muongrid.layouts import LAYOUTS
+from muongrid.lab.synthetic import build_problem
 
 GRID = Grid.single()
 SHAPES = [(12, 20), (16, 8), (9, 9)]
@@ -115,7 +115,7 @@ def test_loading_a_state_from_another_layout_or_shape_fails_before_changing_anyt
     opt.step()
     _, other = make(layout="bucket")
     before = {k: v.clone() for k, v in other.state[other.param_groups[0]["params"][0]].items()}
-    with pytest.raises(ValueError, match="another grid or layout .layout: saved owner, here bucket.*dmuon.checkpoint"):
+    with pytest.raises(ValueError, match="another grid or layout .layout: saved owner, here bucket.*muongrid.checkpoint"):
         other.load_state_dict(opt.state_dict())
     after = other.state[other.param_groups[0]["params"][0]]
     assert all(torch.equal(before[k], after[k]) for k in before)

@@ -1,6 +1,6 @@
 """The package as someone who adopts it meets it: licences, citation, versions, the torch it needs,
 and the wheel installed into a fresh environment (torch, numpy, nothing of this repository) running
-``python -m dmuon.verify`` there.
+``python -m muongrid.verify`` there.
 
     PYTHONPATH=scripts python -m pytest -q tests/test_package.py
 
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-import dmuon
-from dmuon import requires
+import muongrid
+from muongrid import requires
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,7 @@ def test_citation_cff_is_valid_cff_1_2_0_and_matches_the_package():
     assert cff.get("type", "software") in ("software", "dataset")
     for person in cff["authors"]:  # a person needs family-names (or a name as an entity)
         assert isinstance(person, dict) and (person.get("family-names") or person.get("name")), person
-    assert isinstance(cff["version"], str) and cff["version"] == dmuon.__version__  # quoted: a YAML number is no version
+    assert isinstance(cff["version"], str) and cff["version"] == muongrid.__version__  # quoted: a YAML number is no version
     date.fromisoformat(str(cff["date-released"]))
     assert cff["license"] == pyproject()["project"]["license"].split(" AND ")
     assert cff["repository-code"] == repository_url()
@@ -79,16 +79,16 @@ def test_the_book_says_how_to_cite_it_with_the_same_version_and_address():
     index = (ROOT / "book" / "index.md").read_text()
     assert "## Cite this book" in index
     bibtex = index.split("```bibtex", 1)[1].split("```", 1)[0]
-    assert re.search(r"version\s*=\s*\{(.*?)\}", bibtex).group(1) == dmuon.__version__
+    assert re.search(r"version\s*=\s*\{(.*?)\}", bibtex).group(1) == muongrid.__version__
     assert re.search(r"url\s*=\s*\{(.*?)\}", bibtex).group(1) == repository_url()
 
 
 def test_one_version_everywhere():
     project = pyproject()
     assert "version" in project["project"]["dynamic"] and "version" not in project["project"]
-    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "dmuon.__version__"}
-    assert re.fullmatch(r"\d+\.\d+\.\d+", dmuon.__version__)
-    assert f"## {dmuon.__version__} " in (ROOT / "CHANGELOG.md").read_text()
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "muongrid.__version__"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", muongrid.__version__)
+    assert f"## {muongrid.__version__} " in (ROOT / "CHANGELOG.md").read_text()
     low = re.fullmatch(r"torch>=(\d+)\.(\d+)", project["project"]["dependencies"][0])
     assert (int(low.group(1)), int(low.group(2))) == requires.MIN_TORCH  # the metadata says what the import checks
     assert any(v.startswith(".".join(map(str, requires.MIN_TORCH)) + ".") for v in requires.TESTED_TORCH)
@@ -104,18 +104,18 @@ def test_torch_release_reads_every_kind_of_version_string():
     assert requires.torch_release("2.10.0") > requires.MIN_TORCH > requires.torch_release("2.4.1")  # not string order
 
 
-# Each case runs in one child process that imports torch once: it patches torch, forgets dmuon, imports
+# Each case runs in one child process that imports torch once: it patches torch, forgets muongrid, imports
 # it again, then undoes the patch. "as is" is the control: the same code path must then import cleanly.
 OLD_TORCH = textwrap.dedent("""
     import json, sys
     import torch, torch.distributed.fsdp, torch.distributed.tensor, torch.optim
 
     def attempt(patch, undo):
-        for name in [m for m in sys.modules if m == "dmuon" or m.startswith("dmuon.")]:
+        for name in [m for m in sys.modules if m == "muongrid" or m.startswith("muongrid.")]:
             del sys.modules[name]
         patch()
         try:
-            import dmuon
+            import muongrid
             return None
         except ImportError as e:
             return str(e)
@@ -161,7 +161,7 @@ def test_import_on_too_old_a_torch_fails_at_once_naming_the_version_and_the_miss
 
 def requirements_folder(dest: Path, names: list[str]) -> Path:
     """A folder holding links to the installed packages ``names`` and what they require (transitively) and
-    nothing else, so a virtual environment can see this machine's torch without seeing dmuon or anything
+    nothing else, so a virtual environment can see this machine's torch without seeing muongrid or anything
     else installed here."""
     from packaging.requirements import Requirement
 
@@ -185,7 +185,7 @@ def requirements_folder(dest: Path, names: list[str]) -> Path:
         for top in {Path(f).parts[0] for f in dist.files or [] if not str(f).startswith("..")} - {"__pycache__"}:
             if (site / top).exists() and not (dest / top).exists():
                 (dest / top).symlink_to(site / top)
-    assert "torch" in seen and not (dest / "dmuon").exists()
+    assert "torch" in seen and not (dest / "muongrid").exists()
     return dest
 
 
@@ -194,7 +194,7 @@ def test_the_wheel_installs_into_a_fresh_environment_and_verifies_a_grid_there(t
 
     # Build from a copy of what the wheel is made of, so nothing (build/, egg-info) is written into the checkout.
     src = tmp_path / "src"
-    shutil.copytree(ROOT / "scripts" / "dmuon", src / "scripts" / "dmuon",
+    shutil.copytree(ROOT / "scripts" / "muongrid", src / "scripts" / "muongrid",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("pyproject.toml", "README.md", "LICENSE", "LICENSE-TEXT"):
         shutil.copy(ROOT / name, src / name)
@@ -207,12 +207,12 @@ def test_the_wheel_installs_into_a_fresh_environment_and_verifies_a_grid_there(t
         return proc
 
     check([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", str(src), "-w", str(tmp_path / "dist")])
-    wheel = tmp_path / "dist" / f"dmuon-{dmuon.__version__}-py3-none-any.whl"
+    wheel = tmp_path / "dist" / f"muongrid-{muongrid.__version__}-py3-none-any.whl"
     assert wheel.exists(), list((tmp_path / "dist").iterdir())
     import zipfile
     names = zipfile.ZipFile(wheel).namelist()
-    info = f"dmuon-{dmuon.__version__}.dist-info"
-    for must in ("dmuon/verify.py", "dmuon/bench.py", "dmuon/requires.py", "dmuon/lab/synthetic.py",
+    info = f"muongrid-{muongrid.__version__}.dist-info"
+    for must in ("muongrid/verify.py", "muongrid/bench.py", "muongrid/requires.py", "muongrid/lab/synthetic.py",
                  f"{info}/licenses/LICENSE", f"{info}/licenses/LICENSE-TEXT", f"{info}/entry_points.txt"):
         assert must in names, must
     meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
@@ -230,17 +230,17 @@ def test_the_wheel_installs_into_a_fresh_environment_and_verifies_a_grid_there(t
     (site / "requirements.pth").write_text(f"{visible}\n")
     work = tmp_path / "elsewhere"  # outside the repository: nothing there to import from
     work.mkdir()
-    probe = subprocess.run([str(python), "-c", "import dmuon"], capture_output=True, text=True, cwd=work, env=clean)
-    assert probe.returncode != 0 and "No module named 'dmuon'" in probe.stderr  # nothing leaks in before the install
+    probe = subprocess.run([str(python), "-c", "import muongrid"], capture_output=True, text=True, cwd=work, env=clean)
+    assert probe.returncode != 0 and "No module named 'muongrid'" in probe.stderr  # nothing leaks in before the install
 
     check([*pip, "--python", str(python), "install", "--no-index", "--no-deps", "--no-cache-dir", str(wheel)])
-    assert (site / "dmuon" / "verify.py").exists()  # the import below can only find this copy (see the probe)
+    assert (site / "muongrid" / "verify.py").exists()  # the import below can only find this copy (see the probe)
 
-    run = check([str(python), "-m", "dmuon.verify", "--dp", "2", "--tp", "1"], cwd=work)
+    run = check([str(python), "-m", "muongrid.verify", "--dp", "2", "--tp", "1"], cwd=work)
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["ok"] and result["max_abs_diff"] == 0.0 and (result["dp"], result["tp"]) == (2, 1), result
     assert "OK: largest difference" in run.stdout  # the same output as scripts/verify.py
-    for script, module in (("dmuon-verify", "dmuon.verify"), ("dmuon-bench", "dmuon.bench")):
+    for script, module in (("muongrid-verify", "muongrid.verify"), ("muongrid-bench", "muongrid.bench")):
         assert f"from {module} import main" in (env_dir / "bin" / script).read_text()
-    usage = check([str(env_dir / "bin" / "dmuon-bench"), "--help"], cwd=work).stdout  # bench imports there too
+    usage = check([str(env_dir / "bin" / "muongrid-bench"), "--help"], cwd=work).stdout  # bench imports there too
     assert "--sweep" in usage and "--layout" in usage

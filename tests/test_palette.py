@@ -1,6 +1,6 @@
-"""One colour scheme per quantity: the book's figures take their colours from ``dmuon.lab.palette``.
+"""One colour scheme per quantity: the book's figures take their colours from ``muongrid.lab.palette``.
 
-The plotting code (every chapter's code cells, ``dmuon/lab/explorers.py`` and ``diagrams.py``) may
+The plotting code (every chapter's code cells, ``muongrid/lab/explorers.py`` and ``diagrams.py``) may
 not write a colour of its own: no hex literal, no matplotlib cycle colour (``"C0"``, ``f"C{i}"``),
 no ``tab:`` colour and no colormap (``plt.cm.``). Named neutrals (black, white, grey) are fine.
 And so that the check cannot pass by a figure simply using matplotlib's defaults, every figure that
@@ -21,7 +21,7 @@ from conftest import ROOT
 COLOUR = re.compile(r"""["']#[0-9a-fA-F]{3}(?:[0-9a-fA-F]{3})?["']"""  # "#4c72b0"
                     r"""|["']C\d["']|f["']C\{"""                     # "C0", f"C{i}"
                     r"""|["']tab:\w+["']|\bplt\.cm\.\w+|\bcm\.\w+\(""")  # "tab:blue", plt.cm.tab10
-LAB = ROOT / "scripts" / "dmuon" / "lab"
+LAB = ROOT / "scripts" / "muongrid" / "lab"
 
 # Figures that show a quantity of the palette, by glue key: the cell that glues them must use it.
 USES_PALETTE = ["ch1-training", "ch2-memory", "ch3-grid", "ch4-plan", "ch5-stages", "ch6-layouts",
@@ -62,14 +62,14 @@ def test_no_plotting_code_writes_its_own_colour():
            if c not in exempt and (p := colour_problems(c))}
     for module in ("explorers", "diagrams"):
         if p := colour_problems((LAB / f"{module}.py").read_text()):
-            bad[f"dmuon/lab/{module}.py"] = p
-    assert not bad, f"colours written in place of dmuon.lab.palette: {bad}"
+            bad[f"muongrid/lab/{module}.py"] = p
+    assert not bad, f"colours written in place of muongrid.lab.palette: {bad}"
 
 
 def test_the_figures_of_the_palettes_quantities_take_it():
     cells = code_cells()
     for key in USES_PALETTE:
-        assert "palette" in gluing(cells, key), f"{key} does not take its colours from dmuon.lab.palette"
+        assert "palette" in gluing(cells, key), f"{key} does not take its colours from muongrid.lab.palette"
     for module, keys in BY_MODULE.items():
         assert "from . import palette" in (LAB / f"{module}.py").read_text()
         for key in keys:
@@ -77,14 +77,14 @@ def test_the_figures_of_the_palettes_quantities_take_it():
 
 
 def test_the_palette_names_every_quantity_once():
-    from dmuon.lab import palette
+    from muongrid.lab import palette
 
     assert set(palette.OPTIMIZER) == {"muon", "adamw"}
     assert len(set(palette.OPTIMIZER.values())) == 2
     for family in (palette.STEP, palette.PHASE, palette.MEMORY):
         assert len(set(family.values())) == len(family), family  # no two parts alike in one figure
     assert {"bucket", "owner", "aligned"} <= set(palette.LAYOUT)
-    from dmuon.lab.costmodel import PHASES
+    from muongrid.lab.costmodel import PHASES
 
     assert set(PHASES) == set(palette.PHASE)
 

@@ -6,12 +6,12 @@ import random
 import pytest
 import torch
 
-from dmuon.lab.costmodel import bytes_ratio, step_bytes
-from dmuon.grid import check_grid, grid_layout
-from dmuon.newton_schulz import ns5_flops
-from dmuon.plan import ParamSpec, build_plan, split_into_buckets, tp_local_shape
-from dmuon.sharding import bucket_matrix, dp_shard_of, pack_bucket, tp_shard, tp_unshard, unpack_bucket
-from dmuon.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, build_problem
+from muongrid.lab.costmodel import bytes_ratio, step_bytes
+from muongrid.grid import check_grid, grid_layout
+from muongrid.newton_schulz import ns5_flops
+from muongrid.plan import ParamSpec, build_plan, split_into_buckets, tp_local_shape
+from muongrid.sharding import bucket_matrix, dp_shard_of, pack_bucket, tp_shard, tp_unshard, unpack_bucket
+from muongrid.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, build_problem
 
 
 def random_cases(n=60, seed=0):

@@ -6,13 +6,13 @@ import sys
 import pytest
 
 from conftest import SCRIPTS
-from dmuon.lab.costmodel import step_bytes
-from dmuon.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS, build_problem
-from dmuon import layouts
-from dmuon.layouts import assign_owners, assign_owners_and_groups, group_ns_flops
-from dmuon.newton_schulz import ns5_flops
-from dmuon.ns_group import group_form
-from dmuon.plan import ParamSpec, _owner_candidates, build_plan
+from muongrid.lab.costmodel import step_bytes
+from muongrid.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS, build_problem
+from muongrid import layouts
+from muongrid.layouts import assign_owners, assign_owners_and_groups, group_ns_flops
+from muongrid.newton_schulz import ns5_flops
+from muongrid.ns_group import group_form
+from muongrid.plan import ParamSpec, _owner_candidates, build_plan
 
 sys.path.insert(0, str(SCRIPTS))
 import plan_at_scale  # noqa: E402
@@ -47,7 +47,7 @@ def test_bytes_per_rank_equal_the_costmodel_closed_form():
     the engine sends), phase by phase, under the owner layout, the group layout by FLOPs (``step_bytes``) and
     the optimizer's timed group plan (``_rank_bytes`` of the same plan). Uneven shapes, a TP-replicated
     matrix, pieces straddling shards, odd DP."""
-    from dmuon.lab.costmodel import _rank_bytes
+    from muongrid.lab.costmodel import _rank_bytes
     fast = dict(flops=1e9, efficiency=1.0, ranks_per_node=2, intra=(0.0, 1e15), inter=(0.0, 1e15))
     grouped = set()
     for shapes, dims in [([(36, 57), (45, 28), (33, 17), (20, 44), (300, 120)], [0, 1, -1, 1, 0]),
@@ -110,7 +110,7 @@ def test_group_sizing_counts_its_talk():
     save, no group is formed (owners only, as the owner layout); with free links, the dominant matrix gets a
     group; on two nodes a group bigger than a node is chosen only when the inter-node link is fast. Every
     matrix is placed exactly once and the result is the same twice."""
-    from dmuon.layouts import assign_timed
+    from muongrid.layouts import assign_timed
     plan, matrices, shapes = report_plan(4, 2)   # 8 ranks; the 4096^2 matrix holds 99% of the FLOPs
     base = dict(flops=1e12, efficiency=1.0, ranks_per_node=4)
     slow = dict(base, intra=(1.0, 1e3), inter=(1.0, 1e3))
@@ -158,7 +158,7 @@ def test_time_model_is_flops_at_the_rate_plus_the_group_collectives():
     layouts.group_seconds, hops x alpha + costmodel.group_bytes / beta, on NVLink when the group sits on
     one node of 8 and on InfiniBand when it spans two (its size does not decide it); a wide matrix in the
     Gram sharing, a square one in the row form (``ns_group.group_form``)."""
-    from dmuon.lab.costmodel import collective_seconds, group_gram_bytes
+    from muongrid.lab.costmodel import collective_seconds, group_gram_bytes
     prof = plan_at_scale.profile()
     rate = prof["flops"] * prof["efficiency"]
     shapes = {(0, 0): (1024, 4096), (0, 1): (64, 64)}
@@ -205,7 +205,7 @@ def test_bucket_size_sets_the_collectives_per_step():
 def test_scale_explorer_shows_each_plan_with_its_own_numbers():
     """Chapter 14's explorer: one slider position per (model, grid), only that position's bars visible, its
     bars and title carrying that row's numbers; no rows is refused."""
-    from dmuon.lab.scale_explorer import COSTS, RULES, scale_explorer
+    from muongrid.lab.scale_explorer import COSTS, RULES, scale_explorer
     rows = [plan_at_scale.grid_report(dp, 4, layers=2, model="llama3-8b") for dp in (2, 8)]
     fig = scale_explorer([("8B", r) for r in rows], active=1)
     assert len(fig.layout.sliders[0].steps) == 2 and len(fig.data) == 2 * 2

@@ -53,7 +53,7 @@ def runs() -> dict:
 
 def test_a_run_resumed_on_another_layout_continues_bit_for_bit():
     r = runs()
-    assert (DIR / "zero1" / "step3" / "train.json").is_file() and (DIR / "zero1" / "step6" / "dmuon.json").is_file()
+    assert (DIR / "zero1" / "step3" / "train.json").is_file() and (DIR / "zero1" / "step6" / "muongrid.json").is_file()
     assert r["resumed"]["first_step"] == 4
     assert r["resumed"]["step_loss"] == r["reference"]["step_loss"][3:]
     assert r["resumed"]["grad_norm"] == r["reference"]["grad_norm"][3:]
@@ -73,7 +73,7 @@ def test_an_fsdp_run_resumed_on_another_grid_continues_within_reduction_noise():
 
 def test_a_resume_with_other_settings_is_refused_by_name_before_anything_loads(tmp_path):
     import json
-    from dmuon.resume import TRAIN_FILE, load_run
+    from muongrid.resume import TRAIN_FILE, load_run
     (tmp_path / TRAIN_FILE).write_text(json.dumps(dict(step=3, run_args=dict(seed=0, batch=8))))
     with pytest.raises(ValueError, match="saved by another run: seed saved 0, here 1.*grid, layout and --steps may"):
         load_run(tmp_path, None, None, None, dict(seed=1, batch=8))   # no optimizer touched: it fails first

@@ -18,7 +18,7 @@ import math
 import pytest
 
 from conftest import ROOT, SCRIPTS, last_json, script
-from dmuon.lab.traces import like_for_like_steps
+from muongrid.lab.traces import like_for_like_steps
 
 spec = importlib.util.spec_from_file_location("convergence_study", SCRIPTS / "convergence_study.py")
 study = importlib.util.module_from_spec(spec)

@@ -1,4 +1,4 @@
-"""The time model (dmuon/lab/timemodel.py) against its closed form, the cost model's bytes, and its two profiles.
+"""The time model (muongrid/lab/timemodel.py) against its closed form, the cost model's bytes, and its two profiles.
 
 Nothing here launches a process. The model against a real run's ledger (bytes sent and received per rank)
 is in tests/test_distributed.py (test_time_model_prices_the_ledgers_busiest_rank), on a run it shares.
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dmuon.lab import costmodel, timemodel
-from dmuon.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, REPORT_SHAPES, REPORT_TP_DIMS, stack_shapes
-from dmuon.newton_schulz import ns5_flops
-from dmuon.plan import ParamSpec, build_plan
+from muongrid.lab import costmodel, timemodel
+from muongrid.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, REPORT_SHAPES, REPORT_TP_DIMS, stack_shapes
+from muongrid.newton_schulz import ns5_flops
+from muongrid.plan import ParamSpec, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 A, B, F = 1e-5, 1e9, 1e12  # alpha (s), beta (bytes/s), flops of the hand-made profile
@@ -163,7 +163,7 @@ def test_group_layout_is_priced_from_its_plan():
     all-to-all bytes are costmodel.step_bytes' (which the ledger equals); each member pays its NS share and
     layouts.group_seconds on the intra-node link (4 ranks on one node) or, on nodes of 2, the inter-node one;
     with no groups (the balanced stack) it is the owner layout exactly."""
-    from dmuon.layouts import group_ns_flops, group_seconds
+    from muongrid.layouts import group_ns_flops, group_seconds
     groups = [dict(shapes=REPORT_SHAPES, tp_split_dims=REPORT_TP_DIMS, use_muon=True)]
     bw = profile(intra=(0.0, 1.0), inter=(0.0, 1.0))
     plan = costmodel.plans_for(groups, 2, 2, None, "group")[0]

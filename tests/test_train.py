@@ -134,7 +134,7 @@ def test_profile_traces_every_rank_and_splits_the_step():
 
 @pytest.fixture(scope="module")
 def grid():
-    from dmuon import Grid
+    from muongrid import Grid
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield Grid.build(1, 1)
@@ -150,7 +150,7 @@ def dtensors(grid, placements):
 
 def test_plan_split_dims_come_from_placements(grid):
     from torch.distributed.tensor import Replicate, Shard
-    from dmuon import DistributedMuon
+    from muongrid import DistributedMuon
     params = dtensors(grid, [Shard(0), Shard(1), Replicate(), Shard(-1)]) + [torch.nn.Parameter(torch.randn(4, 4))]
     opt = DistributedMuon([dict(params=params, names=list("abcde"))], grid, layout="owner")
     assert opt.param_groups[0]["tp_split_dims"] == [0, 1, -1, 1, -1]
@@ -164,7 +164,7 @@ def test_plan_split_dims_come_from_placements(grid):
 @pytest.mark.parametrize("kind", ["muon", "adamw"])
 def test_dtensor_parameters_step_like_plain_ones(grid, kind):
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-    from dmuon import DistributedAdamW, DistributedMuon
+    from muongrid import DistributedAdamW, DistributedMuon
     cls = DistributedMuon if kind == "muon" else DistributedAdamW
     dts = dtensors(grid, [Shard(0), Shard(1), Replicate()])
     plain = [torch.nn.Parameter(p.to_local().clone()) for p in dts]
@@ -183,7 +183,7 @@ def test_dtensor_parameters_step_like_plain_ones(grid, kind):
 def test_placements_it_cannot_handle_are_refused(grid):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-    from dmuon import DistributedMuon
+    from muongrid import DistributedMuon
     t = torch.randn(6, 10)
     fsdp = torch.nn.Parameter(distribute_tensor(t, grid.mesh, [Shard(0), Replicate()]))
     with pytest.raises(ValueError, match=r"'w'.*sharded over the 'dp'.*FSDP"):
@@ -200,8 +200,8 @@ def test_placements_it_cannot_handle_are_refused(grid):
 
 
 def test_head_major_gpt_is_charlms_function():
-    from dmuon.lab.charlm import TinyGPT
-    from dmuon.lab.tpgpt import head_major_gpt
+    from muongrid.lab.charlm import TinyGPT
+    from muongrid.lab.tpgpt import head_major_gpt
     torch.manual_seed(3)
     ref = TinyGPT(50, d=32, n_layer=2, n_head=4, context=16)
     torch.manual_seed(3)
@@ -232,7 +232,7 @@ def test_hw_is_for_the_group_layout_and_a_bad_profile_is_named(tmp_path, capsys)
 
 def test_param_groups_per_optimizer():
     train_script = load_train_script()
-    from dmuon.lab.tpgpt import head_major_gpt
+    from muongrid.lab.tpgpt import head_major_gpt
     model = head_major_gpt(50, d=32, n_layer=1, n_head=2, context=16)
     hidden = {"qkv", "proj", "fc", "out"}
     for kind, muon_names in (("hybrid", hidden), ("muon", hidden | {"tok", "pos", "head"})):
@@ -244,7 +244,7 @@ def test_param_groups_per_optimizer():
 
 def test_a_gradient_placed_unlike_its_parameter_is_refused(grid):
     from torch.distributed.tensor import Shard, distribute_tensor
-    from dmuon import DistributedMuon
+    from muongrid import DistributedMuon
     w = torch.nn.Parameter(distribute_tensor(torch.randn(6, 10), grid.mesh["tp"], [Shard(0)]))
     opt = DistributedMuon([dict(params=[w], names=["w"])], grid)
     w.grad = torch.randn(6, 10)
@@ -253,7 +253,7 @@ def test_a_gradient_placed_unlike_its_parameter_is_refused(grid):
 
 
 def test_ns_metrics_math():
-    from dmuon.lab.statemetrics import ns_metrics, spectrum_stats
+    from muongrid.lab.statemetrics import ns_metrics, spectrum_stats
     q = torch.linalg.qr(torch.randn(8, 8, generator=torch.Generator().manual_seed(0)))[0]
     flat = spectrum_stats(torch.ones(8))
     assert flat["effective_rank"] == pytest.approx(8) and flat["top_median"] == pytest.approx(1)
@@ -269,7 +269,7 @@ def test_ns_metrics_math():
 def test_a_grouped_matrix_metrics_from_its_members_blocks_equal_the_whole_matrix(shape, long_dim):
     """The group layout's members each see a block of the long side; ``merge`` of their partial Gram
     matrices gives the whole matrix's row (eigenvalues of X X^T in float64 against an SVD in float32: 1e-4)."""
-    from dmuon.lab.statemetrics import merge, ns_metrics, short_gram
+    from muongrid.lab.statemetrics import merge, ns_metrics, short_gram
     gen = torch.Generator().manual_seed(1)
     before = torch.randn(shape, generator=gen) @ torch.diag(torch.logspace(0, -1, shape[1]))
     after = torch.randn(shape, generator=gen)
@@ -302,11 +302,11 @@ def test_fsdp_follows_the_same_loss_curve_and_beats_torch_muon_on_traffic():
     assert max(abs(a - b) for a, b in zip(r["step_loss"], ref["step_loss"])) <= TOL
     c = r["compare"]
     assert max(abs(a - b) for a, b in zip(c["step_loss_torch"], r["step_loss"])) <= TOL
-    assert c["ns_calls_per_step_all_ranks"] == dict(dmuon=4, torch=16)     # 4 block matrices: once vs on every rank
+    assert c["ns_calls_per_step_all_ranks"] == dict(muongrid=4, torch=16)     # 4 block matrices: once vs on every rank
     assert sum(r["ns_calls_per_step"]) == 4
-    assert c["collectives_per_step"]["dmuon"] == 2 < c["collectives_per_step"]["torch"]
-    assert 0 < c["bytes_per_step"]["dmuon"] < c["bytes_per_step"]["torch"]
+    assert c["collectives_per_step"]["muongrid"] == 2 < c["collectives_per_step"]["torch"]
+    assert 0 < c["bytes_per_step"]["muongrid"] < c["bytes_per_step"]["torch"]
     assert set(r["ledger"]["phases"]) == {"ns_to_owner", "ns_from_owner"}
-    assert "dmuon FSDPMuon" in proc.stdout and "torch.optim.Muon" in proc.stdout
+    assert "muongrid FSDPMuon" in proc.stdout and "torch.optim.Muon" in proc.stdout
     assert r["tp_split_dims"]["blocks.0.qkv.weight"] == ["_S(0, 2)", "S(0)"]   # rows over TP, then over DP (strided)
     assert r["tp_split_dims"]["head.weight"] == ["S(0)"]                     # replicated over TP: rows over DP only

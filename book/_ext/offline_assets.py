@@ -9,9 +9,9 @@ The folder is outside ``_static/`` on purpose: Jupyter Book adds every .js under
 every page.
 
 Without npm (or the registry) the build falls back to the CDNs with a warning; with
-``DMUON_OFFLINE=require`` that is an error instead (the browser test sets it).
+``MUONGRID_OFFLINE=require`` that is an error instead (the browser test sets it).
 
-The chapters' explorers are Plotly figures (``dmuon.lab.explorers``). Their HTML carries no
+The chapters' explorers are Plotly figures (``muongrid.lab.explorers``). Their HTML carries no
 plotly.js; this extension copies ``plotly.min.js`` out of the installed ``plotly`` wheel (no
 download) to ``offline/plotly/`` and adds it, first in ``<head>``, to the pages that hold a Plotly
 figure. It must load before require.js, or it registers itself as an AMD module instead of
@@ -86,7 +86,7 @@ def fetch(dest: Path) -> None:
         staging.rename(dest)
 
 
-PLACEHOLDER_URL = "https://github.com/dmuon-book/distributed-muon"
+PLACEHOLDER_URL = "https://github.com/muongrid-book/distributed-muon"
 
 
 def copy_plotly(root: Path) -> bool:
@@ -109,7 +109,7 @@ def warn_placeholder(config) -> None:
         bar = "!" * 100
         print(f"\n{bar}\n!! repository.url in _config.yml is still the placeholder {PLACEHOLDER_URL}.\n"
               "!! The Colab, repository and issue buttons and every chapter's set-up cell (git clone) point at it.\n"
-              "!! Set repository.url to the real repository, then run `python -m dmuon.lab.notebook sync`\n"
+              "!! Set repository.url to the real repository, then run `python -m muongrid.lab.notebook sync`\n"
               f"!! (README, 'Publish the book').\n{bar}\n", file=sys.stderr, flush=True)
 
 
@@ -128,7 +128,7 @@ def configure(app, config) -> None:
             fetch(assets)
         except (OSError, subprocess.SubprocessError, StopIteration) as e:
             message = f"offline_assets: could not fetch local MathJax/widget assets ({e}); pages will use CDNs"
-            if os.environ.get("DMUON_OFFLINE") == "require":
+            if os.environ.get("MUONGRID_OFFLINE") == "require":
                 raise RuntimeError(message) from e
             LOG.warning(message)
             fetched = False
@@ -183,12 +183,12 @@ def offer_ipynb(app, pagename, templatename, context, doctree) -> None:
     paired = Path(app.srcdir, pagename + ".ipynb")
     if doctree is not None and paired.exists() and not context.get("page_source_suffix", "").endswith(".ipynb"):
         context["ipynb_source"] = pagename + ".ipynb"
-        app.env.dmuon_ipynb = getattr(app.env, "dmuon_ipynb", set()) | {pagename}
+        app.env.muongrid_ipynb = getattr(app.env, "muongrid_ipynb", set()) | {pagename}
 
 
 def copy_ipynb(app, exception) -> None:
     if exception is None and app.builder.format == "html":
-        for pagename in sorted(getattr(app.env, "dmuon_ipynb", ())):
+        for pagename in sorted(getattr(app.env, "muongrid_ipynb", ())):
             target = Path(app.outdir, "_sources", pagename + ".ipynb")
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(app.srcdir, pagename + ".ipynb"), target)

@@ -1,7 +1,7 @@
 """The ``{chapter-table}`` directive: the book's road map, generated from ``_toc.yml``.
 
 Every page of the table of contents, its title (the page's first heading) and the question it
-answers, as ``dmuon.lab.roadmap.table_markdown`` writes it; chapter 0 shows the same table from a
+answers, as ``muongrid.lab.roadmap.table_markdown`` writes it; chapter 0 shows the same table from a
 cell. Used on the index page:
 
     ```{chapter-table}
@@ -21,10 +21,10 @@ class ChapterTable(SphinxDirective):
 
     def run(self):
         try:
-            from dmuon.lab.roadmap import table_markdown
-        except ImportError:  # dmuon not installed: the staged copy of scripts/ beside the sources
+            from muongrid.lab.roadmap import table_markdown
+        except ImportError:  # muongrid not installed: the staged copy of scripts/ beside the sources
             sys.path.insert(0, str(Path(self.env.srcdir) / "scripts"))
-            from dmuon.lab.roadmap import table_markdown
+            from muongrid.lab.roadmap import table_markdown
         toc = Path(self.env.srcdir) / "_toc.yml"
         self.env.note_dependency(str(toc))
         from docutils import nodes

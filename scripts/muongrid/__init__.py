@@ -1,0 +1,58 @@
+"""muongrid: Distributed Muon (ZeRO-1 x tensor parallel) as torch.optim.Optimizers, tested against one process.
+
+    pip install -e .            # from a checkout (make setup does it)
+
+    from muongrid import DistributedMuon, Grid, hybrid_param_groups
+    grid = Grid.build(dp=2, tp=2)                          # after torch.distributed.init_process_group
+    opt = DistributedMuon(hybrid_param_groups(model.named_parameters()), grid, layout="owner")
+
+The engine, in the order the book introduces it (the math apart from the orchestration):
+
+    newton_schulz  NS5 orthogonalisation and its FLOP count (pure functions)
+    updates        Muon momentum, lr adjustment, decoupled decay, AdamW (pure, elementwise)
+    optim          single-device Muon / AdamW / hybrid MuonW and the hybrid routing rule
+    grid           the DP x TP grid: rank layout and process groups
+    layouts        where ZeRO-1 cuts buckets and who orthogonalises each matrix (pure)
+    hardware       hardware profiles (h100(), profile(...)) that size the group layout's groups by time
+    plan           the ZeRO-1 plan: virtual buffers, buckets, padding, dist_meta, owners (pure)
+    sharding       moving tensors by the plan: TP shard/unshard, pack/unpack buckets
+    comm           every collective, with the communication ledger (bytes and Newton-Schulz work)
+    flows          momentum shards -> orthogonalised shards, per layout (bucket gathers, owner all-to-all)
+    ns_group       one matrix's Newton-Schulz over a group of ranks (the Gram all-reduce form, or the row form)
+    group_routes   the group layout: which elements of each rank's pieces go to which member (pure)
+    group_flow     the group layout's flow: owners as in flows, large matrices over their group
+    ns_gram_group  the Gram form (ns_form="gram") of one matrix over a group: R all-reduced once (pure)
+    distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses)
+    contract       what every torch optimizer promises (keywords, checks, skipped gradients, schedulers)
+    clipping       opt.clip_grad_norm_: the DP-mean gradient's global norm, TP counted once
+    launch         one entry point for local gloo processes and torchrun
+    devices        a rank's device (cuda:{LOCAL_RANK % visible GPUs}), device-inclusive clocks, CUDA-event spans
+    finite         the gradients' NaN/Inf check with one host sync
+    checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
+    resume         train.py's --save/--resume: model, optimizer, scheduler, data position, RNG
+    fsdp_routes    FSDP2: which rank owns each matrix and where its row blocks travel (pure)
+    fsdp           FSDPMuon: Muon for fully_shard models, each matrix orthogonalised once by its owner
+    verify, bench  the checks the README advertises, runnable from an install: python -m muongrid.verify
+    requires       the torch this needs, checked on import
+
+``muongrid.lab`` holds what the book, benchmarks and tests use beside it (synthetic problems, the
+cost model, traces, the tiny GPT, the proof of concept's bugs). The command-line entry points live
+one folder up: ``python scripts/verify.py --dp 2 --tp 2 --layout bucket,owner``.
+"""
+__version__ = "0.4.0"  # the one place the version is written: pyproject.toml reads it from here
+
+from .requires import check_torch as _check_torch
+
+_check_torch()  # on too old a torch, stop here with a message that names the version and the missing APIs
+
+from .distributed import DistributedAdamW, DistributedMuon
+from .fsdp import FSDPMuon
+from .grid import Grid, grid_layout
+from .layouts import LAYOUTS
+from .newton_schulz import ns5_flops, zeropower_ns5
+from .optim import AdamW, Muon, MuonW, hybrid_param_groups, routes_to_muon
+from .plan import DistMeta, ParamSpec, build_plan
+
+__all__ = ["LAYOUTS", "AdamW", "DistMeta", "DistributedAdamW", "DistributedMuon", "FSDPMuon", "Grid", "Muon", "MuonW",
+           "ParamSpec", "build_plan", "grid_layout", "hybrid_param_groups", "ns5_flops", "routes_to_muon",
+           "zeropower_ns5"]

@@ -1,0 +1,336 @@
+"""Sharded checkpoints that reshard: save on one grid and layout, load on any other, or in one process.
+
+    from muongrid import checkpoint
+    checkpoint.save(opt, "ckpt/step100", step=100)     # every rank, after opt.step()
+    checkpoint.load(opt, "ckpt/step100")               # any grid, any layout; returns the saved step
+    checkpoint.export("ckpt/step100", "step100.pt")    # one plain file, for people without DCP
+    checkpoint.load_single(MuonW(...), torch.load("step100.pt", weights_only=True))
+
+**The form.** A rank's optimizer state is its pieces of every parameter (``plan.py``): a flat range
+of its TP shard, cut wherever ZeRO-1 cut the bucket. Saved as such, it could only be read back on
+the same grid and layout. So each state tensor is saved in *global coordinates*: as the whole
+parameter's shape, of which each rank writes the rectangles its piece covers (a flat range of a
+row-major matrix is at most three rectangles: a partial row, whole rows, a partial row). That is
+exactly what ``torch.distributed.checkpoint`` (DCP) stores for a sharded tensor, and DCP reads any
+rectangles back from any others: a loader on another grid asks for its own pieces' rectangles and
+DCP finds the bytes. Keys are parameter *names* (``optim.state.<name>.<kind>``), never positions,
+so a model whose parameters are ordered differently still loads, and one whose names or shapes
+differ is refused by name. This is DCP's own convention: ``get_state_dict``/``set_state_dict``
+likewise key optimizer state by fully qualified parameter names and store DTensor shards in global
+coordinates; our pieces are not DTensor placements (a ZeRO-1 cut runs through rows), so this module
+builds the sharded tensors itself.
+
+What is saved, per parameter: ``master`` (the fp32 weights the optimizer owns), ``momentum`` (Muon)
+or ``exp_avg`` and ``exp_avg_sq`` (AdamW), and ``step``; the model's own weights under
+``model.<name>``; and, in ``muongrid.json``, the format, the step, the grid and layout it came from,
+every parameter's shape and kind, and the hyperparameters.
+
+**Crash safety.** Every rank writes into ``<path>.partial``; only when all have finished does rank 0
+write ``muongrid.json`` there and move the folder to ``<path>`` (the previous checkpoint at ``<path>``
+is moved aside first and removed last). A save that dies half-way leaves the previous checkpoint
+in place, and a folder without ``muongrid.json`` is never taken for a checkpoint. ``load`` checks
+everything it can (marker, names, shapes, kinds) before reading a byte, and reads into fresh tensors
+before copying anything into the optimizer, so a failed load changes nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .contract import MomentumSync
+from .placements import local
+
+FORMAT = "muongrid-checkpoint/1"
+MARKER = "muongrid.json"
+SINGLE_KEYS = {"momentum": "momentum_buffer"}  # canonical name -> single-device MuonW's state name
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, incomplete, foreign, or does not fit this optimizer."""
+
+
+# ---- geometry: a rank's piece as rectangles of the whole parameter -------------------------------
+
+def matrix_view(shape: tuple[int, ...]) -> tuple[int, int]:
+    """The 2-D shape a parameter is stored as: (rows, everything else); a vector is one row."""
+    if len(shape) == 1:
+        return 1, shape[0]
+    return shape[0], int(torch.Size(shape[1:]).numel())
+
+
+def rectangles(local_shape, tp_split_dim: int, tp_rank: int, piece: slice) -> list[tuple[tuple, tuple, int, int]]:
+    """The rectangles of the whole parameter that elements ``piece`` of this TP rank's flattened shard
+    cover: (offsets, sizes, start, stop in the piece), in the piece's order."""
+    rows, cols = matrix_view(tuple(local_shape))
+    if len(local_shape) == 1 and tp_split_dim == 0:
+        row_off, col_off = 0, tp_rank * cols      # a vector split over TP: along its only dimension
+    else:
+        row_off = tp_rank * rows if tp_split_dim == 0 else 0
+        col_off = tp_rank * cols if tp_split_dim == 1 else 0
+    a, b = piece.start, piece.stop
+    out, pos = [], a
+    while pos < b:
+        i, j = divmod(pos, cols)
+        if j or b - pos < cols:                   # a partial row
+            n = min(cols - j, b - pos)
+            out.append(((row_off + i, col_off + j), (1, n), pos - a, pos - a + n))
+        else:                                     # as many whole rows as fit
+            n = (b - pos) // cols * cols
+            out.append(((row_off + i, col_off), (n // cols, cols), pos - a, pos - a + n))
+        pos += n
+    return out
+
+
+def placement(rank: int, device: torch.device) -> str:
+    """A shard's placement, ``rank:N/cuda:I``: ShardedTensor compares its device with the local shard's tensor,
+    and ``cuda`` is not ``cuda:1``. Other ranks' shards name only the type: their index is theirs to know."""
+    return f"rank:{rank}/{device}"
+
+
+def _sharded(opt, global_shape, writers, mine, dtype):
+    """A ShardedTensor of ``global_shape``: ``writers`` are (rank, offsets, sizes) of every rank's
+    rectangles, ``mine`` this rank's (offsets, sizes, tensor). In one process (no process group), the
+    whole tensor: ``mine`` then covers all of it."""
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardMetadata
+    from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+
+    if opt.grid.dp * opt.grid.tp == 1:
+        whole = torch.zeros(global_shape, dtype=dtype, device=opt.grid.device)
+        for off, size, t in mine:
+            whole[off[0]:off[0] + size[0], off[1]:off[1] + size[1]] = t
+        return whole
+    me, device = opt.grid.rank, opt.grid.device
+    metas = [ShardMetadata(list(off), list(size), placement(r, device if r == me else torch.device(device.type)))
+             for r, off, size in writers]
+    local = [Shard(t, ShardMetadata(list(off), list(size), placement(me, device))) for off, size, t in mine]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ShardedTensor's deprecation notice: DCP still reads and writes it
+        return ShardedTensor._init_from_local_shards_and_global_metadata(
+            local, ShardedTensorMetadata(metas, torch.Size(global_shape), TensorProperties(dtype=dtype)))
+
+
+def _writers(opt, meta):
+    """Who writes which rectangles of ``meta``: every rank its pieces; a parameter replicated over TP
+    is written (and read) by TP rank 0 only, and broadcast over TP after a load."""
+    tp, out = opt.grid.tp, []
+    for r in range(opt.grid.dp * tp):
+        d, t = divmod(r, tp)
+        if meta.tp_split_dim == -1 and t != 0:
+            continue
+        for off, size, _, _ in rectangles(meta.shape, meta.tp_split_dim, t, opt.plan.piece_slice(meta, d)):
+            out.append((r, off, size))
+    return out
+
+
+def _global_shape(meta) -> tuple[int, int]:
+    return matrix_view(tuple(meta.full_shape))
+
+
+def _state_sharded(opt, meta, tensor_piece):
+    """``tensor_piece`` (this rank's flat piece of one state tensor) as a ShardedTensor in global coordinates."""
+    writes = meta.tp_split_dim != -1 or opt.grid.tp_rank == 0
+    mine = [] if not writes else [
+        (off, size, tensor_piece[a:b].view(size))
+        for off, size, a, b in rectangles(meta.shape, meta.tp_split_dim, opt.grid.tp_rank, meta_piece(opt, meta))]
+    return _sharded(opt, _global_shape(meta), _writers(opt, meta), mine, tensor_piece.dtype)
+
+
+def meta_piece(opt, meta) -> slice:
+    return opt.plan.piece_slice(meta, opt.grid.dp_rank)
+
+
+# ---- what is saved -------------------------------------------------------------------------------
+
+def _entries(opt):
+    """(name, meta, param, state) for every parameter, with its group."""
+    for g, group in enumerate(opt.param_groups):
+        for name, p, meta in zip(group["names"], group["params"], opt.plan.metas[g]):
+            yield name, meta, p, opt.state[p], group
+
+
+def describe(opt, step: int) -> dict:
+    """The marker: what a loader checks before reading anything."""
+    params = {name: dict(shape=list(meta.full_shape), kinds=sorted(k for k in state if k != "step"),
+                         use_muon=bool(group["use_muon"]))
+              for name, meta, _, state, group in _entries(opt)}
+    hyper = [{k: v for k, v in g.items() if k not in ("params",)} for g in opt.param_groups]
+    return dict(format=FORMAT, step=step, params=params, param_groups=hyper,
+                saved_on=dict(dp=opt.grid.dp, tp=opt.grid.tp, layout=opt.layout))
+
+
+def _state_dict(opt) -> dict:
+    sd = {}
+    for name, meta, p, state, _ in _entries(opt):
+        for kind, t in state.items():
+            if kind != "step":
+                sd[f"optim.state.{name}.{kind}"] = _state_sharded(opt, meta, t)
+        sd[f"optim.state.{name}.step"] = state["step"].detach().clone()
+        whole = slice(0, meta.numel) if opt.grid.dp_rank == 0 else slice(0, 0)  # DP rank 0 writes the model
+        model_writers = [(r, off, size) for r in range(opt.grid.tp) if meta.tp_split_dim != -1 or r == 0
+                         for off, size, _, _ in rectangles(meta.shape, meta.tp_split_dim, r, slice(0, meta.numel))]
+        writes = opt.grid.dp_rank == 0 and (meta.tp_split_dim != -1 or opt.grid.tp_rank == 0)
+        flat = local(p.detach()).reshape(-1)  # a DTensor parameter: the TP shard this rank holds
+        mine = [(off, size, flat[a:b].view(size)) for off, size, a, b in
+                rectangles(meta.shape, meta.tp_split_dim, opt.grid.tp_rank, whole)] if writes else []
+        sd[f"model.{name}"] = _sharded(opt, _global_shape(meta), model_writers, mine, p.dtype)
+    return sd
+
+
+def save(opt, path, step: int, extra: dict | None = None) -> None:
+    """Write ``opt``'s state (and its parameters) to the folder ``path``; call it on every rank.
+    ``extra`` (JSON) is kept in the marker, for the caller's own checks on resume."""
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    partial, old = Path(f"{path}.partial"), Path(f"{path}.old")
+    world = opt.grid.dp * opt.grid.tp
+    if opt.grid.rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)  # what a save that died left behind
+    _barrier(world)
+    with _quiet(world):
+        dcp.save(_state_dict(opt), checkpoint_id=str(partial), no_dist=world == 1)
+    if os.environ.get("MUONGRID_DIE_WHILE_SAVING") == str(opt.grid.rank):  # the crash test: die before it completes
+        os._exit(9)
+    _barrier(world)
+    if opt.grid.rank == 0:
+        (partial / MARKER).write_text(json.dumps(dict(describe(opt, step), extra=extra or {}), indent=1))
+        if path.exists():
+            os.replace(path, old)
+        os.replace(partial, path)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier(world)
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def _quiet(world: int):
+    """DCP warns that it runs in a single process when there is no process group: that is intended."""
+    with warnings.catch_warnings():
+        if world == 1:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+# ---- loading ---------------------------------------------------------------------------------------
+
+def read_marker(path) -> tuple[Path, dict]:
+    """The checkpoint folder to read and its marker; a clear error when there is none."""
+    path = Path(path)
+    if not (path / MARKER).is_file() and (Path(f"{path}.old") / MARKER).is_file():
+        path = Path(f"{path}.old")  # a save died between moving the old checkpoint aside and the new in
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint at {path}")
+    if not (path / MARKER).is_file():
+        raise CheckpointError(f"{path} has no {MARKER}: it is not a muongrid checkpoint, or its save did not finish")
+    marker = json.loads((path / MARKER).read_text())
+    if marker.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is in format {marker.get('format')!r}; this code reads {FORMAT!r}")
+    return path, marker
+
+
+def check_fits(marker: dict, expected: dict) -> None:
+    """Raise, naming every difference, unless the saved parameters are this optimizer's (names, shapes, kinds)."""
+    saved, ours = marker["params"], expected
+    problems = [f"missing from the checkpoint: {n}" for n in ours if n not in saved]
+    problems += [f"not in this optimizer: {n}" for n in saved if n not in ours]
+    for n in set(saved) & set(ours):
+        for key in ("shape", "kinds"):
+            if saved[n][key] != ours[n][key]:
+                problems.append(f"{n}: {key} {saved[n][key]} in the checkpoint, {ours[n][key]} here")
+    if problems:
+        raise CheckpointError("the checkpoint does not fit this optimizer:\n  " + "\n  ".join(sorted(problems)))
+
+
+def load(opt, path) -> int:
+    """Load a checkpoint saved on any grid and layout into the distributed ``opt``; returns its step.
+    Call on every rank. Nothing changes unless everything was read."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    path, marker = read_marker(path)
+    check_fits(marker, describe(opt, 0)["params"])
+    targets = {}
+    for name, meta, p, state, _ in _entries(opt):
+        for kind, t in state.items():
+            targets[f"optim.state.{name}.{kind}"] = torch.zeros_like(t) if kind == "step" else \
+                _state_sharded(opt, meta, torch.zeros_like(t))
+    world = opt.grid.dp * opt.grid.tp
+    try:
+        with _quiet(world):
+            dcp.load(targets, checkpoint_id=str(path), no_dist=world == 1)
+    except (Exception, CheckpointException) as e:  # DCP's own exception is a BaseException
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"reading {path} failed (a file truncated or corrupted?); nothing was changed: "
+                              f"{last}") from e
+    with torch.no_grad():
+        for name, meta, p, state, _ in _entries(opt):
+            for kind, t in state.items():
+                got = targets[f"optim.state.{name}.{kind}"]
+                if kind == "step":
+                    t.copy_(got)
+                    continue
+                if world == 1:  # one process: the whole parameter
+                    t.copy_(got.reshape(-1))
+                elif meta.tp_split_dim != -1 or opt.grid.tp_rank == 0:
+                    for shard, (_, _, a, b) in zip(got.local_shards(), rectangles(
+                            meta.shape, meta.tp_split_dim, opt.grid.tp_rank, meta_piece(opt, meta))):
+                        t[a:b].copy_(shard.tensor.reshape(-1))
+                if meta.tp_split_dim == -1 and opt.grid.tp > 1:  # TP rank 0 read it for its TP peers
+                    opt.comm.broadcast(t, "tp", "checkpoint", src=opt.grid.rank - opt.grid.tp_rank)
+        for ours, theirs in zip(opt.param_groups, marker["param_groups"]):
+            ours.update({k: tuple(v) if isinstance(ours.get(k), tuple) else v
+                         for k, v in theirs.items() if k not in ("names", "tp_split_dims", "use_muon")})
+        MomentumSync.of(opt).after_load(opt.param_groups)  # a Muon group's betas[0] follows its momentum
+        opt.steps_taken = marker["step"]
+        opt._gather_params()  # the parameters are the masters, all-gathered (as after every step)
+    return marker["step"]
+
+
+def export(path, out_file) -> None:
+    """One plain ``torch.save`` file of the whole checkpoint (full tensors), readable with
+    ``torch.load(out_file, weights_only=True)`` and ``load_single``; its marker travels inside."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path, marker = read_marker(path)
+    dcp_to_torch_save(path, out_file)
+    sd = torch.load(out_file, weights_only=True)
+    sd["muongrid"] = json.dumps(marker)
+    torch.save(sd, out_file)
+
+
+def load_single(opt, state: dict) -> int:
+    """Load an exported checkpoint (``export``) into a single-device ``Muon``/``MuonW``/``AdamW``, or into
+    ``torch.optim.Muon`` (whose ``momentum_buffer`` is the same EMA momentum: give its param groups
+    ``names``). A group without ``use_muon`` is a Muon group unless ``opt`` is an AdamW."""
+    marker = json.loads(state["muongrid"])
+    default_muon = not isinstance(opt, torch.optim.AdamW) and "AdamW" not in type(opt).__name__
+    named = {n: (p, g) for g in opt.param_groups for n, p in zip(g.get("names") or [], g["params"])}
+    if not named:
+        raise CheckpointError("the optimizer's param groups have no 'names': give each group the parameter names "
+                              "(as model.named_parameters() gives them) so the checkpoint's tensors can find them")
+    muon = {n: bool(g.get("use_muon", default_muon)) for n, (p, g) in named.items()}
+    expected = {n: dict(shape=list(p.shape), kinds=["momentum"] if muon[n] else ["exp_avg", "exp_avg_sq"])
+                for n, (p, g) in named.items()}
+    for info in marker["params"].values():
+        info["kinds"] = [k for k in info["kinds"] if k != "master"]
+    check_fits(marker, expected)
+    with torch.no_grad():
+        for name, (p, g) in named.items():
+            p.copy_(state[f"optim.state.{name}.master"].view(p.shape))
+            st = opt.state[p]
+            for kind in expected[name]["kinds"]:
+                st[SINGLE_KEYS.get(kind, kind)] = state[f"optim.state.{name}.{kind}"].view(p.shape).clone()
+            if not muon[name]:
+                st["step"] = int(state[f"optim.state.{name}.step"])
+    return marker["step"]

@@ -1,0 +1,318 @@
+"""Muon for FSDP2 (``fully_shard``) models: each matrix orthogonalised once, by one owner rank.
+
+    model = tp_gpt(vocab, grid)                      # tensor-parallel on grid.mesh["tp"] (or a plain model)
+    fully_shard(model, mesh=grid.mesh["dp"])         # FSDP2 on "dp": parameters become Shard(0) DTensors
+    opt = FSDPMuon(hybrid_param_groups(model.named_parameters()), grid)
+    loss.backward(); opt.step(); opt.zero_grad()
+
+    python scripts/train.py --fsdp --dp 2 --tp 2 --optimizer hybrid --steps 20 --compare-torch-muon
+
+**Why.** After ``fully_shard`` every rank holds a block of rows of every parameter, and FSDP2 leaves each
+gradient reduce-scattered and averaged over "dp", placed like its parameter. AdamW is elementwise and
+runs on those blocks as they are. Newton-Schulz is not: it needs the whole matrix. ``torch.optim.Muon``
+accepts the DTensors, and DTensor then gathers every matrix on every rank inside Newton-Schulz (a dozen
+collectives per matrix), so each matrix is orthogonalised ``world`` times. Here, per step:
+
+  1. momentum (``updates.muon_momentum_``) on the local block, elementwise, in the parameter's dtype;
+  2. one all-to-all (bf16) sends each block to its matrix's owner (``fsdp_routes``: owners balance
+     Newton-Schulz FLOPs with the engine's ``layouts.assign_owners``; a block replicated over TP is sent once);
+  3. the owner places the blocks at their global offsets (DTensor's ``compute_local_shape_and_global_offset``:
+     uneven rows, TP columns and FSDP2-over-TP's strided rows alike) and runs ``zeropower_ns5`` once;
+  4. one all-to-all sends every rank its block of the result; ``updates.apply_update_`` applies it
+     (decoupled decay, ``adjust_lr`` of the whole matrix's shape);
+  AdamW groups: ``updates.adamw_step_`` on the local blocks. No other communication.
+
+The math is the engine's pure functions, on the same numbers, so the parameters equal single-device
+``muongrid.MuonW``'s bit for bit given the same gradients (``tests/test_fsdp.py``).
+
+**Not a DistributedMuon mode.** ``DistributedMuon`` owns ZeRO-1's flat buffers: it reduce-scatters
+gradients, keeps fp32 master shards cut anywhere in a bucket and all-gathers parameters. Under FSDP2 all
+three belong to FSDP2 and the shards are DTensor rectangles, not buffer ranges, so the plan has nothing
+to say. What is shared is what matters: the owner rule, the Newton-Schulz and update functions, and the
+``Comm`` wrapper (ledger phases ``ns_to_owner`` / ``ns_from_owner``, Newton-Schulz calls counted).
+
+**State** is torch's: per Muon parameter ``momentum_buffer``, per AdamW parameter ``step``, ``exp_avg``,
+``exp_avg_sq``, each a DTensor placed like its parameter, created when the optimizer is built. So
+``state_dict()`` round-trips and FSDP2's own ``get_state_dict`` / ``set_state_dict`` with DCP save on one
+grid and load on another (``save`` / ``load`` below).
+
+**As a torch optimizer** (``contract.py``): parameters are updated in place (no master copy: FSDP2 keeps
+the sharded parameters in their own dtype), so a step starts from their current values; a gradient that
+is None on every rank skips its parameter, None on some ranks counts as zeros there (one small all-reduce
+per step decides); ``opt.clip_grad_norm_`` clips FSDP2's DP-mean gradients by their global norm.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.profiler import record_function
+
+from .finite import check_finite, finite_flag
+from .comm import Comm, Phase
+from .fsdp_routes import Piece, routes
+from .newton_schulz import NS_FORM, ns_flops, zeropower_ns5
+from .contract import MomentumSync, grads_present, lr_of, refuse_pickle
+from .optim import call_closure, check_group, check_hyper, param_names
+from .placements import is_dtensor
+from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
+
+
+def local_grad(p: torch.Tensor) -> torch.Tensor:
+    """This rank's block of ``p``'s gradient, or zeros where this rank has none (another rank has one)."""
+    return p.grad.to_local() if p.grad is not None else torch.zeros_like(p.to_local())
+
+
+def fsdp_piece(name: str, p: torch.Tensor, grid) -> Piece:
+    """This rank's rectangle of an FSDP2 parameter, after checking that it is one and lives on ``grid``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if not is_dtensor(p):
+        raise ValueError(f"parameter {name!r} is a plain tensor, not an FSDP2 parameter: call "
+                         "fully_shard(model, mesh=grid.mesh['dp']) before building FSDPMuon (for a model without "
+                         "FSDP use DistributedMuon)")
+    mesh, names = p.device_mesh, tuple(p.device_mesh.mesh_dim_names or ())
+    if names not in (("dp",), ("dp", "tp")):
+        raise ValueError(f"parameter {name!r} is a DTensor on a mesh with dimensions {names or '(unnamed)'}; "
+                         "FSDPMuon reads FSDP2 parameters on the grid's mesh: ('dp',) or ('dp', 'tp')")
+    sizes = dict(dp=grid.dp, tp=grid.tp)
+    for i, dim in enumerate(names):
+        if mesh.size(i) != sizes[dim]:
+            raise ValueError(f"parameter {name!r}: mesh dimension {dim!r} has size {mesh.size(i)}, the grid has "
+                             f"{dim}={sizes[dim]}; build the model on grid.mesh")
+    if names == ("dp",):
+        expected = [d * grid.tp + grid.tp_rank for d in range(grid.dp)]
+    else:
+        expected = list(range(grid.dp * grid.tp))
+    if [int(r) for r in mesh.mesh.reshape(-1)] != expected:
+        raise ValueError(f"parameter {name!r} lives on ranks {mesh.mesh.tolist()}, not on this grid's "
+                         f"{'DP group' if names == ('dp',) else 'mesh'} {expected}: build the model on grid.mesh")
+    for dim, pl in zip(names, p.placements):
+        row_shard = isinstance(pl, (Shard, _StridedShard)) and pl.dim == 0
+        if dim == "dp" and not (row_shard or (isinstance(pl, Replicate) and grid.dp == 1)):
+            raise ValueError(f"parameter {name!r} is placed {p.placements}: FSDP2 shards rows over 'dp' (Shard(0)); "
+                             "anything else is not a fully_shard parameter")
+        if dim == "tp" and not isinstance(pl, (Shard, Replicate)):
+            raise ValueError(f"parameter {name!r}: placement {pl} on 'tp' is not supported (Shard(d) or Replicate())")
+    shape, offset = compute_local_shape_and_global_offset(p.shape, mesh, p.placements)
+    if tuple(shape) != tuple(p.to_local().shape):
+        raise ValueError(f"parameter {name!r}: local block {tuple(p.to_local().shape)} is not the {tuple(shape)} "
+                         f"its placements {p.placements} give")
+    return Piece(tuple(int(o) for o in offset), tuple(int(s) for s in shape))
+
+
+class FSDPMuon(torch.optim.Optimizer):
+    """Muon (and AdamW for groups with ``use_muon=False``) on FSDP2 parameters; one owner per matrix.
+
+    Keywords as ``DistributedMuon``'s: ``torch.optim.Muon``'s with its meaning, except the default lr
+    adjustment, Moonshot's ``adjust_lr_fn="match_rms_adamw"`` (torch's default None is "original").
+    Clip FSDP2's mean gradients with ``opt.clip_grad_norm_(max_norm)`` (global norm, TP counted once).
+    """
+
+    def __init__(self, params, grid, comm: Comm | None = None, use_muon: bool = True, check_finite: bool = True,
+                 **hyper):
+        from .optim import DEFAULTS
+        hyper = check_hyper(hyper)
+        self.grid, self.check_finite = grid, check_finite
+        self.comm = comm or Comm(grid)
+        super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **hyper))
+        mine = []
+        for g_idx, group in enumerate(self.param_groups):
+            group["names"] = param_names(group, g_idx)
+            check_group(group, g_idx)
+            mine.append([(n, tuple(p.shape), fsdp_piece(n, p, grid)) for n, p in zip(group["names"], group["params"])])
+        self.pieces = {id(p): piece for g, group in zip(mine, self.param_groups)
+                       for (_, _, piece), p in zip(g, group["params"])}
+        everyone = self.comm.gather_objects(mine, "setup")  # one small all-gather when built
+        for rank, theirs in enumerate(everyone):
+            if [[(n, s) for n, s, _ in g] for g in theirs] != [[(n, s) for n, s, _ in g] for g in mine]:
+                raise ValueError(f"the ranks disagree about the parameters they optimize (rank {rank} differs from "
+                                 f"rank {grid.rank} in names, shapes or groups); every rank must build the same model")
+        self.muon_params = [p for group in self.param_groups if group["use_muon"] for p in group["params"]]
+        where = [(g, i) for g, group in enumerate(self.param_groups) if group["use_muon"]
+                 for i in range(len(group["params"]))]
+        self.routes = routes([tuple(self.param_groups[g]["params"][i].shape) for g, i in where],
+                             [[theirs[g][i][2] for g, i in where] for theirs in everyone], grid.tp)
+        self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
+        MomentumSync.of(self)
+        self.steps_taken = 0
+        for group in self.param_groups:  # state now, not at the first step: get_state_dict never steps it
+            for p in group["params"]:
+                self.state[p] = (dict(momentum_buffer=torch.zeros_like(p)) if group["use_muon"] else
+                                 dict(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
+                                      exp_avg_sq=torch.zeros_like(p)))
+
+    def add_param_group(self, param_group: dict) -> None:
+        if getattr(self, "routes", None) is not None:
+            raise RuntimeError("owners are fixed when FSDPMuon is built: give every parameter group to the constructor")
+        super().add_param_group(param_group)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = call_closure(closure)
+        with record_function("optimizer.step"):  # the contract's checks belong to the step
+            MomentumSync.of(self)(self.param_groups)
+            grads, where = self._check_grads()
+            flag = finite_flag(grads) if self.check_finite else None
+            flags, finite = grads_present(self._all_params(), self.comm, flag)
+            if flag is not None:
+                check_finite(grads, where, known_finite=finite)
+            present = dict(zip(map(id, self._all_params()), flags))
+            self.steps_taken += 1
+            self.comm.ledger.begin_step(self.steps_taken)
+            for group in self.param_groups:
+                if not group["use_muon"]:
+                    for p in group["params"]:
+                        if not present[id(p)]:
+                            continue
+                        st = self.state[p]
+                        st["step"] += 1
+                        adamw_step_(p.to_local(), local_grad(p), st["exp_avg"].to_local(),
+                                    st["exp_avg_sq"].to_local(), int(st["step"]), lr_of(group), group["betas"],
+                                    group["eps"], group["weight_decay"])
+            if self.muon_params:
+                self._muon_step(present)
+        return loss
+
+    def _all_params(self) -> list:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+        """Clip FSDP2's DP-mean gradients in place by their global norm (blocks of every rank, TP-replicated
+        parameters counted once); returns the total norm, as ``torch.nn.utils.clip_grad_norm_``."""
+        from .clipping import clip_fsdp_
+        return clip_fsdp_(self, max_norm, norm_type, error_if_nonfinite)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        MomentumSync.of(self).after_load(self.param_groups)
+
+    def __getstate__(self):
+        refuse_pickle(self)
+
+    def __deepcopy__(self, memo):
+        raise TypeError("FSDPMuon cannot be deep-copied: its parameters are FSDP2 DTensors that belong to the "
+                        "model; copy the model and build a new FSDPMuon on it, then load_state_dict(opt.state_dict())")
+
+    def _muon_step(self, present: dict) -> None:
+        groups = {id(p): g for g in self.param_groups if g["use_muon"] for p in g["params"]}
+        updates = []
+        for p in self.muon_params:
+            g = groups[id(p)]
+            if not present[id(p)]:  # skipped: momentum kept, Newton-Schulz runs on zeros, nothing applied
+                updates.append(torch.zeros_like(p.to_local()))
+                continue
+            updates.append(muon_momentum_(self.state[p]["momentum_buffer"].to_local(), local_grad(p),
+                                          g["momentum"], g["nesterov"]))
+        r, me = self.routes, self.grid.rank
+        out = [updates[m].reshape(-1) for ms in r.outgoing(me) for m in ms]
+        send = torch.cat(out).to(torch.bfloat16) if out else torch.zeros(0, dtype=torch.bfloat16, device=self.grid.device)
+        got = self.comm.all_to_all(send, r.send_counts(me), r.recv_counts(me), "world", Phase.NS_TO_OWNER).wait()
+        whole, offset = {}, 0
+        for src, ms in enumerate(r.incoming(me)):
+            for m in ms:
+                piece = r.pieces[src][m]
+                if m not in whole:
+                    whole[m] = torch.empty(r.shapes[m], dtype=torch.bfloat16, device=send.device)
+                whole[m][piece.slices()] = got[offset: offset + piece.numel].view(piece.shape)
+                offset += piece.numel
+        ortho = {}
+        for m in r.owned(me):
+            g = groups[id(self.muon_params[m])]
+            form = g.get("ns_form", NS_FORM)
+            self.comm.ledger.count_ns(ns_flops(*r.shapes[m], g["ns_steps"], form))
+            with record_function("muon:newton_schulz"):
+                ortho[m] = zeropower_ns5(whole[m], g["ns_steps"], g["ns_coefficients"], g["eps"], form=form)
+        back = [ortho[m][r.pieces[q][m].slices()].reshape(-1) for q in range(r.world) for m in r.owned(me)]
+        send = torch.cat(back) if back else torch.zeros(0, dtype=torch.bfloat16, device=self.grid.device)
+        got = self.comm.all_to_all(send, r.back_counts(me), r.back_recv_counts(me), "world", Phase.NS_FROM_OWNER).wait()
+        offset = 0
+        for owner in range(r.world):
+            for m in r.owned(owner):
+                p, piece = self.muon_params[m], r.pieces[me][m]
+                g, lr = groups[id(p)], lr_of(groups[id(p)])
+                if present[id(p)]:
+                    apply_update_(p.to_local(), got[offset: offset + piece.numel].view(piece.shape), lr,
+                                  g["weight_decay"], adjust_lr(lr, r.shapes[m], g["adjust_lr"]))
+                offset += piece.numel
+
+    def _check_grads(self):
+        """Fail on this rank, before any collective, with a message naming the parameter. Returns the
+        local gradients and where we are, for the NaN/Inf check read with the step's one host sync."""
+        where = f"rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank}), step {self.steps_taken + 1}"
+        grads = []  # checked for NaN/Inf together after the loop: one host sync (finite.py)
+        for g, group in enumerate(self.param_groups):
+            if bool(group["use_muon"]) != self.muon_groups[g]:
+                raise ValueError(f"group {g}: use_muon changed after the optimizer was built")
+            for name, p in zip(group["names"], group["params"]):
+                if p.grad is None:  # skipped if no rank has one, zeros here if another rank has one
+                    continue
+                if not is_dtensor(p.grad) or p.grad.placements != p.placements or p.grad.shape != p.shape:
+                    raise ValueError(f"parameter {name!r}: gradient {getattr(p.grad, 'placements', 'a plain tensor')} "
+                                     f"of shape {tuple(p.grad.shape)} is not placed like its parameter {p.placements} "
+                                     f"{tuple(p.shape)} on {where} (FSDP2 leaves it so; was it replaced?)")
+                if p.grad.to_local().shape != p.to_local().shape:
+                    raise ValueError(f"parameter {name!r}: local gradient block {tuple(p.grad.to_local().shape)} "
+                                     f"differs from the parameter's {tuple(p.to_local().shape)} on {where}")
+                grads.append((name, p.grad.to_local()))
+        return grads, where
+
+
+# ---- checkpoints: FSDP2's own state dicts through DCP ------------------------------------------------
+# Not checkpoint.py's format: that module builds sharded tensors by hand because ZeRO-1's pieces are flat
+# ranges cut through rows, which no DTensor placement describes. Here parameters and state already are
+# DTensors, so get_state_dict gives exactly what checkpoint.py emulates (fully qualified names, shards in
+# global coordinates) and DCP reshards it to any mesh. Crash safety as there (a rename once all ranks
+# wrote); not yet here: checkpoint.py's marker and its checks of names and shapes before reading.
+
+def save(model, opt, path, step: int) -> None:
+    """Save model and optimizer with ``get_state_dict`` (FQN keys, DTensor shards) into DCP folder ``path``;
+    call on every rank. Written into ``<path>.partial`` and moved to ``path`` once every rank has finished,
+    so a save that dies half-way leaves the previous checkpoint at ``path`` whole."""
+    import shutil
+    from pathlib import Path
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path, rank = Path(path), dist.get_rank() if dist.is_initialized() else 0
+    partial, old = Path(f"{path}.partial"), Path(f"{path}.old")
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+    _barrier()
+    model_sd, optim_sd = get_state_dict(model, opt)
+    counters = dict(step=torch.tensor(step), taken=torch.tensor(opt.steps_taken))
+    dcp.save(dict(model=model_sd, optim=optim_sd, muongrid=counters), checkpoint_id=str(partial))
+    _barrier()
+    if rank == 0:
+        if path.exists():
+            path.rename(old)
+        partial.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def load(model, opt, path) -> int:
+    """Load a ``save``d folder into ``model`` and ``opt`` on any number of ranks (DCP reshards); returns the step."""
+    from pathlib import Path
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from .checkpoint import CheckpointError
+
+    if not (Path(path) / ".metadata").is_file():
+        raise CheckpointError(f"no finished FSDP checkpoint at {path} (no DCP .metadata there)")
+    model_sd, optim_sd = get_state_dict(model, opt)
+    sd = dict(model=model_sd, optim=optim_sd, muongrid=dict(step=torch.tensor(0), taken=torch.tensor(0)))
+    dcp.load(sd, checkpoint_id=str(path))
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    opt.steps_taken = int(sd["muongrid"]["taken"])
+    _barrier()
+    return int(sd["muongrid"]["step"])

@@ -1,0 +1,111 @@
+"""The DP x TP grid: the one place that decides which rank is which and builds the process groups.
+
+Ranks are laid out TP-fastest: ``rank = dp_rank * tp + tp_rank``. A TP group is a row of
+consecutive ranks (they share one model replica's layers, so on a cluster they should share a
+node and its fast links); a DP group is a column (the same TP shard in every replica).
+
+    dp=2, tp=4:   tp groups {0,1,2,3} {4,5,6,7}     dp groups {0,4} {1,5} {2,6} {3,7}
+
+``grid_layout`` is pure (no processes) so the book can draw any grid; ``Grid.build`` makes the
+real groups with ``init_device_mesh(..., mesh_dim_names=("dp", "tp"))`` after
+``init_process_group`` has run (see ``launch.py``).
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+def check_grid(dp: int, tp: int, world_size: int | None = None) -> None:
+    """Raise a clear error for a grid that cannot be built."""
+    if dp < 1 or tp < 1:
+        raise ValueError(f"--dp and --tp must be at least 1, got dp={dp}, tp={tp}")
+    if world_size is not None and world_size != dp * tp:
+        raise ValueError(
+            f"world size {world_size} does not equal dp*tp = {dp}*{tp} = {dp * tp}; "
+            f"launch exactly {dp * tp} processes (e.g. torchrun --nproc-per-node {dp * tp}) or change --dp/--tp"
+        )
+
+
+def subgroup_options(timeout: datetime.timedelta | None) -> dict | None:
+    """``init_device_mesh``'s ``backend_override`` that gives the dp and tp groups ``timeout`` (gloo, NCCL).
+    None (the backend's defaults) without a timeout or for another backend (the fake group of the tests)."""
+    if timeout is None or not dist.is_initialized():
+        return None
+    backend = dist.get_backend()
+    if backend == "gloo":
+        options = dist.ProcessGroupGloo._Options()
+    elif backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+    else:
+        return None
+    options._timeout = timeout
+    return {"dp": (backend, options), "tp": (backend, options)}
+
+
+def grid_layout(dp: int, tp: int) -> list[dict]:
+    """For every rank: its dp_rank, tp_rank and the ranks of its DP and TP groups."""
+    check_grid(dp, tp)
+    return [dict(rank=r, dp_rank=r // tp, tp_rank=r % tp,
+                 dp_group=[d * tp + r % tp for d in range(dp)],
+                 tp_group=[(r // tp) * tp + t for t in range(tp)])
+            for r in range(dp * tp)]
+
+
+@dataclass
+class Grid:
+    """This rank's place in the grid and its two process groups."""
+
+    dp: int
+    tp: int
+    rank: int
+    dp_rank: int
+    tp_rank: int
+    dp_group: object
+    tp_group: object
+    device: torch.device
+    mesh: object = None
+
+    @classmethod
+    def build(cls, dp: int, tp: int, device: torch.device | str = "cpu", timeout: datetime.timedelta | None = None
+              ) -> "Grid":
+        """Make the DP and TP groups of the current job (needs ``init_process_group`` first).
+
+        On CUDA this rank's GPU becomes the current device first (NCCL, ``all_gather_object`` and a model
+        moved with ``.cuda()`` all use the current device). ``timeout`` bounds every collective of the dp
+        and tp groups too: subgroups do not inherit the world group's timeout (NCCL's default is 10 min).
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+
+        check_grid(dp, tp, dist.get_world_size())
+        device = torch.device(device)
+        if device.type == "cuda":
+            if device.index is None:
+                raise ValueError("Grid.build needs a CUDA device with an index (cuda:I): use "
+                                 "muongrid.devices.rank_device('nccl'), which picks cuda:{LOCAL_RANK % device_count()}")
+            torch.cuda.set_device(device)
+        mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"),
+                                backend_override=subgroup_options(timeout))
+        rank = dist.get_rank()
+        me = grid_layout(dp, tp)[rank]
+        grid = cls(dp, tp, rank, me["dp_rank"], me["tp_rank"], mesh.get_group("dp"),
+                   mesh.get_group("tp"), device, mesh)
+        # The mesh must agree with our layout; if a future torch changed it, fail loudly here.
+        got = (dist.get_process_group_ranks(grid.dp_group), dist.get_process_group_ranks(grid.tp_group))
+        if got != (me["dp_group"], me["tp_group"]):
+            raise RuntimeError(f"device mesh groups {got} differ from the expected layout {me}")
+        return grid
+
+    @classmethod
+    def single(cls, device: torch.device | str = "cpu") -> "Grid":
+        """A 1 x 1 grid with no process groups, for running the distributed code in one process."""
+        return cls(1, 1, 0, 0, 0, None, None, torch.device(device))
+
+    def describe(self) -> dict:
+        """What this rank is, from the real process groups (used by the book's grid chapter)."""
+        ranks = (lambda g: dist.get_process_group_ranks(g)) if self.dp_group is not None else (lambda g: [0])
+        return dict(rank=self.rank, dp_rank=self.dp_rank, tp_rank=self.tp_rank,
+                    dp_group=ranks(self.dp_group), tp_group=ranks(self.tp_group))

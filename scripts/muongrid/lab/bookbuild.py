@@ -1,0 +1,111 @@
+"""Build the book: execute each chapter once (guarded against stalls), then render with execution off.
+
+``make book`` runs ``python scripts/build_book.py``; the test suite uses the same functions, so a
+chapter executed by one is reused by the other when nothing it depends on has changed.
+
+Why not let ``jupyter-book build`` execute the chapters itself: its executor (myst-nb through
+nbclient) waits on ZeroMQ sockets in a way that can stall for a whole cell timeout
+(``muongrid.lab.nbexec`` explains and works around it), and it cannot report time per chapter.
+
+The flow:
+1. ``executed(stem)``: run ``notebooks/<stem>.ipynb`` in ``notebooks/`` with ``nbexec`` and keep the
+   result in ``_build/executed/<stem>.ipynb`` beside a fingerprint of its inputs (the chapter, every
+   file under ``scripts/`` and ``book/data/``, ``requirements.txt``). A copy whose fingerprint matches
+   is reused; any change re-executes.
+2. ``stage(dest)``: a copy of ``book/``, the executed chapters as ``notebooks/*.ipynb`` and
+   ``_config.yml`` with execution off.
+3. ``render(dest)``: ``jupyter-book build`` with ``-W -n --keep-going``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from .nbexec import Report, execute_chapter
+from .notebook import ROOT
+
+BUILD = ROOT / "_build"
+EXECUTED = BUILD / "executed"
+
+
+def toc_files(toc_text: str | None = None) -> list[str]:
+    """Every page of ``_toc.yml`` (or of ``toc_text``), in order: its root, then each part's chapters."""
+    toc = yaml.safe_load(toc_text or (ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
+        files += [c["file"] for c in part["chapters"]]
+    return files
+
+
+def toc_chapters(toc_text: str | None = None) -> list[str]:
+    """The stems of the chapters (``notebooks/NN_*``) listed in ``_toc.yml``, in order."""
+    return [f.split("/", 1)[1] for f in toc_files(toc_text) if f.startswith("notebooks/")]
+
+
+def _digest(paths) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(str(p.relative_to(ROOT)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def fingerprint(stem: str) -> str:
+    """What a chapter's executed copy depends on: itself, the code it runs, the data it reads."""
+    shared = [p for folder in ("scripts", "book/data") for p in (ROOT / folder).rglob("*")
+              if p.is_file() and "__pycache__" not in p.parts and ".egg-info" not in str(p)]
+    return _digest([ROOT / "notebooks" / f"{stem}.ipynb", ROOT / "requirements.txt", *shared])
+
+
+def is_fresh(stem: str) -> bool:
+    """Whether chapter ``stem`` has an executed copy whose inputs are unchanged."""
+    stamp = EXECUTED / f"{stem}.fingerprint"
+    return (EXECUTED / f"{stem}.ipynb").exists() and stamp.exists() and stamp.read_text() == fingerprint(stem)
+
+
+def executed(stem: str, force: bool = False) -> tuple[Path, Report | None]:
+    """The executed copy of chapter ``stem``: reused if its inputs are unchanged, else executed now.
+    Returns its path and the execution report (None when reused)."""
+    import nbformat
+
+    out, stamp = EXECUTED / f"{stem}.ipynb", EXECUTED / f"{stem}.fingerprint"
+    if not force and is_fresh(stem):
+        return out, None
+    want = fingerprint(stem)
+    nb, report = execute_chapter(ROOT / "notebooks" / f"{stem}.ipynb", cwd=ROOT / "notebooks")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    nbformat.write(nb, out)
+    stamp.write_text(want)
+    return out, report
+
+
+def stage(dest: Path, stems: list[str], toc: str | None = None) -> Path:
+    """A source tree in ``dest`` whose chapters are the executed copies (execution off)."""
+    shutil.copytree(ROOT / "book", dest / "book", ignore=shutil.ignore_patterns("__pycache__"))
+    # The chapters include excerpts of the code ({literalinclude} ../scripts/...); Sphinx reads them
+    # from here (_config.yml excludes scripts/ from the pages, not from includes).
+    shutil.copytree(ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    (dest / "notebooks").mkdir()
+    for stem in stems:
+        shutil.copy(EXECUTED / f"{stem}.ipynb", dest / "notebooks" / f"{stem}.ipynb")
+    config = (ROOT / "_config.yml").read_text()
+    config = config.replace("execute_notebooks: force", 'execute_notebooks: "off"')
+    config = config.replace('"notebooks/*.ipynb"', '"notebooks/*.py"')
+    (dest / "_config.yml").write_text(config)
+    (dest / "_toc.yml").write_text(toc or (ROOT / "_toc.yml").read_text())
+    return dest
+
+
+def render(src: Path, timeout: float = 1200, offline: str | None = None) -> subprocess.CompletedProcess:
+    """``jupyter-book build src`` with every warning an error; output in ``src/_build/html``."""
+    env = dict(os.environ, **({"MUONGRID_OFFLINE": offline} if offline else {}))
+    jb = Path(sys.executable).parent / "jupyter-book"
+    return subprocess.run([str(jb), "build", str(src), "--warningiserror", "--nitpick", "--keep-going"],
+                          cwd=src, env=env, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,233 @@
+"""What the chapters share: launching scripts from a cell, reading their results, and the set-up cell.
+
+In a notebook (``muongrid`` is installed: ``make setup`` does ``pip install -e .``; in Colab the set-up cell does it):
+
+    from muongrid.lab.notebook import run, last_json
+    out = run("verify.py", "--dp", 2, "--tp", 2)   # streams into the cell; raises if the script fails
+    result = last_json(out)                         # the script's final JSON line, as a dict
+
+Why a subprocess: ``torch.multiprocessing`` spawns ranks by importing the function they run, and
+a function defined in a notebook cell cannot be imported; and ``!python ...`` never raises on a
+non-zero exit, so a broken script would leave a green notebook. ``run`` does both jobs properly.
+
+From a shell:
+
+    python -m muongrid.lab.notebook sync     # rewrite every chapter's set-up cell (after its title) from SETUP_CELL
+    python -m muongrid.lab.notebook check    # exit 1 if any chapter's set-up cell is out of date or misplaced
+
+The repository URL is written once, in ``_config.yml`` (``repository.url``); the set-up cell of every
+chapter is generated from it, and a test checks that it is.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+def _repository_root() -> Path:
+    """The checkout the chapters run from: the nearest folder above the working directory that has
+    ``scripts/verify.py`` (a notebook runs in ``notebooks/``), else the one this file sits in (an
+    editable install)."""
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / "scripts" / "verify.py").is_file():
+            return folder
+    return Path(__file__).resolve().parents[3]
+
+
+ROOT = _repository_root()
+SCRIPTS = ROOT / "scripts"
+NOTEBOOKS = ROOT / "notebooks"
+
+
+class ScriptFailed(RuntimeError):
+    """A launched script exited with a non-zero code (or succeeded where it was expected to fail)."""
+
+
+def _relative(line: str) -> str:
+    """A line of script output with the checkout's absolute path removed (tracebacks, trace files)."""
+    return line.replace(str(ROOT) + os.sep, "")
+
+
+def run(script: str, *args, expect_failure: bool = False, timeout: float = 900, echo_json: bool = False,
+        log: str = "stream", env: dict | None = None) -> str:
+    """Run ``python scripts/<script> <args>``, show its output, and return it.
+
+    Raises ``ScriptFailed`` if the script exits non-zero, or, with ``expect_failure=True``, if it
+    exits zero. Lines that are JSON objects (machine-readable results) are not shown unless
+    ``echo_json``; they are still in the returned text. Paths inside the checkout are shown relative
+    to it. ``log="stream"`` prints lines as they come; ``log="collapsed"`` shows the whole output
+    afterwards in a collapsed block (``<details>``), for long logs that the chapter summarises
+    itself; an unexpected failure is always shown in full. ``env`` adds environment variables (shown
+    in front of the command, as a shell would take them).
+    """
+    if log not in ("stream", "collapsed"):
+        raise ValueError("log must be 'stream' or 'collapsed'")
+    cmd = [sys.executable, str(SCRIPTS / script), *map(str, args)]
+    shown = " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), "python", f"scripts/{script}", *map(str, args)])
+    if log == "stream":
+        print(f"$ {shown}", flush=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    lines, visible = [], []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            # torch 2.13's profiler (kineto) prints "USDT: ... profiler_start/stop" on every use, unconditionally
+            if (echo_json or not line.startswith("{")) and not line.startswith("USDT:"):
+                visible.append(_relative(line))
+                if log == "stream":
+                    print(visible[-1], end="", flush=True)
+        code = proc.wait(timeout=timeout)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    failed = (code != 0) != expect_failure
+    if log == "collapsed":
+        if failed:
+            print(f"$ {shown}\n" + "".join(visible), flush=True)
+        else:
+            show_log(f"$ {shown}", "".join(visible), f"exit code {code}")
+    if code != 0 and not expect_failure:
+        raise ScriptFailed(f"`{shown}` exited with code {code}; its output is above")
+    if code == 0 and expect_failure:
+        raise ScriptFailed(f"`{shown}` was expected to fail but exited with code 0")
+    return "".join(lines)
+
+
+def show_log(title: str, text: str, note: str = "") -> None:
+    """Display ``text`` in a collapsed block titled ``title`` (plain text where HTML is not shown)."""
+    import html
+
+    from IPython.display import display
+
+    lines = text.count("\n")
+    summary = f"{html.escape(title)} <small>({lines} lines{', ' + html.escape(note) if note else ''}; click to show)</small>"
+    display({"text/html": f'<details class="muongrid-log"><summary><code>{summary}</code></summary>'
+                          f"<pre>{html.escape(text)}</pre></details>",
+             "text/plain": f"{title}\n{text}"}, raw=True)
+
+
+def table(headers: list[str], rows: list[list], align: str | None = None) -> None:
+    """Display a Markdown table (the book renders it as an HTML table that fits the column).
+    ``align``: one character per column, ``l`` or ``r`` (default: numbers right, text left)."""
+    from IPython.display import Markdown, display
+
+    def cell(v):  # a "|" would end the cell and a newline the row: escape the one, fold the other
+        text = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    align = align or "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l" for i in range(len(headers)))
+    rule = ["---:" if a == "r" else ":---" for a in align]
+    text = "\n".join("| " + " | ".join(r) + " |"
+                     for r in [[cell(h) for h in headers], rule, *[[cell(v) for v in row] for row in rows]])
+    display(Markdown(text))
+
+
+def last_json(output: str) -> dict:
+    """The last line of a script's output that is a JSON object."""
+    for line in reversed(output.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise ValueError("the script printed no JSON result line")
+
+
+# ---- the set-up cell ------------------------------------------------------------------------
+
+SETUP_MARKER = "# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`)."
+SETUP_PREFIX = "# Set-up, the same in every chapter"  # also finds cells an older marker made
+# Lines of at most 88 characters, like every code cell of the book (tests/test_notebooks.py).
+SETUP_CELL = '''\
+# %% tags=["hide-cell"]
+{marker}
+# In Colab: fetch the book's code and install only what Colab lacks (never torch).
+# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+import importlib.util, os, subprocess, sys  # noqa: E401
+REPOSITORY = "{url}"
+if "google.colab" in sys.modules:
+    if not os.path.isdir("/content/{name}"):
+        clone = ["git", "clone", "--depth", "1", REPOSITORY]
+        if subprocess.run([*clone, "/content/{name}"]).returncode:
+            raise RuntimeError(
+                f"could not clone {{REPOSITORY}}. If that is not the book's "
+                "repository, set repository.url in _config.yml to it and run "
+                "`python -m muongrid.lab.notebook sync`")
+    os.chdir("/content/{name}/notebooks")
+    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
+              ("sklearn", "scikit-learn")]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
+    install = [sys.executable, "-m", "pip", "install", "-q"]
+    if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
+        subprocess.run([*install, "--no-deps", ".."], check=True)
+    if missing:
+        subprocess.run([*install, *missing], check=True)
+elif importlib.util.find_spec("muongrid") is None:
+    raise ModuleNotFoundError(
+        "the muongrid package is not installed: run `make setup` in the repository and "
+        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+'''
+
+
+
+def repository_url() -> str:
+    """``repository.url`` from ``_config.yml``: the one place the URL is written."""
+    match = re.search(r"^repository:\s*\n(?:\s+.*\n)*?\s+url:\s*(\S+)", (ROOT / "_config.yml").read_text(), re.M)
+    if not match:
+        raise ValueError("_config.yml has no repository.url")
+    return match.group(1).strip("\"'")
+
+
+def setup_cell() -> str:
+    url = repository_url()
+    return SETUP_CELL.format(marker=SETUP_MARKER, url=url, name=url.rstrip("/").split("/")[-1])
+
+
+def chapters() -> list[Path]:
+    return sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.py"))
+
+
+def _cells(text: str) -> tuple[str, list[str]]:
+    """(header, cells) of a py:percent chapter; each cell starts with ``# %%``."""
+    start = text.index("# %%")
+    return text[:start], [c for c in re.split(r"(?m)^(?=# %%)", text[start:]) if c]
+
+
+def _with_setup(text: str) -> str:
+    """The chapter with its set-up cell (re)generated and placed right after the title cell (the
+    first cell, a Markdown cell holding the ``# N. Title`` heading), so the page starts with its title."""
+    header, cells = _cells(text)
+    cells = [c for c in cells if SETUP_PREFIX not in c and c.strip() != "# %%"]  # (and no empty cells)
+    title = next(i for i, c in enumerate(cells) if c.startswith("# %% [markdown]"))
+    cells.insert(title + 1, setup_cell() + "\n")
+    cells = [c if c.endswith("\n\n") or i == len(cells) - 1 else c.rstrip("\n") + "\n\n" for i, c in enumerate(cells)]
+    return header + "".join(cells)
+
+
+def sync(check_only: bool = False) -> list[Path]:
+    """Make every chapter's set-up cell the generated one, right after its title; re-pair the .ipynb.
+    Returns the files that were (or, with ``check_only``, would be) changed."""
+    stale = []
+    for path in chapters():
+        text = path.read_text()
+        new = _with_setup(text)
+        if new == text:
+            continue
+        stale.append(path)
+        if not check_only:
+            path.write_text(new)
+            subprocess.run([sys.executable, "-m", "jupytext", "--sync", "--quiet", str(path)], check=True)
+    return stale
+
+
+if __name__ == "__main__":
+    command = sys.argv[1] if len(sys.argv) > 1 else "check"
+    if command not in ("sync", "check"):
+        sys.exit("usage: python -m muongrid.lab.notebook sync|check")
+    changed = sync(check_only=command == "check")
+    for p in changed:
+        print(f"{'out of date' if command == 'check' else 'updated'}: {p.relative_to(ROOT)}")
+    sys.exit(1 if changed and command == "check" else 0)
