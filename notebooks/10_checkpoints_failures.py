@@ -251,8 +251,9 @@ run("verify.py", "--dp", 2, "--steps", 1, "--save", safe, *problem, log="collaps
 run("verify.py", "--dp", 2, "--steps", 2, "--save", safe, *problem, expect_failure=True,
     log="collapsed", env={"MUONGRID_DIE_WHILE_SAVING": "1"})
 partial = Path(f"{safe}.partial")
+marker = "present" if (partial / "muongrid.json").exists() else "absent"
 print(f"{safe.name}.partial: {len(list(partial.glob('*.distcp')))} data files, "
-      f"muongrid.json {'present' if (partial / 'muongrid.json').exists() else 'absent'}")
+      f"muongrid.json {marker}")
 print(f"{safe.name}: the checkpoint of step {checkpoint.read_marker(safe)[1]['step']}, "
       "untouched")
 assert (not (partial / "muongrid.json").exists()
