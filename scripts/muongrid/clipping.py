@@ -63,7 +63,7 @@ def _all_reduce(partial: torch.Tensor, comm, norm_type: float) -> torch.Tensor:
     if comm.grid.dp * comm.grid.tp > 1:
         partial = comm.all_reduce(partial.to(comm.grid.device), "world", "grad_norm",
                                   op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM)
-    return partial.cpu()
+    return partial   # on the device, as torch's clip_grad_norm_ returns it: no host sync
 
 
 def _scale(tensors: list[torch.Tensor], max_norm: float, total: torch.Tensor) -> None:
@@ -97,23 +97,32 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> torc
 
 def clip_zero1_(opt, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
     """``DistributedMuon`` / ``DistributedAdamW``: reduce-scatter now (the step's own, cached), norm of the
-    mean over every rank's shards, scale the shards ``step()`` will use."""
+    mean over every rank's pieces, scale the pieces ``step()`` will use. With several DP ranks those are this
+    rank's reduced shard, scaled in place; with one they are ``p.grad`` itself, so they are replaced by scaled
+    copies and ``p.grad`` keeps this rank's own gradient, as with several."""
     norm_type = _check(max_norm, norm_type)
     opt._prepare()
-    shards, counted = [], []
-    for g, group in enumerate(opt.param_groups):
-        present = opt._prepared["present"][g]
+    rows, counted = [], []
+    for g in range(len(opt.param_groups)):
         for bucket in opt.plan.buckets[g]:
-            shard = opt._grad_shard(g, bucket)
-            shards.append(shard)
-            for i in bucket.param_indices:
+            grads = opt._grad_pieces(g, bucket)
+            rows.append(((g, bucket.bucket_idx), grads))
+            for grad, i in zip(grads, bucket.param_indices):
                 meta = opt.plan.metas[g][i]
-                if present[i] and (meta.tp_split_dim != -1 or opt.grid.tp_rank == 0):
-                    counted.append(shard[opt.plan.shard_slice(meta)])
+                if grad is not None and grad.numel() and (meta.tp_split_dim != -1 or opt.grid.tp_rank == 0):
+                    counted.append(grad)
     dtype = torch.float64 if opt.master_dtypes and all(d == torch.float64 for d in opt.master_dtypes) else torch.float32
     total = _finish(_all_reduce(_partial(counted, norm_type), opt.comm, norm_type), norm_type, dtype)
     _nonfinite(total, norm_type, error_if_nonfinite)
-    _scale(shards, max_norm, total)
+    pieces = [grad for _, grads in rows for grad in grads if grad is not None and grad.numel()]
+    if opt.grid.dp > 1:
+        _scale(pieces, max_norm, total)
+        return total
+    coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+    for key, grads in rows:   # scaled copies, in the step's cache
+        scaled = iter(torch._foreach_mul([g for g in grads if g is not None and g.numel()], coef.to(opt.grid.device))
+                      if any(g is not None and g.numel() for g in grads) else [])
+        opt._prepared["grads"][key] = [next(scaled) if g is not None and g.numel() else g for g in grads]
     return total
 
 

@@ -28,10 +28,16 @@ Why one wrapper:
 * **Torch versions.** torch 2.13 renamed ``all_gather_into_tensor``/``reduce_scatter_tensor`` to
   ``all_gather_single``/``reduce_scatter_single``; Colab may run an older torch with only the old names.
 
-A group of one rank moves nothing and records zero bytes, so a 1 x 1 grid needs no process group.
+A group of one rank moves nothing and records zero bytes, so a 1 x 1 grid needs no process group; its
+collectives hand back their input (no copy: a one-GPU step pays for no traffic it does not need).
+
+**The host group.** What the step decides on the host (which parameters have a gradient on some rank) is
+agreed over ``host_group``: a gloo group beside NCCL's, or the world group where the backend already runs on
+the host (gloo), so the agreement costs no device-to-host copy and no GPU sync (``all_reduce_host``).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pickle
@@ -149,12 +155,16 @@ class Ledger:
         self.ns: dict[int, list[int]] = {}  # step -> [Newton-Schulz calls, their FLOPs] on this rank
         self.step = 0
         self.keep_steps = keep_steps
+        self._pruned = 0   # the step at which older records were last dropped
 
     def begin_step(self, step: int) -> None:
-        """Record what follows under ``step``; forget steps more than ``keep_steps`` ago."""
+        """Record what follows under ``step``; forget steps more than ``keep_steps`` ago. The records are
+        looked over once every ``keep_steps`` steps, not every step, so at most twice that many are kept."""
         self.step = step
-        self.records = [r for r in self.records if r.step == 0 or r.step > step - self.keep_steps]
-        self.ns = {s: v for s, v in self.ns.items() if s > step - self.keep_steps}
+        if step - self._pruned >= self.keep_steps or step < self._pruned:
+            self._pruned = step
+            self.records = [r for r in self.records if r.step == 0 or r.step > step - self.keep_steps]
+            self.ns = {s: v for s, v in self.ns.items() if s > step - self.keep_steps}
 
     def count_ns(self, flops: int) -> None:
         """One Newton-Schulz run of ``flops`` FLOPs, in the current step."""
@@ -197,6 +207,24 @@ class Ledger:
                          f"{p['bytes_sent']:>14}")
         lines.append(f"{'total per rank per step':<{41 + g + d}}{s['bytes_sent']:>14}")
         return "\n".join(lines)
+
+
+_ON_HOST = [False]
+
+
+@contextlib.contextmanager
+def on_host():
+    """Marks a collective that runs on host tensors by design (``Comm.all_reduce_host``), so a device audit
+    (``lab/devicecheck.py``) does not count it as a tensor left off the device."""
+    _ON_HOST[0] = True
+    try:
+        yield
+    finally:
+        _ON_HOST[0] = False
+
+
+def host_collective_running() -> bool:
+    return _ON_HOST[0]
 
 
 def subgroup_name(ranks) -> str:
@@ -272,7 +300,7 @@ class Comm:
         shard = shard.contiguous().view(-1)
         rec = self._record("all_gather", group, size, shard.numel(), shard.dtype, phase)
         if size == 1:
-            return Pending(shard.clone())
+            return Pending(shard)
         out = torch.empty(size * shard.numel(), dtype=shard.dtype, device=shard.device)
         work = self._collective(rec, lambda a: _all_gather_flat(out, shard, group=pg, async_op=a), wait=wait_now)
         return Pending(out, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
@@ -284,12 +312,12 @@ class Comm:
         received elements, rank by rank. Only what crosses to another rank is counted."""
         pg, size = self._group(group)
         me = self.grid.rank if group == "world" else self.grid.dp_rank if group == "dp" else self.grid.tp_rank
-        out = torch.empty(sum(recv_counts), dtype=send.dtype, device=send.device)
         sent = sum(send_counts) - send_counts[me]
         rec = self._record("all_to_all", group, size, sent, send.dtype, phase)
         rec.bytes_recv = (sum(recv_counts) - recv_counts[me]) * send.dtype.itemsize
         if size == 1:
-            return Pending(send.clone())
+            return Pending(send)
+        out = torch.empty(sum(recv_counts), dtype=send.dtype, device=send.device)
         work = self._collective(rec, lambda a: dist.all_to_all_single(out, send, recv_counts, send_counts, group=pg,
                                                                         async_op=a), wait=wait_now)
         return Pending(out, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
@@ -303,10 +331,33 @@ class Comm:
         shard = torch.empty(full.numel() // size, dtype=full.dtype, device=full.device)
         rec = self._record("reduce_scatter", group, size, shard.numel(), shard.dtype, phase)
         if size == 1:
-            return full.clone()
+            return full
         self._collective(rec, lambda a: _reduce_scatter_flat(shard, full, op=dist.ReduceOp.SUM, group=pg,
                                                                     async_op=a))
         return shard
+
+    def reduce_scatter_into(self, shard: torch.Tensor, full: torch.Tensor, group: str, phase: str) -> torch.Tensor:
+        """``reduce_scatter_sum`` into a given ``shard`` (flat, ``full.numel() / size`` elements); ``full`` is
+        left as it was. With one rank, ``full`` is copied into ``shard``."""
+        pg, size = self._group(group)
+        rec = self._record("reduce_scatter", group, size, shard.numel(), shard.dtype, phase)
+        if size == 1:
+            return shard.copy_(full)
+        self._collective(rec, lambda a: _reduce_scatter_flat(shard, full, op=dist.ReduceOp.SUM, group=pg,
+                                                                    async_op=a))
+        return shard
+
+    def all_gather_into(self, full: torch.Tensor, rank_in_group: int, group: str, phase: str) -> torch.Tensor:
+        """All-gather in place: every rank's shard already sits in ``full`` (flat) at its own offset, and
+        after the call every rank's ``full`` holds every shard (NCCL and gloo both take an input that is a
+        slice of the output; nothing is copied in or out)."""
+        pg, size = self._group(group)
+        n = full.numel() // size
+        shard = full[rank_in_group * n: (rank_in_group + 1) * n]
+        rec = self._record("all_gather", group, size, n, full.dtype, phase)
+        if size > 1:
+            self._collective(rec, lambda a: _all_gather_flat(full, shard, group=pg, async_op=a))
+        return full
 
     def all_reduce(self, tensor: torch.Tensor, group: str, phase: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
         """All-reduce in place (checks, and the group layout's Gram matrices over a subgroup)."""
@@ -314,6 +365,25 @@ class Comm:
         rec = self._record("all_reduce", group, size, -(-tensor.numel() // size), tensor.dtype, phase)
         if size > 1:
             self._collective(rec, lambda a: dist.all_reduce(tensor, op=op, group=pg, async_op=a))
+        return tensor
+
+    def host_group(self):
+        """The process group for decisions the host makes (see the module docstring): made once, on first use,
+        by every rank together (``dist.new_group`` is collective; the optimizer asks for it when it is built)."""
+        if not hasattr(self, "_host_pg"):
+            backend = dist.get_backend() if dist.is_initialized() else "gloo"
+            timeout = {} if not self.timeout_s else dict(timeout=datetime.timedelta(seconds=self.timeout_s))
+            self._host_pg = dist.new_group(backend="gloo", **timeout) if backend == "nccl" else None
+        return self._host_pg
+
+    def all_reduce_host(self, tensor: torch.Tensor, phase: str, op=dist.ReduceOp.MAX) -> torch.Tensor:
+        """All-reduce a host (CPU) tensor in place over the whole world through ``host_group``."""
+        world = self.grid.dp * self.grid.tp
+        rec = self._record("all_reduce", "world", world, -(-tensor.numel() // world), tensor.dtype, phase)
+        if world > 1:
+            pg = self.host_group()
+            with on_host():
+                self._collective(rec, lambda a: dist.all_reduce(tensor, op=op, group=pg, async_op=a))
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, group: str, phase: str, src: int = 0) -> torch.Tensor:

@@ -14,8 +14,9 @@ and ``torch.optim.AdamW``):
   optimizer's defaults hold ``betas``; a Muon group keeps ``momentum`` and ``betas[0]`` as one value,
   whichever was written last (``MomentumSync``);
 * a gradient that is None on every rank skips its parameter (no decay, no state change, no step
-  count), as torch skips it; None on some ranks only counts as zeros there. One small all-reduce per
-  step decides it on every rank alike (``grads_present``), so no rank waits for a gradient that never comes;
+  count), as torch skips it; None on some ranks only counts as zeros there. One small all-reduce of host
+  values per step decides it on every rank alike (``grads_present``), so no rank waits for a gradient that
+  never comes, and no GPU waits for the host;
 * pickling an optimizer that holds process groups is refused with the fix (``refuse_pickle``).
 """
 from __future__ import annotations
@@ -93,6 +94,21 @@ def lr_of(group: dict) -> float:
     return float(lr.item()) if isinstance(lr, torch.Tensor) else float(lr)
 
 
+class LinkedGroup(dict):
+    """A parameter group in which a Muon group's ``momentum`` and ``betas[0]`` are one value the moment either
+    is written: a scheduler that writes ``betas[0]`` (``OneCycleLR``, ``CyclicLR``) is seen in ``momentum`` at
+    once, as ``torch.optim.Muon``'s own ``momentum`` would show it (not only at the next step)."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        if not self.get("use_muon"):
+            return
+        if key == "betas" and "momentum" in self and tuple(value)[0] != self["momentum"]:
+            super().__setitem__("momentum", tuple(value)[0])
+        elif key == "momentum" and "betas" in self and tuple(self["betas"])[0] != value:
+            super().__setitem__("betas", (value, *tuple(self["betas"])[1:]))
+
+
 class MomentumSync:
     """Keep a Muon group's ``momentum`` and ``betas[0]`` one value: whichever changed since the last step wins.
 
@@ -124,6 +140,9 @@ class MomentumSync:
         self.reset(param_groups)
 
     def reset(self, param_groups: list[dict]) -> None:
+        for i, group in enumerate(param_groups):   # in place: the optimizer's own list
+            if not isinstance(group, LinkedGroup):
+                param_groups[i] = LinkedGroup(group)
         self.seen = [(g.get("momentum"), tuple(g["betas"])[0] if "betas" in g else None) for g in param_groups]
 
     def __call__(self, param_groups: list[dict]) -> None:
@@ -141,22 +160,20 @@ class MomentumSync:
 
 
 def grads_present(params: list[torch.Tensor], comm, finite: torch.Tensor | None = None):
-    """For each parameter: whether any rank has a gradient for it. One all-reduce (MAX) of one int per
-    parameter over the world, so every rank takes the same decision; with one rank, no communication.
-    Through ``comm`` (its timeout watchdog names a peer that never comes), under the phase "contract",
-    which the ledger's summaries leave out: their bytes are the algorithm's.
+    """For each parameter: whether any rank has a gradient for it. The host knows its own (``p.grad is not
+    None``); with several ranks one all-reduce (MAX) of one int per parameter over ``comm.host_group`` (gloo
+    beside NCCL) makes every rank take the same decision, with no device read and no GPU sync. Through
+    ``comm`` (its timeout watchdog names a peer that never comes), under the phase "contract", which the
+    ledger's summaries leave out: their bytes are the algorithm's.
 
-    ``finite`` (this rank's on-device "all gradients finite" flag, ``finite.finite_flag``) is read in
-    the same host transfer, so a step costs one host sync in all. Returns (present, finite as a bool
-    or None)."""
-    mine = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
-    if comm.grid.dp * comm.grid.tp > 1 and len(params):
+    ``finite`` (this rank's on-device "all gradients finite" flag, ``finite.finite_flag``), when given, is
+    read here: the step's one host sync (``check_finite="raise"``). Returns (present, finite as a bool or None)."""
+    mine = [p.grad is not None for p in params]
+    if comm.grid.dp * comm.grid.tp > 1 and params:
         import torch.distributed as dist
-        mine = comm.all_reduce(mine.to(comm.grid.device), "world", "contract", op=dist.ReduceOp.MAX)
-    if finite is None:
-        return [bool(x) for x in mine.tolist()], None
-    values = torch.cat([mine.to(finite.device), finite.reshape(1).to(torch.int32)]).tolist()  # the one sync
-    return [bool(x) for x in values[:-1]], bool(values[-1])
+        flags = comm.all_reduce_host(torch.tensor(mine, dtype=torch.int32), "contract", op=dist.ReduceOp.MAX)
+        mine = [bool(x) for x in flags.tolist()]
+    return mine, (None if finite is None else bool(finite))
 
 
 def refuse_pickle(opt) -> None:

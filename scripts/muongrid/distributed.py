@@ -4,11 +4,17 @@ Each rank holds its TP-local parameters and their gradients (a TP-parallel model
 and, thanks to ZeRO-1, optimizer state for only its DP shard of every bucket (``plan.py``). One
 step, bucket by bucket:
 
-  1. gradients    pack -> reduce-scatter over DP (fp32, sum / dp)            -> my gradient shard
-  2. Muon groups  momentum on my shard (fp32) -> the layout's flow (``flows.py``) turns it into my
-                  shard of the orthogonalised update -> decay and scaled lr into my fp32 master shard
-     AdamW groups AdamW on my shard, elementwise, into my master shard
-  3. parameters   all-gather the master shards over DP -> unpack into the parameters
+  1. gradients    reduce-scatter over DP (fp32, sum / dp)                    -> my gradient shard
+  2. Muon groups  momentum on my pieces (fp32) -> the layout's flow (``flows.py``) turns them into my
+                  pieces of the orthogonalised update -> decay and scaled lr into my master shard
+     AdamW groups AdamW on my shard, elementwise (one fused kernel on a GPU), into my master shard
+  3. parameters   all-gather the master shards over DP, into the parameters in place
+
+The tensors these stages read and write live in per-bucket buffers (``buffers.py``): the parameters are
+views of one flat tensor per bucket, so an fp32 parameter is its own master and the all-gather writes into
+it where it is; with one DP rank the gradients are read where autograd left them. Every pass runs once
+over a list of pieces (``updates.py``'s ``_foreach_`` functions), not once per parameter, and nothing in a
+step reads a value back from a GPU unless ``check_finite="raise"`` asks for it (``finite.py``).
 
 The layout (``layouts.py``) is a choice of the plan: "bucket" (the paper's and the proof of
 concept's: every rank orthogonalises every matrix), "owner" (one owner per matrix, Newton-Schulz
@@ -55,15 +61,20 @@ from __future__ import annotations
 import torch
 from torch.profiler import record_function
 
-from .finite import check_finite, finite_flag
-from .comm import Comm, Phase
+from .buffers import Buffers
+from .comm import Comm
 from .contract import MomentumSync, deepcopy_sharing, grads_present, lr_of, refuse_pickle
-from .flows import FLOWS
+from .finite import Deferred, check_finite, finite_flag, resolve_mode
+from .flows import BucketFlow
+from .group_flow import GroupFlow
 from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names
+from .owner_flow import OwnerFlow
 from .placements import is_dtensor, local, resolve_tp_split_dims
 from .plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan, disagreement, plan_key
-from .sharding import local_shard, pack_bucket, unpack_bucket
-from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
+from .sharding import local_shard
+from .updates import adamw_foreach_, adjust_lr, apply_update_foreach_, muon_momentum_foreach_
+
+FLOWS = {"bucket": BucketFlow, "owner": OwnerFlow, "aligned": OwnerFlow, "group": GroupFlow}
 
 OVERLAP_MODES = ("none", "naive", "prefetch")
 
@@ -82,8 +93,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, grid, comm: Comm | None = None, layout: str = "bucket",
                  bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
-                 check_finite: bool = True, overlap: str | None = None, ns_batch: bool = False,
-                 hw: dict | None = None, **hyper):
+                 check_finite: bool | str | None = None, overlap: str | None = None, ns_batch: bool = False,
+                 hw: dict | None = None, param_buffers: bool = True, **hyper):
         hyper = check_hyper(hyper)
         overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
@@ -91,7 +102,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         if ns_batch and layout == "bucket":
             raise ValueError("ns_batch=True batches same-shape matrices on their owner: it needs layout='owner', "
                              "'aligned' or 'group' (the bucket layout orthogonalises every matrix on every rank)")
-        self.grid, self.overlap, self.check_finite, self.ns_batch = grid, overlap, check_finite, bool(ns_batch)
+        self.grid, self.overlap, self.ns_batch = grid, overlap, bool(ns_batch)
+        self.check_finite = resolve_mode(check_finite, torch.device(grid.device))
+        self._deferred = Deferred()
         self.comm = comm or Comm(grid)
         self.comm.naive_async = overlap == "naive"
         self._planned = False
@@ -112,7 +125,10 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         self.hw = hw   # the hardware profile the group layout's groups were sized on (None: by FLOPs)
         if self.plan.groups:  # collective: every rank has the same plan (checked above), so the same groups
             self.comm.add_subgroups(self.plan.groups.values())
+        if grid.dp * grid.tp > 1:
+            self.comm.host_group()   # collective: made now, while every rank is here
         self.flow = self._make_flow(layout)
+        self.buffers = Buffers(self, bind=param_buffers)
         self.shards = [[self._init_shard(g, b) for b in buckets] for g, buckets in enumerate(self.plan.buckets)]
         self._bind_state()
         self.steps_taken = 0
@@ -156,39 +172,33 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     # ---- state: bucket shards for the collectives, per-parameter views for torch -------------------
 
     def _init_shard(self, g: int, bucket) -> dict:
-        """The fp32 master shard of the bucket's parameters, and Muon's or AdamW's state for it."""
-        master = self._param_shard(g, bucket)
+        """The bucket's master shard (``buffers.py``: the parameters themselves where they can be) and Muon's
+        or AdamW's state for it."""
+        master = self.buffers.master(g, bucket)
         kinds = MUON_STATE if self.muon_groups[g] else ADAMW_STATE
         return {k: master if k == "master" else torch.zeros_like(master) for k in kinds}
 
-    def _param_shard(self, g: int, bucket) -> torch.Tensor:
-        """This rank's shard of the bucket's current parameter values, in the group's master dtype."""
-        flat = pack_bucket([local(p.detach()) for p in self.param_groups[g]["params"]], bucket, self.master_dtypes[g])
-        lo = bucket.shard_numel * self.grid.dp_rank
-        return flat[lo: lo + bucket.shard_numel].clone()
-
-    def _refresh_masters(self) -> None:
-        """Start the step from the parameters' current values: take the parameter wherever it no longer
-        equals the master rounded to its dtype (all of an fp32 parameter that changed; a bf16 parameter's
-        fp32 master keeps its extra bits until the parameter is written)."""
-        for g, group in enumerate(self.param_groups):
-            for bucket in self.plan.buckets[g]:
-                master = self.shards[g][bucket.bucket_idx]["master"]
-                current = self._param_shard(g, bucket)
-                dtype = group["params"][bucket.param_indices[0]].dtype
-                rounded = master if dtype == master.dtype else master.to(dtype).to(master.dtype)
-                master.copy_(torch.where(current != rounded, current, master))
-
     def _bind_state(self) -> None:
-        """``self.state[p]`` holds views of this rank's part of every shard tensor, plus a step count."""
+        """``self.state[p]`` holds views of this rank's part of every shard tensor, plus a step count (a view of
+        one host tensor per group, so a step counts every parameter with one op). The same views, per bucket,
+        are kept in ``self.views`` for the step's passes."""
+        self.views: dict = {}
+        self._steps = []
         for g, group in enumerate(self.param_groups):
-            for p, meta in zip(group["params"], self.plan.metas[g]):
+            steps = torch.tensor([float(self.state[p].get("step", 0)) if p in self.state else 0.0
+                                  for p in group["params"]], dtype=torch.float32)
+            self._steps.append(steps)
+            for i, (p, meta) in enumerate(zip(group["params"], self.plan.metas[g])):
                 shard = self.shards[g][meta.bucket_idx]
-                step = self.state[p].get("step", torch.zeros((), dtype=torch.float32))
                 self.state[p] = {k: local_shard(t, self.plan, meta) for k, t in shard.items()}
-                self.state[p]["step"] = step
+                self.state[p]["step"] = steps[i]
+            for bucket in self.plan.buckets[g]:
+                self.views[(g, bucket.bucket_idx)] = {
+                    k: [self.state[group["params"][i]][k] for i in bucket.param_indices]
+                    for k in self.shards[g][bucket.bucket_idx]}
 
     def state_dict(self) -> dict:
+        self.check_finite_now()   # never hand out a state the deferred NaN/Inf check has not cleared
         sd = super().state_dict()
         sd["muongrid"] = self._signature()
         return sd
@@ -242,36 +252,48 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         try:
             with record_function("optimizer.step"):  # the contract's checks (_prepare) belong to the step
                 self._prepare()
-                for group, present in zip(self.param_groups, self._prepared["present"]):
-                    for p, here in zip(group["params"], present):
-                        if here:
-                            self.state[p]["step"] += 1
+                self._count_steps()
                 self.steps_taken += 1
                 self.comm.ledger.begin_step(self.steps_taken)
-                self._refresh_masters()
+                self.buffers.refresh()         # start from the parameters' current values
                 self._update_master_shards()   # stages 1-7
                 self._gather_params()          # stage 8
         finally:
             self._prepared = None
         return loss
 
+    def _count_steps(self) -> None:
+        """Every parameter with a gradient somewhere counts a step (one op per group on the host)."""
+        for steps, present in zip(self._steps, self._prepared["present"]):
+            if all(present):
+                steps.add_(1)
+            elif any(present):
+                steps.add_(torch.tensor(present, dtype=steps.dtype))
+
     def _prepare(self) -> None:
         """Once per step, before anything changes: sync a scheduler's momentum, check the gradients and
         decide, the same on every rank, which parameters have a gradient somewhere (the others are skipped)."""
         if self._prepared is not None:
             return
+        self.check_finite_now()   # the last step's deferred NaN/Inf check (check_finite="defer")
         self.comm.ledger.begin_step(self.steps_taken + 1)  # clip_grad_norm_'s reduce-scatter belongs to this step
         MomentumSync.of(self)(self.param_groups)
         grads, where = self._check_grads()
-        flag = finite_flag(grads) if self.check_finite else None
+        flag = finite_flag(grads) if self.check_finite == "raise" else None
         flat, finite = grads_present([p for g in self.param_groups for p in g["params"]], self.comm, flag)
         if flag is not None:
             check_finite(grads, where, known_finite=finite)
+        if self.check_finite == "defer":
+            self._deferred.launch(grads, where)
         present, i = [], 0
         for group in self.param_groups:
             present.append(flat[i: i + len(group["params"])])
             i += len(group["params"])
-        self._prepared = dict(present=present, grad_shards={})
+        self._prepared = dict(present=present, grads={})
+
+    def check_finite_now(self) -> None:
+        """With ``check_finite="defer"``: raise now if the last step's gradients held NaN/Inf (``finite.py``)."""
+        self._deferred.check()
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
         """Clip the DP-mean gradient by its global norm (every rank's shards, TP shards and replicated
@@ -281,66 +303,61 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         from .clipping import clip_zero1_
         return clip_zero1_(self, max_norm, norm_type, error_if_nonfinite)
 
-    def _grad_shard(self, g: int, bucket) -> torch.Tensor:
-        """This rank's DP-mean gradient shard of the bucket (reduced once per step, cached)."""
+    def _grad_pieces(self, g: int, bucket) -> list:
+        """This rank's DP-mean gradient of each parameter of the bucket, flat (None: skipped), made once per
+        step (``buffers.grad_pieces``: the reduce-scatter, or ``p.grad`` itself on one DP rank)."""
         self._prepare()
-        cache = self._prepared["grad_shards"]
-        key = (g, bucket.bucket_idx)
+        cache, key = self._prepared["grads"], (g, bucket.bucket_idx)
         if key not in cache:
-            cache[key] = self._reduce_scatter_grads(self.param_groups[g]["params"], bucket)
+            cache[key] = self.buffers.grad_pieces(g, bucket, self._prepared["present"][g])
+            if self.trace is not None and self.grid.dp > 1:
+                self._trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}",
+                            torch.cat([x for x in cache[key] if x is not None] or [torch.zeros(0)]))
         return cache[key]
-
-    def _skipped(self, g: int, bucket) -> list[int]:
-        present = self._prepared["present"][g]
-        return [i for i in bucket.param_indices if not present[i]]
 
     def _update_master_shards(self) -> None:
         """Reduce-scatter the gradients and update this rank's master shard of every bucket. A parameter
         with no gradient on any rank keeps its master and state (its Newton-Schulz input is zeros)."""
         for g, group in enumerate(self.param_groups):
-            params, lr = group["params"], lr_of(group)
+            lr = lr_of(group)
             if group["use_muon"]:
                 # BOOK-START muon-group (chapter 5 shows the lines up to BOOK-END)
                 present = self._prepared["present"][g]
-                # stages 1-2 (reduce-scatter, momentum), per bucket, as the flow asks for them
-                updates = ((bucket, self._momentum(g, group, bucket)) for bucket in self.plan.buckets[g])
+                # stages 1-2 (reduce-scatter, momentum) per bucket, as the flow asks for them
+                updates = self._momentum(g, group)
+                apply = Applier(self, group, lr, per_bucket=self.flow.lazy)
                 for meta, piece in self.flow.run(group, updates):  # stages 3-6: the layout's flow
-                    if not present[meta.param_idx]:
-                        continue
-                    master = local_shard(self.shards[g][meta.bucket_idx]["master"], self.plan, meta)
-                    apply_update_(master, piece, lr, group["weight_decay"],              # stage 7
-                                  adjust_lr(lr, meta.full_shape, group["adjust_lr"]))
+                    if present[meta.param_idx]:
+                        apply.add(meta, piece)                      # stage 7, in passes of one matrix shape
+                apply.flush()
                 # BOOK-END muon-group
                 continue
+            steps, todo = self._steps[g].tolist(), []   # AdamW, elementwise: one fused pass over every piece
             for bucket in self.plan.buckets[g]:
-                shard, grad = self.shards[g][bucket.bucket_idx], self._grad_shard(g, bucket)
-                steps = [int(self.state[params[i]]["step"]) for i in bucket.param_indices]
-                if not self._skipped(g, bucket) and len(set(steps)) == 1:   # the whole bucket at once
-                    adamw_step_(shard["master"], grad, shard["exp_avg"], shard["exp_avg_sq"], steps[0], lr,
-                                group["betas"], group["eps"], group["weight_decay"])
-                    continue
-                skipped = self._skipped(g, bucket)
-                for i, step in zip(bucket.param_indices, steps):   # elementwise: the same numbers per element
-                    if i not in skipped:
-                        where = self.plan.shard_slice(self.plan.metas[g][i])
-                        adamw_step_(shard["master"][where], grad[where], shard["exp_avg"][where],
-                                    shard["exp_avg_sq"][where], step, lr, group["betas"], group["eps"],
-                                    group["weight_decay"])
+                views, grads = self.views[(g, bucket.bucket_idx)], self._grad_pieces(g, bucket)
+                todo += [(views, grads, k, i) for k, i in enumerate(bucket.param_indices)
+                         if grads[k] is not None and grads[k].numel()]
+            adamw_foreach_([v["master"][k] for v, _, k, _ in todo], [gr[k] for _, gr, k, _ in todo],
+                           [v["exp_avg"][k] for v, _, k, _ in todo], [v["exp_avg_sq"][k] for v, _, k, _ in todo],
+                           [steps[i] for _, _, _, i in todo], lr, group["betas"], group["eps"], group["weight_decay"])
 
-    def _momentum(self, g: int, group: dict, bucket) -> torch.Tensor:
-        """This rank's gradient shard of the bucket through Muon's momentum: the shard to orthogonalise.
-        A skipped parameter's momentum is left as it is and its part of the result is zeros."""
-        buf, grad = self.shards[g][bucket.bucket_idx]["momentum"], self._grad_shard(g, bucket)
-        skipped = self._skipped(g, bucket)
-        if not skipped:
-            update = muon_momentum_(buf, grad, group["momentum"], group["nesterov"])
-        else:
-            update = torch.zeros_like(buf)
-            for i in bucket.param_indices:
-                if i not in skipped:
-                    where = self.plan.shard_slice(self.plan.metas[g][i])
-                    update[where] = muon_momentum_(buf[where], grad[where], group["momentum"], group["nesterov"])
-        return self._trace("momentum_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", update)
+    def _momentum(self, g: int, group: dict):
+        """(bucket, this rank's gradient pieces through Muon's momentum) per bucket: the pieces to orthogonalise
+        (None for a skipped parameter, whose momentum is left as it is). A flow that consumes every bucket
+        before it hands anything back gets them in one pass over the whole group; a lazy one (the bucket
+        layout's, which keeps at most two gathered buckets alive) bucket by bucket, as it asks."""
+        def momentum(buckets):
+            rows = [list(self._grad_pieces(g, b)) for b in buckets]   # new lists: the step's cache keeps the gradients
+            todo = [(n, k) for n, row in enumerate(rows) for k, grad in enumerate(row)
+                    if grad is not None and grad.numel()]
+            out = muon_momentum_foreach_([self.views[(g, buckets[n].bucket_idx)]["momentum"][k] for n, k in todo],
+                                         [rows[n][k] for n, k in todo], group["momentum"], group["nesterov"])
+            for (n, k), piece in zip(todo, out):
+                rows[n][k] = piece
+            return list(zip(buckets, rows))
+        if self.flow.lazy:
+            return (pair for b in self.plan.buckets[g] for pair in momentum([b]))
+        return momentum(self.plan.buckets[g])
 
     def _gather_params(self) -> None:
         """All-gather the master shards into every rank's parameters."""
@@ -354,22 +371,21 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             self.trace(stage, name, tensor)
         return tensor
 
-    def _reduce_scatter_grads(self, params, bucket) -> torch.Tensor:
-        flat = pack_bucket([local(p.grad) if p.grad is not None else torch.zeros_like(local(p.detach()))
-                            for p in params], bucket, self.master_dtypes[bucket.buffer_idx])
-        shard = self.comm.reduce_scatter_sum(flat, "dp", Phase.GRAD_REDUCE_SCATTER).div_(self.grid.dp)
+    def _reduce_scatter_grads(self, g: int, bucket) -> torch.Tensor:
+        """Stage 1: the bucket's gradients reduce-scattered over DP and divided by dp: my DP-mean shard."""
+        shard = self.buffers.reduce_scatter(g, bucket)
         return self._trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", shard)
 
     def _all_gather_params(self, params, bucket, master: torch.Tensor) -> None:
-        dtype = params[bucket.param_indices[0]].dtype
-        full = self.comm.all_gather(master.to(dtype), "dp", Phase.PARAM_ALL_GATHER)
-        unpack_bucket(full, bucket, self.plan.metas[bucket.buffer_idx], [local(p.data) for p in params])
+        """Stage 8: every rank's master shard into every rank's parameters (in place where they are views of
+        the bucket's buffer, ``buffers.py``)."""
+        self.buffers.gather(bucket.buffer_idx, bucket, params)
 
     def _check_grads(self):
         """Fail on this rank, before any collective, with a message naming the parameter. Returns the
-        local gradients and where we are, for the NaN/Inf check read with the step's one host sync."""
+        local gradients and where we are, for the NaN/Inf check (``finite.py``)."""
         where = f"rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank}), step {self.steps_taken + 1}"
-        grads = []  # checked for NaN/Inf together after the loop: one host sync (finite.py)
+        grads = []
         for g, group in enumerate(self.param_groups):
             if bool(group["use_muon"]) != self.muon_groups[g]:
                 raise ValueError(f"group {g}: use_muon changed after the optimizer was built; its state is "
@@ -392,13 +408,46 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         return grads, where
 
     def state_bytes(self) -> dict:
-        """Bytes of optimizer state on this rank, by kind (the master shard is listed apart)."""
+        """Bytes of optimizer state on this rank, by kind. ``master`` counts only master shards kept apart
+        from the parameters (bf16 parameters' fp32 masters, unbound buckets): an fp32 parameter bound to its
+        bucket's buffer is its own master and costs nothing more (``buffers.py``)."""
         out: dict = {}
         for buckets in self.shards:
             for shard in buckets:
                 for k, t in shard.items():
-                    out[k] = out.get(k, 0) + t.numel() * t.element_size()
+                    if k != "master":
+                        out[k] = out.get(k, 0) + t.numel() * t.element_size()
+        out["master"] = self.buffers.allocated_master_bytes()
         return out
+
+
+class Applier:
+    """Stage 7 of a Muon group: decoupled decay and the scaled update into the master pieces, one pass per
+    scaled lr (one per matrix shape), over every piece the flow handed back (``per_bucket``: a bucket at a
+    time, for a flow that makes its results as it goes, so they need not all be alive at once)."""
+
+    def __init__(self, opt, group: dict, lr: float, per_bucket: bool):
+        self.opt, self.group, self.lr, self.per_bucket = opt, group, lr, per_bucket
+        self.bucket, self.todo = None, {}
+
+    def add(self, meta, piece: torch.Tensor) -> None:
+        if self.per_bucket and meta.bucket_idx != self.bucket:
+            self.flush()
+            self.bucket = meta.bucket_idx
+        if not piece.numel():
+            return
+        master = self.opt.state[self.group["params"][meta.param_idx]]["master"]
+        if piece.ndim == 2:   # the whole TP-local matrix (maybe a transposed view): the master as a matrix
+            master = master.view(piece.shape)
+        scaled = adjust_lr(self.lr, meta.full_shape, self.group["adjust_lr"])
+        masters, pieces = self.todo.setdefault(scaled, ([], []))
+        masters.append(master)
+        pieces.append(piece)
+
+    def flush(self) -> None:
+        for scaled, (masters, pieces) in self.todo.items():
+            apply_update_foreach_(masters, pieces, self.lr, self.group["weight_decay"], scaled)
+        self.todo = {}
 
 
 class DistributedMuon(ZeroOneOptimizer):
@@ -428,8 +477,8 @@ class DistributedAdamW(ZeroOneOptimizer):
 
     def __init__(self, params, grid, **kwargs):
         if isinstance(params, torch.Tensor):
-            raise TypeError("params should be an iterable of Tensors or dicts, but got a single "
-                            f"{type(params).__name__}: pass [tensor] (as for any torch optimizer)")
+            raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
+                            f"but got {torch.typename(params)}: pass [tensor] (torch's own wording and rule)")
         groups = list(params)
         if groups and isinstance(groups[0], dict):
             groups = [dict(g, use_muon=False) for g in groups]

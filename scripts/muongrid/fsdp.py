@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from .finite import check_finite, finite_flag
+from .finite import Deferred, check_finite, finite_flag, resolve_mode
 from .comm import Comm, Phase
 from .fsdp_routes import Piece, routes
 from .newton_schulz import NS_FORM, ns_flops, zeropower_ns5
@@ -110,11 +110,13 @@ class FSDPMuon(torch.optim.Optimizer):
     Clip FSDP2's mean gradients with ``opt.clip_grad_norm_(max_norm)`` (global norm, TP counted once).
     """
 
-    def __init__(self, params, grid, comm: Comm | None = None, use_muon: bool = True, check_finite: bool = True,
-                 **hyper):
+    def __init__(self, params, grid, comm: Comm | None = None, use_muon: bool = True,
+                 check_finite: bool | str | None = None, **hyper):
         from .optim import DEFAULTS
         hyper = check_hyper(hyper)
-        self.grid, self.check_finite = grid, check_finite
+        self.grid = grid
+        self.check_finite = resolve_mode(check_finite, torch.device(grid.device))   # finite.py: "raise" or "defer"
+        self._deferred = Deferred()
         self.comm = comm or Comm(grid)
         super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **hyper))
         mine = []
@@ -125,6 +127,8 @@ class FSDPMuon(torch.optim.Optimizer):
         self.pieces = {id(p): piece for g, group in zip(mine, self.param_groups)
                        for (_, _, piece), p in zip(g, group["params"])}
         everyone = self.comm.gather_objects(mine, "setup")  # one small all-gather when built
+        if grid.dp * grid.tp > 1:
+            self.comm.host_group()   # collective: made now, while every rank is here
         for rank, theirs in enumerate(everyone):
             if [[(n, s) for n, s, _ in g] for g in theirs] != [[(n, s) for n, s, _ in g] for g in mine]:
                 raise ValueError(f"the ranks disagree about the parameters they optimize (rank {rank} differs from "
@@ -152,12 +156,15 @@ class FSDPMuon(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = call_closure(closure)
         with record_function("optimizer.step"):  # the contract's checks belong to the step
+            self.check_finite_now()
             MomentumSync.of(self)(self.param_groups)
             grads, where = self._check_grads()
-            flag = finite_flag(grads) if self.check_finite else None
+            flag = finite_flag(grads) if self.check_finite == "raise" else None
             flags, finite = grads_present(self._all_params(), self.comm, flag)
             if flag is not None:
                 check_finite(grads, where, known_finite=finite)
+            if self.check_finite == "defer":
+                self._deferred.launch(grads, where)
             present = dict(zip(map(id, self._all_params()), flags))
             self.steps_taken += 1
             self.comm.ledger.begin_step(self.steps_taken)
@@ -174,6 +181,10 @@ class FSDPMuon(torch.optim.Optimizer):
             if self.muon_params:
                 self._muon_step(present)
         return loss
+
+    def check_finite_now(self) -> None:
+        """With ``check_finite="defer"``: raise now if the last step's gradients held NaN/Inf (``finite.py``)."""
+        self._deferred.check()
 
     def _all_params(self) -> list:
         return [p for group in self.param_groups for p in group["params"]]

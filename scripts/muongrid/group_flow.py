@@ -1,6 +1,7 @@
 """The "group" layout's flow: a large matrix orthogonalised by a group of ranks, the others by one owner.
 
-``GroupFlow`` is ``flows.OwnerFlow`` with one more kind of destination. A matrix in ``plan.groups``
+``GroupFlow`` is the owner flow with one more kind of destination, written apart from ``owner_flow.py``
+(it moves each bucket's flat shard, not pieces: the group layout is not yet on the copy-free path). A matrix in ``plan.groups``
 (above the fair share of Newton-Schulz FLOPs, ``layouts.assign_owners_and_groups``) has ``k`` members;
 member i is sent, in the same one all-to-all as the owners' pieces, the elements of every rank's
 pieces that fall in block i of the matrix's long side (``group_routes``), so it holds that block
@@ -38,7 +39,7 @@ import torch
 from torch.profiler import record_function
 
 from .comm import Pending, Phase, subgroup_name
-from .flows import OwnerFlow, Pieces, Updates
+from .flows import Flow, Pieces, Updates
 from .group_routes import band_indices, block_positions, count_in_band, local_band, long_bounds
 from .newton_schulz import NS_FORM
 from .ns_gram_group import gram_sharded_flops, zeropower_gram_sharded
@@ -59,12 +60,41 @@ class Route:
     pos: dict                       # if I am a member: rank r -> where r's elements sit in my flat block
 
 
-class GroupFlow(OwnerFlow):
+class GroupFlow(Flow):
     """Owner matrices as ``OwnerFlow``; grouped matrices block by block to their members and back."""
 
     def __init__(self, opt):
         super().__init__(opt)
         self._routes: dict[tuple[int, int], Route] = {}
+
+    def run(self, group: dict, updates: Updates) -> Pieces:
+        """Each bucket's pieces as one flat bf16 shard; then, by overlap mode: bucket by bucket ("none",
+        "naive"), every bucket's transfers first ("prefetch"), or one batched call per shape (``ns_batch``)."""
+        updates = ((bucket, self.flat_shard(bucket, pieces)) for bucket, pieces in updates)
+        if getattr(self.opt, "ns_batch", False):
+            yield from self._run_batched(group, updates)
+            return
+        if self.opt.overlap != "prefetch":
+            for bucket, update in updates:
+                to_owner = self.comm.all_to_all(*self._to_owners(bucket, update), "world", Phase.NS_TO_OWNER)
+                yield from self._pieces_back(bucket, self._orthogonalise_owned(group, bucket, to_owner.wait()))
+            return
+        sent = [(bucket, self.comm.all_to_all(*self._to_owners(bucket, update), "world", Phase.NS_TO_OWNER,
+                                              wait_now=False)) for bucket, update in updates]
+        back = [(bucket, self._orthogonalise_owned(group, bucket, to_owner.wait(), wait_now=False))
+                for bucket, to_owner in sent]
+        for bucket, from_owner in back:
+            yield from self._pieces_back(bucket, from_owner)
+
+    def _metas(self, bucket: Bucket) -> list[DistMeta]:
+        return [self.plan.metas[bucket.buffer_idx][i] for i in bucket.param_indices]
+
+    def _sends(self, meta: DistMeta, rank: int) -> bool:
+        """Whether world rank ``rank`` sends its pieces of an owner matrix (one TP rank, if replicated)."""
+        return meta.tp_split_dim != -1 or rank % self.grid.tp == self.plan.owner_of(meta) % self.grid.tp
+
+    def _piece_numel(self, meta: DistMeta, rank: int) -> int:
+        return self.plan.piece_numel(meta, rank // self.grid.tp)
 
     # --- who sends what to whom --------------------------------------------------------------------
 

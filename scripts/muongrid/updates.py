@@ -13,6 +13,13 @@ Conventions (they match ``torch.optim.Muon`` and ``torch.optim.AdamW`` in torch 
 * Weight decay is decoupled and uses the *unadjusted* lr: ``p *= 1 - lr*wd``.
 * Muon's lr is rescaled per matrix by ``adjust_lr``; "match_rms_adamw" (Moonshot's default)
   makes the update RMS about 0.2, like AdamW's, so AdamW's lr and wd can be reused.
+
+Each function has a ``_foreach_`` twin over lists of tensors (pieces of many parameters at once): one
+dispatched op per pass instead of one per tensor, which is what a GPU step is made of (``lab/stepcost.py``).
+On a CPU torch runs a foreach op tensor by tensor with the single-tensor kernel, so the twins give the same
+bits as the loop they replace. AdamW's twin runs torch's fused kernel (``_fused_adamw_``: one pass that
+reads the parameter, gradient and moments once) everywhere but on a CPU, where torch's fused kernel rounds
+one ulp away from ``torch.optim.AdamW``'s default path; there it loops ``adamw_step_``.
 """
 from __future__ import annotations
 
@@ -48,11 +55,30 @@ def muon_momentum_(buf: torch.Tensor, grad: torch.Tensor, momentum: float, neste
     return grad.lerp(buf, momentum) if nesterov else buf
 
 
+def muon_momentum_foreach_(bufs: list, grads: list, momentum: float, nesterov: bool) -> list:
+    """``muon_momentum_`` on lists of tensors (each buffer with its gradient); returns the matrices (or
+    pieces) to orthogonalise: new tensors with Nesterov, the buffers themselves without."""
+    if not bufs:
+        return []
+    torch._foreach_lerp_(bufs, grads, 1 - momentum)
+    return torch._foreach_lerp(grads, bufs, momentum) if nesterov else list(bufs)
+
+
 def apply_update_(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float,
                   scaled_lr: float) -> None:
     """Decoupled weight decay with ``lr``, then ``param -= scaled_lr * update`` (in place)."""
     param.mul_(1 - lr * weight_decay)
     param.add_(update, alpha=-scaled_lr)
+
+
+def apply_update_foreach_(params: list, updates: list, lr: float, weight_decay: float, scaled_lr: float) -> None:
+    """``apply_update_`` on lists (one ``scaled_lr`` for all: the pieces of matrices of one shape). Without
+    weight decay the multiplication by 1 is left out (it changes no bit)."""
+    if not params:
+        return
+    if lr * weight_decay != 0:
+        torch._foreach_mul_(params, 1 - lr * weight_decay)
+    torch._foreach_add_(params, updates, alpha=-scaled_lr)
 
 
 def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
@@ -67,3 +93,20 @@ def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
     bias_correction2_sqrt = (1 - beta2**step) ** 0.5
     denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
     param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+
+
+def adamw_foreach_(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, lr: float,
+                   betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    """``adamw_step_`` on lists; ``steps`` holds each tensor's step (Python numbers). Off the CPU, one fused
+    kernel, with the step handed over as a device scalar made by a fill (no host-to-device copy, no sync)."""
+    if not params:
+        return
+    device = params[0].device
+    if device.type == "cpu":
+        for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+            adamw_step_(p, g, m, v, s, lr, betas, eps, weight_decay)
+        return
+    made: dict = {}
+    device_steps = [made.setdefault(s, torch.full((), float(s), device=device)) for s in steps]
+    torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], device_steps, lr=lr, beta1=betas[0],
+                        beta2=betas[1], weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)

@@ -41,6 +41,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
+from ..comm import host_collective_running
+
 aten = torch.ops.aten
 SYNC_OPS = {aten._local_scalar_dense.default, aten.equal.default, aten.nonzero.default, aten.is_nonzero.default}
 
@@ -96,17 +98,26 @@ class DeviceAudit(TorchDispatchMode):
         a = self.audit
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         name = str(func)
-        if name.startswith("c10d."):
+        if name.startswith("c10d.") and host_collective_running():
+            pass   # Comm.all_reduce_host: host values over the host group, by design
+        elif name.startswith("c10d."):
             off = sorted({str(t.device) for t in tensors if t.device != a.device})
             if off:
                 a.off_device.append((a.rank, name, off, _where()))
-        else:
+        elif func is not aten.copy_.default:   # a copy is the one op meant to span devices
             devices = {str(t.device) for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
             if len(devices) > 1:
                 a.mixed.append((a.rank, name, sorted(devices), _where()))
         on_device = [t for t in tensors if t.device.type != "cpu"]
         to_host = (func is aten._to_copy.default and bool(on_device) and kwargs.get("device") is not None
                    and torch.device(kwargs["device"]).type == "cpu")
+        copy_to_host = (func is aten.copy_.default and args[0].device.type == "cpu" and args[1].device.type != "cpu"
+                        and args[1].dim() > 0)
+        if copy_to_host:   # non-blocking (pinned memory on a GPU) is no sync; meta has nothing to copy either way
+            if not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)):
+                a.syncs.append((a.rank, a._step, name, _where()))
+            if args[1].device.type == "meta":
+                return args[0]
         if (func in SYNC_OPS and on_device) or to_host:
             a.syncs.append((a.rank, a._step, name, _where()))
             if any(t.device.type == "meta" for t in on_device):

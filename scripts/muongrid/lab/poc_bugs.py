@@ -22,7 +22,15 @@ from ..flows import BucketFlow
 
 
 class StaleParams(DistributedMuon):
-    """Bug #1: pass 2 reuses the parameter list that pass 1's loop left bound (the last group's)."""
+    """Bug #1: pass 2 reuses the parameter list that pass 1's loop left bound (the last group's).
+
+    The proof of concept unpacked each gathered bucket into the parameters, and so does this engine where the
+    parameters are not views of its buffers (``buffers.py``): that is where the bug is put back, so this class
+    keeps every bucket unbound (``param_buffers=False``). With bound buffers the all-gather writes into the
+    parameters where they are, and a stale list would have nothing to write into."""
+
+    def __init__(self, params, grid, **kwargs):
+        super().__init__(params, grid, param_buffers=False, **kwargs)
 
     def _gather_params(self) -> None:
         params = self.param_groups[-1]["params"]  # what the previous loop left in `params`

@@ -1,0 +1,238 @@
+"""The tensors a ZeRO-1 step works on, bucket by bucket: the parameters, the master shard, the gradients.
+
+The buffers are the source of truth, as in Megatron-LM's parameter-and-gradient buffers and torch's
+``ZeroRedundancyOptimizer(parameters_as_bucket_view=True)``:
+
+* **Parameters.** When every parameter of a bucket is a plain tensor that owns its storage (same dtype and
+  device, contiguous), the optimizer makes them views of one flat tensor laid out as the collectives move it
+  (``Slot.params``: shard r at offset ``r * shard_numel``). The parameter all-gather then writes into the
+  parameters where they are (in place, nothing unpacked), and an fp32 (or fp64) parameter is its own
+  master: the master shard is this rank's slice of that tensor. A bf16 or fp16 parameter keeps an fp32
+  master shard apart, refreshed from the parameter wherever the parameter no longer equals the master
+  rounded to its dtype (so its extra bits survive until someone writes the parameter). A bucket that cannot
+  be bound (DTensor parameters of a TP model, parameters that share storage or are views of a bigger
+  tensor) keeps a master shard apart and is packed and unpacked as before (``sharding.py``).
+  ``p.data = new`` after the optimizer was built is noticed at the next step (the storage moved): the new
+  values are copied into the buffer and the parameter made a view again.
+* **Gradients.** With one DP rank a step reads ``p.grad`` where autograd left it: no copy. With several,
+  the bucket's gradients are copied into a flat buffer (one op) and reduce-scattered into this rank's shard;
+  after the copy ``p.grad`` points at its place in that buffer (the same values), so a loop that zeroes
+  gradients in place (``zero_grad(set_to_none=False)``) has backward accumulate straight into the buffer
+  and the next step copies nothing.
+
+``param_buffers=False`` (an optimizer option) keeps every bucket unbound: the parameters stay where they
+were made (for code that holds raw pointers to them, such as CUDA graphs captured before the optimizer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .comm import Phase
+from .placements import is_dtensor, local
+from .sharding import local_shard, pack_bucket, unpack_bucket
+
+
+@dataclass
+class Slot:
+    """One bucket's tensors on this rank."""
+
+    master: torch.Tensor                      # this rank's master shard (flat, shard_numel elements)
+    params: torch.Tensor | None = None        # the bound parameters' flat buffer (padded_numel), or None
+    ptrs: list = field(default_factory=list)  # each bound parameter's data_ptr, to notice p.data = new
+    grads: torch.Tensor | None = None         # the flat gradient buffer (several DP ranks), made on first use
+
+    @property
+    def master_is_param(self) -> bool:
+        return self.params is not None and self.params.dtype == self.master.dtype
+
+
+def bindable(params: list[torch.Tensor]) -> bool:
+    """Whether these parameters can become views of one buffer (see the module docstring)."""
+    if not params or any(is_dtensor(p) or not p.is_contiguous() for p in params):
+        return False
+    if len({(p.dtype, p.device) for p in params}) != 1:
+        return False
+    return all(p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size()
+               for p in params)
+
+
+def _run(bucket, meta) -> int:
+    """Where ``meta``'s elements start in the bucket's flat collective layout (always one run here)."""
+    lo = meta.global_range[0] - bucket.start
+    runs = bucket.segments(lo, lo + meta.numel)
+    if len(runs) != 1:
+        raise AssertionError(f"parameter {meta.name!r} is cut into {len(runs)} runs by the bucket's shards")
+    return runs[0][2]
+
+
+class Buffers:
+    """Every bucket's ``Slot``, and the four things a step asks of them (see the module docstring)."""
+
+    def __init__(self, opt, bind: bool = True):
+        self.opt, self.plan, self.grid = opt, opt.plan, opt.grid
+        shared = _shared_storages([p for g in opt.param_groups for p in g["params"]])
+        self.slots = []
+        for g, group in enumerate(opt.param_groups):
+            params, row = group["params"], []
+            for bucket in self.plan.buckets[g]:
+                mine = [params[i] for i in bucket.param_indices]
+                ok = bind and bindable(mine) and not any(_storage(p) in shared for p in mine)
+                row.append(self._bind(g, bucket) if ok else Slot(self._packed_shard(g, bucket).clone()))
+            self.slots.append(row)
+
+    # ---- building --------------------------------------------------------------------------------
+
+    def _bind(self, g: int, bucket) -> Slot:
+        params, metas = self.opt.param_groups[g]["params"], self.plan.metas[g]
+        first = params[bucket.param_indices[0]]
+        flat = torch.zeros(bucket.padded_numel, dtype=first.dtype, device=first.device)
+        for i in bucket.param_indices:
+            p, at = params[i], _run(bucket, metas[i])
+            view = flat[at: at + p.numel()].view(p.shape)
+            view.copy_(p.detach())
+            p.data = view
+        own = flat[self.grid.dp_rank * bucket.shard_numel: (self.grid.dp_rank + 1) * bucket.shard_numel]
+        dtype = self.opt.master_dtypes[g]
+        master = own if own.dtype == dtype else own.to(dtype)
+        return Slot(master, flat, [params[i].data_ptr() for i in bucket.param_indices])
+
+    def _packed_shard(self, g: int, bucket) -> torch.Tensor:
+        """This rank's shard of the bucket's current parameter values, packed (unbound buckets)."""
+        flat = pack_bucket([local(p.detach()) for p in self.opt.param_groups[g]["params"]], bucket,
+                           self.opt.master_dtypes[g])
+        lo = bucket.shard_numel * self.grid.dp_rank
+        return flat[lo: lo + bucket.shard_numel]
+
+    def master(self, g: int, bucket) -> torch.Tensor:
+        return self.slots[g][bucket.bucket_idx].master
+
+    # ---- before the step: start from the parameters' current values ----------------------------------
+
+    def refresh(self) -> None:
+        """Take up whatever was written to the parameters since the last step (see the module docstring)."""
+        for g, group in enumerate(self.opt.param_groups):
+            for bucket in self.plan.buckets[g]:
+                slot = self.slots[g][bucket.bucket_idx]
+                if slot.params is None:
+                    current = self._packed_shard(g, bucket)
+                elif self._rebind_moved(g, bucket, slot) or not slot.master_is_param:
+                    current = self._own(bucket, slot)
+                else:
+                    continue   # the master is the parameter: nothing to take up
+                master = slot.master
+                dtype = group["params"][bucket.param_indices[0]].dtype
+                if dtype == master.dtype:
+                    if current.data_ptr() != master.data_ptr():
+                        master.copy_(current)
+                    continue
+                rounded = master.to(dtype)
+                master.copy_(torch.where(current != rounded, current.to(master.dtype), master))
+
+    def _own(self, bucket, slot: Slot) -> torch.Tensor:
+        n = bucket.shard_numel
+        return slot.params[self.grid.dp_rank * n: (self.grid.dp_rank + 1) * n]
+
+    def _rebind_moved(self, g: int, bucket, slot: Slot) -> bool:
+        """A parameter given new storage (``p.data = new``): copy its values in, make it a view again."""
+        params, metas, moved = self.opt.param_groups[g]["params"], self.plan.metas[g], False
+        for k, i in enumerate(bucket.param_indices):
+            p = params[i]
+            if p.data_ptr() == slot.ptrs[k]:
+                continue
+            if p.dtype != slot.params.dtype or p.device != slot.params.device or p.shape != torch.Size(metas[i].shape):
+                raise ValueError(f"parameter {metas[i].name!r} became {str(p.dtype)[6:]} {tuple(p.shape)} on {p.device} "
+                                 f"after the optimizer was built (it was {str(slot.params.dtype)[6:]} "
+                                 f"{tuple(metas[i].shape)} on {slot.params.device}); build the optimizer after "
+                                 "moving or casting the model")
+            at = _run(bucket, metas[i])
+            view = slot.params[at: at + p.numel()].view(p.shape)
+            view.copy_(p.detach())
+            p.data = view
+            moved = True
+        return moved
+
+    # ---- gradients --------------------------------------------------------------------------------
+
+    def grad_pieces(self, g: int, bucket, present: list[bool]) -> list:
+        """This rank's DP-mean gradient of every parameter of the bucket, as flat pieces in master dtype
+        (aligned with ``bucket.param_indices``; None for a parameter no rank has a gradient for)."""
+        params, metas, dtype = self.opt.param_groups[g]["params"], self.plan.metas[g], self.opt.master_dtypes[g]
+        if self.grid.dp == 1:
+            return [None if not present[i] else _flat(local(params[i].grad), dtype) if params[i].grad is not None
+                    else torch.zeros(metas[i].local_numel, dtype=dtype, device=self.grid.device)
+                    for i in bucket.param_indices]
+        shard = self.reduce_scatter(g, bucket)
+        return [local_shard(shard, self.plan, metas[i]) if present[i] else None for i in bucket.param_indices]
+
+    def reduce_scatter(self, g: int, bucket) -> torch.Tensor:
+        """Copy the bucket's gradients into its flat buffer (those not already there), reduce-scatter over DP,
+        divide by dp: this rank's DP-mean gradient shard."""
+        slot, params, metas = self.slots[g][bucket.bucket_idx], self.opt.param_groups[g]["params"], self.plan.metas[g]
+        dtype = self.opt.master_dtypes[g]
+        if slot.grads is None:
+            slot.grads = torch.zeros(bucket.padded_numel, dtype=dtype, device=self.grid.device)
+        flat, dsts, srcs, zeros = slot.grads, [], [], []
+        for i in bucket.param_indices:
+            p, at = params[i], _run(bucket, metas[i])
+            view = flat[at: at + metas[i].numel]
+            if p.grad is None:
+                zeros.append(view)
+                continue
+            grad = local(p.grad)
+            if _storage(grad) == _storage(flat) and grad.storage_offset() == at and grad.dtype == dtype:
+                continue   # backward wrote into the buffer (the gradient was zeroed in place)
+            dsts.append(view)
+            srcs.append(grad.reshape(-1))
+            if not is_dtensor(p.grad) and grad.dtype == dtype and grad.is_contiguous():
+                p.grad = view.view(p.shape)   # same values; backward accumulates here next time
+        if dsts:
+            torch._foreach_copy_(dsts, srcs)
+        if zeros:
+            torch._foreach_zero_(zeros)
+        shard = torch.empty(bucket.shard_numel, dtype=dtype, device=self.grid.device)
+        self.opt.comm.reduce_scatter_into(shard, flat, "dp", Phase.GRAD_REDUCE_SCATTER)
+        return shard.div_(self.grid.dp)
+
+    # ---- after the step: the parameters all-gathered --------------------------------------------------
+
+    def gather(self, g: int, bucket, params=None) -> None:
+        """Every rank's master shard into every rank's parameters. ``params`` (the group's, by default) is
+        where an unbound bucket unpacks to."""
+        slot = self.slots[g][bucket.bucket_idx]
+        params = self.opt.param_groups[g]["params"] if params is None else params
+        if slot.params is None:
+            dtype = params[bucket.param_indices[0]].dtype
+            full = self.opt.comm.all_gather(slot.master.to(dtype), "dp", Phase.PARAM_ALL_GATHER)
+            unpack_bucket(full, bucket, self.plan.metas[g], [local(p.data) for p in params])
+            return
+        if not slot.master_is_param:
+            self._own(bucket, slot).copy_(slot.master)
+        self.opt.comm.all_gather_into(slot.params, self.grid.dp_rank, "dp", Phase.PARAM_ALL_GATHER)
+
+    def allocated_master_bytes(self) -> int:
+        """Bytes of master shards kept apart from the parameters (0 where the parameter is its own master)."""
+        return sum(s.master.numel() * s.master.element_size() for row in self.slots for s in row
+                   if not s.master_is_param)
+
+
+def _flat(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    grad = grad.reshape(-1)
+    return grad if grad.dtype == dtype else grad.to(dtype)
+
+
+def _storage(p: torch.Tensor) -> int:
+    """An id of ``p``'s storage (not its data pointer: every tensor on ``meta`` has pointer 0)."""
+    return p.untyped_storage()._cdata
+
+
+def _shared_storages(params: list[torch.Tensor]) -> set[int]:
+    """Storages that more than one of ``params`` lives in (binding would untie them)."""
+    seen, shared = set(), set()
+    for p in params:
+        if is_dtensor(p):
+            continue
+        key = _storage(p)
+        (shared if key in seen else seen).add(key)
+    return shared

@@ -1,0 +1,269 @@
+"""The owner layouts' flow ("owner" and "aligned"): each matrix goes, in pieces, to its one owner, is
+orthogonalised there once, and comes back in pieces.
+
+Who sends what to whom is arithmetic on the plan, done once per bucket and kept (``Route``); a step only
+moves data, with one copy each way::
+
+    my pieces --bf16, one copy into the send buffer--> all-to-all --> owners          "to owner"
+    owner: the pieces of every matrix it owns --one copy--> a bank (one tensor per shape)
+           Newton-Schulz on each bank (``ns_batch``) or on each matrix of it
+           the results --one copy into the send buffer--> all-to-all --> back        "from owner"
+
+A rank's own pieces of a matrix it owns never enter a collective: they go from the momentum straight
+into the bank, and their update is read from the result in place (on one GPU that is every matrix, so a
+step copies nothing but the bf16 cast torch.optim.Muon makes too). A matrix replicated over TP
+(``tp_split_dim == -1``) is sent by one TP rank only (the owner's) and every TP rank gets its piece back,
+since each keeps state for its replica. A bank holds the matrices of one shape, whole; a matrix split over TP
+by rows has its TP blocks one after another there, so every piece lands in one contiguous run; one split by
+columns is gathered block by block apart and then joined (one more copy) before Newton-Schulz.
+
+Per matrix the arithmetic is the single-device one (the same bf16 values into the same ``zeropower_ns5``),
+so the parameters equal one process's bit for bit; with ``ns_batch`` on a CPU as well (a batch runs matrix by
+matrix there: ``newton_schulz.CPU_BATCH_AS_LOOP``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .comm import Phase
+from .flows import Flow, Pieces
+
+BF16 = torch.bfloat16
+
+
+@dataclass
+class Owned:
+    """A matrix this rank owns: where each rank's piece sits in its bank row, and where the updates go."""
+
+    k: int                                            # its index in bucket.param_indices
+    meta: object
+    blocks: int                                       # T: TP blocks in the bank row (1 unless split over TP)
+    key: tuple                                        # (T, block rows, block cols, split dim): its TP blocks
+    parts: list = field(default_factory=list)         # (block, a, b, recv offset or None for my own piece)
+    back: list = field(default_factory=list)          # (rank, block, a, b, send-back offset), other ranks
+    mine: tuple | None = None                         # (block, a, b) of my own piece, if I hold one
+
+
+@dataclass
+class Route:
+    """One bucket's traffic on this rank (everything but the tensors)."""
+
+    sends: list          # (k, send offset): my pieces of matrices others own, by owner then bucket order
+    send_counts: list
+    recv_counts: list
+    owned: list          # Owned, in bucket order
+    back_counts: list
+    back_recv: dict      # k -> (offset, numel): my pieces of matrices others own, in what comes back
+    back_recv_counts: list
+
+
+class OwnerFlow(Flow):
+    """One owner per matrix (see the module docstring)."""
+
+    lazy = False   # every bucket's pieces travel before any comes back
+
+    def __init__(self, opt):
+        super().__init__(opt)
+        self._routes: dict[tuple[int, int], Route] = {}
+        self._empty = torch.empty(0, dtype=BF16, device=self.grid.device)   # what a rank sends when it sends nothing
+
+    # ---- the arithmetic, once per bucket ---------------------------------------------------------
+
+    def _sends(self, meta, rank: int) -> bool:
+        """Whether world rank ``rank`` sends its piece of ``meta`` (one TP rank, the owner's, if replicated)."""
+        return meta.tp_split_dim != -1 or rank % self.grid.tp == self.plan.owner_of(meta) % self.grid.tp
+
+    def _piece(self, meta, rank: int) -> tuple[int, int, int]:
+        """(TP block, start, end) of world rank ``rank``'s piece of ``meta`` in the block's flat elements."""
+        tp = self.grid.tp
+        block = rank % tp if meta.tp_split_dim != -1 and tp > 1 else 0
+        piece = self.plan.piece_slice(meta, rank // tp)
+        return block, piece.start, piece.stop
+
+    def route(self, bucket) -> Route:
+        key = (bucket.buffer_idx, bucket.bucket_idx)
+        if key not in self._routes:
+            self._routes[key] = self._build_route(bucket)
+        return self._routes[key]
+
+    def _build_route(self, bucket) -> Route:
+        me, world, tp = self.grid.rank, self.plan.world, self.grid.tp
+        metas = [self.plan.metas[bucket.buffer_idx][i] for i in bucket.param_indices]
+        owner = [self.plan.owner_of(m) for m in metas]
+        send_counts, recv_counts, back_counts, back_recv_counts = ([0] * world for _ in range(4))
+        sends, back_recv = [], {}
+        for q in range(world):                       # what I send, by owner then bucket order
+            for k, meta in enumerate(metas):
+                n = meta.local_numel
+                if owner[k] == q and q != me and n and self._sends(meta, me):
+                    sends.append((k, sum(send_counts)))
+                    send_counts[q] += n
+                if owner[k] == q and q != me and n:  # and what comes back to me, in the same order
+                    back_recv[k] = (sum(back_recv_counts), n)
+                    back_recv_counts[q] += n
+        owned = []
+        for k, meta in enumerate(metas):
+            if owner[k] != me:
+                continue
+            split = meta.tp_split_dim != -1 and tp > 1
+            rows, cols = meta.shape if split else meta.full_shape
+            item = Owned(k, meta, tp if split else 1, (tp if split else 1, rows, cols, meta.tp_split_dim if split else -1))
+            owned.append(item)
+        offset = 0
+        for r in range(world):                       # what I receive, by sender then bucket order
+            for item in owned:
+                block, a, b = self._piece(item.meta, r)
+                if b > a and self._sends(item.meta, r):
+                    if r == me:
+                        item.parts.append((block, a, b, None))
+                    else:
+                        item.parts.append((block, a, b, offset))
+                        offset += b - a
+                        recv_counts[r] += b - a
+        back_offset = 0
+        for r in range(world):                       # what I send back, by receiver then bucket order
+            for item in owned:
+                block, a, b = self._piece(item.meta, r)
+                if b <= a:
+                    continue
+                if r == me:
+                    item.mine = (block, a, b)
+                else:
+                    item.back.append((r, block, a, b, back_offset))
+                    back_offset += b - a
+                    back_counts[r] += b - a
+        return Route(sends, send_counts, recv_counts, owned, back_counts, back_recv, back_recv_counts)
+
+    # ---- the step ------------------------------------------------------------------------------
+
+    def run(self, group: dict, updates) -> Pieces:
+        """``updates``: (bucket, pieces) per bucket, the pieces aligned with ``bucket.param_indices`` (flat,
+        None where a parameter is skipped). Yields (meta, my piece of its orthogonalised update)."""
+        if not self.opt.ns_batch and self.opt.overlap != "prefetch":   # "none", "naive": bucket by bucket
+            for bucket, pieces in updates:
+                sent = [(bucket, pieces, self._send(bucket, pieces, True))]
+                yield from self._pieces_back(self._send_back(sent, self._orthogonalise(group, sent), True))
+            return
+        wait_now = self.opt.overlap != "prefetch"
+        sent = [(bucket, pieces, self._send(bucket, pieces, wait_now)) for bucket, pieces in updates]
+        if self.opt.ns_batch:   # every bucket's matrices in one bank per shape
+            yield from self._pieces_back(self._send_back(sent, self._orthogonalise(group, sent), wait_now))
+            return
+        backs = [self._send_back([s], self._orthogonalise(group, [s]), False) for s in sent]
+        for back in backs:
+            yield from self._pieces_back(back)
+
+    def _send(self, bucket, pieces: list, wait_now: bool):
+        """Start sending my pieces of other ranks' matrices to their owners (bf16, one copy)."""
+        route = self.route(bucket)
+        send = self._buffer(sum(route.send_counts))
+        dsts, srcs, zeros = [], [], []
+        for k, at in route.sends:
+            piece, n = pieces[k], self.plan.metas[bucket.buffer_idx][bucket.param_indices[k]].local_numel
+            (zeros if piece is None else dsts).append(send[at: at + n])
+            if piece is not None:
+                srcs.append(piece)
+        _copy(dsts, srcs, zeros)
+        self.trace("to_owner", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", send)
+        return self.comm.all_to_all(send, route.send_counts, route.recv_counts, "world", Phase.NS_TO_OWNER,
+                                    wait_now=wait_now)
+
+    def _orthogonalise(self, group: dict, sent: list) -> list:
+        """Every matrix I own in these buckets: its pieces into the bank of its shape, Newton-Schulz, the results
+        kept. A matrix split over TP by columns is gathered block by block first, then joined (one copy)."""
+        banks: dict[tuple, list] = {}
+        for bucket, pieces, pending in sent:
+            for item in self.route(bucket).owned:
+                banks.setdefault(tuple(item.meta.full_shape), []).append((bucket, pieces, pending, item))
+        dsts, srcs, zeros, tensors, joins = [], [], [], {}, []
+        for shape, members in banks.items():
+            bank = tensors[shape] = torch.empty(len(members), *shape, dtype=BF16, device=self.grid.device)
+            for row, (bucket, pieces, pending, item) in enumerate(members):
+                blocks, rows, cols, split = item.key
+                if split == 1:   # blocks of columns: gathered apart, joined below
+                    staging = torch.empty(blocks, rows, cols, dtype=BF16, device=self.grid.device)
+                    joins.append((bank[row], staging))
+                    flat = staging.view(blocks, -1)
+                else:            # blocks of rows, or one block: each block is a run of the matrix
+                    flat = bank[row].view(blocks, -1)
+                received = pending.wait()
+                for block, a, b, at in item.parts:
+                    dst = flat[block, a:b]
+                    if at is None and pieces[item.k] is None:
+                        zeros.append(dst)
+                    else:
+                        dsts.append(dst)
+                        srcs.append(pieces[item.k] if at is None else received[at: at + b - a])
+        _copy(dsts, srcs, zeros)
+        for whole, staging in joins:
+            whole.view(whole.shape[0], staging.shape[0], -1).copy_(staging.permute(1, 0, 2))
+        done = []
+        for shape, members in banks.items():
+            matrices = tensors[shape]
+            if self.opt.ns_batch:
+                outs = self.newton_schulz(group, matrices).unbind(0)
+            else:
+                outs = [self.newton_schulz(group, m) for m in matrices.unbind(0)]
+            for (bucket, _, _, item), matrix, out in zip(members, matrices.unbind(0), outs):
+                self.trace("ns_input", item.meta.name, matrix)
+                done.append((bucket, item, self.trace("orthogonalised", item.meta.name, out)))
+        return done
+
+    def _send_back(self, sent: list, done: list, wait_now: bool) -> list:
+        """Cut every result into the pieces each rank keeps (one copy) and start sending them back: one
+        all-to-all per bucket of ``sent``, on every rank, whether or not it owns a matrix there."""
+        by_bucket: dict = {(bucket.buffer_idx, bucket.bucket_idx): [] for bucket, _, _ in sent}
+        for bucket, item, out in done:
+            by_bucket[(bucket.buffer_idx, bucket.bucket_idx)].append((item, out))
+        backs = []
+        for bucket, _, _ in sent:
+            items = by_bucket[(bucket.buffer_idx, bucket.bucket_idx)]
+            route = self.route(bucket)
+            send = self._buffer(sum(route.back_counts))
+            dsts, srcs, mine = [], [], {}
+            for item, out in items:
+                for _, block, a, b, at in item.back:
+                    dst, src = send[at: at + b - a], _block_piece(out, item, block, a, b)
+                    dsts.append(dst.view(src.shape))
+                    srcs.append(src)
+                if item.mine is not None:
+                    mine[item.k] = _block_piece(out, item, *item.mine)
+            _copy(dsts, srcs, [])
+            pending = self.comm.all_to_all(send, route.back_counts, route.back_recv_counts, "world",
+                                           Phase.NS_FROM_OWNER, wait_now=wait_now)
+            backs.append((bucket, pending, mine))
+        return backs
+
+    def _buffer(self, numel: int) -> torch.Tensor:
+        return torch.empty(numel, dtype=BF16, device=self.grid.device) if numel else self._empty
+
+    def _pieces_back(self, backs: list) -> Pieces:
+        for bucket, pending, mine in backs:
+            route, received = self.route(bucket), pending.wait()
+            for k, i in enumerate(bucket.param_indices):
+                meta = self.plan.metas[bucket.buffer_idx][i]
+                if k in mine:
+                    yield meta, self.trace("from_owner", meta.name, mine[k])
+                elif k in route.back_recv:
+                    at, n = route.back_recv[k]
+                    yield meta, self.trace("from_owner", meta.name, received[at: at + n])
+
+
+def _copy(dsts: list, srcs: list, zeros: list) -> None:
+    if dsts:
+        torch._foreach_copy_(dsts, srcs)
+    if zeros:
+        torch._foreach_zero_(zeros)
+
+
+def _block_piece(out: torch.Tensor, item: Owned, block: int, a: int, b: int) -> torch.Tensor:
+    """Elements [a, b) of TP block ``block`` of the orthogonalised matrix ``out``: the block itself (2-D, a
+    view) when the piece is all of it, else its flat elements (a view when the block is contiguous)."""
+    blocks, rows, cols, split = item.key
+    if blocks > 1:
+        out = out[block * rows: (block + 1) * rows] if split == 0 else out[:, block * cols: (block + 1) * cols]
+    if a == 0 and b == out.numel():
+        return out
+    return out.reshape(-1)[a:b]
