@@ -21,10 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 os.chdir(ROOT)  # muongrid.lab.notebook finds the checkout from the working directory
-sys.path.insert(0, str(ROOT / "scripts"))
 
-from muongrid.lab import bookbuild  # noqa: E402
-from muongrid.lab.nbexec import Report, timing_table  # noqa: E402
+from muongrid.lab import bookbuild
+from muongrid.lab.nbexec import Report, timing_table
 
 
 def main(argv=None) -> int:

@@ -23,10 +23,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from muongrid.lab.notebook import last_json  # noqa: E402
-from muongrid.lab.provenance import provenance  # noqa: E402
+from muongrid.lab.notebook import last_json
+from muongrid.lab.provenance import provenance
 
 SCRIPTS = Path(__file__).resolve().parent
 MEASUREMENTS = {"ns_speed": ["ns_speed.py", "--size", "1024", "--repeats", "5"],

@@ -27,15 +27,13 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path
 
 import zmq
 import zmq.asyncio
 from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.session import Session
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from muongrid.lab.nbexec import SlicedChannel  # noqa: E402
+from muongrid.lab.nbexec import SlicedChannel
 
 
 async def lost_wakeup(channel_class, timeout: float) -> tuple[float, str]:

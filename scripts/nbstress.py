@@ -31,9 +31,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from muongrid.lab import nbexec  # noqa: E402
-from muongrid.lab.notebook import chapters  # noqa: E402
+from muongrid.lab import nbexec
+from muongrid.lab.notebook import chapters
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -26,14 +26,11 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
 
-import torch  # noqa: E402
-
-from muongrid.newton_schulz import native_bf16_matmul, zeropower_ns5  # noqa: E402
-from muongrid.ns_variants import ns_flops, ns_matmuls  # noqa: E402
+from muongrid.newton_schulz import native_bf16_matmul, zeropower_ns5
+from muongrid.ns_variants import ns_flops, ns_matmuls
 
 VARIANTS = [("muon", "standard"), ("muon", "gram"), ("polar_express", "standard"), ("polar_express", "gram"),
             ("cubic", "standard")]

@@ -32,16 +32,14 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from muongrid import hardware  # noqa: E402
-from muongrid.group_routes import count_in_band, local_band, long_bounds  # noqa: E402
-from muongrid.lab.costmodel import collective_seconds, group_bytes, links_for_grid  # noqa: E402
-from muongrid.layouts import assign_owners_and_groups, group_ns_flops, group_seconds  # noqa: E402
-from muongrid.newton_schulz import NS_STEPS, ns5_flops  # noqa: E402
-from muongrid.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, _owner_candidates, _piece_runs, build_plan  # noqa: E402
+from muongrid import hardware
+from muongrid.group_routes import count_in_band, local_band, long_bounds
+from muongrid.lab.costmodel import collective_seconds, group_bytes, links_for_grid
+from muongrid.layouts import assign_owners_and_groups, group_ns_flops, group_seconds
+from muongrid.newton_schulz import NS_STEPS, ns5_flops
+from muongrid.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, _owner_candidates, _piece_runs, build_plan
 
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
 

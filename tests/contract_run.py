@@ -125,7 +125,6 @@ def run_case(cls, layout, case, grid, comm) -> dict:
 
 
 def fsdp_checks(grid, comm) -> dict:
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     from fsdp_run import CONTEXT, D, HEADS, HYPER, LAYERS, VOCAB, fsdp_model, give as give_fsdp, grads, groups
     from muongrid.fsdp import FSDPMuon
     from muongrid.lab.tpgpt import head_major_gpt

@@ -119,7 +119,6 @@ def test_a_rank_killed_from_outside_is_the_root_cause_not_the_ranks_the_launcher
 
 LAUNCH_AFTER = """
 import sys
-sys.path.insert(0, {scripts!r})
 import torch
 {before}
 from muongrid import launch
@@ -143,7 +142,7 @@ def test_ranks_are_forked_only_from_a_process_without_threads(before, method):
     must not (a forked rank would hang in its first parallel region): it falls back to a fork server and
     the run still ends, exact. One rank, so it runs on every core, in parallel regions:
     forked after tensor work, it hangs (the subprocess timeout catches that; checked by hand)."""
-    code = LAUNCH_AFTER.format(scripts=str(SCRIPTS), before=before)
+    code = LAUNCH_AFTER.format(before=before)
     env = {k: v for k, v in os.environ.items() if k != "MUONGRID_START_METHOD"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,17 +6,14 @@ for every matrix (O(world) per matrix), every DP rank's piece asked for, every c
 """
 from __future__ import annotations
 
-import sys
 
 import pytest
 
-from conftest import SCRIPTS
 from muongrid.layouts import HeldRuns, Matrix, assign_owners, assign_owners_and_groups, even_cuts, group_ns_flops, group_window
 from muongrid.newton_schulz import ns5_flops
 from muongrid.plan import ParamSpec, _owner_candidates, build_plan
 
-sys.path.insert(0, str(SCRIPTS))
-import plan_at_scale  # noqa: E402
+import plan_at_scale
 
 
 def reference_candidates(plan, muon):

@@ -29,7 +29,6 @@ import math
 import random
 import threading
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -48,9 +47,8 @@ from muongrid.ns_group import group_form, sharded_collectives, simulate, split_l
 from muongrid.plan import ParamSpec, build_plan, disagreement, plan_key
 from conftest import ROOT, run
 
-sys.path.insert(0, str(Path(__file__).parent))
-import group_run  # noqa: E402
-from test_group_rows import MEASURED_EXACT  # noqa: E402
+import group_run
+from test_group_rows import MEASURED_EXACT
 
 TOLERANCE = 1e-2
 

@@ -12,13 +12,11 @@ import nbformat
 import pytest
 from jupyter_client.channels import AsyncZMQSocketChannel
 
-import sys
 
 from muongrid.lab import nbexec
-from conftest import SCRIPTS, last_json, script
+from conftest import last_json, script
 
-sys.path.insert(0, str(SCRIPTS))
-from nb_stall_repro import lost_wakeup  # noqa: E402
+from nb_stall_repro import lost_wakeup
 
 
 def test_plain_channel_sleeps_through_a_lost_wakeup_until_its_timeout():

@@ -1,11 +1,9 @@
 """The plan at scale without launching (scripts/plan_at_scale.py) and the group-mode assignment (layouts.py)."""
 from __future__ import annotations
 
-import sys
 
 import pytest
 
-from conftest import SCRIPTS
 from muongrid.lab.costmodel import step_bytes
 from muongrid.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS, build_problem
 from muongrid import layouts
@@ -14,8 +12,7 @@ from muongrid.newton_schulz import ns5_flops
 from muongrid.ns_group import group_form
 from muongrid.plan import ParamSpec, _owner_candidates, build_plan
 
-sys.path.insert(0, str(SCRIPTS))
-import plan_at_scale  # noqa: E402
+import plan_at_scale
 
 
 def report_plan(dp, tp):

@@ -7,7 +7,6 @@ Tolerances: relative 1e-12, float rounding of a sum of a few terms; byte identit
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -130,7 +129,6 @@ def test_bad_input_names_the_problem():
 
 
 def test_profiles_come_from_plan_at_scale_and_the_recorded_calibration():
-    sys.path.insert(0, str(ROOT / "scripts"))
     import plan_at_scale
 
     hw = timemodel.h100()

@@ -311,13 +311,13 @@ def group_seconds(rows: int, cols: int, size: int, steps: int, link: tuple[float
     ``size`` over ``link`` (alpha s per hop, beta bytes/s), in the sharing ``ns_group.group_form`` picks:
     Gram all-reduces (the norm and ``steps`` partial Grams, 2 (size - 1) hops each, and ``steps``
     all-gathers of B's rows, size - 1 hops) or the row form (``1 + 2 steps`` all-gathers); and the bytes a
-    member sends, ``costmodel.group_bytes`` (the one place the group's bytes are priced)."""
-    from .lab.costmodel import group_bytes   # here: costmodel imports the plan, which imports this module
-    from .ns_group import group_form
+    member sends, ``ns_group.group_ring_bytes`` (which ``costmodel.group_bytes`` prices too)."""
+    from .ns_group import group_form, group_ring_bytes
 
     alpha, beta = link
-    hops = 1 + 2 * steps if group_form(rows, cols, size, steps) == "rows" else 2 * (1 + steps) + steps
-    return (size - 1) * hops * alpha + group_bytes(rows, cols, size, steps) / beta
+    form = group_form(rows, cols, size, steps)
+    hops = 1 + 2 * steps if form == "rows" else 2 * (1 + steps) + steps
+    return (size - 1) * hops * alpha + group_ring_bytes(form, rows, cols, size, steps) / beta
 
 
 def _group_sizes(most: int, node: int) -> list[int]:
