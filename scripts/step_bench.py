@@ -1,0 +1,179 @@
+"""One optimizer step on real model shapes: ours against torch.optim.Muon + fused AdamW and the floor.
+
+    python scripts/step_bench.py                                   # the meta-device counts (any machine, ~30 s)
+    python scripts/step_bench.py --time --models gpt2-124m         # + timed steps on this CPU (slow: NS on a CPU)
+    python scripts/step_bench.py --device cuda --time --out book/data/step_bench_gpu.json   # on a GPU
+
+Two parts, side by side in one run:
+
+* **What a GPU step costs, counted on the meta device** (``muongrid/lab/stepcost.py``; no GPU, real shapes,
+  seconds): bytes written + read, aten ops, copy bytes and host syncs of one ``step()`` of
+  ``DistributedMuon(layout="owner", ns_batch=True)`` on one rank, against torch.optim.Muon on the matrices plus
+  fused AdamW on the rest; and each rank's copy bytes on a 2-rank grid (the fake process group), against its
+  fp32 parameter bytes, with gradients made fresh each step (``zero_grad()``) and zeroed in place
+  (``zero_grad(set_to_none=False)``, so backward writes into the optimizer's buffers).
+* **Time** (``--time``): one step of each, median and fastest of ``--steps`` after ``--warmup`` (CUDA events on a
+  GPU, the wall clock on a CPU), host syncs counted by ``torch.cuda.set_sync_debug_mode`` on a GPU, and the
+  floor: the Newton-Schulz FLOPs at this device's measured bf16 matmul rate plus one fused AdamW pass over every
+  parameter, measured. On a CPU the script says whether bf16 matmuls are native or emulated
+  (``newton_schulz.native_bf16_matmul``): emulated, Newton-Schulz dominates everything.
+
+Models (``muongrid/lab/stepmodels.py``): GPT-2 124M, Llama-3.2-1B, four layers of Llama-3-8B. Ends with one JSON
+line (and ``--out`` FILE) with the provenance of the run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+
+import torch
+
+from muongrid import DistributedMuon, Grid, hybrid_param_groups
+from muongrid.lab.provenance import provenance
+from muongrid.lab.stepcost import GiB, measure, measure_grid, param_bytes
+from muongrid.lab.stepmodels import MODELS, is_muon, named_params, torch_hybrid
+from muongrid.newton_schulz import native_bf16_matmul, ns5_flops
+
+
+def ours(named, device):
+    groups = hybrid_param_groups(named, muon={"lr": 0.02}, adamw={"lr": 1e-3})
+    return DistributedMuon(groups, Grid.single(device), layout="owner", ns_batch=True)
+
+
+def proxies(model: str) -> dict:
+    """The meta-device counts of one step, ours and torch's, and the 2-rank copy bytes."""
+    named = named_params(model, "meta")
+    theirs, mine = measure(torch_hybrid(named)).summary(), measure(ours(named, "meta").step).summary()
+    pb = param_bytes(model)
+    grid = {}
+    for label, fresh in (("fresh_grads", True), ("grads_in_place", False)):
+        costs = measure_grid(model, 2, fresh_grads=fresh)
+        grid[label] = [c.summary()["copy_written_gib"] * GiB / pb for _, c in sorted(costs.items())]
+    return dict(torch=theirs, ours=mine, bytes_ratio=mine["bytes_gib"] / theirs["bytes_gib"],
+                ops_ratio=mine["ops"] / theirs["ops"], dp2_copy_over_param_bytes=grid)
+
+
+def timed(step, device, warmup: int, steps: int) -> list[float]:
+    for _ in range(warmup):
+        step()
+    out = []
+    for _ in range(steps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            step()
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def host_syncs(step, device) -> int | None:
+    """Host syncs in one step, as CUDA's sync debug mode reports them (None off a GPU)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode(1)
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
+def matmul_rate(device, n: int) -> float:
+    """This device's bf16 matmul rate in FLOP/s (the fastest of a few runs of an n x n x n product)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    return 2 * n**3 / min(timed(lambda: a @ b, device, 2, 5))
+
+
+def time_model(model: str, device, warmup: int, steps: int, rate: float) -> dict:
+    named = named_params(model, device)
+    flops = sum(ns5_flops(*p.shape) for n, p in named if is_muon(n, p))
+    params = [p for _, p in named]
+    state = [[torch.zeros_like(p) for p in params] for _ in range(2)]
+    counts = [torch.ones((), device=device) for _ in params]
+    fused = timed(lambda: torch._fused_adamw_(params, [p.grad for p in params], state[0], state[1], [], counts,
+                                              lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.1, eps=1e-8,
+                                              amsgrad=False, maximize=False), device, warmup, steps)
+    runs = {}
+    for label, make in (("torch", lambda: torch_hybrid(named)), ("ours", lambda: ours(named, device).step)):
+        step = make()
+        seconds = timed(step, device, warmup, steps)
+        runs[label] = dict(median_ms=1e3 * statistics.median(seconds), fastest_ms=1e3 * min(seconds),
+                           runs_ms=[1e3 * s for s in seconds], host_syncs=host_syncs(step, device))
+        del step
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    floor = flops / rate + min(fused)
+    return dict(ns_tflop=flops / 1e12, adamw_pass_ms=1e3 * min(fused), floor_ms=1e3 * floor, runs=runs,
+                ours_over_torch=runs["ours"]["median_ms"] / runs["torch"]["median_ms"],
+                ours_over_floor=runs["ours"]["median_ms"] / (1e3 * floor))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="gpt2-124m,llama-1b,llama-8b-4layers",
+                   help=f"comma-separated, from {', '.join(MODELS)}")
+    p.add_argument("--device", default="cpu", help="where --time runs (cpu or cuda)")
+    p.add_argument("--time", action="store_true", help="also time the steps on --device")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--out", help="also write the JSON record here")
+    args = p.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        p.error(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
+    if args.warmup < 0 or args.steps < 1:
+        p.error("--warmup must be >= 0 and --steps >= 1")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda, but torch sees no GPU here")
+    record = dict(provenance(["scripts/step_bench.py", *(argv if argv is not None else [])]), models={})
+    print("one optimizer step, counted on the meta device (what a GPU would move; ours = DistributedMuon owner + "
+          "ns_batch, one rank; torch = torch.optim.Muon + fused AdamW)")
+    print(f"{'model':<18}{'GiB ours':>10}{'torch':>8}{'ratio':>7}{'ops ours':>10}{'torch':>7}{'copy GiB':>10}"
+          f"{'syncs':>7}{'dp=2 copies / param bytes (fresh; in place)':>46}")
+    for model in models:
+        px = proxies(model)
+        record["models"][model] = dict(proxies=px)
+        o, t, g = px["ours"], px["torch"], px["dp2_copy_over_param_bytes"]
+        print(f"{model:<18}{o['bytes_gib']:>10.1f}{t['bytes_gib']:>8.1f}{px['bytes_ratio']:>7.2f}{o['ops']:>10}"
+              f"{t['ops']:>7}{o['copy_written_gib']:>10.2f}{o['syncs']:>7}"
+              f"{'  '.join(f'{x:.2f}' for x in g['fresh_grads']):>30};  {'  '.join(f'{x:.2f}' for x in g['grads_in_place'])}")
+    if args.time:
+        rate = matmul_rate(device, 8192 if device.type == "cuda" else 1024)
+        path = "native" if native_bf16_matmul(device) else "emulated (fp32 on bf16 values)"
+        record.update(device=str(device), bf16_matmul_tflops=rate / 1e12, bf16_path=path)
+        print(f"\ntimed on {device} (bf16 matmul {rate / 1e12:.2f} TFLOP/s, {path}); median (fastest) of "
+              f"{args.steps} after {args.warmup} warm-up")
+        print(f"{'model':<18}{'torch ms':>16}{'ours ms':>16}{'floor ms':>10}{'ours/torch':>12}{'ours/floor':>12}"
+              f"{'syncs':>8}")
+        for model in models:
+            r = time_model(model, device, args.warmup, args.steps, rate)
+            record["models"][model]["time"] = r
+            t, o = r["runs"]["torch"], r["runs"]["ours"]
+            print(f"{model:<18}{t['median_ms']:>9.1f} ({t['fastest_ms']:.1f}){o['median_ms']:>9.1f} "
+                  f"({o['fastest_ms']:.1f}){r['floor_ms']:>10.1f}{r['ours_over_torch']:>12.2f}"
+                  f"{r['ours_over_floor']:>12.2f}{str(o['host_syncs']):>8}")
+    text = json.dumps(record)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

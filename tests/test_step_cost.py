@@ -1,0 +1,79 @@
+"""What one optimizer step would cost a GPU, held to its targets on the meta device (no GPU needed).
+
+``muongrid/lab/stepcost.py`` counts the bytes, aten ops, copies and host syncs of one ``step()`` on real model
+shapes (``lab/stepmodels.py``) without computing anything. On an H100 those counts predicted the measured gap
+between our step and torch.optim.Muon's within 5% (``../shared/gpu/h100-2026-11-26``), so holding them here
+guards the GPU step in CI. Targets (issue 31), for ``DistributedMuon(layout="owner", ns_batch=True)``:
+
+* one rank: at most 1.15x the bytes of torch.optim.Muon + fused AdamW on GPT-2 124M and Llama-3.2-1B shapes
+  (the Newton-Schulz work is the same; the rest is the NaN/Inf check's one read of the gradients), no more
+  aten ops, no host sync, and an op count that does not grow with the number of layers (it grows with the
+  number of distinct shapes): at most a few more ops for four times the layers;
+* two DP ranks (the fake process group): each rank writes at most its fp32 parameter bytes in copies when
+  backward writes into the optimizer's gradient buffers (``zero_grad(set_to_none=False)``); with fresh
+  gradients every step (torch's default ``zero_grad()``) the gradients' copy into the reduce-scatter buffer
+  adds one parameter's worth, which a ZeRO-1 step cannot avoid (it needs them in one flat tensor), and the
+  bound here is that plus 0.75.
+
+These are counts, not timings: exact for given shapes, the same on every machine.
+
+    python -m pytest -q tests/test_step_cost.py
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from muongrid import DistributedMuon, Grid, hybrid_param_groups
+from muongrid.lab.stepcost import GiB, StepCost, measure, measure_grid, param_bytes
+from muongrid.lab.stepmodels import named_params, torch_hybrid
+
+
+def ours(named):
+    return DistributedMuon(hybrid_param_groups(named, muon={"lr": 0.02}, adamw={"lr": 1e-3}), Grid.single("meta"),
+                           layout="owner", ns_batch=True)
+
+
+@pytest.mark.parametrize("model", ["gpt2-124m", "llama-1b"])
+def test_one_rank_moves_no_more_than_torch_plus_the_finite_check(model):
+    named = named_params(model, "meta")
+    theirs, mine = measure(torch_hybrid(named)).summary(), measure(ours(named).step).summary()
+    assert mine["bytes_gib"] <= 1.15 * theirs["bytes_gib"], (mine, theirs)
+    assert mine["ops"] <= theirs["ops"], (mine["ops"], theirs["ops"])
+    assert mine["syncs"] == 0
+    assert mine["detach"] <= len(named)
+    # Around Newton-Schulz ours moves torch's traffic, plus the finite check's one read of every gradient, plus
+    # the bf16 cast of the Muon matrices (into the bank; torch casts inside its Newton-Schulz), and no more
+    grads = sum(p.grad.numel() * 4 for _, p in named) / GiB
+    cast = 1.5 * sum(p.numel() * 4 for n, p in named if n.startswith("layers") and p.ndim == 2) / GiB
+    assert mine["outside_ns_gib"] <= 1.01 * (theirs["outside_ns_gib"] + grads + cast), (mine, theirs)
+
+
+def test_the_op_count_does_not_grow_with_layers():
+    counts = [measure(ours(named_params("llama-1b", "meta", layers=n)).step).summary()["ops"] for n in (2, 8)]
+    assert counts[1] - counts[0] <= 8, counts
+
+
+@pytest.mark.parametrize("fresh, bound", [(False, 1.0), (True, 1.75)])
+def test_two_ranks_copy_at_most_their_parameter_bytes(fresh, bound):
+    costs = measure_grid("gpt2-124m", 2, fresh_grads=fresh)
+    ratios = [c.summary()["copy_written_gib"] * GiB / param_bytes("gpt2-124m") for c in costs.values()]
+    assert len(ratios) == 2 and max(ratios) <= bound, ratios
+    assert all(c.summary()["syncs"] == 0 for c in costs.values())
+
+
+def test_the_counter_sees_what_it_counts():
+    """Each kind of count, on ops whose bytes are known: a cast is a copy, a read back is a sync, a view is free."""
+    x = torch.empty(1024, 256, device="meta")
+    with StepCost() as mode:
+        y = x.to(torch.bfloat16)               # a copy: writes 0.5 MiB, reads 1 MiB
+        x.mul_(2.0)                            # in place: writes and reads 1 MiB
+        x.t()                                  # a view: no bytes
+        bool(x.sum() > 0)                      # a host sync
+        torch.empty(10, device="meta")         # an allocation: no bytes
+    cost = mode.cost
+    names = [o.name for o in cost.ops]
+    assert names[:2] == ["_to_copy", "mul_"] and cost.views == 1 and len(cost.syncs) == 1
+    assert (cost.ops[0].written, cost.ops[0].read, cost.ops[0].copy) == (y.numel() * 2, x.numel() * 4, True)
+    assert (cost.ops[1].written, cost.ops[1].read) == (x.numel() * 4, x.numel() * 4)
+    assert [o for o in cost.ops if o.name == "empty"][0].written == 0
