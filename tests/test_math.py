@@ -151,9 +151,11 @@ def test_hybrid_param_groups_on_a_real_model():
 
 
 def test_non_matrix_in_a_muon_group_is_a_clear_error():
-    with pytest.raises(ValueError, match="'bias'.*shape \\(8,\\).*2-D matrices only"):
+    with pytest.raises(ValueError, match="'bias'.*shape \\(8,\\).*2-D matrices and 3-D banks of them"):
         Muon([{"params": [torch.nn.Parameter(torch.zeros(8))], "names": ["bias"]}])
-    with pytest.raises(ValueError, match="2-D matrices only"):
+    with pytest.raises(ValueError, match="shape \\(2, 3, 4, 5\\).*2-D matrices and 3-D banks"):
+        Muon([torch.nn.Parameter(torch.zeros(2, 3, 4, 5))])
+    with pytest.raises(ValueError, match="2-D matrices only \\(a 3-D expert bank runs on single-device"):
         DistributedMuon([torch.nn.Parameter(torch.zeros(3, 4, 5))], Grid.single())
 
 

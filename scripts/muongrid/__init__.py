@@ -4,13 +4,14 @@
 
     from muongrid import DistributedMuon, Grid, hybrid_param_groups
     grid = Grid.build(dp=2, tp=2)                          # after torch.distributed.init_process_group
-    opt = DistributedMuon(hybrid_param_groups(model.named_parameters()), grid, layout="owner")
+    opt = DistributedMuon(hybrid_param_groups(model), grid, layout="owner")
 
 The engine, in the order the book introduces it (the math apart from the orchestration):
 
     newton_schulz  NS5 orthogonalisation and its FLOP count (pure functions)
     updates        Muon momentum, lr adjustment, decoupled decay, AdamW (pure, elementwise)
-    optim          single-device Muon / AdamW / hybrid MuonW and the hybrid routing rule
+    optim          single-device Muon / AdamW / hybrid MuonW and the hybrid's parameter groups
+    routing        which parameter gets Muon or AdamW, decided by its module and shape, and why (the table)
     grid           the DP x TP grid: rank layout and process groups
     layouts        where ZeRO-1 cuts buckets and who orthogonalises each matrix (pure)
     hardware       hardware profiles (h100(), profile(...)) that size the group layout's groups by time
@@ -51,8 +52,9 @@ from .grid import Grid, grid_layout
 from .layouts import LAYOUTS
 from .newton_schulz import ns5_flops, zeropower_ns5
 from .optim import AdamW, Muon, MuonW, hybrid_param_groups, routes_to_muon
+from .routing import routing_table
 from .plan import DistMeta, ParamSpec, build_plan
 
 __all__ = ["LAYOUTS", "AdamW", "DistMeta", "DistributedAdamW", "DistributedMuon", "FSDPMuon", "Grid", "Muon", "MuonW",
            "ParamSpec", "build_plan", "grid_layout", "hybrid_param_groups", "ns5_flops", "routes_to_muon",
-           "zeropower_ns5"]
+           "routing_table", "zeropower_ns5"]

@@ -4,20 +4,20 @@ One optimizer class, ``MuonW``, runs each parameter group with Muon (``use_muon=
 AdamW (``use_muon=False``); ``Muon`` and ``AdamW`` are the same class with every group of one
 kind. The math lives in ``updates.py`` and ``newton_schulz.py``; this file only loops over groups.
 
-The hybrid routing rule (which parameter gets Muon) is ``routes_to_muon`` below, and nowhere else.
+The hybrid routing rule (which parameter gets Muon, and why) is ``routing.py``'s, and nowhere else;
+``hybrid_param_groups`` below turns its table into a Muon group and an AdamW group.
 
-    >>> groups = hybrid_param_groups(model.named_parameters(), muon={"lr": 0.02}, adamw={"lr": 3e-3})
+    >>> groups = hybrid_param_groups(model, muon={"lr": 0.02}, adamw={"lr": 3e-3})
     >>> opt = MuonW(groups)
 """
 from __future__ import annotations
-
-from typing import Iterable
 
 import torch
 
 from .contract import MomentumSync, check_group_contract, fill_group, lr_of, normalize_hyper
 from .newton_schulz import NS_COEFFICIENTS, NS_FORM, NS_STEPS, zeropower_ns5
 from .ns_variants import check_ns_options
+from .routing import Route, RoutingTable, routes_to_muon, routing_table  # noqa: F401 (re-exported)
 from .updates import LR_ADJUSTMENTS, adamw_step_, adjust_lr, apply_update_, muon_momentum_
 
 # Hyperparameters of both kinds of group. Muon's defaults are torch.optim.Muon's except the lr
@@ -43,45 +43,41 @@ def check_hyper(hyper: dict) -> dict:
                         "(and adjust_lr_fn, torch.optim.Muon's name for adjust_lr)")
     return hyper
 
-# Module names whose matrices are not "hidden layers": token/position embeddings and output heads.
-NOT_MUON_MODULES = {"embed", "embedding", "embeddings", "tok_embeddings", "wte", "wpe",
-                    "lm_head", "head", "output", "classifier"}
+
+def check_muon_shape(name: str, shape: tuple[int, ...], banks: bool = False) -> None:
+    """Raise a clear error when a parameter Muon cannot take is put in a Muon group: anything but a 2-D
+    matrix, or with ``banks`` (single-device ``MuonW``) also a 3-D bank of matrices (experts x out x in)."""
+    if len(shape) == 2 or (banks and len(shape) == 3):
+        return
+    if banks:
+        raise ValueError(f"parameter {name!r} has shape {tuple(shape)} but Muon orthogonalises 2-D matrices and "
+                         "3-D banks of them (experts x out x in) only; put it in a group with use_muon=False "
+                         "(AdamW), or build groups with hybrid_param_groups(model)")
+    bank = (" (a 3-D expert bank runs on single-device muongrid.MuonW; this optimizer does not take banks yet)"
+            if len(shape) == 3 else "")
+    raise ValueError(f"parameter {name!r} has shape {tuple(shape)} but Muon orthogonalises 2-D matrices only{bank}; "
+                     "put it in a group with use_muon=False (AdamW), or build groups with hybrid_param_groups()")
 
 
-def routes_to_muon(name: str, param: torch.Tensor) -> bool:
-    """The hybrid rule: Muon for 2-D hidden-layer matrices, AdamW for everything else.
+def hybrid_param_groups(model_or_named, muon: dict | None = None, adamw: dict | None = None, head=None,
+                        return_table: bool = False):
+    """A Muon group and an AdamW group, routed by ``routing.routing_table`` (embeddings, the output head,
+    routers and vectors to AdamW; hidden matrices and expert banks to Muon; the reasons in the table).
 
-    AdamW gets every parameter that is not 2-D (biases, norm gains) and every matrix whose
-    module name marks it as an embedding or output head (one of ``NOT_MUON_MODULES`` appears as
-    a dotted component of ``name``, e.g. ``transformer.wte.weight`` or ``lm_head.weight``).
-    Embeddings are lookups, not linear maps of the layer's input, and the head's update is best
-    left per-logit; Moonshot and Keller Jordan both route them to AdamW.
+    ``model_or_named`` is the model (preferred: its modules say what each parameter is) or
+    ``model.named_parameters()`` (names stand in). ``head``: the output head where the model does not say it.
+    Each group carries ``names`` so errors and reports can name parameters; a tied tensor appears once. With
+    ``return_table=True`` returns ``(groups, table)``; ``print(table)`` shows every tensor's route and why.
     """
-    return param.ndim == 2 and not (set(name.lower().split(".")) & NOT_MUON_MODULES)
-
-
-def check_muon_shape(name: str, shape: tuple[int, ...]) -> None:
-    """Raise a clear error when a parameter that is not 2-D is put in a Muon group."""
-    if len(shape) != 2:
-        raise ValueError(
-            f"parameter {name!r} has shape {tuple(shape)} but Muon orthogonalises 2-D matrices only; "
-            "put it in a group with use_muon=False (AdamW), or build groups with hybrid_param_groups()"
-        )
-
-
-def hybrid_param_groups(named_params: Iterable[tuple[str, torch.Tensor]], muon: dict | None = None,
-                        adamw: dict | None = None) -> list[dict]:
-    """Split named parameters into a Muon group and an AdamW group by ``routes_to_muon``.
-
-    Each group carries ``names`` so errors and reports can name parameters.
-    """
+    table = routing_table(model_or_named, head=head, _stacklevel=3)   # warnings point at the caller
     groups = {True: dict(muon or {}, use_muon=True, params=[], names=[]),
               False: dict(adamw or {}, use_muon=False, params=[], names=[])}
-    for name, p in named_params:
-        g = groups[routes_to_muon(name, p)]
-        g["params"].append(p)
-        g["names"].append(name)
-    return [g for g in groups.values() if g["params"]]
+    for route in table:
+        g = groups[route.use_muon]
+        g["params"].append(route.param)
+        g["names"].append(route.name)
+    groups = [g for g in groups.values() if g["params"]]
+    return (groups, table) if return_table else groups
 
 
 def param_names(group: dict, group_idx: int) -> list[str]:
@@ -92,8 +88,9 @@ def param_names(group: dict, group_idx: int) -> list[str]:
     return list(names)
 
 
-def check_group(group: dict, group_idx: int) -> None:
-    """Fill in per-kind defaults and validate one parameter group (shared by every optimizer class)."""
+def check_group(group: dict, group_idx: int, banks: bool = False) -> None:
+    """Fill in per-kind defaults and validate one parameter group (shared by every optimizer class).
+    ``banks``: the optimizer takes 3-D banks of matrices (experts x out x in) in Muon groups."""
     fill_group(group)
     check_group_contract(group, group_idx)
     if group["adjust_lr"] not in LR_ADJUSTMENTS:
@@ -104,7 +101,7 @@ def check_group(group: dict, group_idx: int) -> None:
         except ValueError as e:
             raise ValueError(f"group {group_idx}: {e}") from None
         for name, p in zip(param_names(group, group_idx), group["params"]):
-            check_muon_shape(name, tuple(p.shape))
+            check_muon_shape(name, tuple(p.shape), banks)
 
 
 def call_closure(closure):
@@ -116,12 +113,15 @@ def call_closure(closure):
 
 
 class MuonW(torch.optim.Optimizer):
-    """Muon on groups with ``use_muon=True``, AdamW on the others; one process, no communication."""
+    """Muon on groups with ``use_muon=True``, AdamW on the others; one process, no communication.
+
+    A Muon group may hold 3-D banks of matrices (a MoE layer's experts, experts x out x in): each expert's
+    matrix is orthogonalised on its own (one Newton-Schulz batch) and its lr adjusted for out x in."""
 
     def __init__(self, params, use_muon: bool = True, **hyper):
         super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **check_hyper(hyper)))
         for g_idx, group in enumerate(self.param_groups):
-            check_group(group, g_idx)
+            check_group(group, g_idx, banks=True)
         MomentumSync.of(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -150,7 +150,8 @@ class MuonW(torch.optim.Optimizer):
         ortho = zeropower_ns5(update, group["ns_steps"], group["ns_coefficients"], group["eps"],
                               form=group.get("ns_form", NS_FORM))
         lr = lr_of(group)
-        apply_update_(p, ortho, lr, group["weight_decay"], adjust_lr(lr, p.shape, group["adjust_lr"]))
+        # A 3-D bank's matrices are its last two dimensions: each expert's lr is scaled for its own shape.
+        apply_update_(p, ortho, lr, group["weight_decay"], adjust_lr(lr, tuple(p.shape[-2:]), group["adjust_lr"]))
 
     def _adamw(self, p: torch.Tensor, group: dict) -> None:
         state = self.state[p]
