@@ -28,8 +28,10 @@ builds the sharded tensors itself.
 
 What is saved, per parameter: ``master`` (the fp32 weights the optimizer owns), ``momentum`` (Muon)
 or ``exp_avg`` and ``exp_avg_sq`` (AdamW), and ``step``; the model's own weights under
-``model.<name>``; and, in ``muongrid.json``, the format, the step, the grid and layout it came from,
-every parameter's shape and kind, and the hyperparameters.
+``model.<name>``; and, in ``muongrid.json``, the format, the step, the optimizer and the grid and layout
+it came from, every parameter's shape and kind, the hyperparameters and the scheduler's state. What
+the optimizer does not hold is not saved: a model's persistent buffers (batch-norm statistics; the
+book's GPT and transformers' Llama and GPT-2 have none) and parameters left out of every group.
 
 **Crash safety.** Every rank writes into ``<path>.partial``; only when all have finished does rank 0
 write ``muongrid.json`` there and move the folder to ``<path>`` (the previous checkpoint at ``<path>``

@@ -264,7 +264,9 @@ class FSDPMuon(torch.optim.Optimizer):
 def save(model, opt, path, step: int, scheduler=None) -> None:
     """``muongrid.checkpoint.save(opt, path, step=step, scheduler=scheduler)``, which takes an FSDPMuon as it
     takes a DistributedMuon (``checkpoint_fsdp.py``); ``model`` is not needed (the optimizer holds its
-    parameters) and is kept for the callers of this older entry point."""
+    parameters) and is kept for the callers of this older entry point. Unlike FSDP2's ``get_state_dict``,
+    which this used before, it saves nothing the optimizer does not hold (persistent buffers, parameters
+    outside every group)."""
     from . import checkpoint
     checkpoint.save(opt, path, step=step, scheduler=scheduler)
 
