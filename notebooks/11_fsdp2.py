@@ -332,11 +332,12 @@ print("torch's collectives by op, rank 0, 2x2:", c22["torch_by_op"])
 # %% [markdown]
 # ## Checkpoints
 #
-# `muongrid.fsdp.save` and `load` go through FSDP2's own `get_state_dict` / `set_state_dict` and DCP.
-# FSDPMuon keeps its state as torch keeps it (`momentum_buffer`, `exp_avg`, `exp_avg_sq`, `step`), as
-# DTensors placed like their parameters, so DCP reshards them: the tests save on 2 x 2 and continue
-# on 3 x 1, and save on 2 x 1 and continue in one process, bit for bit with a run that was never
-# interrupted.
+# `muongrid.checkpoint.save(opt, path, step=..., scheduler=sched)` and `checkpoint.load` take an
+# FSDPMuon as they take a DistributedMuon. FSDPMuon keeps its state as torch keeps it
+# (`momentum_buffer`, `exp_avg`, `exp_avg_sq`, `step`), as DTensors placed like their parameters, so
+# the checkpoint writes them as they are and DCP reshards them: the tests save on 2 x 2 and continue
+# on 3 x 1, save on 2 x 1 and continue in one process or on 2 x 2, scheduler included, bit for bit
+# with a run that was never interrupted.
 
 # %% [markdown]
 # ## When to pick which

@@ -149,9 +149,9 @@ table(
 #
 # With `fully_shard` the parameters are row blocks (DTensors) and FSDP2 does the data-parallel
 # communication itself; `FSDPMuon` sends each matrix's blocks to one owner for Newton-Schulz
-# ({doc}`chapter 11 <11_fsdp2>`). The loop is the same but for three lines: `fully_shard(model, mesh=grid.mesh["dp"])`,
-# `FSDPMuon(groups, grid)`, and `model=model, fsdp=True` for the checkpoint (FSDP2's own state dicts,
-# through DCP).
+# ({doc}`chapter 11 <11_fsdp2>`). The loop is the same but for two lines: `fully_shard(model, mesh=grid.mesh["dp"])`
+# and `FSDPMuon(groups, grid)`; `save_run` and `load_run` take it as they are (`muongrid.checkpoint`
+# saves the DTensors as FSDP2 places them, through DCP).
 
 # %%
 Code(Path("../scripts/loop_fsdp.py").read_text(), language="python")

@@ -37,12 +37,14 @@ def worker(grid, comm, args):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
     gen = torch.Generator().manual_seed(0)
     run_args = dict(batch=args.batch, model="tiny-gpt-64x2")
-    start = 1 + (load_run(args.resume, opt, sched, gen, run_args, model=model, fsdp=True) if args.resume else 0)
+    start = 1 + (load_run(args.resume, opt, sched, gen, run_args) if args.resume else 0)   # scheduler too
     rows = slice(grid.dp_rank * args.batch // grid.dp, (grid.dp_rank + 1) * args.batch // grid.dp)
     losses = []
     for step in range(start, args.steps + 1):
         x, y = batch(data["train"], args.batch, 32, gen)
-        loss = F.cross_entropy(model(x[rows].to(grid.device)).flatten(0, 1), y[rows].to(grid.device).flatten())
+        inputs, targets = x[rows].to(grid.device), y[rows].to(grid.device)
+        loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())   # a model that returns logits;
+        # a Hugging Face model computes its loss: loss = model(input_ids=inputs, labels=inputs).loss
         loss.backward()                                     # FSDP2 leaves .grad as the DP mean, in blocks
         norm = opt.clip_grad_norm_(1.0)
         opt.step()
@@ -52,7 +54,7 @@ def worker(grid, comm, args):
         dist.all_reduce(mean)
         losses.append(mean.item() / dist.get_world_size())
         if args.save and (step % args.every == 0 or step == args.steps):
-            save_run(f"{args.save}/step{step}", step, opt, sched, gen, run_args, model=model, fsdp=True)
+            save_run(f"{args.save}/step{step}", step, opt, sched, gen, run_args)   # every rank; any grid
         if grid.rank == 0 and step % 10 == 0:
             print(f"step {step}: loss {losses[-1]:.4f}, grad norm {norm.item():.3f}", flush=True)
     if grid.rank == 0:

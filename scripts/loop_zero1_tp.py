@@ -7,7 +7,11 @@
         scripts/loop_zero1_tp.py --dp 4 --tp 4 --steps 1000            # on each of two nodes
 
 ``worker`` is the loop; ``muongrid.launch`` runs it on dp*tp local gloo processes, or as one rank under
-torchrun (NCCL on GPUs). The model is the book's tiny GPT; put yours in its place.
+torchrun (NCCL on GPUs). The model is the book's tiny GPT, which returns logits; put yours in its place
+(a Hugging Face model returns an object whose ``.loss`` is the loss: the comment at the loss says how).
+``save_run`` / ``load_run`` (``muongrid.resume``) carry the model, the optimizer and the scheduler through
+``muongrid.checkpoint`` and the data position beside them; ``checkpoint.save(opt, path, step=step,
+scheduler=sched)`` alone is the same checkpoint without the data position.
 """
 import argparse
 import json
@@ -35,12 +39,14 @@ def worker(grid, comm, args):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))   # warm-up
     gen = torch.Generator().manual_seed(0)                  # the data order: the same on every rank
     run_args = dict(batch=args.batch, model="tiny-gpt-64x2")  # what a resume must not change
-    start = 1 + (load_run(args.resume, opt, sched, gen, run_args) if args.resume else 0)
+    start = 1 + (load_run(args.resume, opt, sched, gen, run_args) if args.resume else 0)   # scheduler too
     rows = slice(grid.dp_rank * args.batch // grid.dp, (grid.dp_rank + 1) * args.batch // grid.dp)
     losses = []
     for step in range(start, args.steps + 1):
         x, y = batch(data["train"], args.batch, 32, gen)    # the global batch; this DP rank takes its rows
-        loss = F.cross_entropy(model(x[rows].to(grid.device)).flatten(0, 1), y[rows].to(grid.device).flatten())
+        inputs, targets = x[rows].to(grid.device), y[rows].to(grid.device)
+        loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())   # a model that returns logits;
+        # a Hugging Face model computes its loss: loss = model(input_ids=inputs, labels=inputs).loss
         loss.backward()
         norm = opt.clip_grad_norm_(1.0)                     # the DP-mean gradient's norm, TP counted once
         opt.step()
@@ -50,7 +56,7 @@ def worker(grid, comm, args):
         dist.all_reduce(mean)
         losses.append(mean.item() / dist.get_world_size())
         if args.save and (step % args.every == 0 or step == args.steps):
-            save_run(f"{args.save}/step{step}", step, opt, sched, gen, run_args)   # every rank; loads on any grid
+            save_run(f"{args.save}/step{step}", step, opt, sched, gen, run_args)   # every rank; any grid
         if grid.rank == 0 and step % 10 == 0:
             print(f"step {step}: loss {losses[-1]:.4f}, grad norm {norm.item():.3f}", flush=True)
     if grid.rank == 0:

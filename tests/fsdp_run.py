@@ -1,10 +1,13 @@
 """Run by tests/test_fsdp.py under the launcher: FSDPMuon on a fully_shard model (TP underneath when tp > 1)
 against single-device muongrid.MuonW and against torch.optim.Muon on the same FSDP2 model, and a DCP
-checkpoint saved on one grid and loaded on another. Prints one JSON line (rank 0) with what it measured.
+checkpoint (with the scheduler's state) saved on one grid and loaded on another through
+``muongrid.checkpoint``. Prints one JSON line (rank 0) with what it measured.
 
 Every step's gradients are drawn from a generator seeded by (step, parameter index), whole, on every
 rank; each rank gives FSDPMuon its block (placed as FSDP2 places gradients) and the reference the whole
-tensor, so the optimizers see the same numbers and the comparison is of the optimizers alone.
+tensor, so the optimizers see the same numbers and the comparison is of the optimizers alone. Every
+optimizer runs under the same warm-up scheduler (lr x 0.25, 0.5, 0.75, 1 over steps 1-4): a resumed run
+that lost the scheduler's state would take step 3 at 0.25 where 0.75 was due, and differ.
 
     python tests/fsdp_run.py --dp 3 --tp 1 --steps 3 [--save DIR] [--load DIR --resume-at 2]
 """
@@ -14,10 +17,10 @@ import sys
 
 import torch
 
-from muongrid import MuonW
+from muongrid import MuonW, checkpoint
 from torch.distributed.tensor import DTensor
 
-from muongrid.fsdp import FSDPMuon, fsdp_piece, load, save
+from muongrid.fsdp import FSDPMuon, fsdp_piece
 from muongrid.launch import add_launch_args, launch
 from muongrid.lab.tpgpt import head_major_gpt, tp_gpt
 
@@ -31,6 +34,11 @@ def groups(model):
     return [dict(params=[p for _, p in named if p.ndim == 2], names=[n for n, p in named if p.ndim == 2], use_muon=True),
             dict(params=[p for _, p in named if p.ndim != 2], names=[n for n, p in named if p.ndim != 2],
                  use_muon=False, lr=0.01)]
+
+
+def warmup(opt):
+    """The scheduler every optimizer runs under: a different lr at each of the first four steps."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
 
 
 def fsdp_model(grid):
@@ -59,9 +67,10 @@ def worker(grid, comm, args):
     ref_opt = MuonW(groups(ref), **HYPER)
     model = fsdp_model(grid)
     opt = FSDPMuon(groups(model), grid, comm=comm, **HYPER)
+    ref_sched, sched = warmup(ref_opt), warmup(opt)
     first = 1
     if args.load:
-        first = load(model, opt, args.load) + 1
+        first = checkpoint.load(opt, args.load, scheduler=sched) + 1
     out = dict(dp=grid.dp, tp=grid.tp, first_step=first)
     named = list(ref.named_parameters())
     torch_model = None
@@ -70,21 +79,25 @@ def worker(grid, comm, args):
         g = groups(torch_model)
         torch_opts = [torch.optim.Muon(g[0]["params"], adjust_lr_fn="match_rms_adamw", **HYPER),
                       torch.optim.AdamW(g[1]["params"], lr=0.01, weight_decay=0.1)]
+        torch_scheds = [warmup(o) for o in torch_opts]
     for step in range(1, args.steps + 1):
         whole = grads(step, named)
         for n, p in named:
             p.grad = whole[n]
         ref_opt.step()
+        ref_sched.step()
         if step < first:
             continue
         give(model, grid, whole)
         opt.step()
+        sched.step()
         if step == args.save_at and args.save:
-            save(model, opt, args.save, step)
+            checkpoint.save(opt, args.save, step=step, scheduler=sched)
         if torch_model is not None:
             give(torch_model, grid, whole)
-            for o in torch_opts:
+            for o, s in zip(torch_opts, torch_scheds):
                 o.step()
+                s.step()
     ref_params = dict(named)
     diff, diff_torch = {}, {}
     for n, p in model.named_parameters():
@@ -102,6 +115,7 @@ def worker(grid, comm, args):
                                         ledger=opt.comm.ledger.summary()), "report")
     if grid.rank == 0:
         out.update(max_diff={n: max(e["diff"][n] for e in everyone) for n in diff},
+                   lrs=[g["lr"] for g in opt.param_groups], ref_lrs=[g["lr"] for g in ref_opt.param_groups],
                    rel_diff_torch=diff_torch,
                    owners=opt.routes.owners, n_matrices=len(opt.routes.owners),
                    ns_calls=[e["ns_calls"] for e in everyone], ledger=[e["ledger"] for e in everyone],

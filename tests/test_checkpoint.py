@@ -208,3 +208,105 @@ def test_a_dtensor_model_saves_and_loads(tmp_path):
     proc = run([sys.executable, str(ROOT / "tests" / "dtensor_checkpoint_run.py"), "--dp", "2", "--tp", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "DTensor checkpoint round trip ok" in proc.stdout
+
+
+def test_a_scheduler_saved_with_the_checkpoint_continues_its_lr_bit_for_bit(tmp_path):
+    """A warm-up LambdaLR over a resume: saved after step 2 with ``scheduler=``, loaded into a fresh optimizer
+    and scheduler, steps 3 and 4 take the lrs and give the parameters of the run never interrupted. Without
+    ``scheduler=`` the warm-up would restart (step 3 at 0.25 x lr where 0.75 x lr is due), and load warns."""
+    def warmup(opt):
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
+
+    def run(opt, sched, problem, steps):
+        lrs = []
+        for step in steps:
+            lrs.append([g["lr"] for g in opt.param_groups])
+            stepped(opt, problem, [step])
+            sched.step()
+        return lrs, [p.detach().clone() for g in opt.param_groups for p in g["params"]]
+
+    problem, opt = fresh()
+    sched = warmup(opt)
+    run(opt, sched, problem, [1, 2])
+    checkpoint.save(opt, tmp_path / "ck", step=2, scheduler=sched)
+    lrs, params = run(opt, sched, problem, [3, 4])
+    _, resumed = fresh(layout="bucket")
+    resumed_sched = warmup(resumed)
+    assert checkpoint.load(resumed, tmp_path / "ck", scheduler=resumed_sched) == 2
+    lrs_after, params_after = run(resumed, resumed_sched, problem, [3, 4])
+    base = [g["lr"] for g in fresh()[1].param_groups]
+    assert lrs == lrs_after == [[lr * 0.75 for lr in base], base]
+    assert all(torch.equal(a, b) for a, b in zip(params, params_after))
+    _, forgot = fresh()
+    with pytest.warns(UserWarning, match="holds a LambdaLR's state but load.. was given no scheduler"):
+        checkpoint.load(forgot, tmp_path / "ck")
+
+
+def test_scheduler_mismatches_and_unsaveable_schedulers_are_refused_before_anything_changes(tmp_path):
+    problem, opt = fresh()
+    stepped(opt, problem, [1])
+    checkpoint.save(opt, tmp_path / "plain", step=1)
+    _, target = fresh()
+    with pytest.raises(checkpoint.CheckpointError, match="saved without a scheduler"):
+        checkpoint.load(target, tmp_path / "plain", scheduler=torch.optim.lr_scheduler.StepLR(target, 1))
+    checkpoint.save(opt, tmp_path / "step", step=1, scheduler=torch.optim.lr_scheduler.StepLR(opt, 1))
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(target, 10)
+    before = state_of(target)
+    with pytest.raises(checkpoint.CheckpointError, match="holds a StepLR's state, not a CosineAnnealingLR's"):
+        checkpoint.load(target, tmp_path / "step", scheduler=cosine)
+    after = state_of(target)
+    assert all(torch.equal(before[i][k], after[i][k]) for i in before for k in before[i]) and cosine.last_epoch == 0
+
+    class Factor:   # a callable object: LambdaLR saves its __dict__, here a tensor JSON cannot hold
+        def __init__(self):
+            self.scale = torch.tensor(0.5)
+
+        def __call__(self, step):
+            return float(self.scale)
+
+    with pytest.raises(checkpoint.CheckpointError, match="LambdaLR's state_dict.. cannot be written as JSON.*nothing "
+                                                         "was saved"):
+        checkpoint.save(opt, tmp_path / "lambda", step=1, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, Factor()))
+    assert not (tmp_path / "lambda").exists() and not (tmp_path / "lambda.partial").exists()
+
+
+def test_what_dcp_refuses_comes_back_as_our_error_naming_the_parameter(tmp_path):
+    """The marker is checked first (test above); a marker that does not tell the truth gets past it, and DCP's
+    ``CheckpointException`` (a BaseException) then becomes a ``CheckpointError`` naming the parameter."""
+    problem, opt = fresh()
+    stepped(opt, problem, [1])
+    checkpoint.save(opt, tmp_path / "ck", step=1)
+    marker_file = tmp_path / "ck" / "muongrid.json"
+    saved = marker_file.read_text()
+    for shapes, pattern in [
+            ([(12, 20), (16, 8), (9, 10)], r"parameter 'layers.2.weight' \(its \w+\) is stored as "
+                                           r"torch.Size\(\[9, 9\]\) there, torch.Size\(\[9, 10\]\) here; "
+                                           "nothing was changed"),
+            (SHAPES + [(5, 6)], r"parameter 'layers.3.\w+' \(its \w+\) is not in it; nothing was changed")]:
+        _, other = fresh(shapes=shapes)
+        lie = json.loads(saved)
+        told = checkpoint.describe(other, 1)
+        lie["params"] = told["params"]
+        for theirs, ours in zip(lie["param_groups"], told["param_groups"]):
+            theirs["names"] = ours["names"]
+        marker_file.write_text(json.dumps(lie))
+        before = state_of(other)
+        with pytest.raises(checkpoint.CheckpointError, match=pattern):
+            checkpoint.load(other, tmp_path / "ck")
+        after = state_of(other)
+        assert all(torch.equal(before[i][k], after[i][k]) for i in before for k in before[i])
+
+
+def test_other_groups_and_other_optimizers_are_refused_by_name(tmp_path):
+    problem, opt = fresh()
+    stepped(opt, problem, [1])
+    checkpoint.save(opt, tmp_path / "ck", step=1)
+    groups = problem.param_groups()
+    muon = next(g for g in groups if g["use_muon"])
+    split = [dict(g, params=g["params"][i:i + 1], names=g["names"][i:i + 1], tp_split_dims=[-1])
+             for g in groups if g is muon for i in range(len(g["params"]))] + [g for g in groups if g is not muon]
+    regrouped = DistributedMuon(split, Grid.single(), layout="owner", bucket_numel=300)
+    with pytest.raises(checkpoint.CheckpointError, match="groups its parameters otherwise"):
+        checkpoint.load(regrouped, tmp_path / "ck")
+    with pytest.raises(TypeError, match="DistributedMuon, DistributedAdamW or FSDPMuon, not a MuonW.*load_single"):
+        checkpoint.save(MuonW(problem.param_groups()), tmp_path / "single", step=1)

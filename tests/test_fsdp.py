@@ -1,13 +1,16 @@
 """FSDPMuon (muongrid/fsdp.py) on fully_shard models, against one process and against torch.optim.Muon.
 
-Five launches of tests/fsdp_run.py (cached, shared by the tests), each a tiny GPT (width 40, one block,
+Six launches of tests/fsdp_run.py (cached, shared by the tests), each a tiny GPT (width 40, one block,
 vocabulary 41) with *every* matrix in Muon (embeddings and head too, which are replicated over TP) and
-the vectors in AdamW, 3 steps with seeded whole gradients given to every optimizer:
+the vectors in AdamW, 3 steps with seeded whole gradients given to every optimizer, under a warm-up
+scheduler whose lr differs at every step:
 
 * 2x1, 4x1 and 2x2 (TP on "tp", then fully_shard on "dp": strided row blocks) run from step 1;
-  2x1 and 2x2 save a DCP checkpoint at step 2 with FSDP2's get_state_dict;
-* 3x1 (uneven rows: 41, 160 and 40 rows over 3) and 1x1 *load* those checkpoints (2x2 -> 3x1, 2x1 -> 1x1:
-  another number of ranks, 2-D into 1-D) and continue to step 4.
+  2x1 and 2x2 save a checkpoint at step 2 with ``muongrid.checkpoint.save(opt, ..., scheduler=sched)``;
+* 3x1 (uneven rows: 41, 160 and 40 rows over 3), 1x1 and 2x2 *load* those checkpoints with
+  ``checkpoint.load`` (2x2 -> 3x1, 2x1 -> 1x1, 2x1 -> 2x2: another number of ranks, 2-D into 1-D and
+  1-D into 2-D), scheduler included, and continue to step 4. The reference ran uninterrupted, so a lost
+  scheduler (step 3 at 0.25 x lr where 0.75 x lr was due) fails the bit-for-bit test.
 
 **Against single-device muongrid.MuonW: bit for bit (tolerance 0).** Momentum, decay and AdamW are
 elementwise, and Newton-Schulz runs once on the same whole matrix (assembled from the blocks at their
@@ -66,7 +69,7 @@ def resumed(dp: int, tp: int, source: tuple[int, int]) -> dict:
 
 RUNS = {"2x1": lambda: saved(2, 1), "4x1": lambda: launch(4, 1, "--steps", "3", "--torch"),
         "2x2": lambda: saved(2, 2), "3x1-from-2x2": lambda: resumed(3, 1, (2, 2)),
-        "1x1-from-2x1": lambda: resumed(1, 1, (2, 1))}
+        "1x1-from-2x1": lambda: resumed(1, 1, (2, 1)), "2x2-from-2x1": lambda: resumed(2, 2, (2, 1))}
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -74,6 +77,7 @@ def test_same_parameters_as_one_process_bit_for_bit(name):
     r = RUNS[name]()
     assert len(r["max_diff"]) == 13 and r["n_matrices"] == 7
     assert max(r["max_diff"].values()) == 0.0, r["max_diff"]
+    assert r["lrs"] == r["ref_lrs"]   # the scheduler's lr after the last step, a resumed one included
     if "from" in name:
         assert r["first_step"] == 3  # resumed after step 2, then steps 3 and 4 here
 
@@ -219,17 +223,114 @@ def test_a_torch_optimizer_with_a_scheduler_and_a_state_dict_round_trip(grid):
         assert torch.equal(p.full_tensor(), q.detach())
 
 
+def small_fsdp(grid, seed=0, out=3):
+    """A fully_shard model of two layers (Muon weights, AdamW biases), its FSDPMuon and a warm-up scheduler."""
+    from torch.distributed.fsdp import fully_shard
+    from muongrid.fsdp import FSDPMuon
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, out))
+    fully_shard(model, mesh=grid.mesh["dp"])
+    named = list(model.named_parameters())
+    opt = FSDPMuon([dict(params=[p for _, p in named if p.ndim == 2], names=[n for n, p in named if p.ndim == 2]),
+                    dict(params=[p for _, p in named if p.ndim == 1], names=[n for n, p in named if p.ndim == 1],
+                         use_muon=False)], grid, lr=0.05)
+    return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
+
+
+def train(model, opt, sched, steps):
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    for _ in steps:
+        opt.zero_grad()
+        model(x).pow(2).sum().backward()
+        opt.step()
+        sched.step()
+    return [p.detach().to_local().clone() for p in model.parameters()]
+
+
+def test_checkpoint_save_and_load_take_an_fsdpmuon_with_its_scheduler(grid, tmp_path):
+    """``muongrid.checkpoint`` with an FSDPMuon (the README's call raised AttributeError before): saved after
+    step 2, loaded into a fresh model, optimizer and scheduler, steps 3 and 4 equal the uninterrupted run's."""
+    from muongrid import checkpoint
+    model, opt, sched = small_fsdp(grid)
+    train(model, opt, sched, [1, 2])
+    checkpoint.save(opt, tmp_path / "ck", step=2, scheduler=sched)
+    uninterrupted = train(model, opt, sched, [3, 4])
+    model2, opt2, sched2 = small_fsdp(grid, seed=5)
+    assert checkpoint.load(opt2, tmp_path / "ck", scheduler=sched2) == 2
+    assert sched2.last_epoch == 2 and [g["lr"] for g in opt2.param_groups] == [0.05 * 0.75] * 2
+    resumed = train(model2, opt2, sched2, [3, 4])
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted, resumed))
+    assert opt2.steps_taken == opt.steps_taken == 4
+    # without the scheduler the lr would restart its warm-up: load warns, so it is not silent
+    model3, opt3, sched3 = small_fsdp(grid, seed=5)
+    with pytest.warns(UserWarning, match="holds a LambdaLR's state but load.. was given no scheduler"):
+        checkpoint.load(opt3, tmp_path / "ck")
+
+
+def test_an_fsdp_checkpoint_that_does_not_fit_is_refused_by_name_and_changes_nothing(grid, tmp_path):
+    import json
+    from muongrid import DistributedMuon, checkpoint
+    model, opt, sched = small_fsdp(grid)
+    train(model, opt, sched, [1])
+    checkpoint.save(opt, tmp_path / "ck", step=1, scheduler=sched)
+    other, other_opt, other_sched = small_fsdp(grid, seed=5, out=4)
+    before = [p.detach().to_local().clone() for p in other.parameters()]
+    with pytest.raises(checkpoint.CheckpointError, match=r"1.weight: shape \[3, 7\] in the checkpoint, \[4, 7\] here"):
+        checkpoint.load(other_opt, tmp_path / "ck", scheduler=other_sched)
+    # a marker that lies about a shape gets past that check; DCP's own refusal comes back as ours, by name
+    marker = json.loads((tmp_path / "ck" / "muongrid.json").read_text())
+    marker["params"]["1.weight"]["shape"], marker["params"]["1.bias"]["shape"] = [4, 7], [4]
+    (tmp_path / "ck" / "muongrid.json").write_text(json.dumps(marker))
+    with pytest.raises(checkpoint.CheckpointError, match=r"parameter '1\.(weight|bias)' \(its \w+\) is stored as "
+                                                         r"torch.Size\(\[3.*\]\) there, torch.Size\(\[4.*\]\) here; "
+                                                         "nothing was changed"):
+        checkpoint.load(other_opt, tmp_path / "ck", scheduler=other_sched)
+    assert all(torch.equal(a, b.detach().to_local()) for a, b in zip(before, other.parameters()))
+    assert other_sched.last_epoch == 0
+    # an FSDP checkpoint into a ZeRO-1 optimizer: refused, saying which kind saved it
+    plain = torch.nn.Linear(7, 3)
+    zero1 = DistributedMuon([dict(params=[plain.weight], names=["1.weight"])], grid)
+    with pytest.raises(checkpoint.CheckpointError, match="saved by FSDPMuon .FSDP2 DTensor blocks.; "
+                                                         "DistributedMuon keeps ZeRO-1 shards"):
+        checkpoint.load(zero1, tmp_path / "ck")
+
+
+def test_an_exported_fsdp_checkpoint_continues_in_single_device_muonw(grid, tmp_path):
+    from muongrid import MuonW, checkpoint
+    model, opt, sched = small_fsdp(grid)
+    train(model, opt, sched, [1, 2])
+    checkpoint.save(opt, tmp_path / "ck", step=2)
+    checkpoint.export(tmp_path / "ck", tmp_path / "ck.pt")
+    torch.manual_seed(9)
+    ref = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+    named = list(ref.named_parameters())
+    single = MuonW([dict(params=[p for _, p in named if p.ndim == 2], names=[n for n, p in named if p.ndim == 2]),
+                    dict(params=[p for _, p in named if p.ndim == 1], names=[n for n, p in named if p.ndim == 1],
+                         use_muon=False)], lr=0.05)
+    assert checkpoint.load_single(single, torch.load(tmp_path / "ck.pt", weights_only=True)) == 2
+    for g, ours in zip(single.param_groups, opt.param_groups):
+        g["lr"] = ours["lr"]   # the lr the scheduler left (load_single restores the state, not the schedule)
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    for o, m in ((opt, model), (single, ref)):
+        o.zero_grad()
+        m(x).pow(2).sum().backward()
+        o.step()
+    assert all(torch.equal(a.detach().to_local(), b.detach()) for a, b in zip(model.parameters(), ref.parameters()))
+
+
 def test_checkpoint_folder_is_complete_or_refused(grid, tmp_path):
     from torch.distributed.fsdp import fully_shard
+    from muongrid import checkpoint
     from muongrid.checkpoint import CheckpointError
     from muongrid.fsdp import FSDPMuon, load, save
     model = torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False))
     fully_shard(model, mesh=grid.mesh["dp"])
     opt = FSDPMuon([dict(params=list(model.parameters()))], grid)
-    save(model, opt, tmp_path / "ck", step=7)
-    save(model, opt, tmp_path / "ck", step=8)            # over an older one: replaced whole
+    save(model, opt, tmp_path / "ck", step=7)             # fsdp.save: the older entry point, checkpoint.save's
+    checkpoint.save(opt, tmp_path / "ck", step=8)         # over an older one: replaced whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
     assert load(model, opt, tmp_path / "ck") == 8
     (tmp_path / "half").mkdir()                            # what a save killed before its rename leaves
-    with pytest.raises(CheckpointError, match="no finished FSDP checkpoint"):
-        load(model, opt, tmp_path / "half")
+    with pytest.raises(CheckpointError, match="has no muongrid.json: it is not a muongrid checkpoint, or its save did "
+                                              "not finish"):
+        checkpoint.load(opt, tmp_path / "half")

@@ -33,6 +33,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     resume         train.py's --save/--resume: model, optimizer, scheduler, data position, RNG
     fsdp_routes    FSDP2: which rank owns each matrix and where its row blocks travel (pure)
     fsdp           FSDPMuon: Muon for fully_shard models, each matrix orthogonalised once by its owner
+    checkpoint_fsdp  what a checkpoint holds for an FSDPMuon: its DTensors, as FSDP2 places them
     verify, bench  the checks the README advertises, runnable from an install: python -m muongrid.verify
     requires       the torch this needs, checked on import
 

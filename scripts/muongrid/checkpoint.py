@@ -1,10 +1,16 @@
 """Sharded checkpoints that reshard: save on one grid and layout, load on any other, or in one process.
 
     from muongrid import checkpoint
-    checkpoint.save(opt, "ckpt/step100", step=100)     # every rank, after opt.step()
-    checkpoint.load(opt, "ckpt/step100")               # any grid, any layout; returns the saved step
+    checkpoint.save(opt, "ckpt/step100", step=100, scheduler=sched)   # every rank, after opt.step()
+    step = checkpoint.load(opt, "ckpt/step100", scheduler=sched)      # any grid, any layout
     checkpoint.export("ckpt/step100", "step100.pt")    # one plain file, for people without DCP
     checkpoint.load_single(MuonW(...), torch.load("step100.pt", weights_only=True))
+
+``opt`` is a ``DistributedMuon`` / ``DistributedAdamW`` (ZeRO-1, below) or an ``FSDPMuon``
+(``checkpoint_fsdp.py``: FSDP2's DTensors are already in global coordinates); the marker, the checks,
+the crash safety and the errors are this module's for both. A checkpoint loads into the kind of
+optimizer that saved it, on any grid. ``scheduler`` (any ``torch.optim.lr_scheduler``) is saved in the
+marker and restored by ``load``, so a resumed run's learning rate continues where it was.
 
 **The form.** A rank's optimizer state is its pieces of every parameter (``plan.py``): a flat range
 of its TP shard, cut wherever ZeRO-1 cut the bucket. Saved as such, it could only be read back on
@@ -22,21 +28,26 @@ builds the sharded tensors itself.
 
 What is saved, per parameter: ``master`` (the fp32 weights the optimizer owns), ``momentum`` (Muon)
 or ``exp_avg`` and ``exp_avg_sq`` (AdamW), and ``step``; the model's own weights under
-``model.<name>``; and, in ``muongrid.json``, the format, the step, the grid and layout it came from,
-every parameter's shape and kind, and the hyperparameters.
+``model.<name>``; and, in ``muongrid.json``, the format, the step, the optimizer and the grid and layout
+it came from, every parameter's shape and kind, the hyperparameters and the scheduler's state. What
+the optimizer does not hold is not saved: a model's persistent buffers (batch-norm statistics; the
+book's GPT and transformers' Llama and GPT-2 have none) and parameters left out of every group.
 
 **Crash safety.** Every rank writes into ``<path>.partial``; only when all have finished does rank 0
 write ``muongrid.json`` there and move the folder to ``<path>`` (the previous checkpoint at ``<path>``
 is moved aside first and removed last). A save that dies half-way leaves the previous checkpoint
 in place, and a folder without ``muongrid.json`` is never taken for a checkpoint. ``load`` checks
-everything it can (marker, names, shapes, kinds) before reading a byte, and reads into fresh tensors
-before copying anything into the optimizer, so a failed load changes nothing.
+everything it can (marker, optimizer, names, shapes, kinds, groups, scheduler) before reading a byte,
+and reads into fresh tensors before copying anything into the optimizer, so a failed load changes
+nothing. What DCP itself refuses (a stored tensor of another shape, a key it lacks: a marker that does
+not tell the truth) comes back as a ``CheckpointError`` naming the parameter, raised before anything changed.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -146,6 +157,24 @@ def meta_piece(opt, meta) -> slice:
     return opt.plan.piece_slice(meta, opt.grid.dp_rank)
 
 
+# ---- which optimizer: ZeRO-1 (this module) or FSDPMuon (checkpoint_fsdp.py) ----------------------------
+
+def _is_fsdp(opt) -> bool:
+    from .fsdp import FSDPMuon
+    return isinstance(opt, FSDPMuon)
+
+
+def _engine(opt) -> str:
+    """``"fsdp"`` for an FSDPMuon, ``"zero1"`` for a DistributedMuon / DistributedAdamW; anything else is refused."""
+    if _is_fsdp(opt):
+        return "fsdp"
+    if hasattr(opt, "plan") and hasattr(opt, "grid"):
+        return "zero1"
+    raise TypeError(f"muongrid.checkpoint saves and loads a DistributedMuon, DistributedAdamW or FSDPMuon, not a "
+                    f"{type(opt).__name__}: for a single-device optimizer use torch.save(opt.state_dict(), ...), and "
+                    "checkpoint.load_single to load an exported muongrid checkpoint into one")
+
+
 # ---- what is saved -------------------------------------------------------------------------------
 
 def _entries(opt):
@@ -157,15 +186,24 @@ def _entries(opt):
 
 def describe(opt, step: int) -> dict:
     """The marker: what a loader checks before reading anything."""
-    params = {name: dict(shape=list(meta.full_shape), kinds=sorted(k for k in state if k != "step"),
-                         use_muon=bool(group["use_muon"]))
-              for name, meta, _, state, group in _entries(opt)}
+    engine = _engine(opt)
+    if engine == "fsdp":
+        from . import checkpoint_fsdp
+        params, saved_on = checkpoint_fsdp.params(opt), checkpoint_fsdp.saved_on(opt)
+    else:
+        params = {name: dict(shape=list(meta.full_shape), kinds=sorted(k for k in state if k != "step"),
+                             use_muon=bool(group["use_muon"]))
+                  for name, meta, _, state, group in _entries(opt)}
+        saved_on = dict(dp=opt.grid.dp, tp=opt.grid.tp, layout=opt.layout)
     hyper = [{k: v for k, v in g.items() if k not in ("params",)} for g in opt.param_groups]
-    return dict(format=FORMAT, step=step, params=params, param_groups=hyper,
-                saved_on=dict(dp=opt.grid.dp, tp=opt.grid.tp, layout=opt.layout))
+    return dict(format=FORMAT, step=step, engine=engine, optimizer=type(opt).__name__,
+                steps_taken=int(opt.steps_taken), params=params, param_groups=hyper, saved_on=saved_on)
 
 
 def _state_dict(opt) -> dict:
+    if _is_fsdp(opt):
+        from . import checkpoint_fsdp
+        return checkpoint_fsdp.state_dict(opt)
     sd = {}
     for name, meta, p, state, _ in _entries(opt):
         for kind, t in state.items():
@@ -183,11 +221,31 @@ def _state_dict(opt) -> dict:
     return sd
 
 
-def save(opt, path, step: int, extra: dict | None = None) -> None:
+def _scheduler_record(scheduler) -> dict | None:
+    """The scheduler's class and ``state_dict()``, for the marker (JSON: readable, and loaded without pickle)."""
+    if scheduler is None:
+        return None
+    record = dict(type=type(scheduler).__name__, state=scheduler.state_dict())
+    try:
+        json.dumps(record)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"the {record['type']}'s state_dict() cannot be written as JSON ({e}); nothing was "
+                              "saved. Save that scheduler yourself (torch.save) and leave scheduler= out") from None
+    return record
+
+
+def save(opt, path, step: int, scheduler=None, extra: dict | None = None) -> None:
     """Write ``opt``'s state (and its parameters) to the folder ``path``; call it on every rank.
-    ``extra`` (JSON) is kept in the marker, for the caller's own checks on resume."""
+    ``scheduler``: its state is kept (pass the same to ``load``). ``extra`` (JSON) is kept in the marker,
+    for the caller's own checks on resume. Everything that can fail before writing is checked first."""
     import torch.distributed.checkpoint as dcp
 
+    marker = dict(describe(opt, step), scheduler=_scheduler_record(scheduler), extra=extra or {})
+    try:
+        text = json.dumps(marker, indent=1)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"the checkpoint's marker cannot be written as JSON ({e}: a tensor-valued "
+                              "hyperparameter, or a non-JSON extra?); nothing was saved") from None
     path = Path(path)
     partial, old = Path(f"{path}.partial"), Path(f"{path}.old")
     world = opt.grid.dp * opt.grid.tp
@@ -200,7 +258,7 @@ def save(opt, path, step: int, extra: dict | None = None) -> None:
         os._exit(9)
     _barrier(world)
     if opt.grid.rank == 0:
-        (partial / MARKER).write_text(json.dumps(dict(describe(opt, step), extra=extra or {}), indent=1))
+        (partial / MARKER).write_text(text)
         if path.exists():
             os.replace(path, old)
         os.replace(partial, path)
@@ -252,48 +310,148 @@ def check_fits(marker: dict, expected: dict) -> None:
         raise CheckpointError("the checkpoint does not fit this optimizer:\n  " + "\n  ".join(sorted(problems)))
 
 
-def load(opt, path) -> int:
-    """Load a checkpoint saved on any grid and layout into the distributed ``opt``; returns its step.
-    Call on every rank. Nothing changes unless everything was read."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
+def check_optimizer(path, marker: dict, opt) -> None:
+    """The checkpoint's kind of optimizer (ZeRO-1 or FSDP2) must be this one's."""
+    saved, ours = marker.get("engine", "zero1"), _engine(opt)   # markers before FSDPMuon's were all ZeRO-1
+    if saved != ours:
+        what = dict(zero1="ZeRO-1 shards with fp32 masters", fsdp="FSDP2 DTensor blocks")
+        raise CheckpointError(f"{path} was saved by {marker.get('optimizer', 'DistributedMuon')} ({what[saved]}); "
+                              f"{type(opt).__name__} keeps {what[ours]} and loads only its own kind of checkpoint "
+                              "(on any grid). Load it into the optimizer that saved it, or export() it to one file")
 
-    path, marker = read_marker(path)
-    check_fits(marker, describe(opt, 0)["params"])
+
+def check_groups(path, marker: dict, opt) -> None:
+    """The same parameters in each group (in any order): the saved hyperparameters go to their group."""
+    theirs = marker["param_groups"]
+    if len(theirs) != len(opt.param_groups) or any(
+            set(t.get("names", [])) != set(g["names"]) for t, g in zip(theirs, opt.param_groups)):
+        raise CheckpointError(f"{path} groups its parameters otherwise: "
+                              f"{[len(t.get('names', [])) for t in theirs]} parameters per group there, "
+                              f"{[len(g['names']) for g in opt.param_groups]} here (or other names in a group); "
+                              "build the parameter groups as the run that saved it did")
+
+
+def check_scheduler(path, marker: dict, scheduler) -> None:
+    """A scheduler given to ``load`` must be the kind that was saved; one saved and not given is warned about."""
+    saved = marker.get("scheduler")
+    if scheduler is None:
+        if saved is not None:
+            warnings.warn(f"{path} holds a {saved['type']}'s state but load() was given no scheduler: pass "
+                          "scheduler= to continue its learning rate where it was", stacklevel=3)
+        return
+    if saved is None:
+        raise CheckpointError(f"{path} was saved without a scheduler (save(..., scheduler=sched) keeps one), so "
+                              f"there is nothing to restore into the {type(scheduler).__name__}; nothing was changed")
+    if saved["type"] != type(scheduler).__name__:
+        raise CheckpointError(f"{path} holds a {saved['type']}'s state, not a {type(scheduler).__name__}'s; "
+                              "nothing was changed")
+
+
+_SIZE = re.compile(r"Size mismatch between saved (torch\.Size\(\[[^]]*\]\)) and current: "
+                   r"(torch\.Size\(\[[^]]*\]\)) for (\S+)")
+_MISSING = re.compile(r"Missing key in checkpoint state_dict: (\S+?)\.?$", re.MULTILINE)
+
+
+def _what(key: str) -> str:
+    """A DCP key named as the user knows it: ``optim.state.w.momentum`` is parameter 'w' (its momentum)."""
+    if key.startswith("optim.state."):
+        name, _, kind = key[len("optim.state."):].rpartition(".")
+        return f"parameter {name!r} (its {kind})"
+    if key.startswith("model."):
+        return f"parameter {key[len('model.'):]!r} (its weights)"
+    return repr(key)
+
+
+def _messages(e: BaseException) -> list[str]:
+    """The messages inside DCP's ``CheckpointException`` (one failure per rank), or ``e``'s own."""
+    failures = getattr(e, "failures", None)
+    if not failures:
+        return [str(e)]
+    out = []
+    for _, failure in sorted(failures.items()):
+        out.append(str(failure[0] if isinstance(failure, tuple) else failure))
+    return out
+
+
+def translate(e: BaseException, path) -> CheckpointError:
+    """DCP's error while reading ``path`` as ours, naming the parameter and the problem."""
+    for msg in _messages(e):
+        if m := _SIZE.search(msg):
+            return CheckpointError(f"{path} does not fit this optimizer: {_what(m[3])} is stored as {m[1]} there, "
+                                   f"{m[2]} here; nothing was changed")
+        if m := _MISSING.search(msg):
+            return CheckpointError(f"{path} does not fit this optimizer: {_what(m[1])} is not in it; "
+                                   "nothing was changed")
+    last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    return CheckpointError(f"reading {path} failed (a file truncated or corrupted?); nothing was changed: {last}")
+
+
+def _targets(opt) -> dict:
+    """Fresh tensors, placed as ``_state_dict``'s, for DCP to read into."""
+    if _is_fsdp(opt):
+        from . import checkpoint_fsdp
+        return checkpoint_fsdp.targets(opt)
     targets = {}
     for name, meta, p, state, _ in _entries(opt):
         for kind, t in state.items():
             targets[f"optim.state.{name}.{kind}"] = torch.zeros_like(t) if kind == "step" else \
                 _state_sharded(opt, meta, torch.zeros_like(t))
+    return targets
+
+
+def _apply_zero1(opt, targets: dict) -> None:
+    """Copy what was read into this rank's pieces of the state (the masters among them)."""
+    world = opt.grid.dp * opt.grid.tp
+    for name, meta, p, state, _ in _entries(opt):
+        for kind, t in state.items():
+            got = targets[f"optim.state.{name}.{kind}"]
+            if kind == "step":
+                t.copy_(got)
+                continue
+            if world == 1:  # one process: the whole parameter
+                t.copy_(got.reshape(-1))
+            elif meta.tp_split_dim != -1 or opt.grid.tp_rank == 0:
+                for shard, (_, _, a, b) in zip(got.local_shards(), rectangles(
+                        meta.shape, meta.tp_split_dim, opt.grid.tp_rank, meta_piece(opt, meta))):
+                    t[a:b].copy_(shard.tensor.reshape(-1))
+            if meta.tp_split_dim == -1 and opt.grid.tp > 1:  # TP rank 0 read it for its TP peers
+                opt.comm.broadcast(t, "tp", "checkpoint", src=opt.grid.rank - opt.grid.tp_rank)
+
+
+def load(opt, path, scheduler=None) -> int:
+    """Load a checkpoint saved on any grid and layout into the distributed ``opt`` (the kind of optimizer
+    that saved it) and, given one, its ``scheduler``; returns its step. Call on every rank. Nothing
+    changes unless everything was checked and read."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    path, marker = read_marker(path)
+    check_optimizer(path, marker, opt)
+    check_fits(marker, describe(opt, 0)["params"])
+    check_groups(path, marker, opt)
+    check_scheduler(path, marker, scheduler)
+    targets = _targets(opt)
     world = opt.grid.dp * opt.grid.tp
     try:
         with _quiet(world):
             dcp.load(targets, checkpoint_id=str(path), no_dist=world == 1)
     except (Exception, CheckpointException) as e:  # DCP's own exception is a BaseException
-        last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"reading {path} failed (a file truncated or corrupted?); nothing was changed: "
-                              f"{last}") from e
+        raise translate(e, path) from e
     with torch.no_grad():
-        for name, meta, p, state, _ in _entries(opt):
-            for kind, t in state.items():
-                got = targets[f"optim.state.{name}.{kind}"]
-                if kind == "step":
-                    t.copy_(got)
-                    continue
-                if world == 1:  # one process: the whole parameter
-                    t.copy_(got.reshape(-1))
-                elif meta.tp_split_dim != -1 or opt.grid.tp_rank == 0:
-                    for shard, (_, _, a, b) in zip(got.local_shards(), rectangles(
-                            meta.shape, meta.tp_split_dim, opt.grid.tp_rank, meta_piece(opt, meta))):
-                        t[a:b].copy_(shard.tensor.reshape(-1))
-                if meta.tp_split_dim == -1 and opt.grid.tp > 1:  # TP rank 0 read it for its TP peers
-                    opt.comm.broadcast(t, "tp", "checkpoint", src=opt.grid.rank - opt.grid.tp_rank)
+        if _is_fsdp(opt):
+            from . import checkpoint_fsdp
+            checkpoint_fsdp.apply(opt, targets)
+        else:
+            _apply_zero1(opt, targets)
         for ours, theirs in zip(opt.param_groups, marker["param_groups"]):
             ours.update({k: tuple(v) if isinstance(ours.get(k), tuple) else v
                          for k, v in theirs.items() if k not in ("names", "tp_split_dims", "use_muon")})
         MomentumSync.of(opt).after_load(opt.param_groups)  # a Muon group's betas[0] follows its momentum
-        opt.steps_taken = marker["step"]
-        opt._gather_params()  # the parameters are the masters, all-gathered (as after every step)
+        opt.steps_taken = marker.get("steps_taken", marker["step"])
+        if not _is_fsdp(opt):
+            opt._gather_params()  # the parameters are the masters, all-gathered (as after every step)
+    if scheduler is not None:
+        scheduler.load_state_dict(marker["scheduler"]["state"])
     return marker["step"]
 
 
@@ -327,7 +485,8 @@ def load_single(opt, state: dict) -> int:
     check_fits(marker, expected)
     with torch.no_grad():
         for name, (p, g) in named.items():
-            p.copy_(state[f"optim.state.{name}.master"].view(p.shape))
+            master = f"optim.state.{name}.master"  # ZeRO-1's fp32 weights; FSDPMuon keeps none: the parameter
+            p.copy_((state[master] if master in state else state[f"model.{name}"]).view(p.shape))
             st = opt.state[p]
             for kind in expected[name]["kinds"]:
                 st[SINGLE_KEYS.get(kind, kind)] = state[f"optim.state.{name}.{kind}"].view(p.shape).clone()

@@ -33,8 +33,8 @@ to say. What is shared is what matters: the owner rule, the Newton-Schulz and up
 
 **State** is torch's: per Muon parameter ``momentum_buffer``, per AdamW parameter ``step``, ``exp_avg``,
 ``exp_avg_sq``, each a DTensor placed like its parameter, created when the optimizer is built. So
-``state_dict()`` round-trips and FSDP2's own ``get_state_dict`` / ``set_state_dict`` with DCP save on one
-grid and load on another (``save`` / ``load`` below).
+``state_dict()`` round-trips, FSDP2's own ``get_state_dict`` / ``set_state_dict`` read it, and
+``muongrid.checkpoint.save`` / ``load`` save it on one grid and load it on another (``checkpoint_fsdp.py``).
 
 **As a torch optimizer** (``contract.py``): parameters are updated in place (no master copy: FSDP2 keeps
 the sharded parameters in their own dtype), so a step starts from their current values; a gradient that
@@ -270,60 +270,19 @@ class FSDPMuon(torch.optim.Optimizer):
         return grads, where
 
 
-# ---- checkpoints: FSDP2's own state dicts through DCP ------------------------------------------------
-# Not checkpoint.py's format: that module builds sharded tensors by hand because ZeRO-1's pieces are flat
-# ranges cut through rows, which no DTensor placement describes. Here parameters and state already are
-# DTensors, so get_state_dict gives exactly what checkpoint.py emulates (fully qualified names, shards in
-# global coordinates) and DCP reshards it to any mesh. Crash safety as there (a rename once all ranks
-# wrote); not yet here: checkpoint.py's marker and its checks of names and shapes before reading.
+# ---- checkpoints: muongrid.checkpoint's, for callers of these two -----------------------------------------
 
-def save(model, opt, path, step: int) -> None:
-    """Save model and optimizer with ``get_state_dict`` (FQN keys, DTensor shards) into DCP folder ``path``;
-    call on every rank. Written into ``<path>.partial`` and moved to ``path`` once every rank has finished,
-    so a save that dies half-way leaves the previous checkpoint at ``path`` whole."""
-    import shutil
-    from pathlib import Path
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    path, rank = Path(path), dist.get_rank() if dist.is_initialized() else 0
-    partial, old = Path(f"{path}.partial"), Path(f"{path}.old")
-    if rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-    _barrier()
-    model_sd, optim_sd = get_state_dict(model, opt)
-    counters = dict(step=torch.tensor(step), taken=torch.tensor(opt.steps_taken))
-    dcp.save(dict(model=model_sd, optim=optim_sd, muongrid=counters), checkpoint_id=str(partial))
-    _barrier()
-    if rank == 0:
-        if path.exists():
-            path.rename(old)
-        partial.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
-    _barrier()
+def save(model, opt, path, step: int, scheduler=None) -> None:
+    """``muongrid.checkpoint.save(opt, path, step=step, scheduler=scheduler)``, which takes an FSDPMuon as it
+    takes a DistributedMuon (``checkpoint_fsdp.py``); ``model`` is not needed (the optimizer holds its
+    parameters) and is kept for the callers of this older entry point. Unlike FSDP2's ``get_state_dict``,
+    which this used before, it saves nothing the optimizer does not hold (persistent buffers, parameters
+    outside every group)."""
+    from . import checkpoint
+    checkpoint.save(opt, path, step=step, scheduler=scheduler)
 
 
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-def load(model, opt, path) -> int:
-    """Load a ``save``d folder into ``model`` and ``opt`` on any number of ranks (DCP reshards); returns the step."""
-    from pathlib import Path
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    from .checkpoint import CheckpointError
-
-    if not (Path(path) / ".metadata").is_file():
-        raise CheckpointError(f"no finished FSDP checkpoint at {path} (no DCP .metadata there)")
-    model_sd, optim_sd = get_state_dict(model, opt)
-    sd = dict(model=model_sd, optim=optim_sd, muongrid=dict(step=torch.tensor(0), taken=torch.tensor(0)))
-    dcp.load(sd, checkpoint_id=str(path))
-    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-    opt.steps_taken = int(sd["muongrid"]["taken"])
-    _barrier()
-    return int(sd["muongrid"]["step"])
+def load(model, opt, path, scheduler=None) -> int:
+    """``muongrid.checkpoint.load(opt, path, scheduler=scheduler)``: on any grid; returns the saved step."""
+    from . import checkpoint
+    return checkpoint.load(opt, path, scheduler=scheduler)

@@ -1,17 +1,16 @@
 """Save and resume a training run (model, optimizer, scheduler, data position, RNG) on any grid and layout.
 
     from muongrid import resume
-    resume.save_run(f"{folder}/step{step}", step, opt, sched, data_gen, run_args, model=model, fsdp=False)
-    step = resume.load_run(folder, opt, sched, data_gen, run_args, model=model, fsdp=False)  # the newest step<N>
+    resume.save_run(f"{folder}/step{step}", step, opt, sched, data_gen, run_args)
+    step = resume.load_run(folder, opt, sched, data_gen, run_args)  # the newest step<N>
 
-The model and optimizer go through the resharding checkpoints: ``muongrid.checkpoint`` for ZeRO-1
-(``DistributedMuon`` / ``DistributedAdamW``: the parameters are the optimizer's masters, saved in global
-coordinates) and ``muongrid.fsdp.save/load`` for ``FSDPMuon`` (FSDP2's own state dicts through DCP). What
-the loop owns beside them is small and the same on every rank, so rank 0 writes it to
-``<path>/train.json`` once the checkpoint is complete: the step, the scheduler's ``state_dict()``, the
-state of the generator that draws the batches (the data position) and torch's global RNG state, and
-the arguments that define the run. A resume refuses arguments that would make it another run (batch,
-model size, seed, optimizer, learning rates...), naming them; the grid, the layout and ``--steps`` may change.
+The model, the optimizer and the scheduler go through ``muongrid.checkpoint.save/load`` (which reshards:
+``DistributedMuon`` / ``DistributedAdamW`` under ZeRO-1, whose masters are the parameters, and ``FSDPMuon``
+alike). What the loop owns beside them is small and the same on every rank, so rank 0 writes it to
+``<path>/train.json`` once the checkpoint is complete: the step, the state of the generator that draws
+the batches (the data position) and torch's global RNG state, and the arguments that define the run.
+A resume refuses arguments that would make it another run (batch, model size, seed, optimizer, learning
+rates...), naming them; the grid, the layout and ``--steps`` may change.
 
 ``scripts/train.py --save DIR --every N`` / ``--resume DIR`` use it.
 """
@@ -56,18 +55,16 @@ def _quiet():
 
 
 def save_run(path, step: int, opt, sched, data_gen: torch.Generator, run_args: dict, model=None,
-             fsdp: bool = False) -> None:
-    """Checkpoint after ``step`` (call on every rank, after ``opt.step()`` and ``sched.step()``)."""
+             fsdp: bool | None = None) -> None:
+    """Checkpoint after ``step`` (call on every rank, after ``opt.step()`` and ``sched.step()``).
+    ``model`` and ``fsdp`` are no longer needed (the checkpoint reads the optimizer's kind); accepted for
+    older callers."""
+    from .checkpoint import save
     with _quiet():
-        if fsdp:
-            from .fsdp import save
-            save(model, opt, path, step)
-        else:
-            from .checkpoint import save
-            save(opt, path, step, extra=dict(run_args=run_args))
+        save(opt, path, step, scheduler=sched, extra=dict(run_args=run_args))
     if _rank() == 0:
-        record = dict(step=step, scheduler=sched.state_dict(), data_rng=_b64(data_gen.get_state()),
-                      torch_rng=_b64(torch.get_rng_state()), run_args=run_args)
+        record = dict(step=step, data_rng=_b64(data_gen.get_state()), torch_rng=_b64(torch.get_rng_state()),
+                      run_args=run_args)
         tmp = Path(path) / f"{TRAIN_FILE}.tmp"
         tmp.write_text(json.dumps(record, indent=1))
         os.replace(tmp, Path(path) / TRAIN_FILE)
@@ -84,7 +81,7 @@ def latest(path) -> Path:
     return steps[-1][1] if steps else path
 
 
-def load_run(path, opt, sched, data_gen: torch.Generator, run_args: dict, model=None, fsdp: bool = False) -> int:
+def load_run(path, opt, sched, data_gen: torch.Generator, run_args: dict, model=None, fsdp: bool | None = None) -> int:
     """Restore a ``save_run`` folder into this run (any grid, any layout); returns the step it was saved at.
     Everything that can be checked is checked before the model or optimizer change."""
     from .checkpoint import CheckpointError
@@ -99,16 +96,11 @@ def load_run(path, opt, sched, data_gen: torch.Generator, run_args: dict, model=
         raise ValueError(f"{path} was saved by another run: " + ", ".join(f"{k} saved {a!r}, here {b!r}"
                                                                         for k, (a, b) in differ.items())
                          + ". Resume with the same settings (the grid, layout and --steps may change)")
+    from .checkpoint import load
     with _quiet():
-        if fsdp:
-            from .fsdp import load
-            step = load(model, opt, path)
-        else:
-            from .checkpoint import load
-            step = load(opt, path)
+        step = load(opt, path, scheduler=sched)
     if step != record["step"]:
         raise CheckpointError(f"{file} is of step {record['step']} but the checkpoint of step {step}")
-    sched.load_state_dict(record["scheduler"])
     data_gen.set_state(_unb64(record["data_rng"]))
     torch.set_rng_state(_unb64(record["torch_rng"]))
     return step
