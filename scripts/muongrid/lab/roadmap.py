@@ -38,6 +38,8 @@ QUESTIONS = {
     "notebooks/13_what_to_pick": "Which layout and sharding should I use, and what does each cost?",
     "notebooks/14_muon_at_scale": "What limits Muon on a thousand GPUs, and what do groups, batching and faster "
                                   "polynomials buy there?",
+    "notebooks/15_related_work": "How do DMuon, torchtitan, Megatron and Dion distribute Muon, and do their "
+                                 "communication formulas agree with our ledger?",
     "book/troubleshooting": "How do I run on GPUs and several nodes, and what does an error message mean?",
     "book/glossary": "What does a term mean?",
     "book/references": "Which works does the book build on?",
