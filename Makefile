@@ -8,13 +8,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup book test verify record clean
+.PHONY: help setup book test verify record step-bench record-gpu clean
 
 help:
 	@echo "make book    execute every chapter and build the book (_build/html)"
 	@echo "make test    run the tests (unit, distributed on gloo, notebooks, book, browser)"
 	@echo "make verify  check Distributed Muon against one process on a 2 x 2 grid"
 	@echo "make record  re-record the timing runs the book cites (book/data/bench_*.json, time_model_cpu.json; ~10 min, idle machine)"
+	@echo "make step-bench  one optimizer step's GPU cost counted on the meta device, against torch.optim.Muon (~30 s)"
+	@echo "make record-gpu  on a machine with a GPU: time the step there too (book/data/step_bench_gpu.json)"
 	@echo "make setup   only create .venv from requirements.txt and install muongrid into it (editable)"
 	@echo "make clean   remove the build and the virtual environment"
 
@@ -52,6 +54,15 @@ record: $(STAMP)
 	$(BIN)/python scripts/bench.py --dp 2 --tp 2 --layout owner --overlap none,naive,prefetch $(RECORD) --out book/data/bench_overlap_2x2.json
 	$(BIN)/python scripts/bench.py --dp 2 --tp 2 --layout owner,group --single --report-shapes --steps 5 --warmup 1 --out book/data/bench_group_2x2.json
 	$(BIN)/python scripts/bench.py --dp 2 --tp 2 --layout owner,group --hw this-machine --single --report-shapes --steps 5 --warmup 1 --out book/data/bench_group_timed_2x2.json
+
+step-bench: $(STAMP)
+	$(BIN)/python scripts/step_bench.py
+
+# On a GPU machine, with a CUDA build of torch (the .venv pins the CPU build): the step against
+# torch.optim.Muon + fused AdamW and the floor, timed there; the record names its machine, commit and command
+# (muongrid/lab/provenance.py). PYTHON=/path/to/python make record-gpu picks the interpreter.
+record-gpu:
+	PYTHONPATH=scripts $(PYTHON) scripts/step_bench.py --device cuda --time --out book/data/step_bench_gpu.json
 
 clean:
 	rm -rf _build $(VENV)

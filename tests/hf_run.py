@@ -8,8 +8,8 @@ rank's gradient as one process computes it for that rank's rows (its slice of th
 its micro-batches accumulated in order), then their mean over DP (summed in rank order, divided by dp),
 then one MuonW step. Both models start from the same seeded weights and see the same seeded tokens.
 
-Cases (``--cases``, comma-separated): ``<model>-<optimizer>[-accum][-compile]`` with model ``llama`` or
-``gpt2``, optimizer ``zero1`` or ``fsdp``; ``-accum``: 2 micro-batches per rank per step (FSDP2 syncs
+Cases (``--cases``, comma-separated): ``<model>-<optimizer>[-accum][-compile]`` with model ``llama``,
+``gpt2`` or ``mixtral`` (its experts are 3-D banks that Muon orthogonalises expert by expert), optimizer ``zero1`` or ``fsdp``; ``-accum``: 2 micro-batches per rank per step (FSDP2 syncs
 gradients on the last only: ``set_requires_gradient_sync``); ``-compile``: both models
 ``torch.compile(backend="aot_eager")`` (AOT autograd's forward and backward graphs run by eager kernels;
 inductor's C++ compile takes minutes on this project's 2-core CPUs); ``-tp`` (llama, zero1): the Llama made
@@ -53,7 +53,12 @@ def build(kind: str) -> torch.nn.Module:
         cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=SEQ,
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         return transformers.GPT2LMHeadModel(cfg)
-    raise ValueError(f"unknown model {kind!r}: llama or gpt2")
+    if kind == "mixtral":   # MoE: each layer's experts as two 3-D banks (experts x out x in), a router per layer
+        cfg = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                         num_experts_per_tok=2, max_position_embeddings=SEQ)
+        return transformers.MixtralForCausalLM(cfg)
+    raise ValueError(f"unknown model {kind!r}: llama, gpt2 or mixtral")
 
 
 def decoder_layers(model) -> list:

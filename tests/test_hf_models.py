@@ -2,9 +2,9 @@
 steps under DistributedMuon (ZeRO-1, layout "owner") and FSDPMuon (``fully_shard`` per decoder layer, then
 the root), against single-device muongrid.MuonW in the same process (tests/hf_run.py says how).
 
-Two launches, cached and shared by the tests (about 55 s together on this project's 2-core machine):
+Two launches, cached and shared by the tests (about 60 s together on this project's 2-core machine):
 
-* 2x1: both models under both optimizers, plus gradient accumulation (2 micro-batches: the Llama under
+* 2x1: both models under both optimizers, a Mixtral (MoE: 3-D expert banks) under ZeRO-1, plus gradient accumulation (2 micro-batches: the Llama under
   ZeRO-1, the GPT-2 under FSDP2 with ``set_requires_gradient_sync`` on the last micro-batch only) and the
   Llama ``torch.compile``d (backend "aot_eager": inductor compiled one step of this Llama in 67 s per process
   here, aot_eager in 10 s; AOT autograd's graphs run by eager kernels);
@@ -33,9 +33,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")   # the ranks build models from con
 
 TP_LOSS_RTOL = 1e-5    # fp32 losses of about 4.6; another summation order moves them by a few ulps (1e-7)
 CASES_2X1 = ["llama-zero1", "gpt2-zero1", "llama-fsdp", "gpt2-fsdp", "llama-zero1-accum", "gpt2-fsdp-accum",
-             "llama-zero1-compile"]
+             "llama-zero1-compile", "mixtral-zero1"]
 CASES_2X2 = ["llama-zero1-tp"]
 MUON = {"llama": r"(_orig_mod\.)?model\.layers\.\d\.(self_attn|mlp)\.\w+_proj\.weight",
+        "mixtral": r"model\.layers\.\d\.(self_attn\.\w+_proj\.weight|mlp\.experts\.(gate_up|down)_proj)",
         "gpt2": r"transformer\.h\.\d\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight"}
 
 
@@ -73,8 +74,10 @@ def test_the_optimizer_got_the_routed_groups(case):
     assert r["muon"] == r["muon_group"]
     assert r["muon"] and all(re.fullmatch(MUON[kind], n) for n in r["muon"]), r["muon"]
     assert not any(re.fullmatch(MUON[kind], n) for n in r["adamw"]), r["adamw"]
-    assert len(r["muon"]) == {"llama": 14, "gpt2": 8}[kind]   # 7 and 4 matrices per layer, 2 layers
-    embed = "model.embed_tokens.weight" if kind == "llama" else "transformer.wte.weight"
+    assert len(r["muon"]) == {"llama": 14, "gpt2": 8, "mixtral": 12}[kind]   # 7, 4 and 4 + 2 banks per layer
+    embed = "transformer.wte.weight" if kind == "gpt2" else "model.embed_tokens.weight"
+    if kind == "mixtral":   # the routers go to AdamW
+        assert sum(bool(re.fullmatch(r"model\.layers\.\d\.mlp\.gate\.weight", n)) for n in r["adamw"]) == 2
     assert any(n.endswith(embed) for n in r["adamw"])
     if kind == "gpt2":
         assert "lm_head.weight" not in r["adamw"] + r["muon"]   # tied: once, under the embedding's name

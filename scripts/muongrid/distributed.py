@@ -113,7 +113,12 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             group["names"] = param_names(group, g_idx)
             group["tp_split_dims"] = resolve_tp_split_dims(group["names"], group["params"],
                                                            group.get("tp_split_dims"), grid)
-            check_group(group, g_idx)
+            check_group(group, g_idx, banks=True)
+            for name, p, dim in zip(group["names"], group["params"], group["tp_split_dims"]):
+                if group["use_muon"] and p.ndim == 3 and dim != -1:
+                    raise ValueError(f"parameter {name!r} is a bank of {p.shape[0]} matrices split over TP (dimension "
+                                     f"{dim}); a bank must be whole on every TP rank (tp_split_dims -1): split its "
+                                     "experts over ranks instead (expert parallelism, not yet here)")
         MomentumSync.of(self)
         self.master_dtypes = [master_dtype(g, i) for i, g in enumerate(self.param_groups)]
         specs = [[ParamSpec(n, self._full_shape(p, d), d) for n, p, d in zip(g["names"], g["params"], g["tp_split_dims"])]
@@ -326,10 +331,12 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 # stages 1-2 (reduce-scatter, momentum) per bucket, as the flow asks for them
                 updates = self._momentum(g, group)
                 apply = Applier(self, group, lr, per_bucket=self.flow.lazy)
+                self.flow.done.clear()
                 for meta, piece in self.flow.run(group, updates):  # stages 3-6: the layout's flow
                     if present[meta.param_idx]:
                         apply.add(meta, piece)                      # stage 7, in passes of one matrix shape
                 apply.flush()
+                self._guard(g, apply.seen)
                 # BOOK-END muon-group
                 continue
             steps, todo = self._steps[g].tolist(), []   # AdamW, elementwise: one fused pass over every piece
@@ -340,6 +347,20 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             adamw_foreach_([v["master"][k] for v, _, k, _ in todo], [gr[k] for _, gr, k, _ in todo],
                            [v["exp_avg"][k] for v, _, k, _ in todo], [v["exp_avg_sq"][k] for v, _, k, _ in todo],
                            [steps[i] for _, _, _, i in todo], lr, group["betas"], group["eps"], group["weight_decay"])
+
+    def _guard(self, g: int, updated: set) -> None:
+        """After a Muon group's step: every matrix the plan gives this rank ran Newton-Schulz here, nothing else
+        did, and every matrix this rank holds a piece of got its update (host sets, no device read). Silent
+        routing (a planned matrix skipped, or updated without orthogonalisation) fails here, loudly."""
+        metas, name = self.plan.metas[g], lambda key: metas[key[1]].name
+        planned, ran = self.plan.ns_keys(self.grid.rank, g), self.flow.done
+        held = {m.param_idx for m in metas if m.local_numel and self._prepared["present"][g][m.param_idx]}
+        if planned != ran or not held <= updated:
+            raise RuntimeError(
+                f"group {g}, rank {self.grid.rank}: the step did not follow the plan (layout {self.layout!r}): "
+                f"planned for Newton-Schulz here but not run {sorted(map(name, planned - ran))}, run but not "
+                f"planned {sorted(map(name, ran - planned))}, held here but given no update "
+                f"{sorted(metas[i].name for i in held - updated)}")
 
     def _momentum(self, g: int, group: dict):
         """(bucket, this rank's gradient pieces through Muon's momentum) per bucket: the pieces to orthogonalise
@@ -428,18 +449,19 @@ class Applier:
 
     def __init__(self, opt, group: dict, lr: float, per_bucket: bool):
         self.opt, self.group, self.lr, self.per_bucket = opt, group, lr, per_bucket
-        self.bucket, self.todo = None, {}
+        self.bucket, self.todo, self.seen = None, {}, set()
 
     def add(self, meta, piece: torch.Tensor) -> None:
+        self.seen.add(meta.param_idx)
         if self.per_bucket and meta.bucket_idx != self.bucket:
             self.flush()
             self.bucket = meta.bucket_idx
         if not piece.numel():
             return
         master = self.opt.state[self.group["params"][meta.param_idx]]["master"]
-        if piece.ndim == 2:   # the whole TP-local matrix (maybe a transposed view): the master as a matrix
+        if piece.ndim > 1:   # the whole TP-local matrix (maybe a transposed view), or bank: the master so shaped
             master = master.view(piece.shape)
-        scaled = adjust_lr(self.lr, meta.full_shape, self.group["adjust_lr"])
+        scaled = adjust_lr(self.lr, meta.full_shape[-2:], self.group["adjust_lr"])   # a bank: per matrix
         masters, pieces = self.todo.setdefault(scaled, ([], []))
         masters.append(master)
         pieces.append(piece)

@@ -50,9 +50,12 @@ class Flow:
 
     def __init__(self, opt):
         self.opt, self.plan, self.comm, self.grid = opt, opt.plan, opt.comm, opt.grid
+        self.done: set = set()   # (buffer_idx, param_idx) of every matrix this rank orthogonalised this step
 
-    def newton_schulz(self, group: dict, matrix: torch.Tensor) -> torch.Tensor:
-        """One Newton-Schulz call: a matrix, or a batch of same-shape matrices (counted as one call)."""
+    def newton_schulz(self, group: dict, matrix: torch.Tensor, metas=()) -> torch.Tensor:
+        """One Newton-Schulz call: a matrix, or a batch of same-shape matrices (counted as one call); ``metas``:
+        the matrices it is (the optimizer's guard checks them against the plan after every step)."""
+        self.done.update((m.buffer_idx, m.param_idx) for m in metas)
         form = group.get("ns_form", NS_FORM)
         with record_function("muon:newton_schulz"):  # it checks the shape first (the PoC's bug #2: a flat view)
             out = zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["eps"], form=form)
@@ -109,7 +112,7 @@ class BucketFlow(Flow):
         for meta, matrix in matrices:
             if isinstance(matrix, Pending):
                 matrix = self.trace("tp_gathered", meta.name, tp_unshard(matrix.wait(), meta, self.grid.tp))
-            ortho = self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix))  # stage 5
+            ortho = self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix, [meta]))  # stage 5
             tp_part = self.trace("tp_shard", meta.name, self.my_tp_part(ortho, meta))    # stage 6: TP shard
             yield meta, self.trace("dp_shard", meta.name, dp_shard_of(tp_part, meta))   # stage 6: DP shard
 

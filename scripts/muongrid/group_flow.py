@@ -209,7 +209,7 @@ class GroupFlow(Flow):
         owned, blocks = self._assemble(bucket, received)
         ortho = {meta.param_idx: self._group_ns(group, meta, block) for meta, block in blocks}
         for meta, matrix in owned:
-            ortho[meta.param_idx] = self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix))
+            ortho[meta.param_idx] = self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix, [meta]))
         done = [(meta, ortho[meta.param_idx]) for meta in self._metas(bucket) if meta.param_idx in ortho]
         return self._send_back(bucket, done, wait_now, received[:0])
 
@@ -230,8 +230,11 @@ class GroupFlow(Flow):
         for _, owned, _, _ in assembled:
             for meta, matrix in owned:
                 by_shape.setdefault(tuple(matrix.shape), []).append((meta, matrix))
-        for same in by_shape.values():
-            for (meta, _), result in zip(same, self.newton_schulz(group, torch.stack([m for _, m in same]))):
+        for same in by_shape.values():   # a bank (3-D) joins the batch matrix by matrix
+            stacked = torch.stack([m for _, m in same])
+            results = self.newton_schulz(group, stacked.flatten(0, -3), [m for m, _ in same]).unflatten(
+                0, stacked.shape[:-2])
+            for (meta, _), result in zip(same, results.unbind(0)):
                 ortho[meta.param_idx] = self.trace("orthogonalised", meta.name, result)
         back = [(bucket, self._send_back(bucket, [(m, ortho[m.param_idx]) for m in self._metas(bucket)
                                                   if m.param_idx in ortho], wait_now, empty))
@@ -242,6 +245,7 @@ class GroupFlow(Flow):
     def _group_ns(self, group: dict, meta: DistMeta, block: torch.Tensor) -> torch.Tensor:
         """My block's part in a grouped matrix's Newton-Schulz, under the profiler range every Newton-Schulz
         call has (``lab/traces.py``); the group's Gram collectives run inside it, so there it includes them."""
+        self.done.add((meta.buffer_idx, meta.param_idx))
         with record_function("muon:newton_schulz"):
             return self._group_newton_schulz(group, meta, block)
 

@@ -173,6 +173,7 @@ class Matrix:
     flops: int                    # Newton-Schulz FLOPs of the whole matrix
     held: tuple[int, ...]         # elements of it each world rank holds (a tuple, or ``HeldRuns``)
     candidates: tuple[int, ...]   # world ranks allowed to own it (all ``world`` of them: any rank)
+    groupable: bool = True        # False for a 3-D bank of matrices (a MoE layer's experts): one owner always
 
 
 class _Loads:
@@ -291,7 +292,7 @@ def assign_owners_and_groups(matrices: list[Matrix], world: int, shapes: dict, s
     owners, groups = {}, {}
     for m in sorted(matrices, key=lambda m: -m.flops):
         size = min(world, max(shapes[m.key]), -(-m.flops // max(1, int(fair))))
-        if m.flops > fair and size > 1:
+        if m.flops > fair and size > 1 and m.groupable:
             if tp is None:
                 members = tuple(sorted(heapq.nsmallest(size, range(world), key=lambda r: (load[r], r))))
             else:
@@ -349,11 +350,11 @@ def assign_timed(matrices: list[Matrix], world: int, shapes: dict, hw: dict, ste
     flops = [0] * world
     owners, groups = {}, {}
     for m in sorted(matrices, key=lambda m: -m.flops):
-        rows, cols = shapes[m.key]
+        rows, cols = shapes[m.key][-2:]
         owner = _pick_owner(m, world, busy)
         best = (busy.load[owner] + m.flops / rate, (owner,), m.flops / rate)
         most = min(world, max(rows, cols), -(-m.flops // max(1, int(fair))))
-        if m.flops > fair and most > 1:
+        if m.flops > fair and most > 1 and m.groupable:
             load = busy.load
             key = lambda r: (load[r], r)   # noqa: E731
             anywhere = sorted(range(world), key=key)

@@ -46,14 +46,14 @@ def check_hyper(hyper: dict) -> dict:
 
 def check_muon_shape(name: str, shape: tuple[int, ...], banks: bool = False) -> None:
     """Raise a clear error when a parameter Muon cannot take is put in a Muon group: anything but a 2-D
-    matrix, or with ``banks`` (single-device ``MuonW``) also a 3-D bank of matrices (experts x out x in)."""
+    matrix, or with ``banks`` (``MuonW``, ``DistributedMuon``) also a 3-D bank of matrices (experts x out x in)."""
     if len(shape) == 2 or (banks and len(shape) == 3):
         return
     if banks:
         raise ValueError(f"parameter {name!r} has shape {tuple(shape)} but Muon orthogonalises 2-D matrices and "
                          "3-D banks of them (experts x out x in) only; put it in a group with use_muon=False "
                          "(AdamW), or build groups with hybrid_param_groups(model)")
-    bank = (" (a 3-D expert bank runs on single-device muongrid.MuonW; this optimizer does not take banks yet)"
+    bank = (" (a 3-D expert bank runs on muongrid.MuonW and DistributedMuon; FSDPMuon does not take banks yet)"
             if len(shape) == 3 else "")
     raise ValueError(f"parameter {name!r} has shape {tuple(shape)} but Muon orthogonalises 2-D matrices only{bank}; "
                      "put it in a group with use_muon=False (AdamW), or build groups with hybrid_param_groups()")

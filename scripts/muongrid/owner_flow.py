@@ -108,7 +108,7 @@ class OwnerFlow(Flow):
             if owner[k] != me:
                 continue
             split = meta.tp_split_dim != -1 and tp > 1
-            rows, cols = meta.shape if split else meta.full_shape
+            rows, cols = (meta.shape if split else meta.full_shape)[-2:]   # a bank (3-D) is never split
             item = Owned(k, meta, tp if split else 1, (tp if split else 1, rows, cols, meta.tp_split_dim if split else -1))
             owned.append(item)
         offset = 0
@@ -202,10 +202,11 @@ class OwnerFlow(Flow):
         done = []
         for shape, members in banks.items():
             matrices = tensors[shape]
-            if self.opt.ns_batch:
-                outs = self.newton_schulz(group, matrices).unbind(0)
+            if self.opt.ns_batch:   # banks of matrices (3-D parameters) join the batch matrix by matrix
+                outs = self.newton_schulz(group, matrices.flatten(0, -3), [m[3].meta for m in members]).unflatten(
+                    0, matrices.shape[:-2]).unbind(0)
             else:
-                outs = [self.newton_schulz(group, m) for m in matrices.unbind(0)]
+                outs = [self.newton_schulz(group, m, [member[3].meta]) for m, member in zip(matrices.unbind(0), members)]
             for (bucket, _, _, item), matrix, out in zip(members, matrices.unbind(0), outs):
                 self.trace("ns_input", item.meta.name, matrix)
                 done.append((bucket, item, self.trace("orthogonalised", item.meta.name, out)))

@@ -155,6 +155,15 @@ class Plan:
         """The ranks that orthogonalise ``meta`` together (``layout="group"``), or None if it has one owner."""
         return self.groups.get((meta.buffer_idx, meta.param_idx))
 
+    def ns_keys(self, rank: int, buffer_idx: int) -> set:
+        """(buffer_idx, param_idx) of every matrix of buffer ``buffer_idx`` (a Muon group) that world rank ``rank``
+        orthogonalises, or takes part in orthogonalising, in a step: all of them under "bucket"; its own (and
+        its groups') under the owner layouts."""
+        keys = [(buffer_idx, meta.param_idx) for meta in self.metas[buffer_idx]]
+        if self.layout == "bucket":
+            return set(keys)
+        return {k for k in keys if self.owners.get(k) == rank or rank in self.groups.get(k, ())}
+
     def local_state_numel(self) -> int:
         """Elements of optimizer state this DP rank keeps per state tensor (its shards, padding included)."""
         return sum(b.shard_numel for buf in self.buckets for b in buf)
@@ -279,7 +288,8 @@ def _owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
             ranks = every
             if plan.layout == "aligned":  # only the TP ranks of the one DP rank that holds the matrix
                 ranks = tuple(r for a, b, n in runs if n == meta.numel for r in range(a * tp, b * tp))
-            out.append(Matrix((buffer_idx, meta.param_idx), ns5_flops(*meta.full_shape), held, ranks))
+            flops = math.prod(meta.full_shape[:-2]) * ns5_flops(*meta.full_shape[-2:])   # a bank: each matrix
+            out.append(Matrix((buffer_idx, meta.param_idx), flops, held, ranks, len(meta.full_shape) == 2))
     return out
 
 
