@@ -595,6 +595,58 @@ display(Markdown(claims.table(claim_rows)))
 # and {cite:t}`wei2025muontutorial`; every figure in the third column was computed on this page or
 # read from the recorded study above.
 #
+# ## Keeping attention logits in check: MuonClip
+#
+# Kimi K2 was trained with Muon and found the largest attention logits of some heads growing without
+# bound; its fix, QK-clip, runs after each optimizer step {cite:p}`kimi2025k2`. For every head whose
+# largest pre-softmax logit $S_h = \max q_i \cdot k_j / \sqrt{d}$ of the step went over a threshold
+# $\tau$, it multiplies that head's query rows and key rows by $\sqrt{\tau / S_h}$ each, so the next
+# logits are about $\tau$. [`muongrid/qk_clip.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/qk_clip.py) does it on the shards: the model reports each
+# layer's per-head maxima as it runs, the optimizer all-reduces every head's maximum once per step
+# (MAX over the grid: DP ranks saw other rows, TP ranks other heads) and scales the rows it keeps,
+# with no host sync; on five grids it gives one process's parameters bit for bit
+# ([`tests/test_qk_clip.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_qk_clip.py)). Turning it on for your own model is one argument and one line in the attention:
+#
+# ```python
+# clip = QKClip(threshold=100.0, layers=[QKLayer("layers.0.qkv.weight", "layers.0.qkv.weight",
+#                                                q_rows_per_head, k_rows_per_head), ...])
+# opt = DistributedMuon(groups, grid, qk_clip=clip)
+# # in the attention of layer i, after computing q and k:  clip.record(i, max_logits(q, k))
+# ```
+#
+# Here the book's GPT trains twice on a 2 x 1 grid with a learning rate high enough to make its logits
+# grow, once only watching them (`QKClip(None, ...)`) and once clipping at a threshold of 8:
+
+# %%
+qk = last_json(run("qk_clip_demo.py", "--dp", 2, "--steps", 120, "--threshold", 8, log="collapsed"))
+
+# %% tags=["hide-input"]
+fig, ax = plt.subplots(figsize=(6.0, 2.6))
+for (name, r), color in zip(qk["runs"].items(), (COLORS["adamw"], COLORS["hybrid"])):
+    ax.plot(range(1, len(r["max_logit"]) + 1), r["max_logit"], color=color, label=name)
+ax.axhline(qk["threshold"], color="0.4", lw=0.8, ls="--")
+ax.set(xlabel="step", ylabel="largest attention logit")
+ax.legend(fontsize=8)
+fig.tight_layout()
+glue("ch9-qk", fig, display=False)
+plt.close(fig)
+watch, clipped = qk["runs"].values()
+glue("ch9-qk-watch", f"{max(watch['max_logit']):.0f}", display=False)
+glue("ch9-qk-clip", f"{max(clipped['max_logit'][20:]):.1f}", display=False)
+
+# %% [markdown]
+# ```{glue:figure} ch9-qk
+# :name: fig-ch9-qk
+#
+# The largest attention logit over every head of the book's GPT at each step (what the step's forward
+# saw, before the clip), watching only and clipping at 8 (dashed), while this page was built.
+# ```
+#
+# Left alone, the largest logit reached {glue:text}`ch9-qk-watch`; clipped, it stayed near the
+# threshold after step 20 (at most {glue:text}`ch9-qk-clip`: a step's update can push a head a little
+# over before the clip pulls it back). One run each, on one seed: this shows what the clip does to the
+# logits, not whether it helps the loss on a model this small.
+#
 # ## Run it on a cluster
 #
 # `train.py` is the script a reader takes to more machines. Under `torchrun` with NCCL on GPUs it

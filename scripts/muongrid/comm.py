@@ -70,11 +70,12 @@ class Phase:
     NS_FROM_OWNER = "ns_from_owner"
     NS_GROUP_GRAM = "ns_group_gram"
     PARAM_ALL_GATHER = "param_all_gather"
+    QK_CLIP = "qk_clip"   # MuonClip: every head's largest logit, one MAX all-reduce for the whole model
 
 
 # In step order; a summary lists them in this order.
 PHASES = (Phase.GRAD_REDUCE_SCATTER, Phase.NS_GATHER_DP, Phase.NS_GATHER_TP, Phase.NS_TO_OWNER,
-          Phase.NS_GROUP_GRAM, Phase.NS_FROM_OWNER, Phase.PARAM_ALL_GATHER)
+          Phase.NS_GROUP_GRAM, Phase.NS_FROM_OWNER, Phase.QK_CLIP, Phase.PARAM_ALL_GATHER)
 RING_NOTE = ("bytes are per rank as a ring algorithm moves them; gloo runs reduce-scatter as an "
              "all-reduce of the whole input, which really moves about twice that")
 

@@ -94,7 +94,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     def __init__(self, params, grid, comm: Comm | None = None, layout: str = "bucket",
                  bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
                  check_finite: bool | str | None = None, overlap: str | None = None, ns_batch: bool = False,
-                 hw: dict | None = None, param_buffers: bool = True, **hyper):
+                 hw: dict | None = None, param_buffers: bool = True, qk_clip=None, **hyper):
         hyper = check_hyper(hyper)
         overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
@@ -136,6 +136,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         self.buffers = Buffers(self, bind=param_buffers)
         self.shards = [[self._init_shard(g, b) for b in buckets] for g, buckets in enumerate(self.plan.buckets)]
         self._bind_state()
+        self.qk_clip = qk_clip   # MuonClip (qk_clip.py): query and key rows rescaled after each update
+        if qk_clip is not None:
+            qk_clip.bind_zero1(self)
         self.steps_taken = 0
         self._prepared = None  # this step's gradient decisions and shards, once clip_grad_norm_ or step made them
         self._planned = True
@@ -262,6 +265,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 self.comm.ledger.begin_step(self.steps_taken)
                 self.buffers.refresh()         # start from the parameters' current values
                 self._update_master_shards()   # stages 1-7
+                if self.qk_clip is not None:   # MuonClip: this step's logits, on the updated masters
+                    self.qk_clip.apply_zero1(self)
                 self._gather_params()          # stage 8
         finally:
             self._prepared = None

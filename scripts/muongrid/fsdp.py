@@ -111,7 +111,7 @@ class FSDPMuon(torch.optim.Optimizer):
     """
 
     def __init__(self, params, grid, comm: Comm | None = None, use_muon: bool = True,
-                 check_finite: bool | str | None = None, **hyper):
+                 check_finite: bool | str | None = None, qk_clip=None, **hyper):
         from .optim import DEFAULTS
         hyper = check_hyper(hyper)
         self.grid = grid
@@ -141,6 +141,9 @@ class FSDPMuon(torch.optim.Optimizer):
         self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
         MomentumSync.of(self)
         self.steps_taken = 0
+        self.qk_clip = qk_clip   # MuonClip (qk_clip.py): query and key rows rescaled after each update
+        if qk_clip is not None:
+            qk_clip.bind_fsdp(self)
         for group in self.param_groups:  # state now, not at the first step: get_state_dict never steps it
             for p in group["params"]:
                 self.state[p] = (dict(momentum_buffer=torch.zeros_like(p)) if group["use_muon"] else
@@ -180,6 +183,8 @@ class FSDPMuon(torch.optim.Optimizer):
                                     group["eps"], group["weight_decay"])
             if self.muon_params:
                 self._muon_step(present)
+            if self.qk_clip is not None:
+                self.qk_clip.apply_fsdp(self)
         return loss
 
     def check_finite_now(self) -> None:

@@ -11,6 +11,7 @@ norms and biases; the attention and MLP matrices go to Muon.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -38,6 +39,8 @@ def batch(ids: torch.Tensor, batch_size: int, context: int, gen: torch.Generator
 
 
 class Block(nn.Module):
+    logit_hook = None   # optional callable(q, k): sees each forward's queries and keys (QK-clip's maxima)
+
     def __init__(self, d: int, n_head: int):
         super().__init__()
         self.n_head = n_head
@@ -48,6 +51,8 @@ class Block(nn.Module):
     def forward(self, x):
         B, T, D = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
+        if self.logit_hook is not None:
+            self.logit_hook(q, k)
         x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, D))
         return x + self.out(F.gelu(self.fc(self.norm2(x))))
 
@@ -99,3 +104,38 @@ def train(model, optimizer, data: dict, steps: int = 200, batch_size: int = 32, 
             history["val_loss"].append(evaluate(model, data["val"]))
     history["seconds"] = time.perf_counter() - start
     return history
+
+
+def max_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Each head's largest causal pre-softmax logit, q_i . k_j / sqrt(d_head) for j <= i, over the batch: what
+    QK-clip keeps under its threshold (``muongrid/qk_clip.py``). q, k: (batch, heads, tokens, d_head)."""
+    T = q.shape[-2]
+    logits = (q @ k.mT) / math.sqrt(q.shape[-1])
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return logits.masked_fill(~causal, -math.inf).amax(dim=(0, 2, 3))
+
+
+def qk_layers(model, head_major: bool = False) -> list:
+    """The book's GPT's ``QKLayer``s: its fused ``blocks.i.qkv.weight`` holds all query rows, then all key rows,
+    then all value rows; ``head_major`` (``tpgpt``, the TP model): each head's query, key and value rows in turn."""
+    from ..qk_clip import QKLayer
+
+    out = []
+    for i, block in enumerate(model.blocks):
+        d, heads = block.qkv.weight.shape[1], block.n_head
+        hd = d // heads
+        if head_major:
+            q = tuple((h * 3 * hd, h * 3 * hd + hd) for h in range(heads))
+            k = tuple((h * 3 * hd + hd, h * 3 * hd + 2 * hd) for h in range(heads))
+        else:
+            q = tuple((h * hd, (h + 1) * hd) for h in range(heads))
+            k = tuple((d + h * hd, d + (h + 1) * hd) for h in range(heads))
+        out.append(QKLayer(f"blocks.{i}.qkv.weight", f"blocks.{i}.qkv.weight", q, k))
+    return out
+
+
+def record_max_logits(model, clip, tp_rank: int = 0) -> None:
+    """Have every block of ``model`` report its heads' largest logits to ``clip`` on each forward (under TP a
+    rank's block runs heads ``tp_rank * local`` onwards)."""
+    for i, block in enumerate(model.blocks):
+        block.logit_hook = (lambda q, k, i=i: clip.record(i, max_logits(q, k), first_head=tp_rank * q.shape[1]))

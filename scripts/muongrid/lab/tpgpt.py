@@ -59,6 +59,8 @@ class HeadMajorBlock(Block):
         hd = D // self.n_head
         qkv = self.qkv(self.norm1(x))                                  # (B, T, 3 * local heads * hd)
         q, k, v = qkv.view(B, T, -1, 3, hd).permute(3, 0, 2, 1, 4)     # each (B, local heads, T, hd)
+        if self.logit_hook is not None:
+            self.logit_hook(q, k)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
         x = x + self.proj(y)
         return x + self.out(F.gelu(self.fc(self.norm2(x))))
