@@ -139,7 +139,10 @@ def test_ledger_keeps_a_bounded_window_of_steps():
         p.grad = torch.randn(8, 8)
         opt.step()
     steps = {r.step for r in opt.comm.ledger.records if r.step}
-    assert steps == set(range(25, 41)) and opt.comm.ledger.summary()["step"] == 40
+    # The last keep_steps (16) steps are always there; older ones are dropped once every 16 steps (looking
+    # over the records every step was host work on every step), so at most 32 are ever kept.
+    assert set(range(25, 41)) <= steps <= set(range(9, 41)) and opt.comm.ledger.summary()["step"] == 40
+    assert min(steps) == 32 - 16 + 1   # the last pruning was at step 32: steps 17-40 are kept
     # What was recorded while the optimizer was built (step 0: the ranks' plan check) is kept, once.
     assert [r.phase for r in opt.comm.ledger.records if not r.step] == ["setup"]
 
