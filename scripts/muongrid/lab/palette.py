@@ -54,8 +54,9 @@ LAYOUT = {
     "straddlers": "#a6761d",
     "none": "#64b5cd",
     "group": "#ccb974",              # chapter 14: one matrix over a group of ranks
-    "group_scattered": "#e6dca9",    # chapter 14's older group rules: FLOP-sized groups on any ranks,
-    "group_flops": "#8c6d31",        # and FLOP-sized contiguous TP-local windows
+    # chapter 14's older group rules, in hues of their own beside "group" (three beiges read as one):
+    "group_scattered": "#8da0cb",    # FLOP-sized groups on any ranks
+    "group_flops": "#66a182",        # FLOP-sized contiguous TP-local windows
     "ideal": "#d9d9d9",
 }
 

@@ -63,20 +63,21 @@ def scale_explorer(rows: list[tuple[str, dict]], active: int = 0) -> go.Figure:
             trace.visible = i == active
             fig.add_trace(trace)
             owners.append(i)
-    steps = [dict(label=f"{name.removeprefix('Llama-3-')} {row['dp']}x{row['tp']}", method="update",
+    steps = [dict(label=f"{name.removeprefix('Llama-3-')}<br>{row['dp']}x{row['tp']}", method="update",
                   args=[{"visible": [o == i for o in owners]}, {"title.text": titles[i]}])
              for i, (name, row) in enumerate(rows)]
     ns_all = [r[k + "_ns_ms"] for _, r in rows for k in RULES]
     cost_all = [r["group" + k] / r["owner" + k] for _, r in rows for k in COSTS.values()]
     fig.update_layout(**BASE_LAYOUT)
-    # The title sits in its own band under the mode bar (two lines: the plan, then its numbers); the
-    # slider's ends are inset so the last label is not clipped.
+    # The title sits in its own band below the mode bar (two lines: the model and grid, then the plans'
+    # numbers), placed by its middle: anchored at its top, plotly placed the two lines as if they were one
+    # and cut the first off. Each slider label takes two short lines, so every position's label shows
+    # (plotly leaves out labels that would overlap); the title names the position, so no current value.
     fig.update_layout(title=dict(text=titles[active], font=dict(size=14), x=0.01, xanchor="left",
-                                 y=0.985, yanchor="top", yref="container"),
-                      margin=dict(l=60, r=30, t=120, b=40), barmode="group", height=520,
-                      sliders=[dict(active=active, steps=steps, pad=dict(t=70, l=20, r=40), x=0.0, len=0.96,
-                                    font=dict(size=11),
-                                    currentvalue=dict(prefix="model and grid: ", font=dict(size=13)))])
+                                 y=0.91, yanchor="middle", yref="container"),
+                      margin=dict(l=60, r=30, t=120, b=40), barmode="group", height=550,
+                      sliders=[dict(active=active, steps=steps, pad=dict(t=85, l=20, r=40), x=0.0, len=0.96,
+                                    font=dict(size=11), currentvalue=dict(visible=False))])  # the title says it
     fig.update_annotations(font=dict(size=12))            # the two panel titles
     # Decade ticks only: between decades plotly would print 2 and 5, which read as values.
     fig.update_yaxes(type="log", dtick=1, range=[math.log10(min(ns_all) / 2), math.log10(max(ns_all) * 3)],
