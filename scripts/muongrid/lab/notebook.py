@@ -3,8 +3,11 @@
 In a notebook (``muongrid`` is installed: ``make setup`` does ``pip install -e .``; in Colab the set-up cell does it):
 
     from muongrid.lab.notebook import run, last_json
-    out = run("verify.py", "--dp", 2, "--tp", 2)   # streams into the cell; raises if the script fails
-    result = last_json(out)                         # the script's final JSON line, as a dict
+    out = run("verify.py --dp 2 --tp 2")   # streams into the cell; raises if the script fails
+    result = last_json(out)                 # the script's final JSON line, as a dict
+
+The command reads as it would in a shell (split with ``shlex``); arguments may also come one by one
+after it, for values a cell computes: ``run("verify.py --dp 2", "--shapes", shapes)``.
 
 Why a subprocess: ``torch.multiprocessing`` spawns ranks by importing the function they run, and
 a function defined in a notebook cell cannot be imported; and ``!python ...`` never raises on a
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -51,10 +55,24 @@ def _relative(line: str) -> str:
     return line.replace(str(ROOT) + os.sep, "")
 
 
-def run(script: str, *args, expect_failure: bool = False, timeout: float = 900, echo_json: bool = False,
-        log: str = "stream", env: dict | None = None) -> str:
-    """Run ``python scripts/<script> <args>``, show its output, and return it.
+def command_line(command: str, *args) -> tuple[str, list[str]]:
+    """(script, arguments) of ``run``'s command: the string split as a shell would, then ``args``.
 
+    >>> command_line("verify.py --dp 2 --tp 2", "--shapes", "8x8")
+    ('verify.py', ['--dp', '2', '--tp', '2', '--shapes', '8x8'])
+    """
+    words = shlex.split(command)
+    if not words:
+        raise ValueError("run() needs a script to run, e.g. run(\"verify.py --dp 2 --tp 2\")")
+    return words[0], [*words[1:], *map(str, args)]
+
+
+def run(command: str, *args, expect_failure: bool = False, timeout: float = 900, echo_json: bool = False,
+        log: str = "stream", env: dict | None = None) -> str:
+    """Run ``python scripts/<script> <arguments>``, show its output, and return it.
+
+    ``command`` is the script and its arguments as one would type them in a shell
+    (``"train.py --dp 2 --tp 2"``); ``args`` are appended to it (any values, made strings).
     Raises ``ScriptFailed`` if the script exits non-zero, or, with ``expect_failure=True``, if it
     exits zero. Lines that are JSON objects (machine-readable results) are not shown unless
     ``echo_json``; they are still in the returned text. Paths inside the checkout are shown relative
@@ -65,8 +83,10 @@ def run(script: str, *args, expect_failure: bool = False, timeout: float = 900, 
     """
     if log not in ("stream", "collapsed"):
         raise ValueError("log must be 'stream' or 'collapsed'")
-    cmd = [sys.executable, str(SCRIPTS / script), *map(str, args)]
-    shown = " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), "python", f"scripts/{script}", *map(str, args)])
+    script, args = command_line(command, *args)
+    cmd = [sys.executable, str(SCRIPTS / script), *args]
+    shown = " ".join([*(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()), "python",
+                      f"scripts/{script}", *map(shlex.quote, args)])
     if log == "stream":
         print(f"$ {shown}", flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
