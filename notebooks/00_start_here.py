@@ -131,7 +131,7 @@ print(
 # %%
 from muongrid.lab.notebook import last_json, run
 
-result = last_json(run("verify.py", "--dp", 2, "--tp", 2, "--steps", 3))
+result = last_json(run("verify.py --dp 2 --tp 2 --steps 3"))
 
 # %% [markdown]
 # The script's last line is a JSON record, which the cell above parsed. Its verdict:
@@ -216,8 +216,8 @@ make setup                         # .venv: torch (CPU), the Jupyter kernel, muo
 #
 # ```bash
 # torchrun --standalone --nproc-per-node 4 scripts/verify.py --dp 2 --tp 2
-# torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0:29500 \
-#     scripts/verify.py --dp 2 --tp 8
+# torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \
+#     --rdzv-endpoint node0:29500 scripts/verify.py --dp 2 --tp 8
 # ```
 #
 # The appendix {doc}`../book/troubleshooting` has the details and a table of error messages.

@@ -206,7 +206,7 @@ plt.close(fig)
 from muongrid.lab.diagrams import collectives_diagram
 from muongrid.lab.notebook import last_json, run
 
-demo = last_json(run("collectives.py", "--dp", 4, "--numel", 8, log="collapsed"))
+demo = last_json(run("collectives.py --dp 4 --numel 8", log="collapsed"))
 assert demo["allreduce_is_rs_plus_ag"]
 glue("ch2-collectives", collectives_diagram(demo), display=False)
 plt.close("all")

@@ -93,7 +93,7 @@ elif importlib.util.find_spec("muongrid") is None:
 # %%
 from muongrid.lab.notebook import last_json, run
 
-grid_run = last_json(run("inspect_grid.py", "--dp", 2, "--tp", 4))
+grid_run = last_json(run("inspect_grid.py --dp 2 --tp 4"))
 
 # %% [markdown]
 # The drawing below is made from those reported groups (not from the formula), and the cell
@@ -273,7 +273,7 @@ assert all(
 # process and say exactly what is wrong:
 
 # %%
-run("verify.py", "--dp", 1, "--tp", 3, expect_failure=True);
+run("verify.py --dp 1 --tp 3", expect_failure=True);
 
 # %% [markdown]
 # ## Summary

@@ -305,7 +305,7 @@ for i, spec in enumerate(specs[0]):
 from muongrid.lab.notebook import last_json, run
 
 real = last_json(
-    run("inspect_grid.py", "--dp", DP, "--tp", TP, "--bucket-numel", BUCKET)
+    run(f"inspect_grid.py --dp {DP} --tp {TP} --bucket-numel {BUCKET}")
 )
 mismatches = 0
 for r in real["ranks"]:

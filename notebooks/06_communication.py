@@ -76,7 +76,7 @@ elif importlib.util.find_spec("muongrid") is None:
 # %%
 from muongrid.lab.notebook import last_json, run
 
-bench = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--steps", 5, log="collapsed"))
+bench = last_json(run("bench.py --dp 2 --tp 2 --steps 5", log="collapsed"))
 
 # %%
 from myst_nb import glue
@@ -297,7 +297,7 @@ print(
 #    additions too. Let us measure that, together with the latency and bandwidth of this machine:
 
 # %%
-links = last_json(run("measure_links.py", "--dp", 4, log="collapsed"))
+links = last_json(run("measure_links.py --dp 4", log="collapsed"))
 print(
     f"fitted: latency {links['alpha_s'] * 1e3:.3f} ms per hop, bandwidth "
     + (

@@ -81,7 +81,7 @@ elif importlib.util.find_spec("muongrid") is None:
 # %%
 from muongrid.lab.notebook import last_json, run
 
-profile = last_json(run("profile_step.py", "--dp", 2, "--steps", 5, log="collapsed"))
+profile = last_json(run("profile_step.py --dp 2 --steps 5", log="collapsed"))
 
 # %%
 import matplotlib.pyplot as plt
@@ -196,7 +196,7 @@ plt.close(fig)
 # Run the same profile with four times the batch:
 
 # %%
-profile_big = last_json(run("profile_step.py", "--dp", 2, "--steps", 5, "--batch", 128,
+profile_big = last_json(run("profile_step.py --dp 2 --steps 5 --batch 128",
                             log="collapsed"))
 
 
@@ -239,9 +239,8 @@ glue("ch7-share-note",
 # 2 x 2 grid with buckets small enough that there are several:
 
 # %%
-overlap = last_json(run("bench.py", "--dp", 2, "--tp", 2, "--bucket-numel", 200_000,
-                        "--steps", 5,
-                        "--overlap", "none,naive,prefetch", log="collapsed"))
+overlap = last_json(run("bench.py --dp 2 --tp 2 --bucket-numel 200000 --steps 5 "
+                        "--overlap none,naive,prefetch", log="collapsed"))
 
 # %%
 v = overlap["variants"]
@@ -265,7 +264,7 @@ for name in ("muon-naive", "muon-prefetch", "adamw-naive"):
 # One more run: the three 4-process grids the report compared, with the same benchmark.
 
 # %%
-sweep = last_json(run("bench.py", "--sweep", "--grids", "4x1,1x4,2x2", "--steps", 3,
+sweep = last_json(run("bench.py --sweep --grids 4x1,1x4,2x2 --steps 3",
                       log="collapsed"))
 
 # %% tags=["hide-input"]

@@ -137,8 +137,7 @@ from myst_nb import glue
 
 from muongrid.lab.notebook import last_json, run, table
 
-check = last_json(run("verify.py", "--dp", 3, "--tp", 2,
-                      "--layout", "bucket,owner,aligned", "--steps", 3,
+check = last_json(run("verify.py --dp 3 --tp 2 --layout bucket,owner,aligned --steps 3",
                       log="collapsed"))
 
 # %%
@@ -420,9 +419,8 @@ glue("ch8-efficiency-note", "none of them above 1" if max(efficiency) <= 1.0 els
 import os  # noqa: E402
 
 load_now = os.getloadavg()[0]
-live = last_json(run("bench.py", "--dp", 2, "--tp", 2,
-                     "--layout", "bucket,owner,aligned", "--single",
-                     "--stack", 4, "--steps", 3, "--warmup", 1, log="collapsed"))
+live = last_json(run("bench.py --dp 2 --tp 2 --layout bucket,owner,aligned --single "
+                     "--stack 4 --steps 3 --warmup 1", log="collapsed"))
 
 # %%
 for name, v in live["layouts"].items():

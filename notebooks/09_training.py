@@ -100,9 +100,8 @@ from myst_nb import glue
 
 from muongrid.lab.notebook import last_json, run, table
 
-COMMON = ["--optimizer", "hybrid", "--steps", 30, "--eval-every", 10, "--threads", 1]
-runs = {(2, 2): last_json(run("train.py", "--dp", 2, "--tp", 2, "--layout", "owner",
-                               *COMMON))}
+COMMON = "--optimizer hybrid --steps 30 --eval-every 10 --threads 1"
+runs = {(2, 2): last_json(run(f"train.py --dp 2 --tp 2 --layout owner {COMMON}"))}
 
 # %%
 first = runs[(2, 2)]
@@ -165,9 +164,8 @@ plt.close(fig)
 
 # %%
 for dp, tp_ in [(1, 1), (2, 1), (1, 2)]:
-    runs[(dp, tp_)] = last_json(run("train.py", "--dp", dp, "--tp", tp_,
-                                    "--layout", "owner", *COMMON, "--metrics-every", 0,
-                                    log="collapsed"))
+    runs[(dp, tp_)] = last_json(run(f"train.py --dp {dp} --tp {tp_} --layout owner "
+                                    f"{COMMON} --metrics-every 0", log="collapsed"))
 
 # %%
 ref = runs[(1, 1)]["step_loss"]
@@ -438,9 +436,8 @@ glue("ch9-separated", "every hybrid seed ended below every AdamW seed"
 # recorded ones cut short):
 
 # %%
-live = last_json(run("convergence_study.py", "--lrs-adamw", a["lr"],
-                     "--lrs-hybrid", h["lr"], "--seeds", 1, "--steps", 100,
-                     "--eval-every", 20))
+live = last_json(run(f"convergence_study.py --lrs-adamw {a['lr']} "
+                     f"--lrs-hybrid {h['lr']} --seeds 1 --steps 100 --eval-every 20"))
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.0, 2.8))
@@ -476,9 +473,8 @@ glue("ch9-live-gap", f"{live['summary']['final_gap']:+.3f}", display=False)
 # waiting for peers, communication, Newton-Schulz and the rest of the optimizer:
 
 # %%
-grids = last_json(run("profile_step.py", "--grids", "4x1,1x4,2x2", "--global-batch", 64,
-                      "--steps", 3, "--warmup", 1, "--layout", "owner",
-                      log="collapsed"))
+grids = last_json(run("profile_step.py --grids 4x1,1x4,2x2 --global-batch 64 "
+                      "--steps 3 --warmup 1 --layout owner", log="collapsed"))
 
 # %% tags=["hide-input"]
 parts = ["forward_backward", "waiting", "communication", "newton_schulz",
@@ -608,17 +604,20 @@ display(Markdown(claims.table(claim_rows)))
 # ([`tests/test_qk_clip.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_qk_clip.py)). Turning it on for your own model is one argument and one line in the attention:
 #
 # ```python
-# clip = QKClip(threshold=100.0, layers=[QKLayer("layers.0.qkv.weight", "layers.0.qkv.weight",
-#                                                q_rows_per_head, k_rows_per_head), ...])
+# layers = [QKLayer("layers.0.qkv.weight", "layers.0.qkv.weight",
+#                   q_rows_per_head, k_rows_per_head), ...]
+# clip = QKClip(threshold=100.0, layers=layers)
 # opt = DistributedMuon(groups, grid, qk_clip=clip)
-# # in the attention of layer i, after computing q and k:  clip.record(i, max_logits(q, k))
+# # in the attention of layer i, after computing q and k:
+# clip.record(i, max_logits(q, k))
 # ```
 #
 # Here the book's GPT trains twice on a 2 x 1 grid with a learning rate high enough to make its logits
 # grow, once only watching them (`QKClip(None, ...)`) and once clipping at a threshold of 8:
 
 # %%
-qk = last_json(run("qk_clip_demo.py", "--dp", 2, "--steps", 120, "--threshold", 8, log="collapsed"))
+qk = last_json(run("qk_clip_demo.py --dp 2 --steps 120 --threshold 8",
+                   log="collapsed"))
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.0, 2.6))
@@ -653,9 +652,11 @@ glue("ch9-qk-clip", f"{max(clipped['max_logit'][20:]):.1f}", display=False)
 # reads its rank and world size from the environment:
 #
 # ```bash
-# torchrun --standalone --nproc-per-node 4 scripts/train.py --dp 2 --tp 2 --optimizer hybrid --layout owner --steps 50
-# torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HOST:29500 \
-#     scripts/train.py --dp 4 --tp 4 --optimizer hybrid --steps 1000 --width 512 --layers 8 --heads 8
+# torchrun --standalone --nproc-per-node 4 scripts/train.py --dp 2 --tp 2 \
+#     --optimizer hybrid --layout owner --steps 50
+# torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \
+#     --rdzv-endpoint $HOST:29500 scripts/train.py --dp 4 --tp 4 \
+#     --optimizer hybrid --steps 1000 --width 512 --layers 8 --heads 8
 # ```
 #
 # Keep TP within a node (its all-reduces run on every layer), and let DP cross nodes. In your own

@@ -190,12 +190,11 @@ plt.close(fig)
 
 # %%
 folder = work / "run"
-problem = ["--optimizer", "hybrid"]
-run("verify.py", "--dp", 2, "--tp", 2, "--steps", 3, "--save", folder, *problem,
-    log="collapsed")
-resumed = {(dp, tp, layout): last_json(run("verify.py", "--dp", dp, "--tp", tp,
-                                           "--layout", layout, "--steps", 3,
-                                           "--resume", folder, *problem,
+problem = "--optimizer hybrid"
+run(f"verify.py --dp 2 --tp 2 --steps 3 --save {folder} {problem}", log="collapsed")
+resumed = {(dp, tp, layout): last_json(run(f"verify.py --dp {dp} --tp {tp} "
+                                           f"--layout {layout} --steps 3 "
+                                           f"--resume {folder} {problem}",
                                            log="collapsed"))
            for dp, tp, layout in [(4, 1, "owner"), (1, 1, "bucket")]}
 
@@ -247,8 +246,8 @@ for key in sorted(k for k in plain if k.startswith("optim.state.layers.3.weight"
 
 # %%
 safe = work / "safe"
-run("verify.py", "--dp", 2, "--steps", 1, "--save", safe, *problem, log="collapsed")
-run("verify.py", "--dp", 2, "--steps", 2, "--save", safe, *problem, expect_failure=True,
+run(f"verify.py --dp 2 --steps 1 --save {safe} {problem}", log="collapsed")
+run(f"verify.py --dp 2 --steps 2 --save {safe} {problem}", expect_failure=True,
     log="collapsed", env={"MUONGRID_DIE_WHILE_SAVING": "1"})
 partial = Path(f"{safe}.partial")
 marker = "present" if (partial / "muongrid.json").exists() else "absent"
@@ -329,8 +328,8 @@ assert set(SHOWN) <= set(EXPECTED)
 rows = []
 for fault in SHOWN:
     start = time.monotonic()
-    out = run("faults.py", "--dp", 2, "--tp", 1, "--fault", fault, "--rank", 1,
-              "--step", 2, "--timeout", 4, expect_failure=True, log="collapsed")
+    out = run(f"faults.py --dp 2 --tp 1 --fault {fault} --rank 1 --step 2 --timeout 4",
+              expect_failure=True, log="collapsed")
     seconds = time.monotonic() - start
     verdict, last_words = first_failure(out)
     short = last_words if len(last_words) <= 180 else last_words[:180] + " …"

@@ -117,86 +117,17 @@ plt.close("all")
 from muongrid.lab.notebook import last_json, run, table
 from myst_nb import glue
 
-TINY = [
-    "--width",
-    64,
-    "--layers",
-    2,
-    "--heads",
-    4,
-    "--context",
-    32,
-    "--batch",
-    8,
-    "--steps",
-    4,
-    "--eval-every",
-    4,
-    "--eval-batches",
-    1,
-    "--eval-batch",
-    8,
-    "--metrics-every",
-    0,
-    "--threads",
-    1,
-    "--lr",
-    0.01,
-]
-runs = {
-    "ZeRO-1 x TP, Muon (2x2)": last_json(
-        run(
-            "train.py",
-            "--dp",
-            2,
-            "--tp",
-            2,
-            "--layout",
-            "owner",
-            *TINY,
-            log="collapsed"
-        )
-    ),
-    "ZeRO-1 x TP, AdamW (2x2)": last_json(
-        run(
-            "train.py",
-            "--dp",
-            2,
-            "--tp",
-            2,
-            "--optimizer",
-            "adamw",
-            *TINY,
-            log="collapsed"
-        )
-    ),
-    "FSDP2 x TP (2x2)": last_json(
-        run(
-            "train.py",
-            "--fsdp",
-            "--dp",
-            2,
-            "--tp",
-            2,
-            "--compare-torch-muon",
-            *TINY,
-            log="collapsed"
-        )
-    ),
-    "FSDP2 (2x1)": last_json(
-        run(
-            "train.py",
-            "--fsdp",
-            "--dp",
-            2,
-            "--tp",
-            1,
-            "--compare-torch-muon",
-            *TINY,
-            log="collapsed"
-        )
-    ),
+TINY = ("--width 64 --layers 2 --heads 4 --context 32 --batch 8 --steps 4 "
+        "--eval-every 4 --eval-batches 1 --eval-batch 8 --metrics-every 0 --threads 1 "
+        "--lr 0.01")
+GRIDS = {
+    "ZeRO-1 x TP, Muon (2x2)": "--dp 2 --tp 2 --layout owner",
+    "ZeRO-1 x TP, AdamW (2x2)": "--dp 2 --tp 2 --optimizer adamw",
+    "FSDP2 x TP (2x2)": "--fsdp --dp 2 --tp 2 --compare-torch-muon",
+    "FSDP2 (2x1)": "--fsdp --dp 2 --tp 1 --compare-torch-muon",
 }
+runs = {name: last_json(run(f"train.py {grid} {TINY}", log="collapsed"))
+        for name, grid in GRIDS.items()}
 
 # %% [markdown]
 # Each run trains the same tiny GPT (the hybrid: Muon for the attention and MLP matrices, AdamW for

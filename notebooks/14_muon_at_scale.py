@@ -76,8 +76,8 @@ from myst_nb import glue
 
 from muongrid.lab.notebook import last_json, run, table
 
-small = last_json(run("plan_at_scale.py", "--model", "llama3-8b",
-                      "--grids", "8x8,32x8,128x8", "--json", log="collapsed"))["rows"]
+small = last_json(run("plan_at_scale.py --model llama3-8b --grids 8x8,32x8,128x8 "
+                      "--json", log="collapsed"))["rows"]
 rows = [[f"{r['dp']} x {r['tp']}", r["world"], r["owner_ranks_idle"],
          f"{r['owner_ns_max_over_mean']:.2f}", f"{r['group_ns_max_over_mean']:.2f}",
          r["grouped_matrices"], f"{r['owner_build_s']:.2f} s",
@@ -242,8 +242,8 @@ glue("ch14-form-301", f'group_form(96, 301, 3) gives "{group_form(*G.shape, 3)}"
 # on GPUs a batched GEMM is where the speed would come from, not measured here).
 
 # %%
-moons = last_json(run("plan_at_scale.py", "--model", "moonlight-16b-a3b",
-                      "--grids", "8x8,128x8", "--json", log="collapsed"))["rows"]
+moons = last_json(run("plan_at_scale.py --model moonlight-16b-a3b --grids 8x8,128x8 "
+                      "--json", log="collapsed"))["rows"]
 moon = moons[0]
 print(f"{moon['muon_matrices']:,} matrices, {moon['distinct_shapes']} distinct shapes; "
       f"on 8 x 8 the busiest owner holds {moon['owner_owned_max']} matrices: "
@@ -382,8 +382,8 @@ glue("ch14-verdict", verdict, display=False)
 # the "group (timed)" column.
 
 # %%
-big_out = run("plan_at_scale.py", "--model", "llama3-70b", "--grids", "128x8,64x16",
-              "--json", log="collapsed")
+big_out = run("plan_at_scale.py --model llama3-70b --grids 128x8,64x16 --json",
+              log="collapsed")
 big = last_json(big_out)["rows"]
 projected = ([("Llama-3-8B", r) for r in small] + [("Llama-3-70B", r) for r in big]
              + [("Moonlight", moons[1])])
@@ -568,9 +568,8 @@ from muongrid.lab import costmodel
 from muongrid.ns_group import group_form, group_ring_bytes
 
 shapes, dims = "96x230,20x36,36x20,24x24", "0,1,0,none"
-out = run("verify.py", "--dp", 2, "--tp", 2, "--layout", "owner,group", "--groups", 1,
-          "--shapes", shapes, "--tp-dims", dims, "--bucket-numel", 4000,
-          "--atol", "1e-3", log="collapsed")
+out = run(f"verify.py --dp 2 --tp 2 --layout owner,group --groups 1 --shapes {shapes} "
+          f"--tp-dims {dims} --bucket-numel 4000 --atol 1e-3", log="collapsed")
 live = last_json(out)
 owner_live, group_live = live["layouts"]["owner"], live["layouts"]["group"]
 print("groups:", group_live["groups"], " owners:", group_live["owners"])
@@ -819,9 +818,9 @@ table(["hw=", "groups (matrix: ranks)"],
 with tempfile.TemporaryDirectory() as tmp:   # the profile as a file, as --hw takes it
     profile_file = Path(tmp) / "slow_machine.json"
     profile_file.write_text(json.dumps(slow))
-    timed_out = run("verify.py", "--dp", 2, "--tp", 2, "--layout", "group", "--hw",
-                    profile_file, "--groups", 1, "--shapes", shapes, "--tp-dims", dims,
-                    "--bucket-numel", 4000, "--atol", "1e-3", log="collapsed")
+    timed_out = run(f"verify.py --dp 2 --tp 2 --layout group --hw {profile_file} "
+                    f"--groups 1 --shapes {shapes} --tp-dims {dims} "
+                    "--bucket-numel 4000 --atol 1e-3", log="collapsed")
 timed = last_json(timed_out)["layouts"]["group"]
 print("groups the optimizer formed:", timed["groups"],
       f" largest |parameter - reference|: {timed['max_abs_diff']:.1e}")

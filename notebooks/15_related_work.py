@@ -231,8 +231,8 @@ from muongrid.lab.notebook import last_json, run, table
 from muongrid.lab.synthetic import build_problem
 
 DP = 4
-live = last_json(run("verify.py", "--dp", DP, "--tp", 1, "--layout", "owner,aligned",
-                     "--steps", 1, log="collapsed"))
+live = last_json(run(f"verify.py --dp {DP} --tp 1 --layout owner,aligned --steps 1",
+                     log="collapsed"))
 assert live["ok"]
 problem = build_problem("muon")  # what verify.py ran: the same matrices, in two groups
 p_live = sum(r * c for g in problem.groups for r, c in g["shapes"])
