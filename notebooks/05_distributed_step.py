@@ -76,7 +76,7 @@ elif importlib.util.find_spec("muongrid") is None:
 # Each rank holds its TP-local parameters and gradients. One step, per bucket, in eight stages
 # (the numbers are the ones used in the figures and the code below):
 #
-# 1. **Gradients**: pack the bucket's gradients into a flat fp32 buffer and *reduce-scatter* it
+# 1. **Gradients**: copy the bucket's gradients into a flat fp32 buffer and *reduce-scatter* it
 #    over the DP group, dividing by `dp`: each rank receives the averaged gradient of its shard.
 # 2. **Momentum** on the shard: the EMA update and Nesterov look-ahead of chapter 1, elementwise.
 # 3. **DP gather**: cast the momentum shard to bf16 and *all-gather* it over DP: every rank now has
@@ -92,13 +92,23 @@ elif importlib.util.find_spec("muongrid") is None:
 # Stages 1, 2 (with Adam's math), 7 and 8 are exactly Distributed AdamW under ZeRO-1. Stages 3-6 are
 # what Muon adds.
 #
+# Two things about the tensors make stages 1, 7 and 8 cheap. A bucket's parameters are *views of one
+# flat buffer*, laid out as the collectives move it (the optimizer makes them so when it is built,
+# [`muongrid/buffers.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/buffers.py)):
+# so the master shard of an fp32 parameter *is* this rank's slice of that buffer (only bf16 and
+# fp16 parameters keep an fp32 master apart), stage 7 updates the parameters' own elements, and
+# stage 8 gathers the other ranks' slices into the buffer in place. And the elementwise stages
+# (2 and 7) run as *one foreach pass* over a list of per-parameter pieces, not one small operation
+# per parameter, which on a GPU is the difference between a few kernels and thousands.
+#
 # ## The code, stage by stage
 #
 # The optimizer is `ZeroOneOptimizer` in [`muongrid/distributed.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/distributed.py)
 # (`DistributedMuon` is a thin subclass of it); stages 3-6 are the layout's *flow*, here the proof
 # of concept's `BucketFlow` in [`muongrid/flows.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/flows.py). The excerpts below
 # are read from those files when the book is built, so they are the code that ran in this chapter.
-# `step()` calls two methods, one for stages 1-7 and one for stage 8:
+# `step()` first takes up whatever was written to the parameters since the last step
+# (`buffers.refresh()`), then calls one method for stages 1-7 and one for stage 8:
 #
 # ```{literalinclude} ../scripts/muongrid/distributed.py
 # :pyobject: ZeroOneOptimizer.step
@@ -106,9 +116,12 @@ elif importlib.util.find_spec("muongrid") is None:
 # :caption: muongrid/distributed.py: the step
 # ```
 #
-# Stages 1-7 for a Muon group. The generator `updates` hands the flow each bucket's momentum shard
-# (stages 1-2); the flow hands back this rank's piece of every orthogonalised matrix (stages 3-6),
-# which stage 7 applies to the master shard:
+# Stages 1-7 for a Muon group. The generator `updates` hands the flow each bucket's momentum-updated
+# gradient pieces (stages 1-2); the flow hands back this rank's piece of every orthogonalised matrix
+# (stages 3-6), which stage 7 applies to the master shard. The last line checks, after every step,
+# that exactly the matrices the plan gives this rank ran Newton-Schulz here and that every matrix it
+# holds a piece of got its update (a matrix skipped or updated without orthogonalisation fails the
+# step, naming it):
 #
 # ```{literalinclude} ../scripts/muongrid/distributed.py
 # :start-after: BOOK-START muon-group
@@ -117,22 +130,33 @@ elif importlib.util.find_spec("muongrid") is None:
 # :caption: muongrid/distributed.py, ZeroOneOptimizer._update_master_shards: a Muon group
 # ```
 #
-# **Stage 1**, the gradient reduce-scatter (the same as AdamW's):
+# **Stage 1**, the gradient reduce-scatter (the same as AdamW's). The gradients are copied into the
+# bucket's flat buffer in one `foreach` copy, and `p.grad` then points at its place there, so a loop
+# that zeroes gradients in place has the next backward write straight into the buffer:
 #
-# ```{literalinclude} ../scripts/muongrid/distributed.py
-# :pyobject: ZeroOneOptimizer._reduce_scatter_grads
+# ```{literalinclude} ../scripts/muongrid/buffers.py
+# :pyobject: Buffers.reduce_scatter
 # :dedent:
-# :caption: muongrid/distributed.py
+# :caption: muongrid/buffers.py
 # ```
 #
-# **Stage 2**, momentum, elementwise, so it runs on the flat shard unchanged:
+# Of that shard, each parameter's piece is a view (`local_shard`), and those pieces are what the
+# next stages work on.
+#
+# **Stage 2**, momentum. It is elementwise, so it runs on the pieces unchanged:
+# `ZeroOneOptimizer._momentum` gathers every piece of the buckets the flow asks for (one bucket at a
+# time for this layout, the whole group at once for the owner layouts) and makes one call of
 #
 # ```{literalinclude} ../scripts/muongrid/updates.py
-# :pyobject: muon_momentum_
+# :pyobject: muon_momentum_foreach_
 # :caption: muongrid/updates.py
 # ```
 #
-# **Stage 3**, the DP gather of each bucket (bf16), started per bucket:
+# `lerp_(grad, 1 - momentum)` is the EMA of chapter 1, and the Nesterov look-ahead is a second
+# `lerp` toward the buffer.
+#
+# **Stage 3**, the DP gather of each bucket (bf16), started per bucket. `flat_shard` lays the pieces
+# out as this rank's shard of the bucket and casts them to bf16 in the same copy:
 #
 # ```{literalinclude} ../scripts/muongrid/flows.py
 # :pyobject: BucketFlow.run
@@ -168,19 +192,25 @@ elif importlib.util.find_spec("muongrid") is None:
 # :caption: muongrid/sharding.py
 # ```
 #
-# **Stage 7**, decoupled weight decay and the scaled step, on the fp32 master shard:
+# **Stage 7**, decoupled weight decay and the scaled step, on the master shard's pieces.
+# `apply.add` collects the pieces by their scaled learning rate (the lr adjusted for the matrix's
+# shape, so one list per shape) and `apply.flush` makes one call per list:
 #
 # ```{literalinclude} ../scripts/muongrid/updates.py
-# :pyobject: apply_update_
+# :pyobject: apply_update_foreach_
 # :caption: muongrid/updates.py
 # ```
 #
-# **Stage 8**, the parameter all-gather (AdamW's too):
+# **Stage 8**, the parameter all-gather (AdamW's too). Where the parameters are views of the bucket's
+# buffer, each rank's shard of the buffer already holds its new values (for fp32 parameters the master
+# *is* that shard; a bf16 parameter's fp32 master is rounded into it first), and the all-gather fills
+# in the other ranks' shards in place; a bucket that could not be bound (DTensor parameters, say) is
+# gathered and unpacked into its parameters:
 #
-# ```{literalinclude} ../scripts/muongrid/distributed.py
-# :pyobject: ZeroOneOptimizer._all_gather_params
+# ```{literalinclude} ../scripts/muongrid/buffers.py
+# :pyobject: Buffers.gather
 # :dedent:
-# :caption: muongrid/distributed.py
+# :caption: muongrid/buffers.py
 # ```
 #
 # ## A step, traced
@@ -192,9 +222,7 @@ elif importlib.util.find_spec("muongrid") is None:
 # %%
 from muongrid.lab.notebook import last_json, run
 
-trace = last_json(
-    run("trace_step.py", "--dp", 2, "--tp", 2, "--show", "w3", log="collapsed")
-)
+trace = last_json(run("trace_step.py --dp 2 --tp 2 --show w3", log="collapsed"))
 
 # %% [markdown]
 # Its printout is folded above. {numref}`fig-ch5-flow` draws, for every rank, which part of `w3`
@@ -210,26 +238,14 @@ from muongrid.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
 from muongrid.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan
 
 book_style()
-specs = [
-    [
-        ParamSpec(f"w{i}", s, d)
-        for i, (s, d) in enumerate(zip(DEFAULT_SHAPES, DEFAULT_TP_DIMS))
-    ]
-]
-w3_metas = [
-    next(
-        m
-        for m in build_plan(specs, 2, d, 2, DEFAULT_BUCKET_NUMEL).metas[0]
-        if m.name == "w3"
-    )
-    for d in range(2)
-]
-for r in trace[
-    "ranks"
-]:  # the plan drawn is the one the run used: same number of w3 elements kept
-    kept = next(
-        e for e in r["events"] if e["name"] == "w3" and e["stage"] == "dp_shard"
-    )["numel"]
+specs = [[ParamSpec(f"w{i}", s, d)
+          for i, (s, d) in enumerate(zip(DEFAULT_SHAPES, DEFAULT_TP_DIMS))]]
+w3_metas = [next(m for m in build_plan(specs, 2, d, 2, DEFAULT_BUCKET_NUMEL).metas[0]
+                 if m.name == "w3") for d in range(2)]
+# the plan drawn is the one the run used: the same number of w3 elements kept
+for r in trace["ranks"]:
+    kept = next(e for e in r["events"]
+                if e["name"] == "w3" and e["stage"] == "dp_shard")["numel"]
     assert kept == w3_metas[r["dp_rank"]].local_numel
 glue("ch5-flow", step_flow_diagram(trace, w3_metas), display=False)
 plt.close("all")
@@ -247,16 +263,8 @@ plt.close("all")
 # ```
 
 # %% tags=["hide-input"]
-ORDER = [
-    "grad_shard",
-    "momentum_shard",
-    "dp_gathered",
-    "ns_input",
-    "tp_gathered",
-    "orthogonalised",
-    "tp_shard",
-    "dp_shard",
-]
+ORDER = ["grad_shard", "momentum_shard", "dp_gathered", "ns_input", "tp_gathered",
+         "orthogonalised", "tp_shard", "dp_shard"]
 LABEL = {
     "grad_shard": "1. grad shard\n(after reduce-scatter)",
     "momentum_shard": "2. momentum\nshard",
@@ -282,19 +290,9 @@ fig, ax = plt.subplots(figsize=(6.4, 6.4))
 for i, e in enumerate(stages):  # two columns of four stages, top to bottom
     x, y = i // 4, 3 - i % 4
     muon_only = e["stage"] not in ("grad_shard", "momentum_shard")
-    ax.text(
-        x,
-        y + 0.14,
-        LABEL[e["stage"]].replace("\n", " "),
-        ha="center",
-        va="center",
-        fontsize=11,
-        bbox=dict(
-            boxstyle="round",
-            fc=palette.OPTIMIZER_TINT["muon" if muon_only else "adamw"],
-            ec="grey",
-        ),
-    )
+    tint = palette.OPTIMIZER_TINT["muon" if muon_only else "adamw"]
+    ax.text(x, y + 0.14, LABEL[e["stage"]].replace("\n", " "), ha="center",
+            va="center", fontsize=11, bbox=dict(boxstyle="round", fc=tint, ec="grey"))
     shape = (
         "x".join(map(str, e["shape"]))
         if len(e["shape"]) > 1
@@ -307,12 +305,9 @@ for i, e in enumerate(stages):  # two columns of four stages, top to bottom
         ax.annotate(
             "", xy=(x, y + 0.34), xytext=(x, y + 0.62), arrowprops=dict(arrowstyle="->")
         )
-ax.annotate(
-    "",
-    xy=(1, 3.4),
-    xytext=(0, -0.45),
-    arrowprops=dict(arrowstyle="->", color="grey", connectionstyle="arc3,rad=-0.25"),
-)
+ax.annotate("", xy=(1, 3.4), xytext=(0, -0.45),
+            arrowprops=dict(arrowstyle="->", color="grey",
+                            connectionstyle="arc3,rad=-0.25"))
 ax.set(xlim=(-0.6, 1.6), ylim=(-0.6, 3.5))
 ax.axis("off")
 fig.tight_layout()
@@ -343,19 +338,9 @@ kept = {r: next(e for e in w3[r] if e["stage"] == "dp_shard")["numel"] for r in 
 whole = {
     r: next(e for e in w3[r] if e["stage"] == "orthogonalised")["shape"] for r in w3
 }
-table(
-    ["rank", "dp", "tp", "orthogonalised", "elements kept"],
-    [
-        [
-            r["rank"],
-            r["dp_rank"],
-            r["tp_rank"],
-            "x".join(map(str, whole[r["rank"]])),
-            kept[r["rank"]],
-        ]
-        for r in trace["ranks"]
-    ],
-)
+table(["rank", "dp", "tp", "orthogonalised", "elements kept"],
+      [[r["rank"], r["dp_rank"], r["tp_rank"], "x".join(map(str, whole[r["rank"]])),
+        kept[r["rank"]]] for r in trace["ranks"]])
 assert kept[0] + kept[2] == 676 * 438
 print(
     f"the two DP ranks of a TP slice keep {kept[0] + kept[2]:,} = 676 x 438 elements "
@@ -373,22 +358,11 @@ print(
 
 # %%
 phases = trace["ledger"]["phases"]
-table(
-    ["phase", "group", "dtype", "calls", "bytes sent per rank"],
-    [
-        [name, p["group"], p["dtype"], p["calls"], p["bytes_sent"]]
-        for name, p in phases.items()
-    ]
-    + [
-        [
-            "total",
-            "",
-            "",
-            sum(p["calls"] for p in phases.values()),
-            trace["ledger"]["bytes_sent"],
-        ]
-    ],
-)
+total = ["total", "", "", sum(p["calls"] for p in phases.values()),
+         trace["ledger"]["bytes_sent"]]
+table(["phase", "group", "dtype", "calls", "bytes sent per rank"],
+      [[name, p["group"], p["dtype"], p["calls"], p["bytes_sent"]]
+       for name, p in phases.items()] + [total])
 
 # %% [markdown]
 # The DP gather moves half the bytes of the gradient reduce-scatter, because it is in bf16 (2
@@ -407,54 +381,22 @@ table(
 
 # %%
 checks = []
-for dp, tp, opt in [
-    (2, 1, "muon"),
-    (3, 1, "muon"),
-    (2, 2, "muon"),
-    (1, 4, "muon"),
-    (2, 2, "hybrid"),
-]:
-    out = run(
-        "verify.py",
-        "--dp",
-        dp,
-        "--tp",
-        tp,
-        "--optimizer",
-        opt,
-        "--steps",
-        3,
-        log="collapsed",
-    )
+for dp, tp, opt in [(2, 1, "muon"), (3, 1, "muon"), (2, 2, "muon"), (1, 4, "muon"),
+                    (2, 2, "hybrid")]:
+    out = run(f"verify.py --dp {dp} --tp {tp} --optimizer {opt} --steps 3",
+              log="collapsed")
     checks.append(last_json(out))
 
 # %% tags=["hide-input"]
-table(
-    [
-        "grid",
-        "optimizer",
-        "steps",
-        "max abs. difference from one process",
-        "bytes per rank per step",
-    ],
-    [
-        [
-            f"{c['dp']} x {c['tp']}",
-            c["optimizer"],
-            c["steps"],
-            c["max_abs_diff"],
-            c["ledger"]["bytes_sent"],
-        ]
-        for c in checks
-    ],
-    align="llrrr",
-)
+table(["grid", "optimizer", "steps", "max abs. difference from one process",
+       "bytes per rank per step"],
+      [[f"{c['dp']} x {c['tp']}", c["optimizer"], c["steps"], c["max_abs_diff"],
+        c["ledger"]["bytes_sent"]] for c in checks],
+      align="llrrr")
 all_zero = all(c["max_abs_diff"] == 0 for c in checks)
-glue(
-    "ch5-verdict",
-    "Every difference is exactly zero" if all_zero else "NOT every difference is zero",
-    display=False,
-)
+glue("ch5-verdict",
+     "Every difference is exactly zero" if all_zero else "NOT every difference is zero",
+     display=False)
 
 # %% [markdown]
 # {glue:text}`ch5-verdict`. Why is that the right standard, rather than "close"? On one
@@ -479,23 +421,9 @@ glue(
 # but one group's new parameters are written into the other group's tensors:
 
 # %%
-stale = last_json(
-    run(
-        "verify.py",
-        "--dp",
-        2,
-        "--shapes",
-        "64x64,64x64",
-        "--tp-dims",
-        "none,none",
-        "--groups",
-        2,
-        "--poc-bug",
-        "stale-params",
-        expect_failure=True,
-        log="collapsed",
-    )
-)
+stale = last_json(run("verify.py --dp 2 --shapes 64x64,64x64 --tp-dims none,none "
+                     "--groups 2 --poc-bug stale-params",
+                     expect_failure=True, log="collapsed"))
 print(
     f"with the bug: max difference {stale['max_abs_diff']:.3e} after {stale['steps']} "
     f"steps, and no error raised"
@@ -510,19 +438,8 @@ print(
 # bucket with `.view(-1)` instead of `.view(dist_meta.shape)`, and Newton-Schulz received a vector:
 
 # %%
-flat = run(
-    "verify.py",
-    "--dp",
-    2,
-    "--shapes",
-    "64x64,64x96",
-    "--tp-dims",
-    "none,none",
-    "--poc-bug",
-    "flat-view",
-    expect_failure=True,
-    log="collapsed",
-)
+flat = run("verify.py --dp 2 --shapes 64x64,64x96 --tp-dims none,none "
+           "--poc-bug flat-view", expect_failure=True, log="collapsed")
 print(next(line for line in flat.splitlines() if line.startswith("ValueError")))
 
 # %% [markdown]
@@ -532,20 +449,8 @@ print(next(line for line in flat.splitlines() if line.startswith("ValueError")))
 # passes the check:
 
 # %%
-hidden = last_json(
-    run(
-        "verify.py",
-        "--tp",
-        2,
-        "--shapes",
-        "64x64,64x96",
-        "--tp-dims",
-        "0,1",
-        "--poc-bug",
-        "flat-view",
-        log="collapsed",
-    )
-)
+hidden = last_json(run("verify.py --tp 2 --shapes 64x64,64x96 --tp-dims 0,1 "
+                      "--poc-bug flat-view", log="collapsed"))
 print(
     f"flat-view bug with every matrix split over TP: ok={hidden['ok']}, max difference "
     f"{hidden['max_abs_diff']}"
@@ -567,11 +472,8 @@ print(
 from muongrid.lab.costmodel import dp_gather_bytes
 
 dp3 = [build_plan(specs, 3, d, 1, DEFAULT_BUCKET_NUMEL) for d in range(3)]
-w1_owners = [
-    d
-    for d, p in enumerate(dp3)
-    if next(m for m in p.metas[0] if m.name == "w1").local_numel
-]
+w1_owners = [d for d, p in enumerate(dp3)
+             if next(m for m in p.metas[0] if m.name == "w1").local_numel]
 assert len(w1_owners) == 1, "exercise 1's answer says one DP rank owns w1"
 glue("ch5-ex1-which", ", ".join(map(str, w1_owners)), display=False)
 groups = [dict(shapes=DEFAULT_SHAPES, tp_split_dims=DEFAULT_TP_DIMS, use_muon=True)]
@@ -579,9 +481,8 @@ whole, straddlers = (
     dp_gather_bytes(groups, 2, 2, DEFAULT_BUCKET_NUMEL, v)
     for v in ("bucket", "straddlers")
 )
-assert (
-    whole == phases["ns_gather_dp"]["bytes_sent"]
-)  # the closed form is what the traced step sent
+# the closed form is what the traced step sent
+assert whole == phases["ns_gather_dp"]["bytes_sent"]
 glue("ch5-ex3-whole", f"{whole:,.0f}", display=False)
 glue("ch5-ex3-straddlers", f"{straddlers:,.0f}", display=False)
 

@@ -8,9 +8,8 @@ the layout checks of ``muongrid.lab.pagecheck`` (they also run on a partial buil
 sideways, a table cell that breaks inside a word or a number (also at 400 px, where a table may
 scroll as a whole), a displayed equation wider than its column (at 1280 and 400 px: long ones are
 broken into aligned lines), or an ipywidgets control (without a kernel it moves and changes nothing).
-Exempt on purpose: the excerpts of ``scripts/`` included with ``{literalinclude}`` in chapters 4
-and 5 keep the source's lines in a scrolling box of their own; they are not code cells, so the
-code-cell check does not select them. On pages with a
+"A code cell" there is every listing of a page: code cells, the excerpts of ``scripts/`` that
+chapters 4 and 5 include with ``{literalinclude}``, and commands in the prose. On pages with a
 Plotly explorer, the test moves a slider and checks that the figure changes, with no kernel.
 DNS is disabled (``--host-resolver-rules``), so a page that needs a CDN fails here. Screenshots at
 1280 px and 400 px go to ``_build/screenshots/`` as build artifacts.

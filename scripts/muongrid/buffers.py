@@ -167,12 +167,14 @@ class Buffers:
         return [local_shard(shard, self.plan, metas[i]) if present[i] else None for i in bucket.param_indices]
 
     def reduce_scatter(self, g: int, bucket) -> torch.Tensor:
-        """Copy the bucket's gradients into its flat buffer (those not already there), reduce-scatter over DP,
-        divide by dp: this rank's DP-mean gradient shard."""
-        slot, params, metas = self.slots[g][bucket.bucket_idx], self.opt.param_groups[g]["params"], self.plan.metas[g]
+        """Copy the bucket's gradients into its flat buffer (those not already there),
+        reduce-scatter over DP, divide by dp: this rank's DP-mean gradient shard."""
+        slot = self.slots[g][bucket.bucket_idx]
+        params, metas = self.opt.param_groups[g]["params"], self.plan.metas[g]
         dtype = self.opt.master_dtypes[g]
         if slot.grads is None:
-            slot.grads = torch.zeros(bucket.padded_numel, dtype=dtype, device=self.grid.device)
+            slot.grads = torch.zeros(bucket.padded_numel, dtype=dtype,
+                                     device=self.grid.device)
         flat, dsts, srcs, zeros = slot.grads, [], [], []
         for i in bucket.param_indices:
             p, at = params[i], _run(bucket, metas[i])
@@ -181,12 +183,14 @@ class Buffers:
                 zeros.append(view)
                 continue
             grad = local(p.grad)
-            if _storage(grad) == _storage(flat) and grad.storage_offset() == at and grad.dtype == dtype:
-                continue   # backward wrote into the buffer (the gradient was zeroed in place)
+            in_place = _storage(grad) == _storage(flat) and grad.storage_offset() == at
+            if in_place and grad.dtype == dtype:
+                continue   # backward wrote into the buffer (zeroed in place)
             dsts.append(view)
             srcs.append(grad.reshape(-1))
             if not is_dtensor(p.grad) and grad.dtype == dtype and grad.is_contiguous():
-                p.grad = view.view(p.shape)   # same values; backward accumulates here next time
+                # the same values; the next backward accumulates into the buffer
+                p.grad = view.view(p.shape)
         if dsts:
             torch._foreach_copy_(dsts, srcs)
         if zeros:
@@ -198,18 +202,19 @@ class Buffers:
     # ---- after the step: the parameters all-gathered --------------------------------------------------
 
     def gather(self, g: int, bucket, params=None) -> None:
-        """Every rank's master shard into every rank's parameters. ``params`` (the group's, by default) is
-        where an unbound bucket unpacks to."""
-        slot = self.slots[g][bucket.bucket_idx]
+        """Every rank's master shard into every rank's parameters. ``params`` (the
+        group's, by default) is where an unbound bucket unpacks to."""
+        slot, comm = self.slots[g][bucket.bucket_idx], self.opt.comm
         params = self.opt.param_groups[g]["params"] if params is None else params
         if slot.params is None:
             dtype = params[bucket.param_indices[0]].dtype
-            full = self.opt.comm.all_gather(slot.master.to(dtype), "dp", Phase.PARAM_ALL_GATHER)
-            unpack_bucket(full, bucket, self.plan.metas[g], [local(p.data) for p in params])
+            full = comm.all_gather(slot.master.to(dtype), "dp", Phase.PARAM_ALL_GATHER)
+            targets = [local(p.data) for p in params]
+            unpack_bucket(full, bucket, self.plan.metas[g], targets)
             return
         if not slot.master_is_param:
             self._own(bucket, slot).copy_(slot.master)
-        self.opt.comm.all_gather_into(slot.params, self.grid.dp_rank, "dp", Phase.PARAM_ALL_GATHER)
+        comm.all_gather_into(slot.params, self.grid.dp_rank, "dp", Phase.PARAM_ALL_GATHER)
 
     def allocated_master_bytes(self) -> int:
         """Bytes of master shards kept apart from the parameters (0 where the parameter is its own master)."""

@@ -258,14 +258,16 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = call_closure(closure)
         try:
-            with record_function("optimizer.step"):  # the contract's checks (_prepare) belong to the step
+            # the contract's checks (_prepare) belong to the step
+            with record_function("optimizer.step"):
                 self._prepare()
                 self._count_steps()
                 self.steps_taken += 1
                 self.comm.ledger.begin_step(self.steps_taken)
                 self.buffers.refresh()         # start from the parameters' current values
                 self._update_master_shards()   # stages 1-7
-                if self.qk_clip is not None:   # MuonClip: this step's logits, on the updated masters
+                # MuonClip: this step's logits, on the updated masters
+                if self.qk_clip is not None:
                     self.qk_clip.apply_zero1(self)
                 self._gather_params()          # stage 8
         finally:
@@ -339,7 +341,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 self.flow.done.clear()
                 for meta, piece in self.flow.run(group, updates):  # stages 3-6: the layout's flow
                     if present[meta.param_idx]:
-                        apply.add(meta, piece)                      # stage 7, in passes of one matrix shape
+                        # stage 7, in passes of one matrix shape
+                        apply.add(meta, piece)
                 apply.flush()
                 self._guard(g, apply.seen)
                 # BOOK-END muon-group

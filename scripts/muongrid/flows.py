@@ -82,14 +82,15 @@ class BucketFlow(Flow):
     """Every rank gathers whole buckets over DP and every matrix over TP, and orthogonalises it."""
 
     def run(self, group: dict, updates: Updates) -> Pieces:
-        """With prefetch, the next bucket's DP gather travels while this one is orthogonalised: one bucket
-        ahead, so at most two gathered buckets are alive at once (not the whole TP-local model)."""
+        """With prefetch, the next bucket's DP gather travels while this one is
+        orthogonalised: one bucket ahead, so at most two gathered buckets are alive
+        at once (not the whole TP-local model)."""
         prefetch = self.opt.overlap == "prefetch"
         in_flight = []
         for bucket, pieces in updates:
             # stage 3: DP gather (bf16, the whole bucket)
-            gather = self.comm.all_gather_async(self.flat_shard(bucket, pieces), "dp", Phase.NS_GATHER_DP,
-                                                wait_now=not prefetch)
+            gather = self.comm.all_gather_async(self.flat_shard(bucket, pieces), "dp",
+                                                Phase.NS_GATHER_DP, wait_now=not prefetch)
             in_flight.append((bucket, gather))
             if len(in_flight) > (1 if prefetch else 0):
                 yield from self._orthogonalise_bucket(group, *in_flight.pop(0))
@@ -97,24 +98,31 @@ class BucketFlow(Flow):
             yield from self._orthogonalise_bucket(group, *item)
 
     def _orthogonalise_bucket(self, group: dict, bucket: Bucket, gather: Pending) -> Pieces:
-        """TP gather, Newton-Schulz, TP shard and DP shard for every matrix of a gathered bucket. Every
-        TP gather is started first, so with prefetch later matrices travel while earlier ones are computed."""
-        bucket_update = self.trace("dp_gathered", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", gather.wait())
+        """TP gather, Newton-Schulz, TP shard and DP shard for every matrix of a
+        gathered bucket. Every TP gather is started first, so with prefetch later
+        matrices travel while earlier ones are computed."""
+        trace, tp = self.trace, self.grid.tp
+        name = f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}"
+        bucket_update = trace("dp_gathered", name, gather.wait())
         metas = self.plan.metas[bucket.buffer_idx]
         matrices = []
         for i in bucket.param_indices:
             meta = metas[i]
-            matrix = self.trace("ns_input", meta.name, self.unpack_ns_input(bucket_update, bucket, meta))
-            if meta.tp_split_dim != -1 and self.grid.tp > 1:                            # stage 4: TP gather
+            matrix = self.unpack_ns_input(bucket_update, bucket, meta)
+            matrix = trace("ns_input", meta.name, matrix)
+            if meta.tp_split_dim != -1 and tp > 1:               # stage 4: TP gather
                 matrix = self.comm.all_gather_async(matrix, "tp", Phase.NS_GATHER_TP,
                                                     wait_now=self.opt.overlap != "prefetch")
             matrices.append((meta, matrix))
         for meta, matrix in matrices:
             if isinstance(matrix, Pending):
-                matrix = self.trace("tp_gathered", meta.name, tp_unshard(matrix.wait(), meta, self.grid.tp))
-            ortho = self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix, [meta]))  # stage 5
-            tp_part = self.trace("tp_shard", meta.name, self.my_tp_part(ortho, meta))    # stage 6: TP shard
-            yield meta, self.trace("dp_shard", meta.name, dp_shard_of(tp_part, meta))   # stage 6: DP shard
+                matrix = tp_unshard(matrix.wait(), meta, tp)
+                matrix = trace("tp_gathered", meta.name, matrix)
+            ortho = self.newton_schulz(group, matrix, [meta])    # stage 5: Newton-Schulz
+            ortho = trace("orthogonalised", meta.name, ortho)
+            # stage 6: this TP rank's slice of the result, then this DP rank's part of it
+            tp_part = trace("tp_shard", meta.name, self.my_tp_part(ortho, meta))
+            yield meta, trace("dp_shard", meta.name, dp_shard_of(tp_part, meta))
 
     def my_tp_part(self, ortho: torch.Tensor, meta: DistMeta) -> torch.Tensor:
         """This TP rank's slice of an orthogonalised matrix (``tp_shard``, without its copy when unsplit)."""

@@ -189,12 +189,14 @@ def tp_local_shape(name: str, full_shape: tuple[int, ...], tp_split_dim: int, tp
 def split_into_buckets(numels: list[int], bucket_numel: int | None) -> list[list[int]]:
     """Group consecutive parameters into buckets of at most ``bucket_numel`` elements.
 
-    A parameter larger than the limit gets a bucket of its own; ``None`` means one bucket.
+    A parameter larger than the limit gets a bucket of its own; ``None`` means one
+    bucket.
     """
     buckets: list[list[int]] = []
     size = 0
     for i, n in enumerate(numels):
-        if not buckets or (bucket_numel is not None and size + n > bucket_numel and size > 0):
+        full = bucket_numel is not None and size + n > bucket_numel and size > 0
+        if not buckets or full:
             buckets.append([])
             size = 0
         buckets[-1].append(i)
@@ -241,9 +243,11 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
             for i in members:
                 end = start + numels[i]
                 lo, hi = max(start, shard_lo), min(end, shard_hi)
-                local = (lo, hi) if lo < hi else (shard_lo, shard_lo)  # empty: anchored in our shard
-                metas[i] = DistMeta(specs[i].name, buffer_idx, bucket_idx, shapes[i], tuple(specs[i].full_shape),
-                                    (start, end), local, specs[i].tp_split_dim, i)
+                # an empty local range is anchored in our shard
+                local = (lo, hi) if lo < hi else (shard_lo, shard_lo)
+                metas[i] = DistMeta(specs[i].name, buffer_idx, bucket_idx, shapes[i],
+                                    tuple(specs[i].full_shape), (start, end), local,
+                                    specs[i].tp_split_dim, i)
                 start = end
             # BOOK-END dist-meta
             buckets.append(bucket)

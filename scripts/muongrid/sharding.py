@@ -31,7 +31,8 @@ def tp_shard(full: torch.Tensor, tp_split_dim: int, tp: int, tp_rank: int, name:
 
 
 def tp_unshard(gathered: torch.Tensor, meta: DistMeta, tp: int) -> torch.Tensor:
-    """Rebuild the full matrix from a TP all-gather: ``tp`` flat shards of ``meta.shape``, joined on the split dim."""
+    """Rebuild the full matrix from a TP all-gather: ``tp`` flat shards of
+    ``meta.shape``, joined on the split dim."""
     return torch.cat(gathered.view(tp, *meta.shape).unbind(0), dim=meta.tp_split_dim)
 
 
@@ -55,14 +56,16 @@ def unpack_bucket(flat: torch.Tensor, bucket: Bucket, metas: list[DistMeta], ten
 
 
 def bucket_matrix(flat: torch.Tensor, bucket: Bucket, meta: DistMeta) -> torch.Tensor:
-    """One parameter's elements of a full flat bucket, as its TP-local matrix (a view with equal shards)."""
+    """One parameter's elements of a full flat bucket, as its TP-local matrix (a
+    view with equal shards)."""
     lo = meta.global_range[0] - bucket.start
     parts = [flat[dst: dst + n] for _, n, dst in bucket.segments(lo, lo + meta.numel)]
     return (parts[0] if len(parts) == 1 else torch.cat(parts)).view(meta.shape)
 
 
 def dp_shard_of(matrix: torch.Tensor, meta: DistMeta) -> torch.Tensor:
-    """The flat part of a TP-local matrix that this DP rank owns (``meta.local_range``)."""
+    """The flat part of a TP-local matrix that this DP rank owns
+    (``meta.local_range``)."""
     return matrix.reshape(-1)[meta.param_slice]
 
 

@@ -55,9 +55,11 @@ def muon_momentum_(buf: torch.Tensor, grad: torch.Tensor, momentum: float, neste
     return grad.lerp(buf, momentum) if nesterov else buf
 
 
-def muon_momentum_foreach_(bufs: list, grads: list, momentum: float, nesterov: bool) -> list:
-    """``muon_momentum_`` on lists of tensors (each buffer with its gradient); returns the matrices (or
-    pieces) to orthogonalise: new tensors with Nesterov, the buffers themselves without."""
+def muon_momentum_foreach_(bufs: list, grads: list, momentum: float,
+                           nesterov: bool) -> list:
+    """``muon_momentum_`` on lists of tensors (each buffer with its gradient);
+    returns the matrices (or pieces) to orthogonalise: new tensors with Nesterov,
+    the buffers themselves without."""
     if not bufs:
         return []
     torch._foreach_lerp_(bufs, grads, 1 - momentum)
@@ -71,9 +73,11 @@ def apply_update_(param: torch.Tensor, update: torch.Tensor, lr: float, weight_d
     param.add_(update, alpha=-scaled_lr)
 
 
-def apply_update_foreach_(params: list, updates: list, lr: float, weight_decay: float, scaled_lr: float) -> None:
-    """``apply_update_`` on lists (one ``scaled_lr`` for all: the pieces of matrices of one shape). Without
-    weight decay the multiplication by 1 is left out (it changes no bit)."""
+def apply_update_foreach_(params: list, updates: list, lr: float, weight_decay: float,
+                          scaled_lr: float) -> None:
+    """``apply_update_`` on lists (one ``scaled_lr`` for all: the pieces of matrices
+    of one shape). Without weight decay the multiplication by 1 is left out (it
+    changes no bit)."""
     if not params:
         return
     if lr * weight_decay != 0:

@@ -8,10 +8,9 @@ build (a partial book rendered from a subset toc, say), from the command line:
 Each ``*_problems`` function takes a selenium driver with the page loaded and returns a list of
 readable problems (empty when the page is fine):
 
-- ``code_problems``: a code cell whose lines scroll sideways (code cells hold lines of at most 88
-  characters). Excerpts included from ``scripts/`` with ``{literalinclude}`` (chapters 4 and 5) are
-  exempt: they show the source's own lines in a box of their own that may scroll; they are not
-  notebook code cells (``div.cell_input``), so the selector never sees them.
+- ``code_problems``: a code listing whose lines scroll sideways: a code cell, an excerpt of
+  ``scripts/`` included with ``{literalinclude}`` (chapters 4 and 5) or a command in the prose.
+  Each holds lines of at most 88 characters (``tests/test_readability.py``), in one type size.
 - ``table_problems``: a table that scrolls sideways, or a table cell that breaks inside a word or
   a number (a word whose letters land on two lines).
 - ``widget_problems``: an ipywidgets control in the static page (without a kernel it moves and
@@ -32,9 +31,11 @@ const scrolls = e => e.scrollWidth > e.clientWidth + 1
   && !['visible', 'hidden', 'clip'].includes(getComputedStyle(e).overflowX);
 """
 CODE_CELLS = SCROLLS + """
-return [...document.querySelectorAll('div.cell_input pre, div.cell_input div.highlight')]
+return [...document.querySelectorAll('article div.highlight, article div.highlight pre')]
+  .filter(e => !e.closest('div.cell_output'))   // outputs: output_problems
   .filter(scrolls)
-  .map(e => 'code cell ' + e.scrollWidth + '>' + e.clientWidth + ' px: '
+  .map(e => (e.closest('div.cell_input') ? 'code cell ' : 'listing ') + e.scrollWidth + '>'
+       + e.clientWidth + ' px: '
        + e.textContent.split('\\n').reduce((a, b) => b.length > a.length ? b : a, '').slice(0, 100));
 """
 OUTPUTS = SCROLLS + """
