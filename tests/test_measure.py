@@ -122,7 +122,13 @@ def test_a_timing_verdict_needs_a_gap_outside_the_noise():
     assert fastest(tied) == ["4x1", "2x2"]
     assert fastest_text(tied) == "tie between 4x1 and 2x2 (within the noise)"
     assert spread_text([0.3, 0.312, 0.33]) == "312 ms (300-330)"
-    from muongrid.lab.verdicts import ratio_range
+    from muongrid.lab.verdicts import ratio_range, versus_claim
+    # a claim that 2x2 is fastest: agreement needs a clear win; a tie says nothing either way
+    assert versus_claim({"4x1": slow, "2x2": clear}, "2x2").startswith("Agrees")
+    assert versus_claim({"4x1": clear, "2x2": slow}, "2x2").startswith("Differs here: 4x1 beats 2x2")
+    overlapping = {"2x2": [0.076, 0.077, 0.079], "4x1": [0.078, 0.091, 0.091]}   # 77 ms vs 91 ms
+    assert versus_claim(overlapping, "2x2").startswith("Not settled: 2x2 has the lowest median")
+    assert versus_claim(tied, "2x2").startswith("Not settled: 4x1 has the lowest median")
     assert ratio_range([2.0, 3.0, 4.0], [1.0, 1.5, 2.0]) == (1.0, 2.0, 4.0)
     with pytest.raises(ValueError, match="at least one measurement"):
         fastest({"2x2": []})

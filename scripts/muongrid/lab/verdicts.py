@@ -58,6 +58,22 @@ def fastest_text(named: dict[str, list[float]], band: float = NOISE_BAND) -> str
     return f"tie between {', '.join(winners[:-1])} and {winners[-1]} (within the noise)"
 
 
+def versus_claim(named: dict[str, list[float]], claimed: str, band: float = NOISE_BAND) -> str:
+    """What repeated timings say of a claim that ``claimed`` is the fastest, in words they support: a tie
+    is not agreement (two medians 77 and 91 ms whose repeats overlap settle nothing)."""
+    winners = fastest(named, band)
+    if winners == [claimed]:
+        return f"Agrees: {claimed} is fastest, outside the noise."
+    if claimed not in winners:
+        return f"Differs here: {winners[0]} beats {claimed} outside the noise."
+    others = " and ".join(k for k in winners if k != claimed)
+    if winners[0] == claimed:
+        return (f"Not settled: {claimed} has the lowest median, but its repeats overlap those of "
+                f"{others}, so these runs do not tell them apart.")
+    return (f"Not settled: {winners[0]} has the lowest median and {claimed} is within the noise of "
+            "it, so these runs do not tell them apart.")
+
+
 def ratio_range(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """A ratio of two repeated timings as (lowest, of medians, highest): min(a)/max(b), median(a)/median(b),
     max(a)/min(b). Two runs of one benchmark can give ratios anywhere in such a range."""
