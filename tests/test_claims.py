@@ -1,6 +1,7 @@
 """The claims list (``muongrid/lab/claims.py``): one wording per claim, tables in one order, links that resolve.
 
-Runs in well under a second; executes no chapter (chapters 7, 9 and 13 render these tables when built).
+Runs in well under a second; executes no chapter (chapters 7 and 9 hand their findings to the claims
+appendix, ``book/claims.md``, when built; chapter 13 prints the index).
 """
 from pathlib import Path
 
@@ -35,3 +36,26 @@ def test_the_index_names_every_claim_and_links_chapters_and_sources_that_exist()
         for doc in c.checked_in:
             assert (ROOT / "notebooks" / f"{doc}.py").exists(), doc
             assert f"<{doc}>`" in index
+
+
+def test_the_appendix_pastes_every_finding_of_the_measuring_chapters_once():
+    text = claims.appendix_markdown()
+    for key, c in claims.CLAIMS.items():
+        assert text.count(c.text[1:]) == 1, c.text   # every claim once (its first letter capitalised)
+        for doc in c.checked_in:
+            ref = f"../notebooks/{doc}.ipynb::{claims.glue_key(key)}"
+            assert (ref in text) == (doc in claims.MEASURED_IN), ref
+            assert f"<../notebooks/{doc}>`" in text
+    assert (ROOT / "book" / "claims.md").read_text().count("```{claims-appendix}") == 1
+
+
+def test_a_chapter_must_hand_over_exactly_the_claims_it_checks():
+    rows = {k: ("1.0x", "cmd", "Agrees.") for k in claims.measured_by("09_training")}
+    claims.glue_checks("09_training", rows)   # all of them: fine
+    with pytest.raises(KeyError, match="missing \\['loss_gap'\\]"):
+        claims.glue_checks("09_training", {k: v for k, v in rows.items() if k != "loss_gap"})
+    with pytest.raises(KeyError, match="unknown \\['comm_time'\\]"):
+        claims.glue_checks("09_training", dict(rows, comm_time=("x", "y", "z")))
+    with pytest.raises(ValueError, match="not among the chapters"):
+        claims.glue_checks("08_beyond_poc", {})
+    assert claims.finding_html("a < b", "run.py --x", "Agrees.") == "a &lt; b (<code>run.py --x</code>). Agrees."

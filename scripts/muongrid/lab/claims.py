@@ -1,12 +1,15 @@
 """The paper's and the community report's claims, written once: what each says, its figure, its source,
 and the chapters that check it.
 
-Chapters 7 and 9 fill in this book's figure for the claims they can measure and render them with
-``table``; chapter 13 prints ``index_table`` (every claim, where it is checked), so one list holds every
-claim and no two chapters word one claim differently.
+The book shows them once, in its claims appendix (``book/claims.md``): every claim with its authors'
+figure and, under it, what each chapter that measures it found. Chapters 7 and 9 measure; each hands its
+findings over with ``glue_checks`` (nothing shows in the chapter), and the appendix's ``{claims-appendix}``
+directive (``book/_ext/claims.py``) lays them out with ``appendix_markdown``, pasting each chapter's
+finding from its executed page. ``table`` renders findings as one Markdown table; ``index_table`` lists
+every claim and where it is checked. So one list holds every claim and no two pages word one differently.
 
-    from muongrid.lab.claims import table
-    display(Markdown(table({"state_half": ("50%", "`bench.py --sweep`", "Agrees exactly.")})))
+    from muongrid.lab import claims
+    claims.glue_checks("07_profiling", {"state_half": ("50%", "bench.py --sweep", "Agrees exactly."), ...})
 """
 from __future__ import annotations
 
@@ -43,6 +46,65 @@ CLAIMS = {
     "loss_gap": Claim("Tutorial", "Muon's loss is 34% below AdamW's (MNIST, 3 epochs)", "34%",
                       ("09_training",)),
 }
+
+
+# The chapters that measure claims and hand their findings to the appendix (``glue_checks``): each must
+# hand over every claim whose ``checked_in`` names it, and the appendix pastes exactly those.
+MEASURED_IN = ("07_profiling", "09_training")
+
+
+def chapter_label(doc: str) -> str:
+    """``"07_profiling"`` -> ``"chapter 7"``."""
+    return f"chapter {int(doc.split('_')[0])}"
+
+
+def glue_key(key: str) -> str:
+    return f"claim-{key.replace('_', '-')}"
+
+
+def measured_by(doc: str) -> list[str]:
+    """The claims chapter ``doc`` measures, in the order of ``CLAIMS``."""
+    return [k for k, c in CLAIMS.items() if doc in c.checked_in]
+
+
+def finding_html(figure: str, command: str, why: str) -> str:
+    """One chapter's finding on a claim, as the appendix shows it: its figure, the command, the verdict."""
+    from html import escape
+    return f"{escape(figure)} (<code>{escape(command)}</code>). {escape(why)}"
+
+
+def glue_checks(doc: str, rows: dict[str, tuple[str, str, str]]) -> None:
+    """Hand chapter ``doc``'s findings (claim key -> (this book's figure, command, why they differ)) to the
+    claims appendix: each is glued as ``claim-<key>`` for the appendix to paste. ``rows`` must hold every
+    claim this chapter checks (``measured_by``), no more: the appendix pastes exactly those."""
+    from IPython.display import HTML
+    from myst_nb import glue
+
+    if doc not in MEASURED_IN:
+        raise ValueError(f"{doc} is not among the chapters the appendix pastes from: {MEASURED_IN}")
+    want, got = measured_by(doc), set(rows)
+    if got != set(want):
+        raise KeyError(f"{doc} checks {want} (CLAIMS' checked_in); given {sorted(got)}: "
+                       f"missing {sorted(set(want) - got)}, unknown {sorted(got - set(want))}")
+    for key in want:
+        glue(glue_key(key), HTML(finding_html(*rows[key])), display=False)
+
+
+def appendix_markdown() -> str:
+    """The claims appendix (MyST): per claim, its words, source and figure, then each chapter's finding,
+    pasted from the chapters that measure it (``{glue:any}``), and links to the chapters that discuss it."""
+    out = []
+    for key, c in CLAIMS.items():
+        out += [f"**{c.text[0].upper() + c.text[1:]}.** The {c.source.lower()} "
+                f"({{cite:t}}`{CITES[c.source]}`): {c.figure}.", ""]
+        for doc in c.checked_in:
+            where = f"{{doc}}`{chapter_label(doc).capitalize()} <../notebooks/{doc}>`"
+            if doc in MEASURED_IN:
+                out.append(f"- {where}: {{glue:any}}`../notebooks/{doc}.ipynb::{glue_key(key)}`")
+            else:
+                out.append(f"- {where} discusses it.")
+        out.append("")
+    return "\n".join(out)
 
 
 def _claim(key: str) -> str:

@@ -1,10 +1,10 @@
-"""The book's road map: one table of every page in ``_toc.yml``, for the index page and chapter 0.
+"""The book's road map: one table of every page in ``_toc.yml``, which chapter 0 displays from a cell
+(``table_markdown()``); the index page routes readers by goal instead, and links chapter 0 for the rest.
 
 Pages come from the table of contents (``bookbuild.toc_files``, the one reader of ``_toc.yml``), each
 page's title from its own first heading, and the question it answers from ``QUESTIONS`` below, so a
-chapter added to the toc appears in both places, and a chapter without a question is an error
-instead of a silent gap. The index page shows it through the ``{chapter-table}`` directive
-(``book/_ext/roadmap.py``); chapter 0 displays ``table_markdown()`` from a cell.
+chapter added to the toc appears in the table, and a chapter without a question is an error
+instead of a silent gap.
 
     python -m muongrid.lab.roadmap     # prints the table (MyST Markdown)
 """
@@ -40,6 +40,7 @@ QUESTIONS = {
                                   "polynomials buy there?",
     "notebooks/15_related_work": "How do DMuon, torchtitan, Megatron and Dion distribute Muon, and do their "
                                  "communication formulas agree with our ledger?",
+    "book/claims": "Which of the paper's and the report's claims hold here, and why do the others differ?",
     "book/troubleshooting": "How do I run on GPUs and several nodes, and what does an error message mean?",
     "book/glossary": "What does a term mean?",
     "book/references": "Which works does the book build on?",
