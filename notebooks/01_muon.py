@@ -309,7 +309,8 @@ print(
 # The factor $0.2\sqrt{\max(A, B)}$ is Moonshot's "match RMS" adjustment
 # {cite:p}`liu2025muonscalable`: an exactly orthogonal $A \times B$ matrix (every singular value 1)
 # has RMS entry $1/\sqrt{\max(A, B)}$, so after scaling it has RMS 0.2, similar to AdamW's update,
-# and AdamW's learning rate and weight decay can be reused. NS5's output is only roughly
+# and AdamW's learning rate and weight decay are a sound place to start ({doc}`chapter 9 <09_training>`
+# tunes from there). NS5's output is only roughly
 # orthogonal (its singular values spread over the band of the map, and small ones stay below it),
 # so its RMS comes out somewhat below 0.2. Let us measure it on our gradients:
 
@@ -340,26 +341,20 @@ glue("ch1-rms", " and ".join(rms_seen), display=False)
 # singular values to equalise. Embedding tables are lookups: each row is used only when its
 # token appears, so orthogonalising the whole table mixes rows that were never used. The output
 # head's rows are per-class and are usually left to AdamW too. The hybrid, called MuonW here,
-# routes each parameter by one rule, `routes_to_muon` in [`muongrid/optim.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/optim.py): Muon for 2-D
-# parameters except embeddings and heads (recognised by their module names), AdamW for the rest.
-# For our model:
+# routes each parameter by what it is ([`muongrid/routing.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/routing.py)): every `nn.Embedding` and the
+# output head go to AdamW, and so do vectors; every other matrix goes to Muon. `routing_table(model)`
+# prints each tensor's route with the reason, and `hybrid_param_groups(model)` makes the two
+# parameter groups from it. For our model:
 
 # %%
-from muongrid.optim import hybrid_param_groups, routes_to_muon
+from muongrid.optim import hybrid_param_groups
+from muongrid.routing import routing_table
 
-rows = [
-    (name, tuple(p.shape), "Muon" if routes_to_muon(name, p) else "AdamW")
-    for name, p in model.named_parameters()
-]
-width = max(len(r[0]) for r in rows)
-for name, shape, kind in rows:
-    print(f"{name:<{width}}  {str(shape):<12} {kind}")
-counts = {
-    k: sum(math.prod(sh) for _, sh, kk in rows if kk == k) for k in ("Muon", "AdamW")
-}
-print(
-    f"\nparameters optimised by Muon: {counts['Muon']:,}; by AdamW: {counts['AdamW']:,}"
-)
+routes = routing_table(model)
+print(routes)
+counts = {k: sum(math.prod(r.shape) for r in routes if r.optimizer == k)
+          for k in ("Muon", "AdamW")}
+print(f"\nparameters optimised by Muon: {counts['Muon']:,}; by AdamW: {counts['AdamW']:,}")
 
 # %% [markdown]
 # ## Muon vs AdamW on a real task
@@ -383,13 +378,9 @@ for kind in ("AdamW", "MuonW"):
     if kind == "AdamW":
         opt = AdamW(net.parameters(), lr=LR, weight_decay=WD, betas=(0.9, 0.95))
     else:
-        opt = MuonW(
-            hybrid_param_groups(
-                net.named_parameters(),
-                muon=dict(lr=LR, weight_decay=WD),
-                adamw=dict(lr=LR, weight_decay=WD, betas=(0.9, 0.95)),
-            )
-        )
+        opt = MuonW(hybrid_param_groups(net, muon=dict(lr=LR, weight_decay=WD),
+                                        adamw=dict(lr=LR, weight_decay=WD,
+                                                   betas=(0.9, 0.95))))
     histories[kind] = train(net, opt, data, steps=STEPS)
     h = histories[kind]
     print(
@@ -496,8 +487,9 @@ else:
 # - NS5 does that with matrix products only: an odd quintic, applied five times to the
 #   Frobenius-normalised matrix, maps every singular value into a band around 1.
 # - The step: EMA momentum, Nesterov, NS5 in bf16, lr scaled by $0.2\sqrt{\max(A,B)}$ so that
-#   AdamW's hyperparameters carry over, decoupled weight decay.
-# - MuonW gives Muon the hidden matrices and AdamW the rest, by one routing rule.
+#   AdamW's learning rate and weight decay are the place to start, decoupled weight decay.
+# - MuonW gives Muon the hidden matrices and AdamW the rest (embeddings, the head, vectors), routed
+#   by what each parameter is.
 #
 # Everything so far ran in one process. Chapter 2 maps what changes when the model and its
 # optimizer state are spread over many.
@@ -508,7 +500,8 @@ else:
 #    bring a singular value of 0.01 above 0.5?
 # 2. Repeat the training comparison with three seeds and learning rates `1e-3, 3e-3, 1e-2` for
 #    both optimizers. Is the difference larger than the spread across seeds?
-# 3. Route the embedding to Muon by renaming it and retrain. What happens to the validation loss?
+# 3. Give the embedding table to Muon (move it from the AdamW group of `hybrid_param_groups(net)` to
+#    the Muon group) and retrain. What happens to the validation loss?
 # 4. Use `adjust_lr="original"` instead of `"match_rms_adamw"`. Why does MuonW now need a
 #    different learning rate than AdamW?
 #
@@ -526,7 +519,8 @@ else:
 #    same question, with tuned learning rates, several seeds and equal tokens, is answered for a
 #    recorded run in {doc}`chapter 9 <09_training>` (the sentence under its study figure says whether
 #    the seeds' final losses overlap).
-# 3. `routes_to_muon` recognises the embedding by its module name; renamed, it goes to Muon, which
+# 3. The routing recognises the embedding by its module (an `nn.Embedding`, whatever its name), so
+#    it has to be moved by hand: `groups[1]` holds it (the Muon group comes first). Muon then
 #    orthogonalises the whole table as one matrix, although its rows are separate lookups, one per
 #    character. The training cell prints the new run's `validation loss ... after N steps`; compare it
 #    with the run above. The answer is that run's output (one seed, so compare it with the
