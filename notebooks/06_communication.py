@@ -348,15 +348,32 @@ for name in ("muon", "adamw"):
 #
 # On a cluster the ranks of a node share fast links (NVLink-class) and nodes share a slower
 # network (InfiniBand-class); {doc}`chapter 3 <03_grid>`'s layout keeps TP groups inside a node. The model below
-# uses **assumed** link constants, not measurements, which you can change: 8 GPUs per node, 3 µs
-# and 150 GB/s per GPU inside a node, 10 µs and 40 GB/s per GPU between nodes. The model is the
+# prices the links of an H100 cluster as the book's one hardware table
+# ([`muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py),
+# which {doc}`chapter 13 <13_what_to_pick>` and {doc}`chapter 14 <14_muon_at_scale>` use too) gives them: {glue:text}`ch6-gpus` GPUs per node,
+# {glue:text}`ch6-intra` per GPU inside a node (NVLink), {glue:text}`ch6-inter` per GPU between
+# nodes (InfiniBand). The bandwidths are datasheet figures and the latencies assumptions, not
+# measurements, and you can change them all. The model is the
 # same stack of {glue:text}`ch6-n-matrices` matrices as above (QKV and MLP-in split by rows over
 # TP, output projections by columns, as in Megatron); {numref}`fig-ch6-projection` shows it.
 
 # %%
+from muongrid import hardware
 from muongrid.lab.costmodel import links_for_grid
 
-INTRA, INTER, GPUS_PER_NODE, BUCKET = (3e-6, 150e9), (10e-6, 40e9), 8, 2**25
+INTRA, INTER = hardware.H100["nvlink"], hardware.H100["infiniband"]   # (s a hop, bytes/s)
+GPUS_PER_NODE, BUCKET = hardware.H100["gpus_per_node"], 2**25
+
+
+def link_text(link):
+    return f"{link[0] * 1e6:g} µs a ring hop and {link[1] / 1e9:g} GB/s"
+
+
+glue("ch6-gpus", GPUS_PER_NODE, display=False)
+glue("ch6-intra", link_text(INTRA), display=False)
+glue("ch6-inter", link_text(INTER), display=False)
+glue("ch6-intra-bw", f"{INTRA[1] / 1e9:g} GB/s", display=False)
+glue("ch6-inter-bw", f"{INTER[1] / 1e9:g} GB/s", display=False)
 
 
 def project(dp, tp, intra=INTRA, inter=INTER):
@@ -371,27 +388,15 @@ fig, ax = plt.subplots(figsize=(6.4, 4.2))
 dps = [1, 2, 4, 8, 16, 32, 64]
 for tp, style in ((1, "-"), (8, "--")):
     times = [project(d, tp) for d in dps]
-    ax.plot(
-        dps,
-        [m * 1e3 for m, _ in times],
-        style,
-        marker="o",
-        color=palette.OPTIMIZER["muon"],
-        label=f"Muon, tp={tp}",
-    )
-    ax.plot(
-        dps,
-        [a * 1e3 for _, a in times],
-        style,
-        marker="s",
-        color=palette.OPTIMIZER["adamw"],
-        label=f"AdamW, tp={tp}",
-    )
+    ax.plot(dps, [m * 1e3 for m, _ in times], style, marker="o",
+            color=palette.OPTIMIZER["muon"], label=f"Muon, tp={tp}")
+    ax.plot(dps, [a * 1e3 for _, a in times], style, marker="s",
+            color=palette.OPTIMIZER["adamw"], label=f"AdamW, tp={tp}")
 # With tp=1 the DP ring leaves the node between dp=8 and dp=16: mark where.
 ax.axvspan(GPUS_PER_NODE * 1.41, dps[-1] * 1.2, color=palette.NEUTRAL["padding"],
            alpha=0.3, lw=0)
-ax.text(GPUS_PER_NODE * 1.5, 120, "tp=1: DP ring\nacross nodes", fontsize=9,
-        va="bottom")
+ax.text(GPUS_PER_NODE * 1.5, 0.04, "tp=1: DP ring\nacross nodes", fontsize=9,
+        va="bottom", transform=ax.get_xaxis_transform())
 ax.set(xscale="log", xlabel="DP size (replicas)", ylabel="ms of communication per step")
 ax.minorticks_off()
 ax.set_xticks(dps, [str(d) for d in dps])
@@ -417,15 +422,16 @@ for dp, tp in ((64, 1), (8, 8)):
 # ```{glue:figure} ch6-projection
 # :name: fig-ch6-projection
 #
-# Projected optimizer communication per step (alpha-beta model, **assumed** links: 8 GPUs per
-# node, 3 µs and 150 GB/s inside a node, 10 µs and 40 GB/s between nodes), Muon (orange)
-# against AdamW (blue), with TP 1 (solid) and TP 8 inside the node (dashed). Shaded: where the
-# DP ring of TP 1 runs between nodes.
+# Projected optimizer communication per step (alpha-beta model, the hardware table's H100 links:
+# {glue:text}`ch6-gpus` GPUs per node, {glue:text}`ch6-intra` inside a node,
+# {glue:text}`ch6-inter` between nodes), Muon (orange) against AdamW (blue), with TP 1 (solid)
+# and TP 8 inside the node (dashed). Shaded: where the DP ring of TP 1 runs between nodes.
 # ```
 #
 # The jump of the solid lines between 8 and 16 replicas is the node boundary, not Muon: with
-# TP 1, eight replicas fit in one node and their DP ring runs on its 150 GB/s links; sixteen
-# need two nodes, and a ring is as slow as its slowest link, here 40 GB/s between nodes, so the
+# TP 1, eight replicas fit in one node and their DP ring runs on its {glue:text}`ch6-intra-bw`
+# links; sixteen need two nodes, and a ring is as slow as its slowest link, here
+# {glue:text}`ch6-inter-bw` between nodes, so the
 # same bytes take {glue:text}`ch6-cliff` times as long ({glue:text}`ch6-bw-ratio` times from the
 # bandwidth, the rest from the ring's $(d-1)/d$ and the latency). With TP 8 each node holds one
 # replica, so every DP ring crosses nodes from two replicas on, and the dashed lines have no
@@ -442,50 +448,64 @@ for dp, tp in ((64, 1), (8, 8)):
 # %%
 from muongrid.lab.explorers import Figure, projection_explorer
 
-glue(
-    "ch6-explorer",
-    Figure(
-        projection_explorer(
-            lambda dp, tp, bw: project(dp, tp, inter=(INTER[0], bw * 1e9)),
-            inter_gb_s=(10, 25, 40, 100, 200, 400),
-            active=40,
-        )
-    ),
-    display=False,
-)
+inter_gb_s = (10, 25, 50, 100, 200, 400)
+assert INTER[1] / 1e9 in inter_gb_s   # the slider starts at the table's figure
+explorer = projection_explorer(
+    lambda dp, tp, bw: project(dp, tp, inter=(INTER[0], bw * 1e9)),
+    inter_gb_s=inter_gb_s, active=INTER[1] / 1e9)
+glue("ch6-explorer", Figure(explorer), display=False)
 
 # %% [markdown]
 # ```{glue:figure} ch6-explorer
 # :name: fig-ch6-explorer
 #
 # {numref}`fig-ch6-projection` with the inter-node bandwidth per GPU on a slider (other links as
-# assumed above), in its colours and on one y axis for every position; the title gives Muon's
+# above), in its colours and on one y axis for every position; the title gives Muon's
 # time over AdamW's at the largest DP size.
 # ```
 #
 # The latency between nodes matters as much as the bandwidth once the messages are small:
-# {numref}`fig-ch6-latency` moves it (bandwidths as assumed above). In Jupyter,
+# {numref}`fig-ch6-latency` moves it (bandwidths as above). In Jupyter,
 # `project(dp, tp, intra=(seconds, bytes/s), inter=(seconds, bytes/s))` prices any other link.
 
 # %%
 from muongrid.lab.explorers import link_explorer
 
+latencies_us = (1, 2, 5, 10, 20, 50, 100)
+inter_us = round(INTER[0] * 1e6, 6)
+assert inter_us in latencies_us   # the slider starts at the table's figure
 latency_figure = link_explorer(
-    lambda dp, tp, us: project(dp, tp, inter=(us * 1e-6, INTER[1])),
-    (1, 2, 5, 10, 20, 50, 100),
-    "inter-node latency",
-    "{:g} µs between nodes",
-    active=10,
-)
+    lambda dp, tp, us: project(dp, tp, inter=(us * 1e-6, INTER[1])), latencies_us,
+    "inter-node latency", "{:g} µs between nodes", active=inter_us)
 glue("ch6-latency", Figure(latency_figure), display=False)
 
 # %% [markdown]
 # ```{glue:figure} ch6-latency
 # :name: fig-ch6-latency
 #
-# {numref}`fig-ch6-projection` with the latency between nodes on a slider (bandwidths as assumed
-# above); the title gives Muon's time over AdamW's at the largest DP size.
+# {numref}`fig-ch6-projection` with the latency between nodes on a slider (bandwidths as above);
+# the title gives Muon's time over AdamW's at the largest DP size.
 # ```
+
+# %% tags=["remove-cell"]
+# Exercise 2's answer, computed (the solution below quotes it): the straddlers-only ratio at dp=8
+# against the bucket size, which falls in steps where a shard boundary stops cutting a matrix.
+def straddler_ratio(bucket):
+    return 1 + (dp_gather_bytes(stack, 8, 1, bucket, "straddlers")
+                / step_bytes(stack, 8, 1, bucket, muon=False)["total"])
+
+
+at25, below25 = straddler_ratio(2**25), straddler_ratio(2**25 - 1)
+lo, hi = 2**24, 2**25 - 1          # the first bucket size of the step below 2**25
+while lo < hi:
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if straddler_ratio(mid) <= below25 else (mid + 1, hi)
+larger = [straddler_ratio(2**25 + k * (2**27 - 2**25) // 64) for k in range(65)]
+assert at25 <= 1.1 < below25 and max(larger) <= at25 and straddler_ratio(2**27) == 1.0
+glue("ch6-ex2-at25", f"{at25:.3f}", display=False)
+glue("ch6-ex2-below", f"{below25:.3f}", display=False)
+glue("ch6-ex2-from", f"{lo / 1e6:.1f}", display=False)
+glue("ch6-ex2-at24", f"{straddler_ratio(2**24):.3f}", display=False)
 
 # %% [markdown]
 # ## Summary
@@ -515,12 +535,13 @@ glue("ch6-latency", Figure(latency_figure), display=False)
 #    (dp = 1) AdamW sends nothing at all, so the line reads `n/a (AdamW sends nothing)`: there is no
 #    ratio to form.
 # 2. At a bucket of $2^{25}$ = 33,554,432 elements, the size this chapter uses: there the ratio is
-#    1.089, and one element less gives 1.152 (from $29.4$M elements up; 1.214 at $2^{24}$). Computed
-#    with `1 + dp_gather_bytes(stack, 8, 1, bucket, "straddlers") / step_bytes(stack, 8, 1, bucket,
+#    {glue:text}`ch6-ex2-at25`, and one element less gives {glue:text}`ch6-ex2-below` (from
+#    {glue:text}`ch6-ex2-from`M elements up; {glue:text}`ch6-ex2-at24` at $2^{24}$). Computed with
+#    `1 + dp_gather_bytes(stack, 8, 1, bucket, "straddlers") / step_bytes(stack, 8, 1, bucket,
 #    muon=False)["total"]`, as in the cell above, over bucket sizes; the ratio falls in steps, at the
-#    sizes where a shard boundary stops cutting a matrix, and stays at or below 1.089 for larger
-#    buckets up to $2^{27}$ (where it is 1.0). More matrices per bucket means a smaller fraction of
-#    them on shard boundaries.
+#    sizes where a shard boundary stops cutting a matrix, and stays at or below
+#    {glue:text}`ch6-ex2-at25` for larger buckets up to $2^{27}$ (where it is 1.0). More matrices
+#    per bucket means a smaller fraction of them on shard boundaries.
 # 3. With tp = 8 the TP gathers stay inside a node, so Muon's extra time depends on the intra-node
 #    link (its latency, since the messages are many and small); the DP traffic, which both
 #    optimizers share, crosses the inter-node link. Try both in the live explorer.
