@@ -28,10 +28,10 @@
 #
 # The owner layout ({doc}`chapter 8 <08_beyond_poc>`) orthogonalises each matrix once, on one
 # rank chosen to balance the work. This chapter asks what happens when there are more ranks than
-# matrices, and shows three ideas that answer it: one matrix over a group of ranks, same-shape
-# batching, and faster polynomials. All three are built and tested, and the first runs in the
-# optimizer as its "group" layout (checked live at the end of the chapter); the plans at 1,024
-# ranks are plans and projections, not runs.
+# matrices, and shows three answers: one matrix over a group of ranks, same-shape batching, and
+# faster polynomials. All three are built and tested, and the first runs in the optimizer as its
+# "group" layout (checked live below); the plans at 1,024 ranks are plans and projections, not
+# runs.
 
 # %% tags=["hide-cell"]
 # Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
@@ -103,14 +103,11 @@ glue("ch14-group-ratio", f"{at_1024['group_ns_max_over_mean']:.2f}", display=Fal
 # %% [markdown]
 # On 64 ranks the owners are balanced (max/mean {glue:text}`ch14-owner-ratio-64`). On 1,024
 # ranks {glue:text}`ch14-idle` ranks own nothing and the busiest does
-# {glue:text}`ch14-owner-ratio` times the mean: adding ranks past the number of matrices buys
-# nothing. A plan that gives a matrix above the fair share (all Newton-Schulz FLOPs divided by
-# the ranks) a *group* of ranks when that finishes it sooner, counting the group's own traffic
+# {glue:text}`ch14-owner-ratio` times the mean: ranks past the number of matrices buy nothing. A
+# plan that gives a matrix above the fair share (all Newton-Schulz FLOPs over the ranks) a *group*
+# of ranks when that finishes it sooner, counting the group's own traffic
 # (`build_plan(..., hw=profile)`, below), brings max/mean to {glue:text}`ch14-group-ratio` (the
-# "timed groups" column; how a group computes is next). The optimizer's `layout="group"` runs this
-# plan when it is given the same profile (`hw=`, in "Turning it on" below); without one it sizes
-# groups by FLOPs alone, which the projections below show is not always better than one owner.
-# The build times are one run each, on a shared machine.
+# "timed groups" column). The build times are one run each, on a shared machine.
 #
 # ## Idea 1: one matrix over a group of ranks
 #
@@ -119,12 +116,12 @@ glue("ch14-group-ratio", f"{at_1024['group_ns_max_over_mean']:.2f}", display=Fal
 # blocks $X_1, \dots, X_k$, one per rank. Then $A = \sum_i X_i X_i^\top$: each rank computes its
 # partial Gram, one all-reduce sums them, every rank builds the same small $B$ ($m \times m$),
 # and updates its own block, $X_i \leftarrow aX_i + BX_i$, with no further traffic. Per step: one
-# all-reduce of $m^2$ fp32 numbers (plus one scalar at the start, for the norm). It is the same
-# Gram all-reduce that Megatron's distributed Muon (Emerging-Optimizers, `tp_mode="distributed"`)
-# runs, with three differences: Megatron runs it over the TP group the matrix is already split
-# over, along that split; here the plan cuts the long side and picks the group's ranks (any ranks,
-# reached through the all-to-all that already carries pieces to their owners), and the optimizer
-# also splits $B$ among the members (below). `muongrid.ns_group.zeropower_sharded` implements it.
+# all-reduce of $m^2$ fp32 numbers (plus one scalar at the start, for the norm). Megatron's
+# distributed Muon (Emerging-Optimizers, `tp_mode="distributed"`) runs the same Gram all-reduce
+# over the TP group a matrix is already split over; here the plan cuts the long side and picks the
+# group's ranks (any ranks, reached through the all-to-all that already carries pieces to their
+# owners), and the optimizer also splits $B$ among the members (below).
+# `muongrid.ns_group.zeropower_sharded` implements it.
 
 # %% tags=["hide-input"]
 import matplotlib.pyplot as plt
@@ -172,14 +169,13 @@ plt.close(fig)
 # ```
 
 # %% [markdown]
-# It cannot be bit-exact with one process: the one-process Gram sums all $n$ columns in one
-# kernel's order, the group sums each block and then the $k$ partial sums, the same fp32
-# additions in another order. So the check is a tolerance: relative Frobenius difference at
-# most $10^{-5}$ in fp32 (the reordering moves only the last bits;
-# [`tests/test_ns_group.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_ns_group.py)
-# holds the group form to this bound on several shapes and group sizes). Here, three "ranks"
-# (threads in this kernel with an all-reduce that sums in rank order, `ns_group.simulate`) on a
-# matrix whose long side does not divide by three:
+# It cannot be bit-exact with one process: the group sums each block's Gram and then the $k$
+# partial sums, the same fp32 additions in another order. So the check is a tolerance: relative
+# Frobenius difference at most $10^{-5}$ in fp32
+# ([`tests/test_ns_group.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_ns_group.py)
+# holds it on several shapes and group sizes). Here, three "ranks" (threads in this kernel with an
+# all-reduce that sums in rank order, `ns_group.simulate`) on a matrix whose long side does not
+# divide by three:
 
 # %%
 import torch
@@ -216,30 +212,26 @@ glue("ch14-form-301", f'group_form(96, 301, 3) gives "{group_form(*G.shape, 3)}"
 
 # %% [markdown]
 # The group's result is within {glue:text}`ch14-group-diff` of one process's, inside the stated
-# $10^{-5}$. The price is visible in the formula: each step all-reduces an $m \times m$ Gram in
-# fp32: for a square matrix that is as many numbers as the matrix, twice its bf16 bytes as input
-# every step, and a ring all-reduce sends about twice its input per rank (exercise 1 counts it
-# over five steps). Splitting also leaves a floor: as above, every rank still builds all of $B$,
-# $2m^3$ FLOPs a step. The optimizer divides that too (`split_b`): each member builds only its
-# rows of $B$ and one all-gather in bf16 assembles them, one more collective a step. So where the
-# sketch above issues {glue:text}`ch14-calls-plain` collectives per matrix, the optimizer's Gram
-# form issues {glue:text}`ch14-calls-split` (the norm, five Gram all-reduces and five all-gathers
-# of $B$), with {glue:text}`ch14-split-kb` kB of input per rank on this 96 x 301 matrix against
-# {glue:text}`ch14-plain-kb` kB (input to the collectives; a ring all-reduce sends about twice
-# its input). For a matrix this close to square the optimizer picks a second form instead, the
-# row form, also eleven collectives a step ({glue:text}`ch14-form-301`; see "The group
-# layout, live" below).
+# $10^{-5}$. The price is in the formula: each step all-reduces an $m \times m$ Gram in fp32, for a
+# square matrix as many numbers as the matrix (exercise 1 counts five steps). And every rank still
+# builds all of $B$, $2m^3$ FLOPs a step, unless the optimizer splits it (`split_b`): each member
+# builds its rows of $B$ and one bf16 all-gather assembles them. So where the sketch above issues
+# {glue:text}`ch14-calls-plain` collectives per matrix, the optimizer's Gram form issues
+# {glue:text}`ch14-calls-split` (the norm, five Gram all-reduces and five all-gathers of $B$), with
+# {glue:text}`ch14-split-kb` kB of input per rank on this 96 x 301 matrix against
+# {glue:text}`ch14-plain-kb` kB (a ring all-reduce sends about twice its input). For a matrix this
+# close to square the optimizer picks a second form, the row form, also eleven collectives a step
+# ({glue:text}`ch14-form-301`; see "The group layout, live").
 #
 # ## Idea 2: same-shape batching
 #
 # A mixture-of-experts model turns the opposite problem up: thousands of small matrices.
-# Moonlight-16B-A3B (DeepSeek-V3 architecture, trained with Muon) has 64 routed experts (MLPs of
-# which a router picks a few per token) in 26 of its 27 layers, each with its own gate, up and down
-# matrices: thousands of Muon matrices but only a
-# handful of distinct shapes. With `DistributedMuon(..., ns_batch=True)` an owner runs one Newton-Schulz call
-# per distinct shape it owns instead of one per matrix (bit-exact with unbatched on this CPU,
-# where a batch runs matrix by matrix inside the call: the gain here is fewer calls, not speed;
-# on GPUs a batched GEMM is where the speed would come from, not measured here).
+# Moonlight-16B-A3B (DeepSeek-V3 architecture, trained with Muon) has 64 routed experts in 26 of
+# its 27 layers, each with its own gate, up and down matrices: thousands of Muon matrices but a
+# handful of distinct shapes. With `DistributedMuon(..., ns_batch=True)` an owner runs one
+# Newton-Schulz call per distinct shape it owns instead of one per matrix (bit-exact with
+# unbatched on this CPU, where a batch runs matrix by matrix inside the call: the gain here is
+# fewer calls; on GPUs a batched GEMM would also be faster, not measured here).
 
 # %%
 moons = last_json(run("plan_at_scale.py --model moonlight-16b-a3b --grids 8x8,128x8 "
@@ -266,12 +258,11 @@ glue("ch14-moon-calls", moon["owner_ns_calls_batched_max"], display=False)
 #
 # Muon's five steps use one quintic, $(a, b, c) = (3.4445, -4.7750, 2.0315)$, every step. Polar
 # Express (Amsel et al., 2025) chooses a different quintic per step, each the best for the range
-# of singular values left by the one before. A cubic ($1.5, -0.5, 0$) is the textbook iteration.
+# of singular values the one before leaves. A cubic ($1.5, -0.5, 0$) is the textbook iteration.
 # The *Gram form* computes the same polynomial in another order: only the first Gram and the last
 # product touch the long side, so it does fewer FLOPs on rectangular matrices. Below: the error
-# against the exact polar factor $UV^\top$ (write the matrix as $U \Sigma V^\top$ and replace
-# $\Sigma$ by the identity: the orthogonalisation of {doc}`chapter 1 <01_muon>`, computed here
-# with an SVD in float64) on a 256 x 1024 Gaussian matrix in fp32, and the matmul count.
+# against the exact polar factor $UV^\top$ ({doc}`chapter 1 <01_muon>`'s orthogonalisation,
+# computed with an SVD in float64) on a 256 x 1024 Gaussian matrix in fp32, and the matmul count.
 
 # %%
 import time
@@ -318,19 +309,18 @@ glue("ch14-gram-even", f"{even / 256:.1f}", display=False)
 # {glue:text}`ch14-err-muon`) for the same 15 matmuls; the cubic is far behind in five steps.
 # Three caveats keep this from being a verdict on training:
 #
-# - Muon's quintic does not aim at 1: its steep slope at 0 lifts small singular values fast and
-#   leaves them in a band around 1 by design (on this matrix, from {glue:text}`ch14-sigma-lo` to
+# - Muon's quintic does not aim at 1: it lifts small singular values fast and leaves them in a
+#   band around 1 by design (on this matrix, from {glue:text}`ch14-sigma-lo` to
 #   {glue:text}`ch14-sigma-hi` after five steps), so its larger distance to $UV^\top$ is a
-#   choice, not a defect; whether Polar Express trains better is a separate experiment, not run
-#   here.
+#   choice; whether Polar Express trains better is an experiment not run here.
 # - The Polar Express coefficients are the published set for five steps, a lower bound of
 #   $10^{-3}$ on the singular values and a safety factor of $2 \times 10^{-2}$
-#   (`muongrid.ns_variants`); the paper's method gives other sets for other set-ups (more steps,
-#   another lower bound), and `ns_coefficients` takes any schedule.
-# - The Gram form pays only on rectangles: it saves FLOPs once the long side is more than
-#   {glue:text}`ch14-gram-even` times the short one and costs more on square matrices. Its
-#   $m \times m$ iteration runs in fp32 even for bf16 input, because rounded to bf16 the Gram
-#   loses its small eigenvalues and the iteration can diverge.
+#   (`muongrid.ns_variants`); other set-ups give other sets, and `ns_coefficients` takes any
+#   schedule.
+# - The Gram form saves FLOPs only once the long side is more than
+#   {glue:text}`ch14-gram-even` times the short one, and costs more on square matrices. Its
+#   $m \times m$ iteration runs in fp32 even for bf16 input: rounded to bf16 the Gram loses its
+#   small eigenvalues and the iteration can diverge.
 #
 # On this shape the Gram form gives the same errors with {glue:text}`ch14-flop-ratio` times fewer
 # FLOPs. Whether that shows as time on this shared 2-core machine is a measurement, repeated:
@@ -358,28 +348,23 @@ glue("ch14-verdict", verdict, display=False)
 #
 # ## The plans at scale, and what they would cost on H100s
 #
-# Bytes and FLOPs become seconds through the hardware. `plan_at_scale.py` prices, per rank and
-# per step, the Newton-Schulz FLOPs at a stated matmul rate plus, for every group a rank is in,
-# the group's collectives on the link the group spans (alpha-beta, as in
-# {doc}`chapter 6 <06_communication>`), in the form the group would run (below: the norm and five
-# Gram all-reduces in fp32 and five all-gathers of B's rows in bf16, or, for a near-square matrix,
-# eleven all-gathers in bf16): NVLink if all its members sit on one node of 8 consecutive ranks, InfiniBand otherwise.
-# The figures are **assumptions from public H100 numbers, not measurements**: 989 TFLOP/s dense
-# bf16 peak (NVIDIA's H100 SXM datasheet) at an assumed 50% efficiency; NVLink 4 at 450 GB/s a
-# direction inside a node of 8; one 400 Gb/s InfiniBand NDR link per GPU (50 GB/s) between nodes;
-# 3 and 5 µs per ring hop (assumed). The step waits for the busiest rank; "ideal" is the total
-# Newton-Schulz work divided evenly.
+# `plan_at_scale.py` turns the plan's bytes and FLOPs into seconds, per rank and per step: the
+# Newton-Schulz FLOPs at a stated rate plus, for every group a rank is in, the group's collectives
+# (the forms above) on the link it spans, NVLink if all its members sit on one node of 8
+# consecutive ranks, InfiniBand otherwise (alpha-beta, as in {doc}`chapter 6 <06_communication>`).
+# The figures are the book's hardware table of H100 figures ([`muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py), which
+# {doc}`chapter 13 <13_what_to_pick>` prints with their sources): datasheet peaks and links,
+# **assumed** latencies and an assumed 50% of the peak for Newton-Schulz. The step waits for the
+# busiest rank; "ideal" is the total Newton-Schulz work divided evenly.
 #
-# The same figures also *choose* the groups. `build_plan(..., layout="group", hw=profile)` takes
-# the matrices largest first and puts each where it finishes first: on one owner, or on a group
-# of k ranks (a member's share of the FLOPs plus the group's collectives on its link), k up to
-# the FLOP-fair size; a group that fits in a node takes that node's least-busy ranks. The profile
-# is a fixed argument, so every rank builds the same plan. The table compares it with two rules
-# that size groups by FLOPs alone (ceil(FLOPs / fair share)): on the least-loaded ranks anywhere
-# ("FLOP, any ranks") and on contiguous windows that start on a TP group ("FLOP windows": what
-# `DistributedMuon(layout="group")` runs when it is given no profile). Given one,
-# `DistributedMuon(..., layout="group", hw=hardware.h100())`, the optimizer runs the timed plan:
-# the "group (timed)" column.
+# The same figures also *choose* the groups: `build_plan(..., layout="group", hw=profile)` takes
+# the matrices largest first and puts each where it finishes first, on one owner or on a group of
+# k ranks (its share of the FLOPs plus the group's collectives on its link), k up to the
+# FLOP-fair size; a group that fits in a node takes that node's least-busy ranks. The table
+# compares it with two rules that size groups by FLOPs alone (ceil(FLOPs / fair share)): on the
+# least-loaded ranks anywhere ("FLOP, any ranks") and on contiguous windows that start on a TP
+# group ("FLOP windows": what `DistributedMuon(layout="group")` runs without a profile; given
+# `hw=hardware.h100()`, it runs "group (timed)").
 
 # %%
 big_out = run("plan_at_scale.py --model llama3-70b --grids 128x8,64x16 --json",
@@ -434,7 +419,7 @@ assert b70["ideal_ns_ms"] < b70["group_ns_ms"] < 0.6 * b70["owner_ns_ms"]
 assert b8["flops_ns_ms"] > b8["scattered_ns_ms"] > b8["owner_ns_ms"]
 assert b8["flops_group_size_max"] > 8                  # FLOP-sized groups span nodes
 assert b8["group_ns_ms"] < b8["owner_ns_ms"] / 2
-hw = last_json(big_out)["hw"]           # the figures quoted in the text above
+hw = last_json(big_out)["hw"]   # the text: H100 table, NS at 50% of peak, nodes of 8
 assert (hw["flops"], hw["efficiency"], hw["gpus_per_node"]) == (989e12, 0.5, 8)
 assert hw["nvlink"] == [3e-6, 450e9] and hw["infiniband"] == [5e-6, 50e9]
 glue("ch14-70b-owner", f"{b70['owner_ns_ms']:.0f}", display=False)
@@ -452,24 +437,21 @@ glue("ch14-8b-group-k", b8["group_size_max"], display=False)
 # {glue:text}`ch14-70b-owner` ms on Newton-Schulz per step with one owner per matrix and
 # {glue:text}`ch14-70b-group` ms with groups sized by time, against an ideal of
 # {glue:text}`ch14-70b-ideal` ms. Llama-3-8B shows why groups must be priced by time: sized by
-# FLOPs alone its groups grow to {glue:text}`ch14-8b-flops-k` ranks on 1,024 ranks, past a
-# node, and each group's eleven collectives a step cross InfiniBand, so there both FLOP-sized
-# rules are *slower* than one owner per matrix ({glue:text}`ch14-8b-scattered` ms on any ranks,
-# {glue:text}`ch14-8b-flops` ms in windows, {glue:text}`ch14-8b-owner` ms owner; the windows are
-# worse still: one larger than a node must start on a node boundary, which leaves it fewer
-# places to go than the least-loaded ranks anywhere). Counting the group's communication, the
-# timed plan keeps every group inside a node (at most {glue:text}`ch14-8b-group-k` ranks)
-# and the busiest rank needs {glue:text}`ch14-8b-group` ms. So give the optimizer the profile:
-# without one, `layout="group"` runs the FLOP windows, which are safe only where those groups stay
-# inside a node (the largest matrices' fair-share groups no larger than a node).
+# FLOPs its groups grow to {glue:text}`ch14-8b-flops-k` ranks, past a node, and each group's
+# eleven collectives a step cross InfiniBand, so both FLOP-sized rules are *slower* than one owner
+# per matrix ({glue:text}`ch14-8b-scattered` ms on any ranks, {glue:text}`ch14-8b-flops` ms in
+# windows, which must start on a node boundary and so have fewer places to go, against
+# {glue:text}`ch14-8b-owner` ms). The timed plan keeps every group inside a node (at most
+# {glue:text}`ch14-8b-group-k` ranks) and needs {glue:text}`ch14-8b-group` ms. So give the
+# optimizer the profile: without one, `layout="group"` runs the FLOP windows, safe only where the
+# largest matrices' fair-share groups fit in a node.
 #
 # What the group plan costs besides Newton-Schulz, owner against group on the same grids: the
 # bytes each rank sends (the closed form, as the ledger checks), the collectives it joins, and
-# the optimizer's step projected serially (ZeRO-1's reduce-scatters and all-gathers, the
-# all-to-alls to owners or members, Newton-Schulz with the group collectives). That is an upper
-# bound on the optimizer alone: no overlap, and no forward, backward or TP activation traffic, so
-# a TP group that spans two nodes (64 x 16 here) costs more than this table shows; for Moonlight,
-# expert parallelism (experts spread over ranks, tokens sent to them) is not modelled either.
+# the optimizer's step projected serially (ZeRO-1's collectives, the all-to-alls to owners or
+# members, Newton-Schulz with the group collectives): an upper bound on the optimizer alone, with
+# no overlap and no forward, backward or TP activation traffic (so a TP group across two nodes, 64
+# x 16 here, costs more than shown; Moonlight's expert parallelism is not modelled either).
 
 # %%
 table(["model", "grid", "layout", "NS max/mean", "GB per rank", "collectives",
@@ -506,25 +488,20 @@ glue("ch14-moon-calls-1024", f"{moons[1]['owner_collectives_per_rank_max']:,}",
 glue("ch14-dp-1024", b8["dp"], display=False)
 
 # %% [markdown]
-# In these projections the groups add their collectives to each member's bytes (at most
-# {glue:text}`ch14-extra-bytes` more than the owner layout's on the busiest rank, because there
-# ZeRO-1's own traffic is far larger) and eleven collectives per group membership a step. On a
-# small problem the share is far larger: in the live run below, one grouped matrix multiplies
-# the busiest rank's bytes by {glue:text}`ch14-live-bytes-ratio`. The projected step still
-# falls, but modestly: at these sizes the step is dominated by ZeRO-1's own gradient and
-# parameter collectives over DP groups of
-# {glue:text}`ch14-dp-1024` ranks (Newton-Schulz is {glue:text}`ch14-1024-step-share` of
-# Llama-3-8B's projected group step on 1,024 ranks), which is what the next lever (larger
-# buckets, fewer DP ranks per ring) would have to address. That traffic is also why the
-# projected optimizer step *grows* with the ranks: Llama-3-8B's owner step goes from
-# {glue:text}`ch14-step-8b-64` ms on 64 ranks to {glue:text}`ch14-step-8b-1024` ms on 1,024, and
-# Moonlight's from {glue:text}`ch14-step-moon-64` ms to {glue:text}`ch14-step-moon-1024` ms: each
-# rank joins about as many collectives a step as before ({glue:text}`ch14-moon-calls-1024` for
-# Moonlight), but every ring now passes through more ranks, one latency per hop.
+# The groups add at most {glue:text}`ch14-extra-bytes` to the busiest rank's bytes here, because
+# ZeRO-1's own traffic is far larger, and eleven collectives per group membership a step; on a
+# small problem the share is far larger (the live run below multiplies the busiest rank's bytes by
+# {glue:text}`ch14-live-bytes-ratio`). The projected step falls only modestly: it is dominated by
+# ZeRO-1's gradient and parameter collectives over DP groups of {glue:text}`ch14-dp-1024` ranks
+# (Newton-Schulz is {glue:text}`ch14-1024-step-share` of Llama-3-8B's projected group step on
+# 1,024 ranks). That traffic is also why the projected step *grows* with the ranks: Llama-3-8B's
+# owner step from {glue:text}`ch14-step-8b-64` ms on 64 ranks to {glue:text}`ch14-step-8b-1024` ms
+# on 1,024, Moonlight's from {glue:text}`ch14-step-moon-64` ms to
+# {glue:text}`ch14-step-moon-1024` ms: each rank joins about as many collectives a step
+# ({glue:text}`ch14-moon-calls-1024` for Moonlight), but every ring passes through more ranks, one
+# latency per hop.
 #
-# {numref}`fig-ch14-scale-explorer` puts every plan of this section side by side: move the slider
-# through the models and grids; the left panel is the projection above, the right one what the
-# group plan costs besides Newton-Schulz.
+# {numref}`fig-ch14-scale-explorer` puts every plan of this section side by side.
 
 # %% tags=["hide-input"]
 from muongrid.lab.explorers import Figure
@@ -541,27 +518,25 @@ glue("ch14-scale-explorer", Figure(explorer), display=False)
 #
 # The plans at scale, one slider position per model and grid (every number from
 # `plan_at_scale.py`, run above): Newton-Schulz ms per step on the busiest rank under each group
-# rule (left, log scale, assumed H100 figures), and what the group plan costs besides, as group /
-# owner: the GB the busiest rank sends, the collectives it joins and the projected optimizer step
-# (right; the dotted line is the owner plan). The title gives both plans' NS load max/mean and
-# build times.
+# rule (left, log scale, the H100 figures), and what the group plan costs besides, as group /
+# owner (right; the dotted line is the owner plan). The title gives both plans' NS load max/mean
+# and build times.
 # ```
 #
 # ## The group layout, live
 #
-# `DistributedMuon(..., layout="group")` is the owner layout, except that a matrix whose
-# Newton-Schulz FLOPs exceed the fair share (all of them over the number of ranks) gets a group of
-# ranks. In the same all-to-all that carries the other matrices' pieces to their owners, member
-# $i$ receives block $i$ of the matrix's long side; the members orthogonalise it together over a
-# process subgroup, in whichever of two forms sends fewer bytes (`ns_group.group_form`): the Gram
-# form `zeropower_sharded` (Gram matrices all-reduced in fp32, rows of $B$ all-gathered in bf16), or,
-# for a matrix not much longer than wide, the row form `zeropower_rows` (the matrix, then each
-# step every member's rows of $A$ and of $X$, all-gathered in bf16); every element then goes back
-# where it came from. For a group of four and a short side of 1,024 the row form wins up to a long
-# side {glue:text}`ch14-rows-upto` times the short one, and on a square matrix it sends
-# {glue:text}`ch14-rows-square` of the Gram form's bytes. Below, four ranks
-# (DP 2 x TP 2) run three steps of the owner and group layouts side by side against single-device
-# Muon, on one 96 x 230 matrix (nearly all the Newton-Schulz work) and three small ones.
+# `DistributedMuon(..., layout="group")` is the owner layout, except that a matrix above the fair
+# share gets a group of ranks. In the same all-to-all that carries the other matrices' pieces to
+# their owners, member $i$ receives block $i$ of the matrix's long side; the members orthogonalise
+# it together over a process subgroup, in whichever of two forms sends fewer bytes
+# (`ns_group.group_form`): the Gram form `zeropower_sharded`, or, for a matrix not much longer than
+# wide, the row form `zeropower_rows` (the matrix, then each step every member's rows of $A$ and of
+# $X$, all-gathered in bf16); every element then goes back where it came from. For a group of four
+# and a short side of 1,024 the row form wins up to a long side {glue:text}`ch14-rows-upto` times
+# the short one, and on a square matrix it sends {glue:text}`ch14-rows-square` of the Gram form's
+# bytes. Below, four ranks (DP 2 x TP 2) run three steps of the owner and group layouts side by
+# side against single-device Muon, on one 96 x 230 matrix (nearly all the Newton-Schulz work) and
+# three small ones.
 
 # %%
 from muongrid.lab import costmodel
@@ -615,25 +590,26 @@ glue("ch14-rows-square", f"{square:.0%}", display=False)
 # %% [markdown]
 # The owner layout matches the reference bit for bit, and so does every matrix the group layout
 # leaves to an owner; the one grouped matrix, the 96 x 230, {glue:text}`ch14-live-group-diff`
-# (the check allows the `--atol 1e-3` given here). It runs in the row
-# form, which sums nothing across ranks but splits each GEMM by rows, and a kernel may round a
-# block of rows differently from the whole, so the check is a tolerance, not equality:
+# (the check allows the `--atol 1e-3` given here). It runs in the row form, which splits each GEMM
+# by rows, and a kernel may round a block of rows differently from the whole:
 # [`tests/test_group_layout.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_group_layout.py)
 # holds grouped matrices within $10^{-2}$ of the reference's update, relative, on 1 x 1 to 2 x 4,
 # and the others bit for bit. Each member sends {glue:text}`ch14-live-gram-kb` kB a step for the
-# group's collectives (the ledger's phase `ns_group_gram` counts them in either form), which is
-# what the closed form (`costmodel.group_bytes`) says, rank by rank. That is the price on a
-# problem this small: the busiest rank sends {glue:text}`ch14-live-group-kb` kB a step under the
-# group layout against {glue:text}`ch14-live-owner-kb` kB under owner.
+# group's collectives (the ledger's phase `ns_group_gram`), what the closed form
+# (`costmodel.group_bytes`) says, rank by rank; the busiest rank sends
+# {glue:text}`ch14-live-group-kb` kB a step under the group layout against
+# {glue:text}`ch14-live-owner-kb` kB under owner.
 #
-# What it costs in time and memory needs bigger matrices than a live cell can afford. The issue
-# that asked for the group layout set its bar on the report's shapes (one 4096 x 4096 matrix with
-# 99.1% of the Newton-Schulz FLOPs, beside four smaller ones) on DP 2 x TP 2, against one process
-# using both cores of this machine: `bench.py --dp 2 --tp 2 --layout owner,group --single
-# --report-shapes`. Its steps take seconds each, so `make record` runs it once on a machine
-# otherwise idle and keeps the result in `book/data/` with its command, commit, machine and load
-# average (which counts the benchmark `make record` ran just before, its own ranks); the Muon overhead ratio is {doc}`chapter 8 <08_beyond_poc>`'s (1.0: Muon adds on the
-# grid just what it adds in one process), with its spread over the measured steps.
+# Time and memory need bigger matrices than a live cell can afford. The issue that asked for the
+# group layout set its bar on the report's shapes (one 4096 x 4096 matrix with 99.1% of the
+# Newton-Schulz FLOPs, beside four smaller ones) on DP 2 x TP 2, against one process using both
+# cores: `bench.py --dp 2 --tp 2 --layout owner,group --single --report-shapes`. Its steps take
+# seconds, so `make record` runs it once and keeps the result in `book/data/` with its command,
+# commit, machine and load average. The machine was not idle: on its 2 cores the load average
+# was {glue:text}`ch14-rec-load` when the run started (the benchmark `make record` had just run,
+# and other jobs), so read the seconds as a loaded machine's and lean on what was measured side by
+# side in one run: the Muon overhead ratio of {doc}`chapter 8 <08_beyond_poc>` (1.0: Muon adds on
+# the grid just what it adds in one process), with its spread over the measured steps.
 
 # %%
 import statistics
@@ -685,27 +661,25 @@ typical = {name: statistics.median(
                bench["variants"][v["variant"]]["peak_bytes_per_rank"])
            for name, v in bench["layouts"].items()}
 glue("ch14-rec-peak", f"{typical['group'] / typical['owner']:.1f}", display=False)
+glue("ch14-rec-load", f"{record['load_average_1min'][0]:g}", display=False)
 
 # %% [markdown]
 # The overhead ratio {glue:text}`ch14-rec-verdict`: {glue:text}`ch14-rec-owner` with one owner per
 # matrix, {glue:text}`ch14-rec-group` with the 4096 x 4096 matrix shared by the four ranks
 # (median, then min-max of the steps). The price is in the other columns: the group layout sends
 # {glue:text}`ch14-rec-bytes` times the owner layout's bytes, and its ranks peak at
-# {glue:text}`ch14-rec-peak` times the memory (medians over the ranks: the busiest rank's peak
-# moves by one large buffer from run to run), because a member holds its block of the matrix and
-# the buffers of the group's collectives (this matrix is square, so it runs in the row form,
-# which all-gathers the whole matrix on every member, and then its Gram matrix and new rows every
-# step).
-# On a GPU cluster the same trade holds: a group spends link bandwidth and memory to shorten the
-# busiest rank's Newton-Schulz, which pays only where the links are fast, as the projections said.
+# {glue:text}`ch14-rec-peak` times the memory (medians over the ranks), because a member holds its
+# block and the buffers of the group's collectives (this square matrix runs in the row form, which
+# all-gathers the whole matrix on every member). On a GPU cluster the trade is the same: a group
+# spends link bandwidth and memory to shorten the busiest rank's Newton-Schulz, which pays only
+# where the links are fast.
 #
-# Those four members were sized by FLOPs. This machine has two cores, and the launcher gives
-# each of the four ranks one thread, so only two ranks compute at once: the third and fourth
-# members add traffic and no speed. Sizing by time sees that, given a profile that says it.
+# Those four members were sized by FLOPs. This machine has two cores and each of the four ranks one
+# thread, so only two compute at once: the third and fourth members add traffic and no speed.
 # `make record` runs the same benchmark again with `--hw this-machine`, which turns
-# {doc}`chapter 13 <13_what_to_pick>`'s calibration of this machine into a profile for this
-# launch (`timemodel.plan_profile`: each rank's share of the measured matmul rate, the measured
-# link, and `parallel_ranks`, the ranks that compute at once).
+# {doc}`chapter 13 <13_what_to_pick>`'s calibration of this machine into a profile
+# (`timemodel.plan_profile`: each rank's share of the measured matmul rate, the measured link, and
+# `parallel_ranks`, the ranks that compute at once).
 
 # %%
 timed_record = load_recorded("bench_group_timed_2x2.json")
@@ -761,9 +735,8 @@ glue("ch14-timed-bytes", f"{G['bytes_ratio'] / TG['bytes_ratio']:.1f}", display=
 # Its overhead ratio is {glue:text}`ch14-timed-ratio`, {glue:text}`ch14-timed-vs-flops`
 # ({glue:text}`ch14-rec-group` above), and the group layout sends {glue:text}`ch14-timed-bytes`
 # times fewer bytes than with four. The two runs are separate, each against its own one-process
-# baseline, so compare their ratios, not their seconds, and read the owner layout's ratio as the
-# drift between runs: {glue:text}`ch14-timed-owner` in this run against
-# {glue:text}`ch14-rec-owner` in the first.
+# baseline, so compare their ratios, not their seconds; the owner layout's ratio shows the drift
+# between runs: {glue:text}`ch14-timed-owner` here against {glue:text}`ch14-rec-owner` before.
 #
 # ## Turning it on
 #
@@ -783,16 +756,14 @@ glue("ch14-timed-bytes", f"{G['bytes_ratio'] / TG['bytes_ratio']:.1f}", display=
 #     ns_form="standard")               # or "gram" (groups too)
 # ```
 #
-# `hw` is the profile of the projections above: `hardware.h100()` gives their assumed H100
-# figures, `hardware.profile(flops=..., efficiency=..., ranks_per_node=..., intra=(alpha, beta),
-# inter=(alpha, beta))` your own cluster's (with `parallel_ranks=` where ranks share a node's
-# cores, as CPU ranks do). Every rank must pass the same profile (the optimizer
-# checks it with the rest of the plan before the first collective). Left out, the groups are
-# sized by FLOPs alone. The profile decides whether a group pays at all, so the same matrices
-# get different plans on different machines. Below, the plan for four ranks and two large
-# matrices with no profile, with the H100 one and with a made-up slow machine (1 GFLOP/s per
-# rank, nodes of four ranks with fast links inside); then the optimizer runs the slow machine's
-# plan against one process.
+# `hw` is the profile of the projections above; `hardware.profile(flops=..., efficiency=...,
+# ranks_per_node=..., intra=(alpha, beta), inter=(alpha, beta))` gives your own cluster's (with
+# `parallel_ranks=` where ranks share a node's cores). Every rank must pass the same profile (the
+# optimizer checks it with the rest of the plan). Left out, groups are sized by FLOPs alone. The
+# profile decides whether a group pays at all, so the same matrices get different plans on
+# different machines. Below, the plan for four ranks and two large matrices with no profile, with
+# the H100 one and with a made-up slow machine (1 GFLOP/s per rank, nodes of four ranks with fast
+# links inside); then the optimizer runs the slow machine's plan against one process.
 
 # %%
 import json
@@ -839,51 +810,39 @@ glue("ch14-timed-diff", "bit for bit" if timed["max_abs_diff"] == 0 else
 
 # %% [markdown]
 # Without a profile each large matrix gets a FLOP-sized window of contiguous ranks. On the H100
-# figures neither gets a group: each one's Newton-Schulz takes less time there than the latency
-# of a group's eleven collectives. On the slow machine the first matrix gets ranks 0, 1 and 2,
-# and the second gets ranks 0 and 3: not contiguous, and sharing rank 0, because a group inside
-# a node takes that node's least-busy ranks. The run matches one process
-# {glue:text}`ch14-timed-diff`, and rank 0's ledger row for the group collectives names both of
-# its subgroups (`g0-1-2+g0-3`).
+# figures neither gets a group: each one's Newton-Schulz takes less time than the latency of a
+# group's eleven collectives. On the slow machine the first matrix gets ranks 0, 1 and 2, and the
+# second ranks 0 and 3: not contiguous, and sharing rank 0, because a group inside a node takes
+# that node's least-busy ranks. The run matches one process {glue:text}`ch14-timed-diff`, and rank
+# 0's ledger row for the group collectives names both of its subgroups (`g0-1-2+g0-3`).
 #
-# From the command line, `python scripts/train.py --dp 2 --tp 2 --layout group --hw h100`
-# trains the tiny GPT with it (`--hw` also takes a JSON file of the five numbers; `train.py` has
-# no flags for the other three options). The groups are fixed when the optimizer is built, on
-# every rank alike, and each distinct set of members gets its own process subgroup then. Pick
-# `"group"` over `"owner"` when one matrix holds more than its fair share of the Newton-Schulz
-# work. Before training, `python scripts/verify.py --dp D --tp T --layout group --hw PROFILE
-# --shapes ...` shows, for your shapes on your grid, which ranks each group spans (ledger rows
-# such as `g0-1`, and `groups` in its JSON) and checks the result against one process;
-# `--ns-batch`, `--ns-form gram` and `--ns-coefficients polar_express` add the other options, which
-# the one process then runs too.
+# From the command line, `python scripts/train.py --dp 2 --tp 2 --layout group --hw h100` trains
+# the tiny GPT with it (`--hw` also takes a JSON file of the five numbers). Pick `"group"` over
+# `"owner"` when one matrix holds more than its fair share of the Newton-Schulz work. Before
+# training, `python scripts/verify.py --dp D --tp T --layout group --hw PROFILE --shapes ...` shows
+# which ranks each group spans on your grid (ledger rows such as `g0-1`, `groups` in its JSON) and
+# checks the result against one process; `--ns-batch`, `--ns-form gram` and
+# `--ns-coefficients polar_express` add the other options.
 #
 # ## What is built and what is not
 #
-# Built and tested: the coefficient schedules and the Gram form (`ns_coefficients`, `ns_form`),
-# same-shape batching (`ns_batch=True`) in the owner, aligned and group layouts, three ways a group
-# shares one matrix (the Gram all-reduce `ns_group.zeropower_sharded` and the row form
-# `zeropower_rows`, picked per matrix by `ns_group.group_form`; with `ns_form="gram"`, the Gram
-# form over the group, `ns_gram_group`, which all-reduces the norm and one Gram per optimizer
-# step, two collectives instead of eleven), the group layout above with every option the owner
-# layout takes (a grouped matrix itself is never batched: each member holds only a block of it),
-# the plans and projections, for a 1T-class mixture of experts too
-# (`plan_at_scale.py --model kimi-k2`), and groups sized by time in the optimizer (`hw=`),
-# checked against one process on groups that are neither contiguous nor disjoint.
-# **Not built**: the projections price neither the Gram form over a group nor expert
-# parallelism, and they are a model, not a measurement; the profile is given, not measured on
-# the cluster (every rank must use the same numbers, so no rank may time its own).
+# Built and tested: everything above in the optimizer, with every option of the owner layout in
+# the group layout (a grouped matrix itself is never batched: each member holds only a block), a
+# third way for a group to share a matrix (with `ns_form="gram"`, `ns_gram_group` all-reduces the
+# norm and one Gram per optimizer step, two collectives instead of eleven), and the plans and
+# projections, for a 1T-class mixture of experts too (`plan_at_scale.py --model kimi-k2`).
+# **Not built**: the projections price neither the Gram form over a group nor expert parallelism,
+# and they are a model, not a measurement; the profile is given, not measured on the cluster
+# (every rank must use the same numbers, so no rank may time its own).
 #
 # ## Summary
 #
 # - One owner per matrix stops scaling once ranks outnumber matrices: the largest matrix's owner
 #   bounds the step while most ranks idle.
-# - A group of ranks can orthogonalise one matrix with one Gram all-reduce per step, within
-#   $10^{-5}$ of one process in fp32; in the bf16 the optimizer runs, a reordered sum can flip a
-#   rounding that later steps carry on, so the group layout's tests allow $10^{-2}$ relative.
-#   For a near-square matrix the row form sends fewer bytes (the matrix, then each step's rows of
-#   $A$ and $X$, all-gathered in bf16) and sums nothing across ranks. Either way a group pays only
-#   where its traffic is cheap next to the FLOPs it saves. The optimizer's `layout="group"` gives groups to the matrices above their fair
-#   share: sized by time on a hardware profile (`hw=`), or by FLOPs alone without one.
+# - A group of ranks can orthogonalise one matrix with one Gram all-reduce per step (within
+#   $10^{-5}$ of one process in fp32; the optimizer's bf16 runs allow $10^{-2}$ relative), or, for
+#   a near-square matrix, with the row form's all-gathers. A group pays only where its traffic is
+#   cheap next to the FLOPs it saves, so size groups by time on a hardware profile (`hw=`).
 # - Same-shape batching turns an owner's many expert matrices into a few calls; Polar Express is
 #   closer to the polar factor in the same matmuls; the Gram form saves FLOPs on rectangles.
 #
