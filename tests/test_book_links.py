@@ -155,10 +155,21 @@ def test_the_road_map_lists_every_page_of_the_toc():
     table = table_markdown()
     assert all(f"</{p}>`" in table for p in listed)
     assert "12. Use it in your training" in table   # titles come from each page's first heading
-    by_name = {p.name: md for p, md in pages()}
-    assert "```{chapter-table}" in by_name["index.md"] and "{list-table}" not in by_name["index.md"]
     source = (ROOT / "notebooks" / "00_start_here.py").read_text()
-    assert "table_markdown()" in source and "| 12." not in source
+    assert "table_markdown()" in source and "| 12." not in source   # generated, not typed
+
+
+def test_the_index_routes_every_chapter_by_goal_and_does_not_repeat_the_road_map():
+    """The first page says which chapters to read for each goal; chapter 0 holds the one table of pages."""
+    from muongrid.lab.bookbuild import toc_files
+
+    index = (ROOT / "book" / "index.md").read_text()
+    assert "{chapter-table}" not in index and "| Page |" not in index
+    for goal in ("To understand", "To use it", "To decide", "To reproduce the paper"):
+        assert f"**{goal}" in index, goal
+    linked = set(re.findall(r"\{doc\}`[^`<]*<\.\./(notebooks/[^>]+)>`", index))
+    chapters = {p for p in toc_files() if p.startswith("notebooks/")}
+    assert chapters - linked == set(), f"chapters no goal of the index names: {sorted(chapters - linked)}"
 
 
 def test_a_chapter_without_a_road_map_question_is_an_error():
