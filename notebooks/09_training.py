@@ -443,7 +443,10 @@ from muongrid.routing import routing_table
 
 routes = routing_table(gpt)
 to_muon = [r for r in routes if r.use_muon]
-why_adamw = sorted({r.why.split(" (")[0] for r in routes if not r.use_muon})
+kinds = {"embedding": "embeddings", "named as": "the head", "not a matrix": "vectors"}
+to_adamw = {kind: sum(r.why.startswith(k) for r in routes if not r.use_muon)
+            for k, kind in kinds.items()}
+assert sum(to_adamw.values()) == len(routes) - len(to_muon)   # every AdamW tensor counted
 sweep0 = {o: {r["lr"]: r["final_val_loss"] for r in s["sweep"][o]} for o in s["sweep"]}
 a_lr, h_lr, wd = a["lr"], h["lr"], cfg["weight_decay"]
 # the recipe below is the code's: its defaults are what the study ran with
@@ -452,8 +455,10 @@ assert sweep0["hybrid"][a_lr] < sweep0["adamw"][a_lr] and h_lr > a_lr
 rows = [
     ["which parameters", "all",
      "`hybrid_param_groups(model)`: Muon for the hidden matrices (and MoE expert "
-     f"banks), AdamW for the rest ({', '.join(why_adamw)}). Here {len(to_muon)} of "
-     f"{len(routes)} tensors go to Muon; `print(routing_table(model))` shows each."],
+     "banks), AdamW for embeddings, the output head, routers and vectors (norms, "
+     f"biases). Here {len(to_muon)} matrices go to Muon; {to_adamw['embeddings']} "
+     f"embeddings, the head and {to_adamw['vectors']} vectors to AdamW; "
+     "`print(routing_table(model))` shows each tensor and why."],
     ["learning rate", f"your tuned lr (here {a_lr:g})",
      "start both groups at AdamW's lr: the default "
      "`adjust_lr_fn=\"match_rms_adamw\"` sizes each matrix's step like AdamW's. Then "
