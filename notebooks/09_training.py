@@ -446,7 +446,8 @@ to_muon = [r for r in routes if r.use_muon]
 kinds = {"embedding": "embeddings", "named as": "the head", "not a matrix": "vectors"}
 to_adamw = {kind: sum(r.why.startswith(k) for r in routes if not r.use_muon)
             for k, kind in kinds.items()}
-assert sum(to_adamw.values()) == len(routes) - len(to_muon)   # every AdamW tensor counted
+# every AdamW tensor counted
+assert sum(to_adamw.values()) == len(routes) - len(to_muon)
 sweep0 = {o: {r["lr"]: r["final_val_loss"] for r in s["sweep"][o]} for o in s["sweep"]}
 a_lr, h_lr, wd = a["lr"], h["lr"], cfg["weight_decay"]
 # the recipe below is the code's: its defaults are what the study ran with
