@@ -354,7 +354,8 @@ routes = routing_table(model)
 print(routes)
 counts = {k: sum(math.prod(r.shape) for r in routes if r.optimizer == k)
           for k in ("Muon", "AdamW")}
-print(f"\nparameters optimised by Muon: {counts['Muon']:,}; by AdamW: {counts['AdamW']:,}")
+print(f"\nparameters optimised by Muon: {counts['Muon']:,}; "
+      f"by AdamW: {counts['AdamW']:,}")
 
 # %% [markdown]
 # ## Muon vs AdamW on a real task

@@ -361,7 +361,8 @@ for name in ("muon", "adamw"):
 from muongrid import hardware
 from muongrid.lab.costmodel import links_for_grid
 
-INTRA, INTER = hardware.H100["nvlink"], hardware.H100["infiniband"]   # (s a hop, bytes/s)
+# (seconds a ring hop, bytes/s) inside a node and between nodes
+INTRA, INTER = hardware.H100["nvlink"], hardware.H100["infiniband"]
 GPUS_PER_NODE, BUCKET = hardware.H100["gpus_per_node"], 2**25
 
 
@@ -488,8 +489,9 @@ glue("ch6-latency", Figure(latency_figure), display=False)
 # ```
 
 # %% tags=["remove-cell"]
-# Exercise 2's answer, computed (the solution below quotes it): the straddlers-only ratio at dp=8
-# against the bucket size, which falls in steps where a shard boundary stops cutting a matrix.
+# Exercise 2's answer, computed (the solution below quotes it): the straddlers-only
+# ratio at dp=8 against the bucket size, which falls in steps where a shard boundary
+# stops cutting a matrix.
 def straddler_ratio(bucket):
     return 1 + (dp_gather_bytes(stack, 8, 1, bucket, "straddlers")
                 / step_bytes(stack, 8, 1, bucket, muon=False)["total"])
