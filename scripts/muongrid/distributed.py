@@ -99,6 +99,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {overlap!r}")
+        if layout == "group" and getattr(grid, "ep", 1) > 1:
+            raise ValueError("layout='group' on an expert grid (grid.expert(ep)) is not supported: its Newton-Schulz "
+                             "groups are made by every rank of the job; use 'owner' or 'aligned' for expert groups")
         if ns_batch and layout == "bucket":
             raise ValueError("ns_batch=True batches same-shape matrices on their owner: it needs layout='owner', "
                              "'aligned' or 'group' (the bucket layout orthogonalises every matrix on every rank)")
