@@ -17,7 +17,7 @@
 # %% [markdown]
 # # 16. On a GPU
 #
-# ```{admonition} What this page runs
+# ```{admonition} What this chapter runs
 # No GPU: it reads the project's one-GPU record (a run made outside this build, kept with its
 # provenance in `book/data/`) and counts one optimizer step of today's code on the meta device
 # (the shapes of three real models, no memory, no kernels: about 15 seconds).
@@ -205,7 +205,7 @@ glue("ch16-torch-ns", f"{(prof['torch_addmm'] + prof['torch_mm']) / 2:.0f}",
 # A step's GPU time outside Newton-Schulz is the bytes it reads and writes over the memory's
 # bandwidth, and those bytes can be counted without a GPU: run the step on the **meta device**
 # (tensors with shapes and no data) under a dispatch mode that adds up each operation's bytes
-# from its schema (`muongrid/lab/stepcost.py`). At the record's commit that count said our step
+# from its schema ([`muongrid/lab/stepcost.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/stepcost.py)). At the record's commit that count said our step
 # moved {glue:text}`ch16-prior-ours` GiB outside Newton-Schulz against torch's
 # {glue:text}`ch16-prior-torch` GiB. Over the memory's bandwidth, between the datasheet's 3.35 TB/s
 # and the 2.56 TB/s the record's fused AdamW pass reached, the difference is
