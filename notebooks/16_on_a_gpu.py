@@ -127,7 +127,8 @@ from muongrid.lab import palette
 rates = gpurecord.derived(record)
 ns = record["ns_speed"]
 bars = [("bf16 matmul\n4096^3", ns["best_matmul_gflops"] * 1e9, palette.NEUTRAL["sum"]),
-        ("Newton-Schulz\n4096 x 4096", rates["ns5_4096"], palette.STEP["newton_schulz"]),
+        ("Newton-Schulz\n4096 x 4096", rates["ns5_4096"],
+         palette.STEP["newton_schulz"]),
         ("Newton-Schulz in\nthe Llama-1B step", rates["ns_in_step"],
          palette.STEP["newton_schulz"]),
         ("bf16 matmul\n8192^3", rates["matmul_bf16"], palette.NEUTRAL["sum"])]
@@ -214,7 +215,8 @@ glue("ch16-torch-ns", f"{(prof['torch_addmm'] + prof['torch_mm']) / 2:.0f}",
 # this page was built; "ops" are aten operations, about one kernel each):
 
 # %% tags=["hide-input"]
-counted = {m: gpurecord.count_step(m) for m in ("gpt2-124m", "llama-1b", "llama-8b-4layers")}
+SHAPES = ("gpt2-124m", "llama-1b", "llama-8b-4layers")
+counted = {m: gpurecord.count_step(m) for m in SHAPES}
 table(["shapes", "GiB ours", "GiB torch", "ratio", "ops ours", "ops torch",
        "host syncs ours"],
       [[m, f"{c['ours']['bytes_gib']:.1f}", f"{c['torch']['bytes_gib']:.1f}",
@@ -225,7 +227,7 @@ bandwidths = (hardware.figure("hbm"), hardware.figure("elementwise"))   # fast, 
 
 
 def ms_range(gib):
-    """Milliseconds to move ``gib`` GiB at the datasheet and at the measured bandwidth."""
+    """Milliseconds to move ``gib`` GiB at the datasheet and the measured bandwidth."""
     low, high = (gib * GiB / b * 1e3 for b in bandwidths)
     return low, high
 
@@ -236,7 +238,8 @@ now = counted["llama-1b"]
 now_ms = ms_range(now["ours"]["outside_ns_gib"] - now["torch"]["outside_ns_gib"])
 torch_ms = llama["torch_hybrid"]["gpu_ms"]
 assert prior_ms[0] < gap_ms < prior_ms[1]   # the count bracketed the record's gap
-assert all(c["ours"]["syncs"] == 0 and c["bytes_ratio"] < 1.15 for c in counted.values())
+assert all(c["ours"]["syncs"] == 0 and c["bytes_ratio"] < 1.15
+           for c in counted.values())
 glue("ch16-prior-ours", f"{prior['ours_outside_ns_gib']:.1f}", display=False)
 glue("ch16-prior-torch", f"{prior['torch_outside_ns_gib']:.1f}", display=False)
 glue("ch16-prior-ms", "{:.0f}-{:.0f}".format(*prior_ms), display=False)
@@ -316,7 +319,8 @@ assert one["config"].dp * one["config"].tp == 1
 owner = one["layouts"]["owner"]
 table(["", "forward + backward", "AdamW step", "Muon + AdamW step", "Muon's share"],
       [["modelled (chapter 13)", f"{one['forward_backward'] * 1e3:.0f} ms",
-        f"{one['layouts']['adamw']['total'] * 1e3:.1f} ms", f"{owner['total'] * 1e3:.0f} ms",
+        f"{one['layouts']['adamw']['total'] * 1e3:.1f} ms",
+        f"{owner['total'] * 1e3:.0f} ms",
         f"{owner['optimizer_share'][0]:.1%}"],
        ["measured (torch.optim.Muon)", f"{fb_ms:.0f} ms",
         f"{llama['torch_adamw_fused']['gpu_ms']:.1f} ms",
