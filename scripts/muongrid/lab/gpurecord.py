@@ -75,7 +75,8 @@ def import_record(folder: Path) -> dict:
         s["lines"] = [x for x in s["lines"] if x[:1] != "{"]
     return dict(
         what=WHAT, commit=COMMIT, source=str(folder.name), imported_by=f"python -m muongrid.lab.gpurecord {folder}",
-        started=head[0], gpu=head[1], software=head[2], steps=steps, bench=json.loads((folder / "bench.json").read_text()),
+        started=head[0], gpu=head[1], software=head[2], steps=steps,
+        bench=json.loads((folder / "bench.json").read_text()),
         ns_speed=ns_json, fwd_bwd=fwd_bwd, fwd_bwd_command="python tools/fwd_bwd.py", graph=graph,
         graph_command="python tools/graph_probe.py", profile_command="python tools/gpu_profile.py",
         profile_ms_two_steps=dict(

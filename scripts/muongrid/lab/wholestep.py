@@ -28,6 +28,7 @@ TP-split, a layout that could not hold it: its bf16 weights alone are 1.04e12 x 
 activation recomputation, and the copies of gradients into the reduce-scatter buffer (the same for both).
 
     rows = [whole_step(c) for c in CONFIGS]      # the table chapter 13 prints
+    reported_rows()                               # what the paper and other implementations report, cited
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ ELEMENT_BYTES = {"adamw": 28, "muon": 54}
 # Routed experts each token is sent to (Kimi K2's report and config: 8 of 384; Moonlight: 6 of 64).
 ACTIVE_EXPERTS = {"kimi-k2": 8, "moonlight-16b-a3b": 6}
 DENSE_LAYOUTS = ("bucket", "owner", "aligned")
-SCALE_LAYOUTS = ("owner", "group")
+SCALE_LAYOUTS = ("owner",)   # the group layout makes no group of K2's matrices on this table: the same step
 
 
 @dataclass(frozen=True)
@@ -147,3 +148,52 @@ def whole_step(c: Config) -> dict:
             over_adamw=(serial / base_serial - 1, hidden / base_hidden - 1),
             optimizer_x_adamw=t["total"] / adamw["total"])
     return dict(config=c, forward_backward=fb, active_params=active_params(c.model), layouts=layouts)
+
+
+# What others report for Muon's cost in a whole step, each with where it was read; chapter 13 prints these beside
+# the model. Figures are as published; NVIDIA's are throughputs (TFLOP/s per GPU) and the loss is computed.
+NVIDIA_BLOG = ("https://developer.nvidia.com/blog/advancing-emerging-optimizers-for-accelerated-llm-training-with-"
+               "nvidia-megatron/")
+DMUON = "https://github.com/X-Square-Robot/dmuon/blob/{}/README.md"
+REPORTED = (
+    dict(source="Moonshot AI, the paper {cite:p}`liu2025muonscalable`", setting="Distributed Muon at scale",
+         what="optimizer share of the step", figure="1-3%"),
+    dict(source=f"[NVIDIA technical blog]({NVIDIA_BLOG}), April 2026",
+         setting="Kimi K2, 256 GB300, PP4 x DP64 x EP64, MXFP8, Megatron-Bridge 26.02",
+         what="model TFLOP/s per GPU, AdamW and Muon", values=(1051, 1029), kind="throughput"),
+    dict(source=f"[NVIDIA technical blog]({NVIDIA_BLOG}), April 2026",
+         setting="Qwen3-30B-A3B, 8 GB300, DP8 x EP8, MXFP8", what="model TFLOP/s per GPU, AdamW and Muon",
+         values=(713, 686), kind="throughput"),
+    dict(source=f"X-Square DMuon, [README at f002f24]({DMUON.format('f002f24a7e7397ae4b92ee6fd33fe62c75e9deb2')}),"
+                " August 2026", setting="WallX, Pi0 and Wall-WM (robotics models) on 16 nodes",
+         what="step time over AdamW's", figure="+2.1%, +1.7%, +3.4%"),
+    dict(source=f"X-Square DMuon, [README at 001f582]({DMUON.format('001f5826527b8447b15f0efa455adfe0ca1f3043')}),"
+                " May 2026", setting="Llama-3.1-8B, 128 A800, sequences of 4,096, FSDP-Z2 and HSDP-Z3",
+         what="step time over AdamW's", figure="+8.0%, +4.7%"),
+)
+
+
+def reported_rows() -> list[list[str]]:
+    """``REPORTED`` as table rows: source, setting, Muon's extra over AdamW (or the paper's share)."""
+    rows = []
+    for r in REPORTED:
+        if r.get("kind") == "throughput":
+            adamw, muon = r["values"]
+            figure = f"{1 - muon / adamw:.1%} less model throughput ({muon:,} against {adamw:,} TFLOP/s)"
+        else:
+            figure = f"{r['figure']} ({r['what']})"
+        rows.append([r["source"], r["setting"], figure])
+    return rows
+
+
+def hardware_rows() -> list[list[str]]:
+    """``hardware.H100_TABLE`` for a page: figure, value, kind, source."""
+    def value(v, unit):
+        if isinstance(v, tuple):
+            return f"{v[0] * 1e6:.0f} us, {v[1] / 1e9:.0f} GB/s"
+        if unit == "FLOP/s":
+            return f"{v / 1e12:,.0f} TFLOP/s"
+        if unit == "bytes/s":
+            return f"{v / 1e12:.2f} TB/s"
+        return f"{v:g} {unit}"
+    return [[key, value(v, unit), kind, source] for key, (v, unit, kind, source) in hardware.H100_TABLE.items()]
