@@ -59,3 +59,11 @@ def test_a_gpu_step_bench_record_becomes_a_table():
     record = dict(models={"llama-1b": dict(time=dict(runs=dict(torch=run(111.4, 109.2, 0), ours=run(100.0, 98.0, 0)),
                                                       floor_ms=72.6, ours_over_torch=100.0 / 111.4))})
     assert gpurecord.step_bench_rows(record) == [["llama-1b", "111.4 (109.2)", "100.0 (98.0)", "72.6", "0.90", 0]]
+
+
+def test_the_start_page_sentence_cites_the_record_and_its_age():
+    """``start_page_markdown`` is what chapter 0 may show: the record's commit, its figures, and that the
+    rebuilt step is not timed yet, with a link to chapter 16."""
+    text = gpurecord.start_page_markdown(gpurecord.load())
+    assert gpurecord.COMMIT in text and "104%" in text and "not yet timed" in text
+    assert "{doc}`On a GPU <16_on_a_gpu>`" in text
