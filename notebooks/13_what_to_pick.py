@@ -125,33 +125,14 @@ for name in SETS:
     rows = []
     for grid in GRIDS:
         for c in costs[(name, grid)]:
-            rows.append(
-                [
-                    f"{grid[0]} x {grid[1]}",
-                    c["layout"],
-                    f"{c['bytes_per_rank'] / 1e6:.2f} MB",
-                    f"{c['vs_adamw']:.2f}",
-                    c["ns_runs_per_matrix"],
-                    f"{c['busiest_ns_flops'] / 1e9:.1f} GFLOP",
-                    f"{c['state_bytes_per_rank'] / 1e6:.2f} MB",
-                    c["overlap"],
-                ]
-            )
+            rows.append([f"{grid[0]} x {grid[1]}", c["layout"],
+                         f"{c['bytes_per_rank'] / 1e6:.2f} MB", f"{c['vs_adamw']:.2f}",
+                         c["ns_runs_per_matrix"],
+                         f"{c['busiest_ns_flops'] / 1e9:.1f} GFLOP",
+                         f"{c['state_bytes_per_rank'] / 1e6:.2f} MB", c["overlap"]])
     display(Markdown(f"**{name}**:"))  # a printed line would merge above both tables
-    table(
-        [
-            "grid",
-            "layout",
-            "sent per rank",
-            "x AdamW",
-            "NS runs",
-            "busiest NS",
-            "state",
-            "overlap",
-        ],
-        rows,
-        align="llrrrrrl",
-    )
+    table(["grid", "layout", "sent per rank", "x AdamW", "NS runs", "busiest NS",
+           "state", "overlap"], rows, align="llrrrrrl")
 
 # %% tags=["remove-cell"]
 # The claims of the text, checked on the numbers above (a build fails if one stops
@@ -261,22 +242,12 @@ for hw, unit, scale in ((H100, "us", 1e6), (CPU, "ms", 1e3)):
     for name in SETS:
         for grid in GRIDS:
             for layout, t in secs[(hw["name"], name, grid)].items():
-                rows.append(
-                    [
-                        SHORT[name],
-                        f"{grid[0]} x {grid[1]}",
-                        layout,
-                        f"{t['comm'] * scale:,.1f}",
-                        f"{t['newton_schulz'] * scale:,.1f}",
-                        f"{t['total'] * scale:,.1f}",
-                    ]
-                )
+                rows.append([SHORT[name], f"{grid[0]} x {grid[1]}", layout,
+                             *(f"{t[k] * scale:,.1f}"
+                               for k in ("comm", "newton_schulz", "total"))])
     display(Markdown(f"**{hw['name']}**, {unit} per step:"))
-    table(
-        ["matrices", "grid", "layout", "comm", "Newton-Schulz", "total"],
-        rows,
-        align="lllrrr",
-    )
+    table(["matrices", "grid", "layout", "comm", "Newton-Schulz", "total"], rows,
+          align="lllrrr")
 
 # %% tags=["remove-cell"]
 # The claims of the text below, on the numbers above.
@@ -375,28 +346,15 @@ for name, groups in SETS.items():
         t = step_seconds(dp_only, dp, 1, DEFAULT_BUCKET_NUMEL, "owner", H100)
         zero1_s = t["ns_to_owner"] + t["ns_from_owner"] + t["newton_schulz"]
         extra_s[(name, dp)] = (zero1_s, fsdp2_extra_seconds(shapes, dp, H100)["total"])
-        rows.append(
-            [
-                SHORT[name],
-                f"{dp}x1",
-                f"{zero1 / 1e6:.2f}",
-                f"{fsdp['extra_bytes_per_rank'] / 1e6:.2f}",
-                f"{fsdp['busiest_ns_flops'] / 1e9:.1f}",
-                f"{extra_s[(name, dp)][0] * 1e6:.0f}",
-                f"{extra_s[(name, dp)][1] * 1e6:.0f}",
-            ]
-        )
+        rows.append([SHORT[name], f"{dp}x1", f"{zero1 / 1e6:.2f}",
+                     f"{fsdp['extra_bytes_per_rank'] / 1e6:.2f}",
+                     f"{fsdp['busiest_ns_flops'] / 1e9:.1f}",
+                     f"{extra_s[(name, dp)][0] * 1e6:.0f}",
+                     f"{extra_s[(name, dp)][1] * 1e6:.0f}"])
 display(Markdown("Muon's extra per step and rank:"))
 table(
-    [
-        "matrices",
-        "grid",
-        "ZeRO-1 owner, MB",
-        "FSDP2 + FSDPMuon, MB",
-        "busiest NS, FSDP2, GFLOP",
-        "H100, ZeRO-1 owner, us",
-        "H100, FSDP2, us",
-    ],
+    ["matrices", "grid", "ZeRO-1 owner, MB", "FSDP2 + FSDPMuon, MB",
+     "busiest NS, FSDP2, GFLOP", "H100, ZeRO-1 owner, us", "H100, FSDP2, us"],
     rows,
     align="llrrrrr",
 )
