@@ -14,8 +14,10 @@ what it costs in the *training step*. Per configuration (a model's parameter sha
   (``timemodel.step_seconds``: the ZeRO-1 reduce-scatter and all-gather, the layout's transfers for
   Newton-Schulz, its FLOPs at the table's Newton-Schulz rate), plus the element-wise passes over this rank's
   shard at the measured element-wise bandwidth ("elementwise"), ``ELEMENT_BYTES`` per element. Kimi K2 (70,000
-  matrices, 256+ ranks) is priced by ``plan_at_scale.grid_report``, whose all-to-all model is cruder
-  (bytes over the DP link, one latency per bucket) but fast at that size.
+  matrices, 256 ranks) runs as it is trained, with expert parallelism (``Grid.expert(ep)``: each rank holds
+  1/ep of every layer's experts, whose optimizer stays among the ranks holding the same slice), priced by
+  ``scripts/plan_ep.py`` (its dense and expert plans; ``plan_at_scale``'s all-to-all model, cruder than
+  ``timemodel``'s: bytes over the DP link, one latency per bucket, but fast at that size).
 
 Two shares are reported, as the sources report theirs: the **optimizer's share of the step**
 (optimizer / (forward + backward + optimizer): the paper's "1-3%") and **Muon's extra over AdamW**
@@ -23,16 +25,19 @@ Two shares are reported, as the sources report theirs: the **optimizer's share o
 twice: with the ZeRO-1 collectives in the step (serial) and with them hidden behind forward and backward,
 as Megatron overlaps them; Muon's own transfers and Newton-Schulz are never hidden here.
 
-Not modelled: pipeline and expert parallelism (Kimi K2 is priced as ZeRO-1 x TP with every expert's matrices
-TP-split, a layout that could not hold it: its bf16 weights alone are 1.04e12 x 2 / TP bytes per GPU),
-activation recomputation, and the copies of gradients into the reduce-scatter buffer (the same for both).
+Not modelled: pipeline parallelism, the MoE layers' token all-to-alls (forward and backward's, the same for both
+optimizers), whether a configuration fits in memory, activation recomputation, and the copies of gradients into
+the reduce-scatter buffer (the same for both).
 
     rows = [whole_step(c) for c in CONFIGS]      # the table chapter 13 prints
     reported_rows()                               # what the paper and other implementations report, cited
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
+import sys
 from dataclasses import dataclass
 
 from .. import hardware
@@ -48,7 +53,6 @@ ELEMENT_BYTES = {"adamw": 28, "muon": 54}
 # Routed experts each token is sent to (Kimi K2's report and config: 8 of 384; Moonlight: 6 of 64).
 ACTIVE_EXPERTS = {"kimi-k2": 8, "moonlight-16b-a3b": 6}
 DENSE_LAYOUTS = ("bucket", "owner", "aligned")
-SCALE_LAYOUTS = ("owner",)   # the group layout makes no group of K2's matrices on this table: the same step
 
 
 @dataclass(frozen=True)
@@ -58,16 +62,27 @@ class Config:
     dp: int
     tp: int
     tokens: int         # tokens of one optimizer step, all GPUs together
-    note: str = ""
+    ep: int = 1         # expert-parallel slices (a MoE's experts: Grid.expert(ep)); 1: none
 
 
 CONFIGS = (
-    Config("Llama-3.2-1B, 1 H100", "llama3.2-1b", 1, 1, 16_384, "the GPU record's configuration"),
-    Config("Llama-3.2-1B, 8 H100", "llama3.2-1b", 8, 1, 8 * 16_384, "16,384 tokens per GPU, as measured"),
-    Config("Llama-3-8B, 64 H100", "llama3-8b", 8, 8, 2**22, "4 Mi tokens a step"),
-    Config("Llama-3-8B, 64 H100", "llama3-8b", 16, 4, 2**22, "4 Mi tokens a step"),
-    Config("Kimi K2, 256 H100", "kimi-k2", 32, 8, 2**24, "16 Mi tokens; EP and PP not modelled"),
+    Config("Llama-3.2-1B, 1 H100", "llama3.2-1b", 1, 1, 16_384),         # the GPU record's configuration
+    Config("Llama-3.2-1B, 8 H100", "llama3.2-1b", 8, 1, 8 * 16_384),     # 16,384 tokens per GPU, as measured
+    Config("Llama-3-8B, 64 H100", "llama3-8b", 8, 8, 2**22),             # 4 Mi tokens a step
+    Config("Llama-3-8B, 64 H100", "llama3-8b", 16, 4, 2**22),
+    Config("Kimi K2, 256 H100, EP 64", "kimi-k2", 256, 1, 2**24, ep=64),  # 16 Mi tokens a step
 )
+
+
+@functools.lru_cache(maxsize=1)
+def plan_ep():
+    """``scripts/plan_ep.py`` of the checkout as a module (it imports ``plan_at_scale``: the one loaded here)."""
+    sys.modules.setdefault("plan_at_scale", timemodel.plan_at_scale())
+    spec = importlib.util.spec_from_file_location("plan_ep", timemodel.plan_at_scale().__file__.replace(
+        "plan_at_scale.py", "plan_ep.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def model_specs(model: str):
@@ -116,12 +131,11 @@ def optimizer_seconds(c: Config) -> dict:
     groups, muon_elems, adamw_elems = cost_groups(c.model)
     world, hw = c.dp * c.tp, timemodel.h100()
     out = {}
-    if c.model in ACTIVE_EXPERTS:      # 256+ ranks of a MoE: plan_at_scale's faster, cruder pricing
-        r = timemodel.plan_at_scale().grid_report(c.dp, c.tp, model=c.model, rules=())
-        zero1 = r["adamw_step_ms"] / 1e3
+    if c.ep > 1:                        # a MoE with expert parallelism: plan_ep's plans, owner layout
+        zero1 = expert_parallel_zero1_seconds(c)
+        r = plan_ep().ep_report(c.model, c.dp, c.tp, c.ep)
         out["adamw"] = dict(zero1=zero1, muon_only=0.0)
-        for layout in SCALE_LAYOUTS:
-            out[layout] = dict(zero1=zero1, muon_only=r[f"{layout}_step_ms"] / 1e3 - zero1)
+        out["owner"] = dict(zero1=zero1, muon_only=r["step_ms"] / 1e3 - zero1)
     else:
         for layout in ("adamw", *DENSE_LAYOUTS):
             t = timemodel.step_seconds(groups, c.dp, c.tp, DEFAULT_BUCKET_NUMEL, layout, hw)
@@ -131,6 +145,20 @@ def optimizer_seconds(c: Config) -> dict:
         t["elementwise"] = elementwise_seconds(muon_elems, adamw_elems, world, "adamw" if layout == "adamw" else "muon")
         t["total"] = t["zero1"] + t["muon_only"] + t["elementwise"]
     return out
+
+
+def expert_parallel_zero1_seconds(c: Config) -> float:
+    """The ZeRO-1 reduce-scatter and all-gather of one step under expert parallelism, AdamW's and Muon's alike:
+    the dense plan's on the job's grid and the expert slice's on its expert grid (dp / ep x tp)."""
+    from ..plan import build_plan
+
+    pas, pep = timemodel.plan_at_scale(), plan_ep()
+    specs, muon = model_specs(c.model)
+    dense, experts = pep.split_experts(specs, muon, c.ep)
+    prof = pas.profile(pas.H100)
+    return (pas.zero1_seconds(build_plan(dense, c.dp, 0, c.tp, DEFAULT_BUCKET_NUMEL, "owner", muon), prof)
+            + pas.zero1_seconds(build_plan(experts, c.dp // c.ep, 0, c.tp, DEFAULT_BUCKET_NUMEL, "owner", [True]),
+                                prof))
 
 
 def whole_step(c: Config) -> dict:
