@@ -103,7 +103,8 @@ glue("ch16-commands", len(record["steps"]), display=False)
 # all. What the CPU chapters show is what a GPU prints: the ledger (every phase moves 0 bytes in
 # a world of one), the check against one process (a largest difference of 0 on every layout),
 # the training loop's progress lines, its resume from a checkpoint, and the FSDP2 run beside
-# `torch.optim.Muon` (the same final loss):
+# `torch.optim.Muon` (the last lines of its comparison: ours first, then torch's; the same final
+# loss):
 
 # %% tags=["hide-input"]
 print(gpurecord.printed(record))
@@ -335,14 +336,14 @@ glue("ch16-model-vs-torch", f"{abs(model_vs_torch - 1):.0%}", display=False)
 # The modelled Muon step is within {glue:text}`ch16-model-vs-torch` of `torch.optim.Muon`'s
 # measured one. Forward and backward are modelled shorter than measured: the model counts
 # 6 x parameters x tokens and leaves attention out, while the measured rate counted it, so on the
-# clusters of chapter 13 the modelled shares err large.
+# clusters of {doc}`chapter 13 <13_what_to_pick>` the modelled shares err large.
 #
 # ## Summary
 #
 # - On one H100 every path of the code ran under `torchrun` and NCCL; Newton-Schulz ran at the
 #   matmul ceiling.
-# - The step's GPU time outside Newton-Schulz is bytes over bandwidth; counting bytes on the meta
-#   device predicted the record's gap without a GPU.
+# - The step's GPU time outside Newton-Schulz is bytes over bandwidth; the bytes counted on the
+#   meta device, over the memory's bandwidth, bracketed the record's gap without a GPU.
 # - Today's rebuilt step moves a few percent more bytes than `torch.optim.Muon` and syncs the host
 #   never; it has not been timed on a GPU yet (`make record-gpu` does, where there is one).
 #

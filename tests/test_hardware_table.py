@@ -46,7 +46,7 @@ def test_the_kept_record_is_what_its_folder_holds():
 
 def test_the_records_tables_fit_the_page():
     record = gpurecord.load()
-    assert all(len(line) <= 86 for line in gpurecord.printed(record).splitlines())
+    assert all(len(line) <= 76 for line in gpurecord.printed(record).splitlines())
     assert all(s["rc"] == 0 for s in record["steps"]) and len(gpurecord.command_rows(record)) == 10
     long = "torchrun --standalone --nproc-per-node 8 scripts/loop_zero1_tp.py " + "--flag value " * 12
     lines = gpurecord.shell_lines(long, 60)

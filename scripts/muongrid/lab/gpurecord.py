@@ -145,10 +145,10 @@ SHOWN = ("verify_layouts", "train_save", "train_resume", "train_fsdp_vs_torch") 
 
 def command_rows(record: dict) -> list[list]:
     """One row per command of the run: its name, the command, exit code and seconds (start-up included)."""
-    return [[s["name"], s["command"], s["rc"], f"{s['seconds']:.1f}"] for s in record["steps"]]
+    return [[s["name"], f"`{s['command']}`", s["rc"], f"{s['seconds']:.1f}"] for s in record["steps"]]
 
 
-def shell_lines(command: str, width: int = 86) -> list[str]:
+def shell_lines(command: str, width: int = 76) -> list[str]:
     """``$ command`` broken at spaces into lines of at most ``width`` characters, continued with a backslash."""
     lines, line = [], "$"
     for word in command.split():
@@ -159,15 +159,22 @@ def shell_lines(command: str, width: int = 86) -> list[str]:
     return lines + [line]
 
 
-def printed(record: dict, names=SHOWN, width: int = 86) -> str:
-    """The lines the run's logs kept for the commands ``names``, each under its command, wrapped to ``width``."""
+def fit(line: str, width: int) -> list[str]:
+    """A printed line in at most ``width`` characters: a table's wide gaps closed first, then wrapped."""
+    if len(line) > width:
+        line = re.sub(r" {3,}", "  ", line)
+    return textwrap.wrap(line, width, subsequent_indent="    ", drop_whitespace=False,
+                         replace_whitespace=False) or [""]
+
+
+def printed(record: dict, names=SHOWN, width: int = 76) -> str:
+    """The lines the run's logs kept for the commands ``names``, each under its command, within ``width``
+    characters (what a notebook output shows at 1280 px without scrolling or folding)."""
     out = []
     for s in record["steps"]:
         if s["name"] in names:
             out += shell_lines(s["command"], width)
-            out += [piece for line in s["lines"] if line.strip()
-                    for piece in textwrap.wrap(line.rstrip(), width, subsequent_indent="    ",
-                                               drop_whitespace=False, replace_whitespace=False)]
+            out += [piece for line in s["lines"] if line.strip() for piece in fit(line.rstrip(), width)]
     return "\n".join(out)
 
 
