@@ -196,6 +196,50 @@ halves(first, again, "FSDP2 x TP 2 x 2, uninterrupted",
 # kernels) adds half a minute to a 4-process launch; [`tests/test_loops.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_loops.py) runs the FSDP2 loop
 # compiled with it, resumed bit for bit.
 #
+# ## Your own model: a Hugging Face Llama (and a MoE)
+#
+# Replace the tiny GPT with the model you train. A `transformers` model built from its config (random
+# weights, nothing downloaded) is what most readers bring; `hybrid_param_groups(model)` reads what each
+# parameter is from the model's modules, not from its name: every `nn.Embedding` and the output head
+# (`get_output_embeddings()`, or a head tied to the embedding) go to AdamW with norms, biases and MoE
+# routers; hidden matrices and 3-D expert banks go to Muon. `routing_table` says which and why:
+
+# %%
+import transformers  # noqa: E402
+
+from muongrid import hybrid_param_groups, routing_table  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+    vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2))
+def show(table):   # the table's columns, the names and reasons shortened to fit the page
+    for r in table:
+        print(f"{r.name.removeprefix('model.'):<41}{'x'.join(map(str, r.shape)):>9}  {r.optimizer:<6}"
+              f"{r.why.split(' (')[0]}")
+
+
+show(routing_table(llama))
+groups = hybrid_param_groups(llama, muon={"lr": 0.01}, adamw={"lr": 0.01})
+print([(len(g["params"]), "Muon" if g["use_muon"] else "AdamW") for g in groups])
+
+# %% [markdown]
+# A Mixtral's experts are one 3-D tensor per projection (experts x out x in): Muon orthogonalises each
+# expert on its own, and the router, a matrix, goes to AdamW:
+
+# %%
+mixtral = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+    vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+    num_attention_heads=4, num_key_value_heads=2, num_local_experts=4))
+show(routing_table(mixtral))
+
+# %% [markdown]
+# In your loop, the model's output is an object with `.loss` (`model(input_ids=x, labels=x).loss`),
+# everything else is the template's. [`tests/test_hf_models.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_hf_models.py) trains this Llama, a
+# GPT-2 (tied head, fused QKV) and the Mixtral under `DistributedMuon` and `FSDPMuon` (`fully_shard`
+# per decoder layer) on 2 x 1 ranks, the Llama also tensor-parallel on 2 x 2, with gradient
+# accumulation and a compiled model, against one process, bit for bit.
+#
 # ## Learning rate and weight decay, porting from AdamW
 #
 # One rule, used by both loops, the README and this chapter: **one learning rate for both
