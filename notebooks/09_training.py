@@ -430,60 +430,28 @@ glue("ch9-separated", "every hybrid seed ended below every AdamW seed"
 # scaling-law fits are what that rests on. What it does show is that the gain does not come from a poorly tuned baseline: both
 # optimizers got the same sweep, and the best of each is inside its sweep, not at its edge.
 #
-# ## Porting a run from AdamW
+# ## What it means for porting a run from AdamW
 #
-# What the study and the code's defaults say to someone whose model trains with AdamW today. This
-# is the book's one statement of the recipe; the README and the loop of
-# {doc}`chapter 12 <12_use_it>` follow it. Every value below is read from the code's defaults, the
-# recorded study or the book's GPT:
+# {doc}`Chapter 12 <12_use_it>` states the recipe once, in its porting table; this study is what
+# its learning-rate rule rests on. With one learning rate for both groups, the hybrid at AdamW's
+# best learning rate ({glue:text}`ch9-port-lr`) already ended at {glue:text}`ch9-port-hybrid`
+# against AdamW's {glue:text}`ch9-port-adamw` (seed 0), and it was best at
+# {glue:text}`ch9-port-best`, {glue:text}`ch9-port-ratio` times AdamW's: start from AdamW's
+# learning rate and sweep it upwards, both groups together, as this study did. It is one small
+# model's sweep: on a new model, sweep again.
 
-# %% tags=["hide-input"]
-from muongrid.optim import DEFAULTS
-from muongrid.routing import routing_table
-
-routes = routing_table(gpt)
-to_muon = [r for r in routes if r.use_muon]
-kinds = {"embedding": "embeddings", "named as": "the head", "not a matrix": "vectors"}
-to_adamw = {kind: sum(r.why.startswith(k) for r in routes if not r.use_muon)
-            for k, kind in kinds.items()}
-# every AdamW tensor counted
-assert sum(to_adamw.values()) == len(routes) - len(to_muon)
+# %% tags=["remove-cell"]
+# The porting rule's evidence, quoted above: the seed-0 sweep at AdamW's best lr, and the
+# hybrid's best lr (both groups of the hybrid took one lr in the study).
 sweep0 = {o: {r["lr"]: r["final_val_loss"] for r in s["sweep"][o]} for o in s["sweep"]}
-a_lr, h_lr, wd = a["lr"], h["lr"], cfg["weight_decay"]
-# the recipe below is the code's: its defaults are what the study ran with
-assert wd == DEFAULTS["weight_decay"] and DEFAULTS["adjust_lr"] == "match_rms_adamw"
-assert sweep0["hybrid"][a_lr] < sweep0["adamw"][a_lr] and h_lr > a_lr
-rows = [
-    ["which parameters", "all",
-     "`hybrid_param_groups(model)`: Muon for the hidden matrices (and MoE expert "
-     "banks), AdamW for embeddings, the output head, routers and vectors (norms, "
-     f"biases). Here {len(to_muon)} matrices go to Muon; {to_adamw['embeddings']} "
-     f"embeddings, the head and {to_adamw['vectors']} vectors to AdamW; "
-     "`print(routing_table(model))` shows each tensor and why."],
-    ["learning rate", f"your tuned lr (here {a_lr:g})",
-     "start both groups at AdamW's lr: the default "
-     "`adjust_lr_fn=\"match_rms_adamw\"` sizes each matrix's step like AdamW's. Then "
-     f"try the Muon group higher. Here the hybrid at {a_lr:g} already ended at "
-     f"{sweep0['hybrid'][a_lr]:.3f} against AdamW's {sweep0['adamw'][a_lr]:.3f} "
-     f"(seed 0), and was best at {h_lr:g}, {h_lr / a_lr:.0f}x (this study moved both "
-     "groups together)."],
-    ["weight decay", f"yours (here {wd:g})",
-     f"the same on every group (default {DEFAULTS['weight_decay']:g}), decoupled, "
-     "with the unadjusted lr. A group's value applies to every parameter in it, "
-     "norms and biases of the AdamW group too; to exempt them, make them a group."],
-    ["momentum", f"betas {DEFAULTS['betas']}",
-     f"Muon group: momentum {DEFAULTS['momentum']:g}, Nesterov "
-     f"{'on' if DEFAULTS['nesterov'] else 'off'}; the AdamW group keeps its betas."],
-    ["schedule, clipping", "yours",
-     f"the same schedule (here {cfg['warmup']} warm-up steps, then cosine, for both); "
-     "clip with `opt.clip_grad_norm_(1.0)`, which clips the DP-mean gradient."],
-]
-table(["", "with AdamW", "with Muon + AdamW (the hybrid)"], rows, align="lll")
+assert sweep0["hybrid"][a["lr"]] < sweep0["adamw"][a["lr"]] and h["lr"] > a["lr"]
+glue("ch9-port-lr", f"{a['lr']:g}", display=False)
+glue("ch9-port-hybrid", f"{sweep0['hybrid'][a['lr']]:.3f}", display=False)
+glue("ch9-port-adamw", f"{sweep0['adamw'][a['lr']]:.3f}", display=False)
+glue("ch9-port-best", f"{h['lr']:g}", display=False)
+glue("ch9-port-ratio", f"{h['lr'] / a['lr']:g}", display=False)
 
 # %% [markdown]
-# The learning-rate rule rests on one small model's sweep; on a new model, sweep it as this study
-# did, since the best ratio to AdamW's learning rate need not be the same.
-#
 # ## Watch it happen
 #
 # The same script, run here with each optimizer's best learning rate from the recorded study and

@@ -18,19 +18,27 @@
 # # 12. Use it in your training
 #
 # ```{admonition} What this chapter runs
-# Both loops as real scripts, each saved half-way on one grid and resumed on
-# another (four short launches of 2 to 4 processes, a few seconds each).
+# Both loops as real scripts on a 2 x 2 grid with bf16, two micro-batches a step and
+# evaluation, each saved half-way and resumed on a 4 x 1 grid: four launches of 4 processes,
+# about a minute in all.
 # ```
 #
 # The chapters so far explain distributed Muon and check it against one process. This one is the
-# code you copy: a training loop with `DistributedMuon` on a DP x TP grid, the same loop with
-# `FSDPMuon` on an FSDP2 model, the commands that start them on one machine, one node or two, and a
-# list of the few things that differ from a single-device optimizer, and why.
+# code you copy: **one template**, [`scripts/loop_zero1_tp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py) (`DistributedMuon`,
+# ZeRO-1 x tensor parallel), with what a cluster run needs: bf16, gradient accumulation, a
+# compiled model, evaluation and checkpoints that resume on any grid. Beside it,
+# [`scripts/loop_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_fsdp.py) is the same loop for a model already under FSDP2
+# (`fully_shard`): it imports the template's helpers and writes only the lines FSDP2 changes.
+# [`scripts/train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/train.py), which chapters 9 to 11 run, is the book's measuring harness (the
+# ledger, profiles, state metrics, comparisons with `torch.optim`): read it, do not copy it.
+# Then the commands that start the loop on one machine, one node or two, the learning rate and
+# weight decay to use, and the few things that differ from a single-device optimizer, and why.
 #
 # **Learning goals.** After this chapter you can
 #
-# - put `DistributedMuon` or `FSDPMuon` into your own training loop, with a scheduler, gradient
-#   clipping and checkpoints;
+# - put `DistributedMuon` or `FSDPMuon` into your own training loop, with bf16, gradient
+#   accumulation, a compiled model, evaluation, a scheduler, clipping and checkpoints;
+# - pick the learning rate and weight decay when you port from AdamW;
 # - start it with `torchrun` on one node or several;
 # - say what differs from `torch.optim.Muon` / `torch.optim.AdamW` and what to do about each difference.
 
@@ -66,10 +74,11 @@ elif importlib.util.find_spec("muongrid") is None:
 # %% [markdown]
 # ## The loop, ZeRO-1 x TP
 #
-# [`scripts/loop_zero1_tp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py) is the whole program: the grid, the tiny GPT made tensor-parallel with
-# PyTorch's `parallelize_module` on `grid.mesh["tp"]`, the hybrid parameter groups (Muon for the
-# hidden matrices, AdamW for embeddings, head and norms), `DistributedMuon(..., layout="owner")`, a
-# warm-up scheduler, clipping, and a checkpoint every N steps that any grid can resume. Replace the
+# The template is the whole program: the grid, the tiny GPT made tensor-parallel with PyTorch's
+# `parallelize_module` on `grid.mesh["tp"]`, the hybrid parameter groups (Muon for the hidden
+# matrices, AdamW for embeddings, head and norms), `DistributedMuon(..., layout="owner")`, a
+# warm-up scheduler, clipping, evaluation and a checkpoint every N steps that any grid can resume.
+# Each of bf16, accumulation and compilation is one flag (the docstring lists them). Replace the
 # model and the data with yours; the rest stays.
 
 # %%
@@ -82,7 +91,7 @@ from muongrid.lab.notebook import last_json, run, table
 Code(Path("../scripts/loop_zero1_tp.py").read_text(), language="python")
 
 # %% [markdown]
-# Three lines differ from a single-device loop, and each is there for ZeRO-1:
+# A few lines differ from a single-device loop, each for a reason:
 #
 # - `opt.clip_grad_norm_(1.0)` instead of `torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`:
 #   under ZeRO-1 the gradients are averaged over the DP ranks *inside* `step()`, so `.grad` holds this
@@ -91,57 +100,52 @@ Code(Path("../scripts/loop_zero1_tp.py").read_text(), language="python")
 # - `save_run(...)` on every rank: each rank holds only its shard of the optimizer state, so a save
 #   is collective; it goes through `muongrid.checkpoint` (global coordinates), so it loads on any grid.
 # - The batch is drawn whole and each DP rank takes its rows, so every grid trains on the same data.
+# - Micro-batches need nothing from the optimizer: backward adds their gradients in `.grad`, and
+#   `step()` averages over DP once. (Under FSDP2 the micro-batches before the last skip FSDP2's
+#   reduce-scatter: `set_requires_gradient_sync`.)
+# - `--precision bf16` casts the model's weights to bf16 before the optimizer is built; the
+#   optimizer keeps an fp32 master of its shard, updates it and writes the rounded value back, so
+#   small updates are not lost to bf16's 8 bits of mantissa. `--precision autocast` keeps fp32
+#   weights and runs the matmuls in bf16.
+# - `torch.compile` wraps the model for forward and backward only; the optimizer and the
+#   checkpoints see the model itself.
 #
-# Now run it for real: 20 steps on a 2 x 2 grid, saving at steps 10 and 20, then the second half
-# again from step 10 on a 4 x 1 grid.
+# Now run it for real: 20 steps on a 2 x 2 grid with bf16 weights, two micro-batches a step and
+# an evaluation every 10 steps, saving at steps 10 and 20; then the second half again from step
+# 10 on a 4 x 1 grid.
 
 # %%
 import shutil  # noqa: E402
 
 OUT = Path("_build/ch12")  # the scripts run in the repository's root folder
 shutil.rmtree(".." / OUT, ignore_errors=True)
-first = last_json(
-    run(
-        "loop_zero1_tp.py",
-        "--dp",
-        2,
-        "--tp",
-        2,
-        "--steps",
-        20,
-        "--save",
-        OUT / "zero1",
-        "--every",
-        10,
-    )
-)
-again = last_json(
-    run(
-        "loop_zero1_tp.py",
-        "--dp",
-        4,
-        "--tp",
-        1,
-        "--steps",
-        20,
-        "--resume",
-        OUT / "zero1" / "step10",
-    )
-)
-table(
-    ["step", "2 x 2, uninterrupted", "4 x 1, resumed from step 10", "difference"],
-    [
-        [s, f"{a:.6f}", f"{b:.6f}", f"{b - a:+.1e}"]
-        for s, a, b in zip(range(11, 21), first["losses"][10:], again["losses"])
-    ],
-)
+FLAGS = ["--precision", "bf16", "--accum", 2]  # both halves; 20 steps, eval every 10
+first = last_json(run("loop_zero1_tp.py", "--dp", 2, "--tp", 2, *FLAGS,
+                      "--save", OUT / "zero1"))
+again = last_json(run("loop_zero1_tp.py", "--dp", 4, "--tp", 1, *FLAGS,
+                      "--resume", OUT / "zero1" / "step10"))
+
+
+def halves(first, again, a, b):
+    """The second half of each run's losses and evaluations, side by side."""
+    table(["step", a, b, "difference"],
+          [[s, f"{x:.6f}", f"{y:.6f}", f"{y - x:+.1e}"]
+           for s, x, y in zip(range(11, 21), first["losses"][10:], again["losses"])]
+          + [[f"validation, step {s}", f"{x:.6f}", f"{y:.6f}", f"{y - x:+.1e}"]
+             for (s, x), (_, y) in zip(first["evals"][1:], again["evals"])],
+          align="lrrr")
+    assert [s for s, _ in first["evals"]] == [10, 20] and again["first_step"] == 11
+
+
+halves(first, again, "2 x 2, uninterrupted", "4 x 1, resumed from step 10")
 
 # %% [markdown]
-# The resumed run continues the curve on another grid: the model, the optimizer state (masters,
-# momentum, AdamW moments, step counts), the scheduler, the position in the data and the RNG all came
-# back. The differences are in the last digits: a 4 x 1 grid adds its numbers in another order than a
-# 2 x 2 grid (the DP mean of four gradients instead of two, whole matmuls instead of TP partial
-# sums). [`tests/test_resume.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_resume.py) resumes on another layout of the same grid, where the order is the
+# The resumed run continues the curve on another grid: the model, the optimizer state (fp32
+# masters, momentum, AdamW moments, step counts), the scheduler, the position in the data and the
+# RNG all came back, and the validation loss agrees too. The differences are in the last digits,
+# larger than in fp32 since the weights are bf16: a 4 x 1 grid adds its numbers in another order
+# than a 2 x 2 grid (the DP mean of four gradients instead of two, whole matmuls instead of TP
+# partial sums), and a bf16 weight rounds that difference to its own 8 bits. [`tests/test_resume.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_resume.py) resumes on another layout of the same grid, where the order is the
 # same, and requires the curves to be equal bit for bit.
 
 # %% [markdown]
@@ -149,54 +153,23 @@ table(
 #
 # With `fully_shard` the parameters are row blocks (DTensors) and FSDP2 does the data-parallel
 # communication itself; `FSDPMuon` sends each matrix's blocks to one owner for Newton-Schulz
-# ({doc}`chapter 11 <11_fsdp2>`). The loop is the same but for two lines: `fully_shard(model, mesh=grid.mesh["dp"])`
-# and `FSDPMuon(groups, grid)`; `save_run` and `load_run` take it as they are (`muongrid.checkpoint`
-# saves the DTensors as FSDP2 places them, through DCP).
+# ({doc}`chapter 11 <11_fsdp2>`). The loop is the template's but for the lines marked `# FSDP2`:
+# `fully_shard(model, mesh=grid.mesh["dp"])`, bf16 as FSDP2's `MixedPrecisionPolicy` (fp32
+# shards, bf16 gathers, fp32 gradient reduction), `set_requires_gradient_sync` on micro-batches
+# and `FSDPMuon(groups, grid)`; `save_run` and `load_run` take it as they are
+# (`muongrid.checkpoint` saves the DTensors as FSDP2 places them, through DCP). Here it runs
+# FSDP2 x TP on 2 x 2, and resumes on 4 x 1 (FSDP2 alone).
 
 # %%
 Code(Path("../scripts/loop_fsdp.py").read_text(), language="python")
 
 # %%
-first = last_json(
-    run(
-        "loop_fsdp.py",
-        "--dp",
-        2,
-        "--tp",
-        1,
-        "--steps",
-        20,
-        "--save",
-        OUT / "fsdp",
-        "--every",
-        10,
-    )
-)
-again = last_json(
-    run(
-        "loop_fsdp.py",
-        "--dp",
-        1,
-        "--tp",
-        2,
-        "--steps",
-        20,
-        "--resume",
-        OUT / "fsdp" / "step10",
-    )
-)
-table(
-    [
-        "step",
-        "FSDP2 2 x 1, uninterrupted",
-        "FSDP2 x TP 1 x 2, resumed from step 10",
-        "difference",
-    ],
-    [
-        [s, f"{a:.6f}", f"{b:.6f}", f"{b - a:+.1e}"]
-        for s, a, b in zip(range(11, 21), first["losses"][10:], again["losses"])
-    ],
-)
+first = last_json(run("loop_fsdp.py", "--dp", 2, "--tp", 2, *FLAGS,
+                      "--save", OUT / "fsdp"))
+again = last_json(run("loop_fsdp.py", "--dp", 4, "--tp", 1, *FLAGS,
+                      "--resume", OUT / "fsdp" / "step10"))
+halves(first, again, "FSDP2 x TP 2 x 2, uninterrupted",
+       "FSDP2 4 x 1, resumed from step 10")
 
 # %% [markdown]
 # ## Starting it
@@ -206,18 +179,103 @@ table(
 #
 # ```bash
 # # one node, 8 GPUs: TP inside groups of 4, DP across them
-# torchrun --standalone --nproc-per-node 8 scripts/loop_zero1_tp.py --dp 2 --tp 4 --steps 1000 \
-#     --save ckpt --every 100
+# torchrun --standalone --nproc-per-node 8 scripts/loop_zero1_tp.py \
+#     --dp 2 --tp 4 --compile inductor --steps 1000 --save ckpt --every 100
 # # two nodes of 8 GPUs: run on each node (HOST is the first node's address)
-# torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
-#     scripts/loop_zero1_tp.py --dp 4 --tp 4 --steps 1000 --save ckpt --every 100
+# torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \
+#     --rdzv-endpoint HOST:29500 scripts/loop_zero1_tp.py \
+#     --dp 4 --tp 4 --compile inductor --steps 1000 --save ckpt --every 100
 # # later, on another grid (here one node): the run continues from step 500
-# torchrun --standalone --nproc-per-node 8 scripts/loop_zero1_tp.py --dp 8 --tp 1 --steps 1000 \
-#     --resume ckpt/step500
+# torchrun --standalone --nproc-per-node 8 scripts/loop_zero1_tp.py \
+#     --dp 8 --tp 1 --compile inductor --steps 1000 --resume ckpt/step500
 # ```
 #
 # Keep a TP group inside one node (ranks are TP-fastest: ranks 0-3 are one TP group), where the links
-# are fast; DP crosses nodes.
+# are fast; DP crosses nodes. On GPUs compile with `inductor`; this chapter's CPU runs leave
+# compilation out, since on a 2-core machine even `aot_eager` (AOT autograd's graphs, run by eager
+# kernels) adds half a minute to a 4-process launch; [`tests/test_loops.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_loops.py) runs the FSDP2 loop
+# compiled with it, resumed bit for bit.
+#
+# ## Your own model: a Hugging Face Llama (and a MoE)
+#
+# Replace the tiny GPT with the model you train. A `transformers` model built from its config (random
+# weights, nothing downloaded) is what most readers bring; `hybrid_param_groups(model)` reads what each
+# parameter is from the model's modules, not from its name: every `nn.Embedding` and the output head
+# (`get_output_embeddings()`, or a head tied to the embedding) go to AdamW with norms, biases and MoE
+# routers; hidden matrices and 3-D expert banks go to Muon. `routing_table` says which and why:
+
+# %%
+import transformers  # noqa: E402
+
+from muongrid import hybrid_param_groups, routing_table  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+    vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2))
+def show(table):   # the table's columns, the names and reasons shortened to fit the page
+    for r in table:
+        print(f"{r.name.removeprefix('model.'):<41}{'x'.join(map(str, r.shape)):>9}  {r.optimizer:<6}"
+              f"{r.why.split(' (')[0]}")
+
+
+show(routing_table(llama))
+groups = hybrid_param_groups(llama, muon={"lr": 0.01}, adamw={"lr": 0.01})
+print([(len(g["params"]), "Muon" if g["use_muon"] else "AdamW") for g in groups])
+
+# %% [markdown]
+# A Mixtral's experts are one 3-D tensor per projection (experts x out x in): Muon orthogonalises each
+# expert on its own, and the router, a matrix, goes to AdamW:
+
+# %%
+mixtral = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+    vocab_size=1000, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+    num_attention_heads=4, num_key_value_heads=2, num_local_experts=4))
+show(routing_table(mixtral))
+
+# %% [markdown]
+# In your loop, the model's output is an object with `.loss` (`model(input_ids=x, labels=x).loss`),
+# everything else is the template's. [`tests/test_hf_models.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_hf_models.py) trains this Llama, a
+# GPT-2 (tied head, fused QKV) and the Mixtral under `DistributedMuon` and `FSDPMuon` (`fully_shard`
+# per decoder layer) on 2 x 1 ranks, the Llama also tensor-parallel on 2 x 2, with gradient
+# accumulation and a compiled model, against one process, bit for bit.
+#
+# ## Learning rate and weight decay, porting from AdamW
+#
+# One rule, used by both loops, the README and this chapter: **one learning rate for both
+# groups, starting from AdamW's**. `DistributedMuon` and `FSDPMuon` scale each Muon matrix's step
+# by Moonshot's `match_rms_adamw` (lr x 0.2 x sqrt(max(A, B))), which brings Muon's update to the
+# size of an AdamW update, so AdamW's tuned lr is where to start for both groups. Then sweep that
+# one lr upwards: in {doc}`chapter 9 <09_training>`'s tuned study AdamW was best at
+# {glue:text}`ch12-adamw-lr` and the hybrid, both groups at one lr, at {glue:text}`ch12-hybrid-lr`
+# ({glue:text}`ch12-lr-ratio` x AdamW's). The loops take `--lr` (default 0.01, AdamW's best in
+# that study) for both groups.
+
+# %% tags=["remove-cell"]
+# The learning rates of chapter 9's recorded study, quoted above.
+import json  # noqa: E402
+
+from myst_nb import glue  # noqa: E402
+
+study = json.loads(Path("../book/data/convergence_study.json").read_text())
+best = study["summary"]["best_lr"]
+assert best["hybrid"] > best["adamw"]
+assert not any(study["summary"]["best_at_edge"].values())
+glue("ch12-adamw-lr", f"{best['adamw']:g}", display=False)
+glue("ch12-hybrid-lr", f"{best['hybrid']:g}", display=False)
+glue("ch12-lr-ratio", f"{best['hybrid'] / best['adamw']:g}", display=False)
+
+# %% [markdown]
+# The rest, group by group, as the code applies it:
+#
+# | | AdamW alone | here (`hybrid_param_groups` + `DistributedMuon` / `FSDPMuon`) |
+# |---|---|---|
+# | which tensors | all | Muon: hidden matrices and MoE expert banks; AdamW: embeddings, the output head, norms, biases, routers (`print(muongrid.routing_table(model))` shows each and why) |
+# | learning rate | yours | yours for both groups, then swept upwards together; Muon's is scaled per matrix by `match_rms_adamw` |
+# | weight decay | yours | 0.1 on every group by default, norms and biases included (decoupled, `p *= 1 - lr * wd` with the unscaled lr); give a group `weight_decay=` to change it, e.g. `adamw=dict(lr=lr, weight_decay=0.0)` to spare norms and biases (and then embeddings and head too) |
+# | betas, momentum | yours | AdamW group: `betas=(0.9, 0.999)` by default; Muon group: `momentum=0.95`, Nesterov |
+# | schedule, warm-up | yours | the same scheduler on the one optimizer: it moves both groups' lr together |
+# | clipping | `torch.nn.utils.clip_grad_norm_` | `opt.clip_grad_norm_` (below) |
 
 # %% [markdown]
 # ## What differs from a single-device optimizer, and why
@@ -234,7 +292,8 @@ table(
 #
 # - **Default lr scaling.** `torch.optim.Muon` (`adjust_lr_fn=None`): "original",
 #   lr x sqrt(max(1, A/B)). Ours: "match_rms_adamw", lr x 0.2 x sqrt(max(A, B)), Moonshot's, so
-#   AdamW's lr and weight decay carry over. Porting from torch: pass `adjust_lr_fn=None`.
+#   a Muon step has an AdamW step's size and AdamW's lr is the starting point (the rule above).
+#   Porting a `torch.optim.Muon` run with its lr: pass `adjust_lr_fn=None`.
 # - **Clipping.** Single device: `torch.nn.utils.clip_grad_norm_(params, 1.0)`. Ours:
 #   `opt.clip_grad_norm_(1.0)`. ZeRO-1 averages over DP inside `step()`, and FSDP2's `.grad` are
 #   blocks, so the optimizer clips the DP mean by its global norm.
@@ -246,14 +305,19 @@ table(
 # - **`add_param_group`.** Single device: adds a group. Ours: refused, because the ZeRO-1 plan (and
 #   FSDPMuon's owners) are fixed when the optimizer is built.
 # - **A step without any gradient.** Single device: a no-op. Ours: a no-op plus one small
-#   all-reduce, because every rank must agree which parameters to skip.
+#   all-reduce of flags on the host (over gloo, beside NCCL on GPUs: no device sync), because
+#   every rank must agree which parameters to skip.
 #
 # ## Summary
 #
 # - Build the grid, make the model tensor-parallel (or `fully_shard` it), build `DistributedMuon`
 #   (or `FSDPMuon`) from `hybrid_param_groups`, and train as with any torch optimizer.
 # - Clip with `opt.clip_grad_norm_`, and checkpoint on every rank; a checkpoint resumes on any grid.
-# - The default lr scaling is Moonshot's; pass `adjust_lr_fn=None` for `torch.optim.Muon`'s step.
+# - One lr for both groups, starting from AdamW's and swept upwards; weight decay 0.1 on every
+#   group unless you set it. The default lr scaling is Moonshot's; pass `adjust_lr_fn=None` for
+#   `torch.optim.Muon`'s step.
+# - Copy [`scripts/loop_zero1_tp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py): bf16, accumulation, compilation and evaluation are flags, and
+#   [`scripts/loop_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_fsdp.py) shows the lines that change under FSDP2.
 #
 # ## Exercises
 #
@@ -267,6 +331,8 @@ table(
 #    its losses equal the 2 x 2 run's bit for bit? Which command shows it?
 # 4. A layer must stay frozen for the first 100 steps and train afterwards. How do you set that up
 #    with `DistributedMuon`?
+# 5. Your AdamW run used lr 3e-4 and weight decay 0.1 with no decay on norms and biases. Write the
+#    `hybrid_param_groups` call for a first Muon run, and say what you sweep next.
 #
 # :::{admonition} Solutions
 # :class: dropdown
@@ -284,12 +350,19 @@ table(
 #    shards, a TP shard counted once ([`muongrid/clipping.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/clipping.py)).
 # 3. No, only to rounding: one process adds the gradients and the TP partial sums in another order
 #    than the 2 x 2 grid, as the 4 x 1 resume above shows. Run `python scripts/loop_zero1_tp.py --dp 1
-#    --tp 1 --steps 20 --resume <save dir>/step10` with the save directory of the 2 x 2 run; the
-#    JSON line it prints at the end (`first_step` 11, `losses`) is compared with the second half of the
-#    2 x 2 run's `losses`. Bit-for-bit equality holds when the order is the same: another layout on
+#    --tp 1 --precision bf16 --accum 2 --steps 20 --resume <save dir>/step10` with the save
+#    directory of the 2 x 2 run (a resume must keep the batch and the precision, and refuses
+#    otherwise); the JSON line it prints at the end (`first_step` 11, `losses`) is compared with the
+#    second half of the 2 x 2 run's `losses`. Bit-for-bit equality holds when the order is the same: another layout on
 #    the same grid ([`tests/test_resume.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_resume.py)).
 # 4. Put the layer in the parameter groups from the start (`add_param_group` is refused: the ZeRO-1
 #    plan is fixed when the optimizer is built) and set `requires_grad_(False)` on it for the first 100
 #    steps: a parameter whose gradient is None on every rank is skipped. Turn `requires_grad` back on
 #    at step 100, on every rank.
+# 5. `hybrid_param_groups(model, muon=dict(lr=3e-4), adamw=dict(lr=3e-4, weight_decay=0.0))`:
+#    the same lr for both groups (`match_rms_adamw` gives Muon's matrices AdamW's step size) and
+#    decay 0.1, the default, on the Muon matrices. The AdamW group's `weight_decay=0.0` spares the
+#    norms and biases, and also the embeddings and the head, which share that group; to decay those,
+#    split the AdamW group by hand. Then sweep the one lr upwards (1e-3, 3e-3): in
+#    {doc}`chapter 9 <09_training>` the hybrid's best lr was {glue:text}`ch12-lr-ratio` times AdamW's.
 # :::

@@ -20,7 +20,9 @@
 # ```{admonition} What this chapter runs
 # Only arithmetic: the ZeRO-1 plan, the closed-form cost model of chapters 4, 6 and 8 and a time
 # model on two hardware profiles (one of them this machine's, read from a recorded calibration),
-# no process and no kernel. About ten seconds.
+# then the whole training step of four real configurations on the book's H100 table, up to Kimi
+# K2 on 256 GPUs (its plans of 70,000 matrices are most of the time). No process and no kernel.
+# About twenty seconds.
 # ```
 #
 # The chapters before this one built, checked and measured several ways to run Muon on sharded
@@ -69,10 +71,14 @@ elif importlib.util.find_spec("muongrid") is None:
 #    `DistributedMuon(..., layout="owner")` (chapters 8 and 12). Each matrix is orthogonalised once,
 #    by an owner chosen to balance Newton-Schulz work over all ranks; only the pieces of a matrix
 #    that are not already on its owner travel.
-# 3. **Shapes that divide evenly** (many matrices of equal size, as in a transformer stack):
-#    `layout="aligned"` cuts the shards on matrix boundaries, so nothing travels over DP for
-#    Newton-Schulz. With uneven shapes the shards become uneven, and the gradient reduce-scatter
-#    and parameter all-gather carry the padding: see the first table below.
+# 3. **`layout="aligned"` only for a stack of equal matrices smaller than a bucket.** It cuts the
+#    shards on matrix boundaries, so nothing travels over DP for Newton-Schulz. But every shard
+#    must end on a boundary, so unequal matrices, or matrices larger than a bucket (every matrix
+#    of an 8B model), make the shards uneven, and the gradient reduce-scatter and the parameter
+#    all-gather carry the padding. A real transformer layer is such a case: one layer of
+#    Llama-3-8B costs {glue:text}`ch13-llama-aligned` x AdamW's bytes under `aligned` on 16 x 4,
+#    and the whole model's optimizer step is modelled at {glue:text}`ch13-8b-aligned-x` x AdamW's
+#    (below). Price your shapes with `layout_costs` first; on Llama-shaped models keep `owner`.
 # 4. **One matrix holds more than its fair share of the Newton-Schulz work** (its owner would be the
 #    busiest rank by far, or there are more ranks than matrices): `layout="group"` shares such a
 #    matrix over a group of ranks ({doc}`chapter 14 <14_muon_at_scale>`). It costs bytes and memory
@@ -119,33 +125,14 @@ for name in SETS:
     rows = []
     for grid in GRIDS:
         for c in costs[(name, grid)]:
-            rows.append(
-                [
-                    f"{grid[0]} x {grid[1]}",
-                    c["layout"],
-                    f"{c['bytes_per_rank'] / 1e6:.2f} MB",
-                    f"{c['vs_adamw']:.2f}",
-                    c["ns_runs_per_matrix"],
-                    f"{c['busiest_ns_flops'] / 1e9:.1f} GFLOP",
-                    f"{c['state_bytes_per_rank'] / 1e6:.2f} MB",
-                    c["overlap"],
-                ]
-            )
+            rows.append([f"{grid[0]} x {grid[1]}", c["layout"],
+                         f"{c['bytes_per_rank'] / 1e6:.2f} MB", f"{c['vs_adamw']:.2f}",
+                         c["ns_runs_per_matrix"],
+                         f"{c['busiest_ns_flops'] / 1e9:.1f} GFLOP",
+                         f"{c['state_bytes_per_rank'] / 1e6:.2f} MB", c["overlap"]])
     display(Markdown(f"**{name}**:"))  # a printed line would merge above both tables
-    table(
-        [
-            "grid",
-            "layout",
-            "sent per rank",
-            "x AdamW",
-            "NS runs",
-            "busiest NS",
-            "state",
-            "overlap",
-        ],
-        rows,
-        align="llrrrrrl",
-    )
+    table(["grid", "layout", "sent per rank", "x AdamW", "NS runs", "busiest NS",
+           "state", "overlap"], rows, align="llrrrrrl")
 
 # %% tags=["remove-cell"]
 # The claims of the text, checked on the numbers above (a build fails if one stops
@@ -214,10 +201,11 @@ glue(
 #
 # Two hardware profiles:
 #
-# - **an H100 cluster**: the public figures that {doc}`chapter 14 <14_muon_at_scale>` projects
-#   with (`H100` in [`scripts/muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py), each figure cited there), taken as assumptions:
-#   eight GPUs per node on NVLink, InfiniBand between nodes, Newton-Schulz at half the dense
-#   bf16 peak;
+# - **an H100 cluster**: the book's one hardware table (`H100_TABLE` in
+#   [`scripts/muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py), printed below with the source of every figure),
+#   which {doc}`chapter 14 <14_muon_at_scale>` and the whole-step model below use too: eight
+#   GPUs per node on NVLink, InfiniBand between nodes, Newton-Schulz at half the dense bf16 peak
+#   (below every rate the GPU record of {doc}`chapter 16 <16_on_a_gpu>` measured);
 # - **this machine**, calibrated by [`scripts/calibrate_time_model.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/calibrate_time_model.py) and recorded with its
 #   provenance in [`book/data/time_model_cpu.json`](https://github.com/muongrid-book/distributed-muon/blob/main/book/data/time_model_cpu.json): the matmul rate Newton-Schulz runs at here and
 #   gloo's $\alpha$ and $\beta$ fitted to all-gathers over 4 ranks. All ranks share the
@@ -226,8 +214,11 @@ glue(
 
 # %% tags=["hide-input"]
 from muongrid.lab.timemodel import h100, layout_seconds, this_machine
+from muongrid.lab.wholestep import hardware_rows
 
 H100, CPU = h100(), this_machine()
+display(Markdown("**The hardware table** (`muongrid.hardware.H100_TABLE`):"))
+table(["figure", "value", "kind", "source"], hardware_rows(), align="lrll")
 SHORT = dict(zip(SETS, ("PoC five", "4-layer stack")))
 rec = CPU["provenance"]
 print(f"this machine: {rec['cpu']}, {rec['cores']} cores, torch {rec['torch']}")
@@ -251,22 +242,12 @@ for hw, unit, scale in ((H100, "us", 1e6), (CPU, "ms", 1e3)):
     for name in SETS:
         for grid in GRIDS:
             for layout, t in secs[(hw["name"], name, grid)].items():
-                rows.append(
-                    [
-                        SHORT[name],
-                        f"{grid[0]} x {grid[1]}",
-                        layout,
-                        f"{t['comm'] * scale:,.1f}",
-                        f"{t['newton_schulz'] * scale:,.1f}",
-                        f"{t['total'] * scale:,.1f}",
-                    ]
-                )
+                rows.append([SHORT[name], f"{grid[0]} x {grid[1]}", layout,
+                             *(f"{t[k] * scale:,.1f}"
+                               for k in ("comm", "newton_schulz", "total"))])
     display(Markdown(f"**{hw['name']}**, {unit} per step:"))
-    table(
-        ["matrices", "grid", "layout", "comm", "Newton-Schulz", "total"],
-        rows,
-        align="lllrrr",
-    )
+    table(["matrices", "grid", "layout", "comm", "Newton-Schulz", "total"], rows,
+          align="lllrrr")
 
 # %% tags=["remove-cell"]
 # The claims of the text below, on the numbers above.
@@ -365,28 +346,15 @@ for name, groups in SETS.items():
         t = step_seconds(dp_only, dp, 1, DEFAULT_BUCKET_NUMEL, "owner", H100)
         zero1_s = t["ns_to_owner"] + t["ns_from_owner"] + t["newton_schulz"]
         extra_s[(name, dp)] = (zero1_s, fsdp2_extra_seconds(shapes, dp, H100)["total"])
-        rows.append(
-            [
-                SHORT[name],
-                f"{dp}x1",
-                f"{zero1 / 1e6:.2f}",
-                f"{fsdp['extra_bytes_per_rank'] / 1e6:.2f}",
-                f"{fsdp['busiest_ns_flops'] / 1e9:.1f}",
-                f"{extra_s[(name, dp)][0] * 1e6:.0f}",
-                f"{extra_s[(name, dp)][1] * 1e6:.0f}",
-            ]
-        )
+        rows.append([SHORT[name], f"{dp}x1", f"{zero1 / 1e6:.2f}",
+                     f"{fsdp['extra_bytes_per_rank'] / 1e6:.2f}",
+                     f"{fsdp['busiest_ns_flops'] / 1e9:.1f}",
+                     f"{extra_s[(name, dp)][0] * 1e6:.0f}",
+                     f"{extra_s[(name, dp)][1] * 1e6:.0f}"])
 display(Markdown("Muon's extra per step and rank:"))
 table(
-    [
-        "matrices",
-        "grid",
-        "ZeRO-1 owner, MB",
-        "FSDP2 + FSDPMuon, MB",
-        "busiest NS, FSDP2, GFLOP",
-        "H100, ZeRO-1 owner, us",
-        "H100, FSDP2, us",
-    ],
+    ["matrices", "grid", "ZeRO-1 owner, MB", "FSDP2 + FSDPMuon, MB",
+     "busiest NS, FSDP2, GFLOP", "H100, ZeRO-1 owner, us", "H100, FSDP2, us"],
     rows,
     align="llrrrrr",
 )
@@ -510,6 +478,109 @@ for lay in muon_layouts:
 #   grid. One dominant matrix is where
 #   orthogonalising a matrix by a group of ranks ({doc}`chapter 14 <14_muon_at_scale>`) pays.
 #
+# ## What Muon costs in a whole training step
+#
+# The optimizer's time decides the layout; whether to use Muon at all depends on what it adds to
+# the *training step*. [`muongrid/lab/wholestep.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/wholestep.py) extends the time
+# model to the step, on the hardware table above:
+#
+# - **forward + backward**: 6 x parameters x tokens FLOPs, spread over every GPU, at the rate the
+#   GPU record measured for a 1.2B Llama (47% of its measured matmul ceiling). Attention's FLOPs
+#   and tensor parallelism's own traffic are left out, so this part is modelled short and Muon's
+#   shares err large;
+# - **the optimizer**, on the busiest rank: the time model above (the ZeRO-1 reduce-scatter and
+#   all-gather, the layout's transfers for Newton-Schulz, its FLOPs) plus the element-wise passes
+#   over the rank's shard at the memory bandwidth the record measured, 28 bytes an element for
+#   AdamW and 54 for Muon (counted on the meta device, {doc}`chapter 16 <16_on_a_gpu>`);
+# - **two shares**, as the sources report theirs: the optimizer's share of the step, and Muon's
+#   extra over AdamW's whole step. Each is given with the ZeRO-1 collectives in the step (serial)
+#   and, after the slash, hidden behind forward and backward as Megatron overlaps them; Muon's own
+#   transfers and Newton-Schulz are never hidden here.
+#
+# The configurations: the GPU record's own (one H100, where {doc}`chapter 16 <16_on_a_gpu>` holds
+# the model against the measurement), Llama-3.2-1B on one node of 8, Llama-3-8B on 64 GPUs as
+# 8 x 8 and 16 x 4 with 4 Mi tokens a step, and Kimi K2 on 256 GPUs as a MoE is trained, with
+# expert parallelism: 64 expert slices, each held by 4 ranks ([`scripts/plan_ep.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_ep.py)'s
+# plans, 16 Mi tokens a step).
+
+# %% tags=["hide-input"]
+from muongrid.lab import wholestep
+
+steps = [wholestep.whole_step(c) for c in wholestep.CONFIGS]
+
+
+def pair(p):
+    return f"{p[0]:.1%} / {p[1]:.1%}"
+
+
+rows = []
+for r in steps:
+    c = r["config"]
+    for layout, t in r["layouts"].items():
+        if layout == "adamw" or (c.dp * c.tp == 1 and layout != "owner"):
+            continue   # on one GPU every layout is the same step
+        rows.append([f"{c.label}, {c.dp} x {c.tp}", f"{c.tokens:,}",
+                     f"{r['forward_backward']:.2f} s", layout,
+                     f"{t['total'] * 1e3:,.0f} ms ({t['optimizer_x_adamw']:.2f} x)",
+                     pair(t["optimizer_share"]), pair(t["over_adamw"])])
+table(["configuration", "tokens", "fwd + bwd", "layout", "optimizer (x AdamW)",
+       "optimizer share", "Muon's extra"], rows, align="lrrlrrr")
+display(Markdown("**What others report**, on their hardware and models:"))
+table(["source", "setting", "Muon against AdamW"], wholestep.reported_rows(),
+      align="lll")
+
+# %% tags=["remove-cell"]
+# The claims of the text below, on the rows above.
+ws = {(r["config"].model, r["config"].dp, r["config"].tp): r["layouts"] for r in steps}
+one_b, k2 = ws[("llama3.2-1b", 8, 1)], ws[("kimi-k2", 256, 1)]
+b8x8, b16x4 = ws[("llama3-8b", 8, 8)], ws[("llama3-8b", 16, 4)]
+for lay in (b8x8, b16x4):
+    assert lay["owner"]["over_adamw"][0] < 0.01 < lay["bucket"]["over_adamw"][0]
+    assert lay["owner"]["over_adamw"][0] < lay["aligned"]["over_adamw"][0]
+assert b16x4["aligned"]["optimizer_x_adamw"] > 10
+assert one_b["owner"]["over_adamw"][0] < one_b["bucket"]["over_adamw"][0]
+assert k2["owner"]["over_adamw"][0] < 0.05   # a few percent at most, as reported
+glue("ch13-8b-aligned-x", f"{b16x4['aligned']['optimizer_x_adamw']:.0f}",
+     display=False)
+for name, lay in (("8x8", b8x8), ("16x4", b16x4), ("1b", one_b), ("k2", k2)):
+    glue(f"ch13-ws-{name}-owner", f"{lay['owner']['over_adamw'][0]:.1%}", display=False)
+    glue(f"ch13-ws-{name}-owner-hidden", f"{lay['owner']['over_adamw'][1]:.1%}",
+         display=False)
+    glue(f"ch13-ws-{name}-owner-x", f"{lay['owner']['optimizer_x_adamw']:.2f}",
+         display=False)
+for name, lay in (("8x8", b8x8), ("16x4", b16x4)):
+    glue(f"ch13-ws-{name}-bucket", f"{lay['bucket']['over_adamw'][0]:.0%}",
+         display=False)
+glue("ch13-ws-k2-fb", f"{steps[-1]['forward_backward']:.0f}", display=False)
+glue("ch13-ws-k2-extra", f"{k2['owner']['muon_only'] * 1e3:,.0f}", display=False)
+
+# %% [markdown]
+# What the model says:
+#
+# - **Llama-3-8B on 64 H100, owner layout: Muon adds {glue:text}`ch13-ws-8x8-owner` to the step
+#   on 8 x 8 and {glue:text}`ch13-ws-16x4-owner` on 16 x 4** (its optimizer step
+#   {glue:text}`ch13-ws-8x8-owner-x` and {glue:text}`ch13-ws-16x4-owner-x` x AdamW's). At 4 Mi
+#   tokens a step forward and backward take seconds, and each GPU orthogonalises a 64th of the
+#   matrices. Under `bucket`, where every rank orthogonalises every matrix, the same step is
+#   {glue:text}`ch13-ws-8x8-bucket` and {glue:text}`ch13-ws-16x4-bucket` longer; under
+#   `aligned` the padding of the ZeRO-1 collectives costs more than Newton-Schulz.
+# - **Llama-3.2-1B on 8 GPUs**: {glue:text}`ch13-ws-1b-owner` (hidden collectives:
+#   {glue:text}`ch13-ws-1b-owner-hidden`). A small model at 16k tokens per GPU has short
+#   forward and backward passes, and each GPU still orthogonalises an eighth of the matrices.
+# - **Kimi K2 on 256 GPUs with expert parallelism**: Muon's own work (Newton-Schulz and the owner
+#   transfers, each expert among the 4 ranks of its slice) is {glue:text}`ch13-ws-k2-extra` ms a
+#   step against {glue:text}`ch13-ws-k2-fb` s of forward and backward at 16 Mi tokens:
+#   {glue:text}`ch13-ws-k2-owner` more than AdamW ({glue:text}`ch13-ws-k2-owner-hidden` with the
+#   collectives hidden). NVIDIA measured 2.1% less throughput for the same model on 256 GB300
+#   (below). Not modelled: pipeline parallelism, which that run used, the MoE layers' token
+#   all-to-alls (the same for both optimizers) and whether the layout fits in memory.
+#
+# These are models on assumed links and a one-GPU rate, with Newton-Schulz charged slower than
+# the record measured and attention left out: each choice makes Muon look costlier, not cheaper.
+# They agree in size with what the paper and the implementations that published a figure report
+# (one to a few percent), on other hardware and models. Halve the tokens a step and the shares
+# roughly double: the optimizer's time does not depend on the tokens.
+#
 # ## The claims, and where this book checks them
 #
 # Every claim of the paper, the community report and the tutorial that the book tests, in one
@@ -526,15 +597,18 @@ display(Markdown(claims.index_table()))
 # ## Summary
 #
 # - FSDP2 model: `FSDPMuon`. Otherwise ZeRO-1 (x TP) with `layout="owner"`.
-# - `layout="aligned"` when the matrices divide evenly into the DP shards; `layout="bucket"` to
-#   reproduce the paper's numbers.
-# - In time, on the model: owner for transformer layers of unequal matrices, aligned for a stack
-#   of equal ones; when one matrix dominates, bucket and owner come within
+# - `layout="aligned"` only for equal matrices smaller than a bucket that divide evenly into the
+#   DP shards (not a Llama layer); `layout="bucket"` to reproduce the paper's numbers.
+# - In time, on the model: owner for transformer layers of unequal matrices, aligned only for a
+#   stack of equal ones; when one matrix dominates, bucket and owner come within
 #   {glue:text}`ch13-report-gap`% of each other on H100s. On a CPU Newton-Schulz is the step,
 #   and the owner layouts divide it by the number of ranks.
+# - In a whole training step, with the owner layout: about {glue:text}`ch13-ws-8x8-owner` more
+#   than AdamW for Llama-3-8B on 64 H100s, {glue:text}`ch13-ws-1b-owner` for a 1B model on 8,
+#   in line with the 1-3% and the few percent that others report.
 # - Every figure on this page is computed from the plan, the cost model and the time model;
-#   `muongrid.lab.choice`, `muongrid.lab.timemodel` and `muongrid.lab.layout_explorer` give the same for
-#   your own shapes, grid and hardware.
+#   `muongrid.lab.choice`, `muongrid.lab.timemodel`, `muongrid.lab.layout_explorer` and
+#   `muongrid.lab.wholestep` give the same for your own shapes, grid and hardware.
 #
 # ## Exercises
 #

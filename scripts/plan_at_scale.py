@@ -1,7 +1,7 @@
 """The real ZeRO-1 plan for real model shapes on up to 1,024 ranks and more, built without launching anything.
 
-Models (``--model``): Llama-3-70B, Llama-3-8B, and two MoEs with one matrix per expert: Moonlight-16B-A3B and
-Kimi K2, a 1T-class model (their shapes and sources in the builders below).
+Models (``--model``): Llama-3-70B, Llama-3-8B, Llama-3.2-1B, and two MoEs with one matrix per expert:
+Moonlight-16B-A3B and Kimi K2, a 1T-class model (their shapes and sources in the builders below).
 
 For each DP x TP grid, two plans of ``muongrid.plan.build_plan`` (the code the optimizer runs), each built and
 timed: the "owner" layout (one owner per matrix) and the "group" layout with this script's hardware profile
@@ -45,9 +45,10 @@ GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
 
 
 def llama3(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, head_dim: int = 128,
-           vocab: int = 128256) -> tuple[list[list[ParamSpec]], list[bool]]:
+           vocab: int = 128256, tied: bool = False) -> tuple[list[list[ParamSpec]], list[bool]]:
     """(groups, muon flags) of a dense Llama-3: one Muon group with every layer's 7 matrices (q, k, v, gate,
-    up colwise: TP split dim 0; o, down rowwise: 1), one AdamW group (embedding, head, norms)."""
+    up colwise: TP split dim 0; o, down rowwise: 1), one AdamW group (embedding, head unless ``tied`` to the
+    embedding, norms)."""
     q, kv = heads * head_dim, kv_heads * head_dim
     muon = []
     for i in range(layers):
@@ -56,7 +57,7 @@ def llama3(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: in
                  ParamSpec(f"layers.{i}.gate", (intermediate, hidden), 0),
                  ParamSpec(f"layers.{i}.up", (intermediate, hidden), 0),
                  ParamSpec(f"layers.{i}.down", (hidden, intermediate), 1)]
-    adamw = [ParamSpec("embed", (vocab, hidden), 0), ParamSpec("head", (vocab, hidden), 0)]
+    adamw = [ParamSpec("embed", (vocab, hidden), 0)] + ([] if tied else [ParamSpec("head", (vocab, hidden), 0)])
     adamw += [ParamSpec(f"norm.{i}", (hidden,), -1) for i in range(2 * layers + 1)]
     return [muon, adamw], [True, False]
 
@@ -69,6 +70,12 @@ def llama3_70b(layers: int = 80):
 def llama3_8b(layers: int = 32):
     """Llama-3-8B: hidden 4096, intermediate 14336, 32 layers, 32 query / 8 KV heads of 128, vocab 128256."""
     return llama3(4096, 14336, layers, 32, 8)
+
+
+def llama3_2_1b(layers: int = 16):
+    """Llama-3.2-1B: hidden 2048, intermediate 8192, 16 layers, 32 query / 8 KV heads of 64, vocab 128256, the
+    head tied to the embedding (1,235,814,400 parameters: the model of the GPU record's forward + backward)."""
+    return llama3(2048, 8192, layers, 32, 8, head_dim=64, tied=True)
 
 
 def mlp(prefix: str, inter: int, hidden: int) -> list[ParamSpec]:
@@ -138,8 +145,8 @@ def kimi_k2(layers: int = 61, experts: int = 384):
     return [muon, adamw], [True, False]
 
 
-MODELS = {"llama3-70b": (llama3_70b, 80), "llama3-8b": (llama3_8b, 32), "moonlight-16b-a3b": (moonlight_16b_a3b, 27),
-          "kimi-k2": (kimi_k2, 61)}
+MODELS = {"llama3-70b": (llama3_70b, 80), "llama3-8b": (llama3_8b, 32), "llama3.2-1b": (llama3_2_1b, 16),
+          "moonlight-16b-a3b": (moonlight_16b_a3b, 27), "kimi-k2": (kimi_k2, 61)}
 
 # The projection's constants: public H100 figures taken as ASSUMPTIONS, not measured here (``muongrid.hardware.H100``,
 # each cited there), and the profile the optimizer's group plan is sized with (``build_plan(..., hw=)``).
@@ -279,6 +286,16 @@ def collectives_per_rank(plan, muon: list[bool], steps: int = NS_STEPS) -> list[
     return out
 
 
+def zero1_seconds(plan, prof: dict) -> float:
+    """Seconds of one step's ZeRO-1 collectives, the same for every rank and for AdamW on the same plan: per
+    bucket a ring reduce-scatter (fp32 gradients) and all-gather (fp32 parameters) over DP
+    (``costmodel.collective_seconds`` on ``links_for_grid``'s DP link)."""
+    links = links_for_grid(plan.dp, plan.tp, prof["ranks_per_node"], prof["intra"], prof["inter"])
+    return sum(collective_seconds("reduce_scatter", plan.dp, b.shard_numel * GRAD_BYTES, *links["dp"])
+               + collective_seconds("all_gather", plan.dp, b.shard_numel * PARAM_BYTES, *links["dp"])
+               for buf in plan.buckets for b in buf)
+
+
 def step_seconds_per_rank(plan, bytes_: list[dict], ns_s: list[float], prof: dict) -> list[float]:
     """Projected seconds of one optimizer step on every rank, serial (no overlap, an upper bound): per bucket a
     ring reduce-scatter and all-gather over DP (``costmodel.collective_seconds`` on ``links_for_grid``'s DP
@@ -286,12 +303,9 @@ def step_seconds_per_rank(plan, bytes_: list[dict], ns_s: list[float], prof: dic
     link's bandwidth plus one latency per bucket and direction, and ``ns_seconds_per_rank`` (Newton-Schulz
     with the group collectives). Cruder than ``lab/timemodel.step_seconds`` (which prices each all-to-all
     peer by peer, O(world^2) per bucket: too slow at 1,024 ranks), and stated so."""
-    dp, tp = plan.dp, plan.tp
-    links = links_for_grid(dp, tp, prof["ranks_per_node"], prof["intra"], prof["inter"])
+    links = links_for_grid(plan.dp, plan.tp, prof["ranks_per_node"], prof["intra"], prof["inter"])
     alpha, beta = links["dp"]
-    comm = sum(collective_seconds("reduce_scatter", dp, b.shard_numel * GRAD_BYTES, *links["dp"])
-               + collective_seconds("all_gather", dp, b.shard_numel * PARAM_BYTES, *links["dp"])
-               for buf in plan.buckets for b in buf)
+    comm = zero1_seconds(plan, prof)
     muon_buckets = len(plan.buckets[0]) if plan.world > 1 else 0
     return [comm + 2 * muon_buckets * alpha + (o["ns_to_owner"] + o["ns_from_owner"]) / beta + t
             for o, t in zip(bytes_, ns_s)]
@@ -348,6 +362,7 @@ def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama
                     f"{layout}_ns_calls_batched_max": max(len(x) for x in owned_shapes)})
         if layout == "owner":
             out.update(muon_matrices=len(plan.metas[0]), buckets=sum(len(b) for b in plan.buckets),
+                       adamw_step_ms=zero1_seconds(plan, prof) * 1e3,
                        distinct_shapes=len(set(shapes.values())), ideal_ns_ms=sum(flops) / world / rate * 1e3,
                        adamw_bytes_per_rank=sum((dp - 1) * b.shard_numel for buf in plan.buckets for b in buf)
                        * (GRAD_BYTES + PARAM_BYTES), owner_plan=plan)

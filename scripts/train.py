@@ -9,6 +9,9 @@
     python scripts/train.py --dp 4 --tp 1 --clip 1.0 --resume _build/run --steps 40   # another grid, same curve
     python scripts/train.py --dp 2 --tp 2 --layout group --hw h100   # groups sized by time (muongrid/hardware.py)
 
+This is the book's measuring harness (the ledger, profiles, state metrics, comparisons with ``torch.optim``):
+the loop to copy into a project is ``loop_zero1_tp.py`` (chapter 12), and ``loop_fsdp.py`` for FSDP2.
+
 The model is chapter 1's character-level GPT on Python's docs, split over TP by PyTorch's own
 ``parallelize_module`` (``muongrid/lab/tpgpt.py``); the optimizer reads each parameter's TP split from
 its DTensor placement. ``--optimizer``: ``hybrid`` (Muon for the hidden matrices, AdamW for

@@ -4,7 +4,7 @@ the root), against single-device muongrid.MuonW in the same process (tests/hf_ru
 
 Two launches, cached and shared by the tests (about 60 s together on this project's 2-core machine):
 
-* 2x1: both models under both optimizers, a Mixtral (MoE: 3-D expert banks) under ZeRO-1, plus gradient accumulation (2 micro-batches: the Llama under
+* 2x1: both models under both optimizers, a Mixtral (MoE: 3-D expert banks) under both too, plus gradient accumulation (2 micro-batches: the Llama under
   ZeRO-1, the GPT-2 under FSDP2 with ``set_requires_gradient_sync`` on the last micro-batch only) and the
   Llama ``torch.compile``d (backend "aot_eager": inductor compiled one step of this Llama in 67 s per process
   here, aot_eager in 10 s; AOT autograd's graphs run by eager kernels);
@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")   # the ranks build models from con
 
 TP_LOSS_RTOL = 1e-5    # fp32 losses of about 4.6; another summation order moves them by a few ulps (1e-7)
 CASES_2X1 = ["llama-zero1", "gpt2-zero1", "llama-fsdp", "gpt2-fsdp", "llama-zero1-accum", "gpt2-fsdp-accum",
-             "llama-zero1-compile", "mixtral-zero1"]
+             "llama-zero1-compile", "mixtral-zero1", "mixtral-fsdp"]
 CASES_2X2 = ["llama-zero1-tp"]
 MUON = {"llama": r"(_orig_mod\.)?model\.layers\.\d\.(self_attn|mlp)\.\w+_proj\.weight",
         "mixtral": r"model\.layers\.\d\.(self_attn\.\w+_proj\.weight|mlp\.experts\.(gate_up|down)_proj)",

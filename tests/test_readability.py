@@ -39,9 +39,9 @@ EXTERNAL = {
 }
 
 
-# Chapter 12 is another branch's to rewrite (issue 33, item 5): it still spreads run() one argument per
-# line and shows 94-column torchrun commands. Strict: when it is fixed its cases pass, and the mark must go.
-ELSEWHERE = {"12_use_it": "chapter 12 is rewritten on another branch (issue 33): drop this mark once it passes"}
+# Pages another branch is still rewriting, by stem, with the reason; strict: once such a page passes, its
+# mark must go.
+ELSEWHERE: dict[str, str] = {}
 
 
 def per_page(paths) -> list:

@@ -9,11 +9,11 @@ guards the GPU step in CI. Targets (issue 31), for ``DistributedMuon(layout="own
   (the Newton-Schulz work is the same; the rest is the NaN/Inf check's one read of the gradients), no more
   aten ops, no host sync, and an op count that does not grow with the number of layers (it grows with the
   number of distinct shapes): at most a few more ops for four times the layers;
-* two DP ranks (the fake process group): each rank writes at most its fp32 parameter bytes in copies when
-  backward writes into the optimizer's gradient buffers (``zero_grad(set_to_none=False)``); with fresh
-  gradients every step (torch's default ``zero_grad()``) the gradients' copy into the reduce-scatter buffer
-  adds one parameter's worth, which a ZeRO-1 step cannot avoid (it needs them in one flat tensor), and the
-  bound here is that plus 0.75.
+* two DP ranks (the fake process group): each rank writes at most its fp32 parameter bytes in copies (the
+  issue's target; held here at half of them, what the owner flow's bf16 casts take) when backward writes into
+  the optimizer's gradient buffers (``zero_grad(set_to_none=False)``); with fresh gradients every step
+  (torch's default ``zero_grad()``) the gradients' copy into the reduce-scatter buffer adds one parameter's
+  worth, which a ZeRO-1 step cannot avoid (it needs them in one flat tensor), and the bound is that plus 0.5.
 
 These are counts, not timings: exact for given shapes, the same on every machine.
 
@@ -54,7 +54,7 @@ def test_the_op_count_does_not_grow_with_layers():
     assert counts[1] - counts[0] <= 8, counts
 
 
-@pytest.mark.parametrize("fresh, bound", [(False, 1.0), (True, 1.75)])
+@pytest.mark.parametrize("fresh, bound", [(False, 0.5), (True, 1.5)])
 def test_two_ranks_copy_at_most_their_parameter_bytes(fresh, bound):
     costs = measure_grid("gpt2-124m", 2, fresh_grads=fresh)
     ratios = [c.summary()["copy_written_gib"] * GiB / param_bytes("gpt2-124m") for c in costs.values()]

@@ -234,10 +234,18 @@ def _scheduler_record(scheduler) -> dict | None:
     return record
 
 
+def _refuse_expert_grid(opt) -> None:
+    if getattr(getattr(opt, "grid", None), "ep", 1) > 1:
+        raise CheckpointError("an optimizer on an expert grid (grid.expert(ep)) holds one expert slice, named as "
+                              "every other slice names its own: a checkpoint in global coordinates cannot tell "
+                              "them apart yet; save opt.state_dict() on every rank (torch.save) instead")
+
+
 def save(opt, path, step: int, scheduler=None, extra: dict | None = None) -> None:
     """Write ``opt``'s state (and its parameters) to the folder ``path``; call it on every rank.
     ``scheduler``: its state is kept (pass the same to ``load``). ``extra`` (JSON) is kept in the marker,
     for the caller's own checks on resume. Everything that can fail before writing is checked first."""
+    _refuse_expert_grid(opt)
     import torch.distributed.checkpoint as dcp
 
     marker = dict(describe(opt, step), scheduler=_scheduler_record(scheduler), extra=extra or {})
@@ -422,6 +430,7 @@ def load(opt, path, scheduler=None) -> int:
     """Load a checkpoint saved on any grid and layout into the distributed ``opt`` (the kind of optimizer
     that saved it) and, given one, its ``scheduler``; returns its step. Call on every rank. Nothing
     changes unless everything was checked and read."""
+    _refuse_expert_grid(opt)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 

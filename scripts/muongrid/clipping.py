@@ -100,28 +100,45 @@ def clip_zero1_(opt, max_norm: float, norm_type: float = 2.0, error_if_nonfinite
     mean over every rank's pieces, scale the pieces ``step()`` will use. With several DP ranks those are this
     rank's reduced shard, scaled in place; with one they are ``p.grad`` itself, so they are replaced by scaled
     copies and ``p.grad`` keeps this rank's own gradient, as with several."""
+    if getattr(opt.grid, "ep", 1) > 1:
+        raise ValueError("this optimizer runs on an expert grid (grid.expert(ep)): its gradients are one expert "
+                         "slice's, so their norm is not the model's; clip every optimizer of the model together "
+                         "with muongrid.clipping.clip_together_([dense_opt, expert_opt], max_norm)")
+    return clip_together_([opt], max_norm, norm_type, error_if_nonfinite)
+
+
+def clip_together_(opts: list, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+    """One global-norm clip over the ZeRO-1 optimizers of one model: a dense one on the job's grid and expert
+    ones on ``grid.expert(ep)``. Every rank holds its own shards of each, and every element is counted on
+    exactly one rank (an expert slice's elements by the ranks of its grid), so one all-reduce of the summed
+    partials over the job's grid (the first optimizer's, which must not be an expert grid) is the model's norm."""
     norm_type = _check(max_norm, norm_type)
-    opt._prepare()
+    if getattr(opts[0].grid, "ep", 1) != 1:
+        raise ValueError("clip_together_: the first optimizer must run on the job's grid (not grid.expert(ep))")
     rows, counted = [], []
-    for g in range(len(opt.param_groups)):
-        for bucket in opt.plan.buckets[g]:
-            grads = opt._grad_pieces(g, bucket)
-            rows.append(((g, bucket.bucket_idx), grads))
-            for grad, i in zip(grads, bucket.param_indices):
-                meta = opt.plan.metas[g][i]
-                if grad is not None and grad.numel() and (meta.tp_split_dim != -1 or opt.grid.tp_rank == 0):
-                    counted.append(grad)
-    dtype = torch.float64 if opt.master_dtypes and all(d == torch.float64 for d in opt.master_dtypes) else torch.float32
-    total = _finish(_all_reduce(_partial(counted, norm_type), opt.comm, norm_type), norm_type, dtype)
+    for opt in opts:
+        opt._prepare()
+        for g in range(len(opt.param_groups)):
+            for bucket in opt.plan.buckets[g]:
+                grads = opt._grad_pieces(g, bucket)
+                rows.append((opt, (g, bucket.bucket_idx), grads))
+                for grad, i in zip(grads, bucket.param_indices):
+                    meta = opt.plan.metas[g][i]
+                    if grad is not None and grad.numel() and (meta.tp_split_dim != -1 or opt.grid.tp_rank == 0):
+                        counted.append(grad)
+    dtypes = [d for opt in opts for d in opt.master_dtypes]
+    dtype = torch.float64 if dtypes and all(d == torch.float64 for d in dtypes) else torch.float32
+    total = _finish(_all_reduce(_partial(counted, norm_type), opts[0].comm, norm_type), norm_type, dtype)
     _nonfinite(total, norm_type, error_if_nonfinite)
-    pieces = [grad for _, grads in rows for grad in grads if grad is not None and grad.numel()]
-    if opt.grid.dp > 1:
-        _scale(pieces, max_norm, total)
-        return total
     coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-    for key, grads in rows:   # scaled copies, in the step's cache
-        scaled = iter(torch._foreach_mul([g for g in grads if g is not None and g.numel()], coef.to(opt.grid.device))
-                      if any(g is not None and g.numel() for g in grads) else [])
+    for opt, key, grads in rows:
+        live = [g for g in grads if g is not None and g.numel()]
+        if not live:
+            continue
+        if opt.grid.dp > 1:   # this rank's reduced shard: the optimizer's own, scaled in place
+            _scale(live, max_norm, total)
+            continue
+        scaled = iter(torch._foreach_mul(live, coef.to(opt.grid.device)))   # p.grad itself: scaled copies
         opt._prepared["grads"][key] = [next(scaled) if g is not None and g.numel() else g for g in grads]
     return total
 

@@ -281,7 +281,7 @@ class Comm:
             pg, ranks = self.subgroups[name]
             return pg, len(ranks)
         if name == "world":
-            return None, self.grid.dp * self.grid.tp
+            return getattr(self.grid, "world_group", None), self.grid.dp * self.grid.tp
         if name == "dp":
             return self.grid.dp_group, self.grid.dp
         if name == "tp":
@@ -371,6 +371,8 @@ class Comm:
     def host_group(self):
         """The process group for decisions the host makes (see the module docstring): made once, on first use,
         by every rank together (``dist.new_group`` is collective; the optimizer asks for it when it is built)."""
+        if not hasattr(self, "_host_pg") and getattr(self.grid, "ep", 1) > 1:
+            self._host_pg = self.grid.host_group   # an expert grid made its own (collectively, with the others')
         if not hasattr(self, "_host_pg"):
             backend = dist.get_backend() if dist.is_initialized() else "gloo"
             timeout = {} if not self.timeout_s else dict(timeout=datetime.timedelta(seconds=self.timeout_s))
@@ -403,7 +405,7 @@ class Comm:
         if world == 1:
             return [obj]
         out = [None] * world
-        self._run(rec, lambda: dist.all_gather_object(out, obj))
+        self._run(rec, lambda: dist.all_gather_object(out, obj, group=getattr(self.grid, "world_group", None)))
         return out
 
     def _record(self, op, group, size, shard_numel, dtype, phase) -> Record:

@@ -99,6 +99,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {overlap!r}")
+        if layout == "group" and getattr(grid, "ep", 1) > 1:
+            raise ValueError("layout='group' on an expert grid (grid.expert(ep)) is not supported: its Newton-Schulz "
+                             "groups are made by every rank of the job; use 'owner' or 'aligned' for expert groups")
         if ns_batch and layout == "bucket":
             raise ValueError("ns_batch=True batches same-shape matrices on their owner: it needs layout='owner', "
                              "'aligned' or 'group' (the bucket layout orthogonalises every matrix on every rank)")
@@ -464,15 +467,15 @@ class Applier:
         if self.per_bucket and meta.bucket_idx != self.bucket:
             self.flush()
             self.bucket = meta.bucket_idx
-        if not piece.numel():
-            return
-        master = self.opt.state[self.group["params"][meta.param_idx]]["master"]
-        if piece.ndim > 1:   # the whole TP-local matrix (maybe a transposed view), or bank: the master so shaped
-            master = master.view(piece.shape)
+        whole = self.opt.state[self.group["params"][meta.param_idx]]["master"]
         scaled = adjust_lr(self.lr, meta.full_shape[-2:], self.group["adjust_lr"])   # a bank: per matrix
         masters, pieces = self.todo.setdefault(scaled, ([], []))
-        masters.append(master)
-        pieces.append(piece)
+        # the piece is flat, or the whole TP-local matrix or bank (maybe a transposed view), or a list of
+        # (offset, rows) rectangles of a transposed result (owner_flow._block_piece): the master shaped alike
+        for offset, part in (piece if isinstance(piece, list) else [(0, piece)]):
+            if part.numel():
+                masters.append(whole[offset: offset + part.numel()].view(part.shape))
+                pieces.append(part)
 
     def flush(self) -> None:
         for scaled, (masters, pieces) in self.todo.items():

@@ -122,7 +122,12 @@ class FSDPMuon(torch.optim.Optimizer):
         mine = []
         for g_idx, group in enumerate(self.param_groups):
             group["names"] = param_names(group, g_idx)
-            check_group(group, g_idx)
+            check_group(group, g_idx, banks=True)
+            for n, p in zip(group["names"], group["params"]):
+                if group["use_muon"] and p.ndim == 3 and getattr(p, "device_mesh", None) is not None and \
+                        tuple(p.device_mesh.mesh_dim_names or ()) != ("dp",):
+                    raise ValueError(f"parameter {n!r} is a bank of matrices on a {p.device_mesh.mesh_dim_names} "
+                                     "mesh; FSDPMuon takes banks sharded over 'dp' only (each rank's experts whole)")
             mine.append([(n, tuple(p.shape), fsdp_piece(n, p, grid)) for n, p in zip(group["names"], group["params"])])
         self.pieces = {id(p): piece for g, group in zip(mine, self.param_groups)
                        for (_, _, piece), p in zip(g, group["params"])}
@@ -133,9 +138,13 @@ class FSDPMuon(torch.optim.Optimizer):
             if [[(n, s) for n, s, _ in g] for g in theirs] != [[(n, s) for n, s, _ in g] for g in mine]:
                 raise ValueError(f"the ranks disagree about the parameters they optimize (rank {rank} differs from "
                                  f"rank {grid.rank} in names, shapes or groups); every rank must build the same model")
-        self.muon_params = [p for group in self.param_groups if group["use_muon"] for p in group["params"]]
+        # A bank of matrices (a MoE layer's experts, experts x out x in) is sharded by FSDP2 over its experts, so
+        # each rank holds whole experts: Newton-Schulz runs on them where they are, with no route and no traffic.
+        self.banks = [p for group in self.param_groups if group["use_muon"] for p in group["params"] if p.ndim == 3]
+        self.muon_params = [p for group in self.param_groups if group["use_muon"] for p in group["params"]
+                            if p.ndim == 2]
         where = [(g, i) for g, group in enumerate(self.param_groups) if group["use_muon"]
-                 for i in range(len(group["params"]))]
+                 for i in range(len(group["params"])) if group["params"][i].ndim == 2]
         self.routes = routes([tuple(self.param_groups[g]["params"][i].shape) for g, i in where],
                              [[theirs[g][i][2] for g, i in where] for theirs in everyone], grid.tp)
         self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
@@ -183,6 +192,8 @@ class FSDPMuon(torch.optim.Optimizer):
                                     group["eps"], group["weight_decay"])
             if self.muon_params:
                 self._muon_step(present)
+            if self.banks:
+                self._bank_step(present)
             if self.qk_clip is not None:
                 self.qk_clip.apply_fsdp(self)
         return loss
@@ -252,6 +263,21 @@ class FSDPMuon(torch.optim.Optimizer):
                     apply_update_(p.to_local(), got[offset: offset + piece.numel].view(piece.shape), lr,
                                   g["weight_decay"], adjust_lr(lr, r.shapes[m], g["adjust_lr"]))
                 offset += piece.numel
+
+    def _bank_step(self, present: dict) -> None:
+        """Each bank's local experts: momentum, Newton-Schulz expert by expert (one batch), the update, all here."""
+        groups = {id(p): g for g in self.param_groups if g["use_muon"] for p in g["params"]}
+        for p in self.banks:
+            g, block = groups[id(p)], p.to_local()
+            if not present[id(p)] or not block.numel():
+                continue
+            update = muon_momentum_(self.state[p]["momentum_buffer"].to_local(), local_grad(p), g["momentum"],
+                                    g["nesterov"])
+            form, lr = g.get("ns_form", NS_FORM), lr_of(g)
+            self.comm.ledger.count_ns(block.shape[0] * ns_flops(*block.shape[-2:], g["ns_steps"], form))
+            with record_function("muon:newton_schulz"):
+                ortho = zeropower_ns5(update, g["ns_steps"], g["ns_coefficients"], g["eps"], form=form)
+            apply_update_(block, ortho, lr, g["weight_decay"], adjust_lr(lr, tuple(p.shape[-2:]), g["adjust_lr"]))
 
     def _check_grads(self):
         """Fail on this rank, before any collective, with a message naming the parameter. Returns the

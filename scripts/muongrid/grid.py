@@ -9,6 +9,17 @@ node and its fast links); a DP group is a column (the same TP shard in every rep
 ``grid_layout`` is pure (no processes) so the book can draw any grid; ``Grid.build`` makes the
 real groups with ``init_device_mesh(..., mesh_dim_names=("dp", "tp"))`` after
 ``init_process_group`` has run (see ``launch.py``).
+
+**Expert parallelism.** ``grid.expert(ep)`` is the grid an expert-parallel parameter group runs on: the DP
+ranks are dealt round-robin into ``ep`` expert-parallel ranks (DP rank d holds expert slice ``d % ep``), and
+the ranks that hold the same experts (their ``dp / ep`` replicas, times TP) form a smaller grid of their own:
+its DP group averages those experts' gradients and shards their optimizer state, its "world" is where their
+Newton-Schulz is placed. An optimizer built on it is an ordinary ``DistributedMuon``:
+
+    dp=4, tp=1, ep=2:  expert slice 0 on ranks {0, 2} (its grid: dp 2), slice 1 on ranks {1, 3}
+
+    dense = DistributedMuon(dense_groups, grid)                 # attention, shared experts, embeddings...
+    experts = DistributedMuon(expert_groups, grid.expert(2))    # this rank's routed experts
 """
 from __future__ import annotations
 
@@ -68,6 +79,10 @@ class Grid:
     tp_group: object
     device: torch.device
     mesh: object = None
+    world_group: object = None   # the group of the grid's ranks (None: every rank of the job)
+    global_ranks: tuple = ()     # the job's rank of each grid rank (empty: the same numbers)
+    host_group: object = None    # a group for host values over the grid's ranks (None: Comm makes one)
+    ep: int = 1                  # expert-parallel ranks this grid was cut into (1: not an expert grid)
 
     @classmethod
     def build(cls, dp: int, tp: int, device: torch.device | str = "cpu", timeout: datetime.timedelta | None = None
@@ -103,6 +118,29 @@ class Grid:
     def single(cls, device: torch.device | str = "cpu") -> "Grid":
         """A 1 x 1 grid with no process groups, for running the distributed code in one process."""
         return cls(1, 1, 0, 0, 0, None, None, torch.device(device))
+
+    def expert(self, ep: int) -> "Grid":
+        """The grid of this rank's expert slice (see the module docstring). Collective: every rank of the job
+        must call it, with the same ``ep``, since it makes every slice's process groups."""
+        if ep < 1 or self.dp % ep:
+            raise ValueError(f"ep={ep} must divide dp={self.dp}: the DP ranks are dealt into ep expert-parallel ranks")
+        if self.ep != 1:
+            raise ValueError("this grid is already an expert grid; call expert() on the job's grid")
+        tp, mine = self.tp, self.dp_rank % ep
+        worlds = [[d * tp + t for d in range(self.dp) if d % ep == e for t in range(tp)] for e in range(ep)]
+        if self.dp * self.tp == 1 or not dist.is_initialized():
+            return Grid(self.dp // ep, tp, self.rank, self.dp_rank // ep, self.tp_rank, None, None, self.device,
+                        ep=ep)
+        backend = dist.get_backend()
+        world_groups, dp_groups, hosts = [], {}, []
+        for e in range(ep):   # every rank makes every group, in the same order
+            world_groups.append(dist.new_group(worlds[e]))
+            hosts.append(dist.new_group(worlds[e], backend="gloo") if backend == "nccl" else world_groups[-1])
+            for t in range(tp):
+                dp_groups[(e, t)] = dist.new_group([d * tp + t for d in range(self.dp) if d % ep == e])
+        sub_rank = worlds[mine].index(self.rank)
+        return Grid(self.dp // ep, tp, sub_rank, self.dp_rank // ep, self.tp_rank, dp_groups[(mine, self.tp_rank)],
+                    self.tp_group, self.device, None, world_groups[mine], tuple(worlds[mine]), hosts[mine], ep)
 
     def describe(self) -> dict:
         """What this rank is, from the real process groups (used by the book's grid chapter)."""

@@ -16,7 +16,8 @@ collectives on its link (``layouts.assign_timed``). A profile is a dict of plain
   finishes no sooner, it only talks more. ``None`` (the default): every rank has its own device.
 
 Every rank must give the same profile (the optimizer checks it with the rest of the plan), so no rank
-measures its own. ``h100()`` is the profile of the public H100 figures below; ``profile(...)`` any other.
+measures its own. ``h100()`` is the profile of ``H100_TABLE`` below (the book's one hardware table: public
+H100 figures and the project's one-GPU record, each with its source); ``profile(...)`` any other.
 
     from muongrid import DistributedMuon, hardware
     opt = DistributedMuon(groups, grid, layout="group", hw=hardware.h100())
@@ -30,16 +31,46 @@ import math
 import numbers
 from pathlib import Path
 
-# An H100 cluster, as ASSUMPTIONS taken from public figures, not measured here (``scripts/plan_at_scale.py``
-# and chapter 14 project with them):
-# - bf16 dense matmul: 989 TFLOP/s peak (NVIDIA H100 SXM datasheet, nvidia.com/en-us/data-center/h100: 1,979 "with
-#   sparsity", half that dense); Newton-Schulz is charged at ``efficiency`` of it (assumed 50%: large GEMMs reach
-#   more, the small m x m iterations and the expert matrices less).
-# - NVLink 4 inside a node of 8: 900 GB/s per GPU both ways together (same datasheet), so 450 GB/s one way;
-#   latency per ring hop assumed 3 us.
-# - InfiniBand between nodes: one 400 Gb/s NDR ConnectX-7 per GPU (DGX H100 user guide), 50 GB/s one way;
-#   latency per ring hop assumed 5 us.
-H100 = dict(flops=989e12, efficiency=0.5, gpus_per_node=8, nvlink=(3e-6, 450e9), infiniband=(5e-6, 50e9))
+# THE hardware table: one H100 cluster, every figure with its kind and source. Every page that prices time reads
+# it (the plans' group sizing, the optimizer time model, the whole training step, chapters 6, 13, 14 and the GPU
+# page), so no chapter types a link speed or a FLOP rate of its own. Three kinds of figure:
+# - "datasheet": NVIDIA's published figures (H100 SXM datasheet, nvidia.com/en-us/data-center/h100; DGX H100 user
+#   guide for the network);
+# - "measured": the project's one-GPU record (one H100 80GB HBM3, torch 2.11.0+cu130, 2026-11-26, commit 7b306af,
+#   ``book/data/gpu_h100_2026-11-26.json`` with its commands; ``tests/test_hardware_table.py`` holds these
+#   figures to that file);
+# - "assumed": what nothing here measured (a multi-GPU link's latency, and Newton-Schulz's share of the peak,
+#   kept below every rate the record measured, so that a modelled Muon step errs long).
+H100_TABLE = {
+    "peak_bf16": (989e12, "FLOP/s", "datasheet", "dense bf16 peak (1,979 'with sparsity', half that dense)"),
+    "matmul_bf16": (774.87e12, "FLOP/s", "measured", "bf16 matmul 8192 x 8192 x 8192, fastest of 5"),
+    "ns5_4096": (670.65e12, "FLOP/s", "measured", "NS5 on one 4096 x 4096 matrix (scripts/ns_speed.py), fastest of 7"),
+    "ns_in_step": (573.7e12, "FLOP/s", "measured",
+                   "Newton-Schulz inside the optimizer step on Llama-3.2-1B shapes (torch profiler, 2 steps)"),
+    "ns_efficiency": (0.5, "of peak", "assumed",
+                      "Newton-Schulz charged at half the datasheet peak: below all three rates above"),
+    "model_flops": (363.65e12, "FLOP/s", "measured", "forward + backward of a 1.2B Llama, 16,384 tokens, "
+                    "bf16 autocast: (6 N T + attention FLOPs) / time, 47% of the measured matmul rate"),
+    "hbm": (3.35e12, "bytes/s", "datasheet", "HBM3 bandwidth"),
+    "elementwise": (2.556e12, "bytes/s", "measured", "fused AdamW over 1,235,779,584 fp32 parameters (28 bytes "
+                    "each) in 13.54 ms"),
+    "nvlink": ((3e-6, 450e9), "(s, bytes/s)", "datasheet, latency assumed",
+               "NVLink 4 inside a node: 900 GB/s per GPU both ways together, 450 one way; 3 us a ring hop"),
+    "infiniband": ((5e-6, 50e9), "(s, bytes/s)", "datasheet, latency assumed",
+                   "one 400 Gb/s NDR ConnectX-7 per GPU between nodes, 50 GB/s one way; 5 us a ring hop"),
+    "gpus_per_node": (8, "GPUs", "datasheet", "a DGX H100 node"),
+}
+
+
+def figure(key: str):
+    """The value of one row of ``H100_TABLE``."""
+    return H100_TABLE[key][0]
+
+
+# The plans' and the optimizer time model's cluster, from the table above (``plan_at_scale.py`` and chapters 13
+# and 14 project with it; ``h100()`` is its profile).
+H100 = dict(flops=figure("peak_bf16"), efficiency=figure("ns_efficiency"), gpus_per_node=figure("gpus_per_node"),
+            nvlink=figure("nvlink"), infiniband=figure("infiniband"))
 
 HW_KEYS = ("flops", "efficiency", "ranks_per_node", "intra", "inter")
 OPTIONAL_KEYS = ("parallel_ranks", "name")

@@ -226,9 +226,9 @@ class OwnerFlow(Flow):
             dsts, srcs, mine = [], [], {}
             for item, out in items:
                 for _, block, a, b, at in item.back:
-                    dst, src = send[at: at + b - a], _block_piece(out, item, block, a, b)
-                    dsts.append(dst.view(src.shape))
-                    srcs.append(src)
+                    for offset, src in _parts(_block_piece(out, item, block, a, b)):
+                        dsts.append(send[at + offset: at + offset + src.numel()].view(src.shape))
+                        srcs.append(src)
                 if item.mine is not None:
                     mine[item.k] = _block_piece(out, item, *item.mine)
             _copy(dsts, srcs, [])
@@ -245,8 +245,13 @@ class OwnerFlow(Flow):
             route, received = self.route(bucket), pending.wait()
             for k, i in enumerate(bucket.param_indices):
                 meta = self.plan.metas[bucket.buffer_idx][i]
-                if k in mine:
-                    yield meta, self.trace("from_owner", meta.name, mine[k])
+                if k in mine:   # maybe rows of a transposed result (see _block_piece): traced whole, if at all
+                    piece = mine[k]
+                    if self.opt.trace is not None and isinstance(piece, list):
+                        self.trace("from_owner", meta.name, torch.cat([r.reshape(-1) for _, r in piece]))
+                    elif self.opt.trace is not None:
+                        self.trace("from_owner", meta.name, piece)
+                    yield meta, piece
                 elif k in route.back_recv:
                     at, n = route.back_recv[k]
                     yield meta, self.trace("from_owner", meta.name, received[at: at + n])
@@ -259,12 +264,39 @@ def _copy(dsts: list, srcs: list, zeros: list) -> None:
         torch._foreach_zero_(zeros)
 
 
-def _block_piece(out: torch.Tensor, item: Owned, block: int, a: int, b: int) -> torch.Tensor:
-    """Elements [a, b) of TP block ``block`` of the orthogonalised matrix ``out``: the block itself (2-D, a
-    view) when the piece is all of it, else its flat elements (a view when the block is contiguous)."""
+def _block_piece(out: torch.Tensor, item: Owned, block: int, a: int, b: int):
+    """Elements [a, b) (row-major) of TP block ``block`` of the orthogonalised matrix ``out``: the block itself
+    (a view) when the piece is all of it; its flat elements when the block is contiguous (a view); else, for a
+    matrix whose result is a transposed view (a tall one) or a block of columns, the piece as rectangles of
+    whole and partial rows, ``[(offset in the piece, 2-D view)]``, so nothing is copied to cut it (a bank, 3-D,
+    is flattened instead)."""
     blocks, rows, cols, split = item.key
     if blocks > 1:
         out = out[block * rows: (block + 1) * rows] if split == 0 else out[:, block * cols: (block + 1) * cols]
     if a == 0 and b == out.numel():
         return out
-    return out.reshape(-1)[a:b]
+    if out.is_contiguous() or out.dim() != 2:
+        return out.reshape(-1)[a:b]
+    return _rectangles(out, a, b)
+
+
+def _rectangles(matrix: torch.Tensor, a: int, b: int) -> list:
+    """Row-major elements [a, b) of a 2-D ``matrix`` as (offset, view) rectangles: a partial first row, the
+    whole rows, a partial last row."""
+    width, out, pos = matrix.shape[1], [], a
+    while pos < b:
+        row, col = divmod(pos, width)
+        if col or b - pos < width:
+            k = min(width - col, b - pos)
+            out.append((pos - a, matrix[row: row + 1, col: col + k]))
+            pos += k
+        else:
+            n = (b - pos) // width
+            out.append((pos - a, matrix[row: row + n]))
+            pos += n * width
+    return out
+
+
+def _parts(piece) -> list:
+    """A piece as (offset, tensor) parts: itself, or its rectangles."""
+    return piece if isinstance(piece, list) else [(0, piece)]

@@ -32,9 +32,13 @@ of one rank, and ``efficiency``, Newton-Schulz's share of it; ``ranks_per_node``
 ``reduce_scatter_as_all_reduce`` (gloo runs one so) and
 ``shared_cores`` (the ``flops`` is the whole machine's, shared by the ranks computing at once), and
 optionally ``max_ranks`` (the largest grid the profile is meant for; callers skip larger ones).
-Two are provided: ``h100()`` (``muongrid.hardware.H100``, public figures taken as assumptions, cited
-there) and ``this_machine()`` (measured here by ``scripts/calibrate_time_model.py``,
+Two are provided: ``h100()`` (``muongrid.hardware.H100``, from the book's one hardware table,
+``hardware.H100_TABLE``: datasheet figures, the GPU record's measurements and stated assumptions, each with its
+source) and ``this_machine()`` (measured here by ``scripts/calibrate_time_model.py``,
 recorded with its provenance in ``book/data/time_model_cpu.json``).
+
+``wholestep.py`` extends this model from the optimizer to the whole training step (forward + backward and the
+element-wise passes) for real configurations.
 
     python -m muongrid.lab.timemodel       # the proof of concept's shapes on 4 x 1 and 2 x 2, both profiles
 """
@@ -82,7 +86,7 @@ def plan_at_scale():
 
 def h100() -> dict:
     """The H100 cluster profile: ``muongrid.hardware.h100()`` (NVLink inside a node of 8, InfiniBand between
-    nodes; the figures and their citations live there), with the time model's two further keys."""
+    nodes; the figures and their sources are ``hardware.H100_TABLE``), with the time model's two further keys."""
     return dict(hardware.h100(), name="H100 cluster (assumed public figures)", reduce_scatter_as_all_reduce=False,
                 shared_cores=False)
 
