@@ -441,8 +441,8 @@ glue("ch9-separated", "every hybrid seed ended below every AdamW seed"
 # model's sweep: on a new model, sweep again.
 
 # %% tags=["remove-cell"]
-# The porting rule's evidence, quoted above: the seed-0 sweep at AdamW's best lr, and the
-# hybrid's best lr (both groups of the hybrid took one lr in the study).
+# The porting rule's evidence, quoted above: the seed-0 sweep at AdamW's best lr,
+# and the hybrid's best lr (both groups of the hybrid took one lr in the study).
 sweep0 = {o: {r["lr"]: r["final_val_loss"] for r in s["sweep"][o]} for o in s["sweep"]}
 assert sweep0["hybrid"][a["lr"]] < sweep0["adamw"][a["lr"]] and h["lr"] > a["lr"]
 glue("ch9-port-lr", f"{a['lr']:g}", display=False)
