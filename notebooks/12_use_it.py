@@ -213,10 +213,13 @@ transformers.logging.set_verbosity_error()
 llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
     vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2))
-def show(table):   # the table's columns, the names and reasons shortened to fit the page
+
+
+def show(table):   # the table's columns, names and reasons shortened to fit the page
     for r in table:
-        print(f"{r.name.removeprefix('model.'):<41}{'x'.join(map(str, r.shape)):>9}  {r.optimizer:<6}"
-              f"{r.why.split(' (')[0]}")
+        shape = "x".join(map(str, r.shape))
+        name, why = r.name.removeprefix("model."), r.why.split(" (")[0]
+        print(f"{name:<41}{shape:>9}  {r.optimizer:<6}{why}")
 
 
 show(routing_table(llama))

@@ -583,17 +583,9 @@ glue("ch13-ws-k2-extra", f"{k2['owner']['muon_only'] * 1e3:,.0f}", display=False
 #
 # ## The claims, and where this book checks them
 #
-# Every claim of the paper, the community report and the tutorial that the book tests, in one
-# list ([`muongrid/lab/claims.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/claims.py));
-# the chapters named print this book's figure beside each, measured where the page was built or
-# read from a recorded run:
-
-# %% tags=["hide-input"]
-from muongrid.lab import claims  # noqa: E402
-
-display(Markdown(claims.index_table()))
-
-# %% [markdown]
+# Every claim of the paper and of the community report that this book checks is listed once, with
+# its source's figure and each chapter's executed finding, in the {doc}`claims appendix <../book/claims>`.
+#
 # ## Summary
 #
 # - FSDP2 model: `FSDPMuon`. Otherwise ZeRO-1 (x TP) with `layout="owner"`.

@@ -155,8 +155,9 @@ def test_non_matrix_in_a_muon_group_is_a_clear_error():
         Muon([{"params": [torch.nn.Parameter(torch.zeros(8))], "names": ["bias"]}])
     with pytest.raises(ValueError, match="shape \\(2, 3, 4, 5\\).*2-D matrices and 3-D banks"):
         Muon([torch.nn.Parameter(torch.zeros(2, 3, 4, 5))])
-    with pytest.raises(ValueError, match="2-D matrices only \\(a 3-D expert bank runs on single-device"):
-        DistributedMuon([torch.nn.Parameter(torch.zeros(3, 4, 5))], Grid.single())
+    with pytest.raises(ValueError, match="shape \\(2, 3, 4, 5\\).*2-D matrices and 3-D banks"):
+        DistributedMuon([torch.nn.Parameter(torch.zeros(2, 3, 4, 5))], Grid.single())
+    DistributedMuon([torch.nn.Parameter(torch.zeros(3, 4, 5))], Grid.single())   # a bank of 3 matrices: taken
 
 
 @pytest.mark.parametrize("kind", ["muon", "adamw", "hybrid"])

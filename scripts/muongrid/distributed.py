@@ -403,11 +403,6 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             self.trace(stage, name, tensor)
         return tensor
 
-    def _reduce_scatter_grads(self, g: int, bucket) -> torch.Tensor:
-        """Stage 1: the bucket's gradients reduce-scattered over DP and divided by dp: my DP-mean shard."""
-        shard = self.buffers.reduce_scatter(g, bucket)
-        return self._trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", shard)
-
     def _all_gather_params(self, params, bucket, master: torch.Tensor) -> None:
         """Stage 8: every rank's master shard into every rank's parameters (in place where they are views of
         the bucket's buffer, ``buffers.py``)."""
