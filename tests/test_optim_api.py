@@ -133,5 +133,5 @@ def test_param_groups_are_fixed_once_the_plan_is_built():
 
 
 def test_a_non_matrix_in_a_muon_group_is_a_clear_error():
-    with pytest.raises(ValueError, match="'bias' has shape \\(4,\\) but Muon orthogonalises 2-D matrices only"):
+    with pytest.raises(ValueError, match="'bias' has shape \\(4,\\) but Muon orthogonalises 2-D matrices and 3-D banks"):
         DistributedMuon([{"params": [torch.nn.Parameter(torch.zeros(4))], "names": ["bias"]}], GRID)
