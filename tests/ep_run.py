@@ -11,7 +11,10 @@ model's global norm (``clipping.clip_together_``). The reference, in every rank'
 ranks that hold it, clipped by ``clipping.clip_grad_norm_``. Dense parameters and this rank's experts must
 equal it bit for bit. Prints one JSON line (rank 0).
 
-    python tests/ep_run.py --dp 4 --tp 1 --ep 2 --clip
+    python tests/ep_run.py --dp 4 --tp 1 --configs 4x1:2:clip,4x1:4,2x2:2
+
+``--configs`` runs several grids in one launch of ``dp * tp`` processes (each ``DPxTP:EP[:clip]`` of that world
+size; a grid other than the launch's is built inside it), so the tests start their processes once.
 """
 import argparse
 import json
@@ -91,11 +94,26 @@ def run(grid, comm, layout: str, ep: int, clip: float | None) -> dict:
 
 
 def worker(grid, comm, args):
+    import datetime
+
+    from muongrid import Grid
+    from muongrid.comm import Comm
+
     torch.set_num_threads(1)
-    out = {layout: run(grid, comm, layout, args.ep, args.clip) for layout in args.layouts.split(",")}
+    configs = args.configs.split(",") if args.configs else [f"{grid.dp}x{grid.tp}:{args.ep}" + (":clip" if args.clip else "")]
+    out = {}
+    for config in configs:
+        shape, ep, *clip = config.split(":")
+        dp, tp = (int(v) for v in shape.split("x"))
+        here = grid if (dp, tp) == (grid.dp, grid.tp) else Grid.build(dp, tp, grid.device,
+                                                                         timeout=datetime.timedelta(seconds=args.timeout))
+        here_comm = comm if here is grid else Comm(here)
+        cut = args.clip if args.clip is not None else (50.0 if clip else None)
+        out[config] = dict(dp=dp, tp=tp, ep=int(ep), layouts={
+            layout: run(here, here_comm, layout, int(ep), cut) for layout in args.layouts.split(",")})
     everyone = comm.gather_objects(out, "report")
     if grid.rank == 0:
-        print(json.dumps(dict(dp=grid.dp, tp=grid.tp, ep=args.ep, ranks=everyone)), flush=True)
+        print(json.dumps(dict(world=grid.dp * grid.tp, ranks=everyone)), flush=True)
     return 0
 
 
@@ -105,4 +123,5 @@ if __name__ == "__main__":
     p.add_argument("--ep", type=int, default=2)
     p.add_argument("--clip", type=float, default=None, help="clip both optimizers together at this global norm")
     p.add_argument("--layouts", default="owner,aligned,bucket")
+    p.add_argument("--configs", default="", help="several DPxTP:EP[:clip] grids of this world size, in one launch")
     sys.exit(launch(worker, p.parse_args()))

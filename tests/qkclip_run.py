@@ -9,6 +9,7 @@ the DP-mean gradients followed by ``qk_clip.clip_rows_`` with the maxima's max o
 ``--fsdp`` the same on FSDP2 (``fully_shard``, DP only) with ``FSDPMuon``. Prints one JSON line (rank 0).
 
     python tests/qkclip_run.py --dp 2 --tp 2
+    python tests/qkclip_run.py --dp 2 --tp 1 --grids 2x1,1x2 --fsdp   # several grids of one world size, one launch
 """
 import argparse
 import json
@@ -109,15 +110,25 @@ def fsdp(grid, comm, want: dict) -> dict:
 
 
 def worker(grid, comm, args):
+    import datetime
+
+    from muongrid import Grid
+
     torch.set_num_threads(1)
-    problem = build_problem("hybrid", SHAPES, TP_DIMS, seed=3, tp=grid.tp)
-    want = reference(problem, grid.dp)
-    out = {layout: zero1(layout, grid, comm, want) for layout in args.layouts.split(",")}
-    if args.fsdp:
-        out["fsdp"] = fsdp(grid, comm, want)
+    out = {}
+    for shape in (args.grids.split(",") if args.grids else [f"{grid.dp}x{grid.tp}"]):
+        dp, tp = (int(v) for v in shape.split("x"))
+        here = grid if (dp, tp) == (grid.dp, grid.tp) else Grid.build(dp, tp, grid.device,
+                                                                         timeout=datetime.timedelta(seconds=args.timeout))
+        problem = build_problem("hybrid", SHAPES, TP_DIMS, seed=3, tp=tp)
+        want = reference(problem, dp)
+        found = {layout: zero1(layout, here, comm, want) for layout in args.layouts.split(",")}
+        if args.fsdp and tp == 1:
+            found["fsdp"] = fsdp(here, comm, want)
+        out[shape] = found
     everyone = comm.gather_objects(out, "report")
     if grid.rank == 0:
-        print(json.dumps(dict(dp=grid.dp, tp=grid.tp, ranks=everyone)), flush=True)
+        print(json.dumps(dict(world=grid.dp * grid.tp, ranks=everyone)), flush=True)
     return 0
 
 
@@ -125,5 +136,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     add_launch_args(p)
     p.add_argument("--layouts", default="bucket,owner,aligned")
-    p.add_argument("--fsdp", action="store_true")
+    p.add_argument("--fsdp", action="store_true", help="also FSDPMuon, on the grids without TP")
+    p.add_argument("--grids", default="", help="several DPxTP grids of this world size, in one launch")
     sys.exit(launch(worker, p.parse_args()))

@@ -20,19 +20,25 @@ from conftest import ROOT, last_json, run
 from muongrid import Grid
 
 
+CONFIGS = {"4x1:2:clip": (4, 1, 2), "4x1:4": (4, 1, 4), "2x2:2": (2, 2, 2)}   # all on 4 ranks: one launch
+
+
 @functools.lru_cache(maxsize=None)
-def launch(dp: int, tp: int, ep: int, clip: bool) -> dict:
-    cmd = [sys.executable, str(ROOT / "tests" / "ep_run.py"), "--dp", str(dp), "--tp", str(tp), "--ep", str(ep)]
-    proc = run(cmd + (["--clip", "50"] if clip else []), timeout=300)
+def launch() -> dict:
+    cmd = [sys.executable, str(ROOT / "tests" / "ep_run.py"), "--dp", "4", "--tp", "1", "--configs", ",".join(CONFIGS)]
+    proc = run(cmd, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return last_json(proc.stdout)
 
 
-@pytest.mark.parametrize("dp, tp, ep, clip", [(4, 1, 2, True), (4, 1, 4, False), (2, 2, 2, False)])
-def test_expert_parallel_moe_equals_one_process(dp, tp, ep, clip):
-    result = launch(dp, tp, ep, clip)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_expert_parallel_moe_equals_one_process(config):
+    dp, tp, ep = CONFIGS[config]
+    result = launch()
     assert len(result["ranks"]) == dp * tp
-    for rank, found in enumerate(result["ranks"]):
+    for rank, everything in enumerate(result["ranks"]):
+        found = everything[config]["layouts"]
+        assert (everything[config]["dp"], everything[config]["tp"]) == (dp, tp)
         for layout in ("owner", "aligned", "bucket"):
             r = found[layout]
             assert max(r["diff"].values()) == 0.0, (rank, layout, r["diff"])

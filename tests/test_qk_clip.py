@@ -80,17 +80,22 @@ def test_no_host_sync_on_the_meta_device():
     assert audit.steps == 8 and audit.problems(0) == []
 
 
+LAUNCHES = {1: ["1x1"], 2: ["2x1", "1x2"], 4: ["2x2"], 6: ["3x2"]}   # the grids of each world size, one launch each
+
+
 @functools.lru_cache(maxsize=None)
-def launch(dp: int, tp: int, fsdp: bool) -> list:
-    args = [sys.executable, str(ROOT / "tests" / "qkclip_run.py"), "--dp", str(dp), "--tp", str(tp)]
-    proc = run(args + (["--fsdp"] if fsdp else []), timeout=300)
+def launch(world: int) -> list:
+    grids = LAUNCHES[world]
+    dp, tp = grids[0].split("x")
+    args = [sys.executable, str(ROOT / "tests" / "qkclip_run.py"), "--dp", dp, "--tp", tp, "--grids", ",".join(grids)]
+    proc = run(args + (["--fsdp"] if world == 2 else []), timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return last_json(proc.stdout)["ranks"]
 
 
 @pytest.mark.parametrize("dp, tp, fsdp", [(1, 1, False), (2, 1, True), (1, 2, False), (2, 2, False), (3, 2, False)])
 def test_qk_clip_on_shards_equals_one_process(dp, tp, fsdp):
-    ranks = launch(dp, tp, fsdp)
+    ranks = [everything[f"{dp}x{tp}"] for everything in launch(dp * tp)]
     assert len(ranks) == dp * tp
     for found in ranks:
         for layout in ("bucket", "owner", "aligned"):
