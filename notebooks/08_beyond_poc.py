@@ -420,7 +420,7 @@ import os  # noqa: E402
 
 load_now = os.getloadavg()[0]
 live = last_json(run("bench.py --dp 2 --tp 2 --layout bucket,owner,aligned --single "
-                     "--stack 4 --steps 3 --warmup 1", log="collapsed"))
+                     "--stack 4 --steps 2 --warmup 1", log="collapsed"))
 
 # %%
 for name, v in live["layouts"].items():

@@ -455,12 +455,12 @@ glue("ch9-port-ratio", f"{h['lr'] / a['lr']:g}", display=False)
 # ## Watch it happen
 #
 # The same script, run here with each optimizer's best learning rate from the recorded study and
-# one seed, for 100 steps (its cosine schedule is therefore shorter, so the curves are not the
+# one seed, for 60 steps (its cosine schedule is therefore shorter, so the curves are not the
 # recorded ones cut short):
 
 # %%
 live = last_json(run(f"convergence_study.py --lrs-adamw {a['lr']} "
-                     f"--lrs-hybrid {h['lr']} --seeds 1 --steps 100 --eval-every 20"))
+                     f"--lrs-hybrid {h['lr']} --seeds 1 --steps 60 --eval-every 20"))
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.0, 2.8))
@@ -483,7 +483,7 @@ glue("ch9-live-gap", f"{live['summary']['final_gap']:+.3f}", display=False)
 # learning rates.
 # ```
 #
-# After 100 steps, AdamW's validation loss minus the hybrid's is {glue:text}`ch9-live-gap` nats
+# After 60 steps, AdamW's validation loss minus the hybrid's is {glue:text}`ch9-live-gap` nats
 # in this live run.
 #
 # ## Where the time of a real step goes
@@ -632,7 +632,7 @@ claims.glue_checks("09_training", claim_rows)   # shown in the claims appendix
 # grow, once only watching them (`QKClip(None, ...)`) and once clipping at a threshold of 8:
 
 # %%
-qk = last_json(run("qk_clip_demo.py --dp 2 --steps 120 --threshold 8",
+qk = last_json(run("qk_clip_demo.py --dp 2 --steps 60 --threshold 8",
                    log="collapsed"))
 
 # %% tags=["hide-input"]

@@ -19,8 +19,8 @@
 #
 # ```{admonition} What this chapter runs
 # Both loops as real scripts on a 2 x 2 grid with bf16, two micro-batches a step and
-# evaluation, each saved half-way and resumed on a 4 x 1 grid: four launches of 4 processes,
-# about a minute in all.
+# evaluation, each saved half-way and resumed on another grid (the template on 4 x 1, the FSDP2
+# variant on 2 x 1), and a Hugging Face Llama's routing: about a minute in all.
 # ```
 #
 # The chapters so far explain distributed Muon and check it against one process. This one is the
@@ -158,7 +158,7 @@ halves(first, again, "2 x 2, uninterrupted", "4 x 1, resumed from step 10")
 # shards, bf16 gathers, fp32 gradient reduction), `set_requires_gradient_sync` on micro-batches
 # and `FSDPMuon(groups, grid)`; `save_run` and `load_run` take it as they are
 # (`muongrid.checkpoint` saves the DTensors as FSDP2 places them, through DCP). Here it runs
-# FSDP2 x TP on 2 x 2, and resumes on 4 x 1 (FSDP2 alone).
+# FSDP2 x TP on 2 x 2, and resumes on 2 x 1 (FSDP2 alone, on half the ranks).
 
 # %%
 Code(Path("../scripts/loop_fsdp.py").read_text(), language="python")
@@ -166,10 +166,10 @@ Code(Path("../scripts/loop_fsdp.py").read_text(), language="python")
 # %%
 first = last_json(run("loop_fsdp.py", "--dp", 2, "--tp", 2, *FLAGS,
                       "--save", OUT / "fsdp"))
-again = last_json(run("loop_fsdp.py", "--dp", 4, "--tp", 1, *FLAGS,
+again = last_json(run("loop_fsdp.py", "--dp", 2, "--tp", 1, *FLAGS,
                       "--resume", OUT / "fsdp" / "step10"))
 halves(first, again, "FSDP2 x TP 2 x 2, uninterrupted",
-       "FSDP2 4 x 1, resumed from step 10")
+       "FSDP2 2 x 1, resumed from step 10")
 
 # %% [markdown]
 # ## Starting it
