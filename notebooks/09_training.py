@@ -90,7 +90,7 @@ elif importlib.util.find_spec("muongrid") is None:
 # whole, as {doc}`chapter 5 <05_distributed_step>` did for the synthetic ones, because orthogonalising each shard alone would
 # give a different (wrong) update.
 #
-# The first run trains for 30 steps on a 2 x 2 grid with the hybrid optimizer (Muon for the block
+# The first run trains for 20 steps on a 2 x 2 grid with the hybrid optimizer (Muon for the block
 # matrices, AdamW for embeddings, head and norms) and the owner layout of {doc}`chapter 8 <08_beyond_poc>`. It measures
 # the optimizer-state metrics every 10 steps:
 
@@ -100,7 +100,7 @@ from myst_nb import glue
 
 from muongrid.lab.notebook import last_json, run, table
 
-COMMON = "--optimizer hybrid --steps 30 --eval-every 10 --threads 1"
+COMMON = "--optimizer hybrid --steps 20 --eval-every 10 --threads 1"
 runs = {(2, 2): last_json(run(f"train.py --dp 2 --tp 2 --layout owner {COMMON}"))}
 
 # %%
@@ -187,7 +187,7 @@ fig.tight_layout()
 glue("ch9-grids", fig, display=False)
 plt.close(fig)
 worst = max(drift.values())
-table(["grid", "largest |loss - 1 x 1| over 30 steps"],
+table(["grid", "largest |loss - 1 x 1| over 20 steps"],
       [[g, f"{d:.1e}"] for g, d in drift.items()])
 assert worst < 2e-3, drift  # tests/test_train.py's tolerance, justified there
 glue("ch9-grid-drift", f"{worst:.0e}", display=False)
@@ -201,7 +201,7 @@ glue("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}", display=False)
 # one-process run (bottom, log scale).
 # ```
 #
-# The curves lie on top of each other (the loss falls from {glue:text}`ch9-loss-fall` nats in 30
+# The curves lie on top of each other (the loss falls from {glue:text}`ch9-loss-fall` nats in 20
 # steps) and differ by at most {glue:text}`ch9-grid-drift` nats. They are not bit for bit the
 # same, unlike the synthetic runs of chapters 5 and 8, and should not be: DP sums the gradients of
 # two half-batch means where one process takes one mean over the whole batch, and TP splits each
@@ -697,7 +697,7 @@ glue("ch9-qk-clip", f"{max(clipped['max_logit'][20:]):.1f}", display=False)
 # 1. Train on a 1 x 4 grid. Why does `train.py` refuse `--heads 2` there?
 # 2. Run `convergence_study.py --tiny --lrs-adamw 0.01 --lrs-hybrid 0.01` twice. Are the results
 #    the same? Then with `--jobs 1` and `--jobs 2`. Why is that allowed to matter, or not?
-# 3. In the state metrics, which matrix's momentum is the most lopsided, and is it still after 30
+# 3. In the state metrics, which matrix's momentum is the most lopsided, and is it still after 20
 #    steps?
 # 4. Break the data split: in `train.py`'s `worker`, make every DP rank train on the first slice
 #    (`mine = slice(0, rows)`), rerun the 1 x 1 and 2 x 1 grids, and compare their loss curves.

@@ -36,6 +36,20 @@ def script(name: str, *args: str, **kw) -> subprocess.CompletedProcess:
     return run([sys.executable, str(SCRIPTS / name), *args], **kw)
 
 
+def refused(main, *argv) -> str:
+    """What a script's ``main(argv)`` prints as it refuses its arguments (argparse's exit code 2), run in this
+    process: a check that fails before anything launches is the same code without an interpreter of its own
+    (starting one and importing torch costs seconds of the suite's time per call)."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
+        main([str(a) for a in argv])
+    assert exit_.value.code == 2, (exit_.value.code, err.getvalue()[-2000:])
+    return err.getvalue()
+
+
 @pytest.fixture
 def tag():
     return uuid.uuid4().hex

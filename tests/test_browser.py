@@ -30,7 +30,7 @@ import pytest
 from conftest import BUILD, executed_notebook
 from test_book import toc_files
 
-from muongrid.lab.pagecheck import layout_problems, math_problems, open_page, table_problems
+from muongrid.lab.pagecheck import layout_problems, math_problems, narrow, open_page, table_problems
 
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -160,7 +160,7 @@ def test_page_reads_well_offline(built_book, browser, name):
     stem = name.replace("/", "__")
     browser.execute_script("window.scrollTo(0, 0)")
     assert browser.save_screenshot(str(SHOTS / f"{stem}.png"))
-    load(browser, page, width=400)
+    narrow(browser, 400)
     assert browser.save_screenshot(str(SHOTS / f"{stem}@400px.png"))
     broken = [p for p in table_problems(browser) if "breaks inside" in p]  # scrolling is fine here
     assert not broken, f"at 400 px: {broken}"

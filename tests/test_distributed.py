@@ -13,9 +13,10 @@ import sys
 
 import pytest
 
-from conftest import ODD_SHAPES, ODD_TP_DIMS, last_json, run, script
+from conftest import ODD_SHAPES, ODD_TP_DIMS, last_json, refused, run, script
 from muongrid.lab.costmodel import PHASES, step_bytes
 from muongrid.lab.synthetic import build_problem, parse_shapes, parse_tp_dims
+from muongrid.verify import main as verify_main
 
 GRIDS = [(1, 1), (2, 1), (2, 2), (3, 1), (1, 4), (2, 4), (3, 2)]
 # Muon on grids that cover one process, DP only (even and uneven), TP only, and both (with more DP
@@ -154,8 +155,8 @@ def test_verify_refuses_newton_schulz_options_it_cannot_run():
     for extra, message in ((["--layout", "bucket", "--ns-batch"], "the bucket layout has no owner"),
                            (["--ns-coefficients", "quartic"], "unknown ns_coefficients 'quartic'"),
                            (["--optimizer", "adamw", "--ns-form", "gram"], "give a Muon optimizer")):
-        proc = script("verify.py", "--dp", "2", *extra)
-        assert proc.returncode == 2 and message in proc.stderr, (extra, proc.stderr[-500:])
+        err = refused(verify_main, "--dp", "2", *extra)
+        assert message in err, (extra, err[-500:])
 
 
 def test_time_model_prices_the_ledgers_busiest_rank():

@@ -17,7 +17,7 @@ import math
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, last_json, script
+from conftest import ROOT, SCRIPTS, last_json, refused, script
 from muongrid.lab.traces import like_for_like_steps
 
 spec = importlib.util.spec_from_file_location("convergence_study", SCRIPTS / "convergence_study.py")
@@ -107,7 +107,7 @@ def test_profile_step_compares_a_dp_and_a_tp_grid(tmp_path):
 
 
 def test_profile_step_refuses_a_grid_it_cannot_split():
-    proc = script("profile_step.py", "--grids", "3x1", "--global-batch", "4")
-    assert proc.returncode == 2 and "--global-batch 4 must divide by dp" in proc.stderr
-    proc = script("profile_step.py", "--grids", "4y1")
-    assert proc.returncode == 2 and "give DPxTP grids" in proc.stderr
+    import profile_step
+
+    assert "--global-batch 4 must divide by dp" in refused(profile_step.main, "--grids", "3x1", "--global-batch", "4")
+    assert "give DPxTP grids" in refused(profile_step.main, "--grids", "4y1")
