@@ -410,8 +410,8 @@ glue("ch8-efficiency-note", "none of them above 1" if max(efficiency) <= 1.0 els
 # it). What they pay beyond the ideal 1 is the pieces' traffic and the imbalance
 # of four shapes over four ranks.
 #
-# Now the same 2 x 2 benchmark, live, on the machine that builds this page, with fewer steps. Its
-# bytes must equal the recorded run's (they depend only on the shapes and the grid, so a difference
+# Now the same 2 x 2 benchmark, live, on the machine that builds this page, with fewer steps and the
+# two layouts the claim compares. Its bytes must equal the recorded run's (they depend only on the shapes and the grid, so a difference
 # means the code changed since the recording and `make record` is due); its times are this
 # machine's, at this moment:
 
@@ -419,7 +419,7 @@ glue("ch8-efficiency-note", "none of them above 1" if max(efficiency) <= 1.0 els
 import os  # noqa: E402
 
 load_now = os.getloadavg()[0]
-live = last_json(run("bench.py --dp 2 --tp 2 --layout bucket,owner,aligned --single "
+live = last_json(run("bench.py --dp 2 --tp 2 --layout bucket,owner --single "
                      "--stack 4 --steps 2 --warmup 1", log="collapsed"))
 
 # %%
@@ -430,9 +430,9 @@ for name, v in live["layouts"].items():
 print(f"this machine, now (load average {load_now:.1f} as it began), "
       f"{live['steps']} measured steps; bytes equal the recorded run's")
 table(["layout", "Muon overhead ratio, recorded", "this machine, now"],
-      [[name, ratio_text(v["muon_overhead_ratio_all"]),
-        ratio_text(live["layouts"][name]["muon_overhead_ratio_all"])]
-       for name, v in tp2["layouts"].items()], align="lrr")
+      [[name, ratio_text(tp2["layouts"][name]["muon_overhead_ratio_all"]),
+        ratio_text(v["muon_overhead_ratio_all"])]
+       for name, v in live["layouts"].items()], align="lrr")
 O, B = (live["layouts"][k]["muon_overhead_ratio_all"] for k in ("owner", "bucket"))
 glue("ch8-live-verdict",
      "holds here too" if spread(O)[1] < spread(B)[1] / 2 else

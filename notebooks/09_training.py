@@ -455,12 +455,12 @@ glue("ch9-port-ratio", f"{h['lr'] / a['lr']:g}", display=False)
 # ## Watch it happen
 #
 # The same script, run here with each optimizer's best learning rate from the recorded study and
-# one seed, for 60 steps (its cosine schedule is therefore shorter, so the curves are not the
+# one seed, for 40 steps (its cosine schedule is therefore shorter, so the curves are not the
 # recorded ones cut short):
 
 # %%
 live = last_json(run(f"convergence_study.py --lrs-adamw {a['lr']} "
-                     f"--lrs-hybrid {h['lr']} --seeds 1 --steps 60 --eval-every 20"))
+                     f"--lrs-hybrid {h['lr']} --seeds 1 --steps 40 --eval-every 20"))
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.0, 2.8))
@@ -483,7 +483,7 @@ glue("ch9-live-gap", f"{live['summary']['final_gap']:+.3f}", display=False)
 # learning rates.
 # ```
 #
-# After 60 steps, AdamW's validation loss minus the hybrid's is {glue:text}`ch9-live-gap` nats
+# After 40 steps, AdamW's validation loss minus the hybrid's is {glue:text}`ch9-live-gap` nats
 # in this live run.
 #
 # ## Where the time of a real step goes

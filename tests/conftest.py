@@ -75,7 +75,7 @@ def executed_notebook(name: str) -> Path:
     """Chapter ``name`` executed as ``make book`` executes it, at most once per test session. A copy
     that ``make book`` (or an earlier session) left in ``_build/executed/`` is reused only if its
     inputs (the chapter, scripts/, book/data/, requirements.txt) are byte for byte unchanged."""
-    _wait_for_background_chapters()
+    _wait_for_chapter(name)
     return bookbuild.executed(name)[0]  # a chapter the background run failed on runs here, and fails here
 
 
@@ -83,10 +83,11 @@ def executed_notebook(name: str) -> Path:
 # Executing the chapters is half the suite's time, and a chapter leaves a core idle much of it (its
 # kernel waits for the scripts it launches, which wait for their ranks' collectives). So the session
 # starts `scripts/build_book.py --only <chapters>` at once, in its own process group, and runs the
-# tests that read executed chapters (`_reads_chapters`) last; by then the
-# chapters are executed and fingerprinted, and `executed_notebook` reuses them. The chapters are every
-# stale one if a selected test uses `built_book`, else those named in the selected tests' ids. MUONGRID_TEST_CHAPTERS=
-# inline executes them in the test process instead, when the first test needs one (the old order).
+# tests that read executed chapters (`_reads_chapters`) last: first those that read single chapters,
+# each waiting only until its chapter is executed and fingerprinted (`executed_notebook` then reuses
+# it), then those that read the whole book. The chapters are every stale one if a selected test uses
+# `built_book`, else those named in the selected tests' ids. MUONGRID_TEST_CHAPTERS=inline executes them
+# in the test process instead, when the first test needs one (the old order).
 
 _background: dict = {}
 
@@ -104,8 +105,10 @@ def _reads_chapters(item) -> bool:
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected what will not run
 def pytest_collection_modifyitems(session, config, items):
     readers = [i for i in items if _reads_chapters(i)]
-    items[:] = [i for i in items if not _reads_chapters(i)] + readers
-    everything = any("built_book" in getattr(i, "fixturenames", ()) for i in readers)
+    whole = [i for i in readers if "built_book" in getattr(i, "fixturenames", ())]
+    # Those that read single chapters first: each waits only for its own, while later ones execute.
+    items[:] = [i for i in items if not _reads_chapters(i)] + [i for i in readers if i not in whole] + whole
+    everything = bool(whole)
     wanted = [s for s in bookbuild.toc_chapters() if everything or any(s in i.nodeid for i in readers)]
     stale = [s for s in wanted if not bookbuild.is_fresh(s)]
     if stale and not config.option.collectonly and os.environ.get("MUONGRID_TEST_CHAPTERS", "background") == "background":
@@ -115,6 +118,19 @@ def pytest_collection_modifyitems(session, config, items):
         _background["proc"] = subprocess.Popen(
             [sys.executable, str(SCRIPTS / "build_book.py"), "--only", ",".join(stale)], cwd=ROOT,
             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for_chapter(name: str) -> None:
+    """Until chapter ``name`` is executed and fingerprinted (``bookbuild`` writes the fingerprint after the
+    notebook), or the background run has ended: a test that reads an early chapter need not wait for the
+    last one."""
+    import time
+
+    proc = _background.get("proc")
+    while proc is not None and proc.poll() is None and not bookbuild.is_fresh(name):
+        time.sleep(1.0)
+    if proc is not None and proc.poll() is not None:
+        _wait_for_background_chapters()
 
 
 def _wait_for_background_chapters() -> None:
