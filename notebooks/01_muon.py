@@ -19,7 +19,7 @@
 #
 # ```{admonition} What this chapter runs
 # One process only: a gradient of a tiny GPT, Newton-Schulz and SVD timings, and the tiny GPT
-# trained twice for 150 steps (AdamW, then MuonW). About a minute on a 2-core laptop.
+# trained twice for 100 steps (AdamW, then MuonW). About a minute on a 2-core laptop.
 # ```
 
 # %% tags=["hide-cell"]
@@ -371,7 +371,7 @@ print(f"\nparameters optimised by Muon: {counts['Muon']:,}; "
 from muongrid.lab.charlm import train
 from muongrid.optim import AdamW, MuonW
 
-STEPS, LR, WD = 150, 3e-3, 0.1
+STEPS, LR, WD = 100, 3e-3, 0.1
 histories = {}
 for kind in ("AdamW", "MuonW"):
     torch.manual_seed(0)

@@ -146,3 +146,20 @@ def test_ranks_are_forked_only_from_a_process_without_threads(before, method):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"start method: {method}\n" in proc.stdout and "OK: largest difference 0.000e+00" in proc.stdout
+
+
+def test_a_rank_killed_by_a_signal_is_blamed_before_the_peers_that_lost_it(tmp_path, capsys):
+    """The race the kill fault hit once on 2 x 2: rank 3 is killed, rank 2 fails at once on the closed
+    connection and both are found ended in one wake-up; the report must still name rank 3 first, whichever
+    of them the launcher took for the culprit."""
+    from types import SimpleNamespace
+
+    from muongrid import launch
+
+    procs = [SimpleNamespace(exitcode=None), SimpleNamespace(exitcode=None), SimpleNamespace(exitcode=1),
+             SimpleNamespace(exitcode=-signal.SIGKILL)]
+    (tmp_path / "rank2.txt").write_text(f"{time.time()}\nCollectiveError: Connection closed by peer\n")
+    launch._report(procs, tmp_path, SimpleNamespace(tp=2), 2, stopped={0, 1})
+    err = capsys.readouterr().err
+    assert "rank 3 (dp 1, tp 1) failed first" in err and "killed by signal SIGKILL" in err, err
+    assert "Connection closed by peer" in err.split("failed first", 1)[1]   # rank 2's line follows

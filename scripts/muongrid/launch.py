@@ -301,7 +301,9 @@ def _wait(procs, err_dir, args) -> int:
     alive, returned = list(procs), {}
     while alive:
         multiprocessing.connection.wait([p.sentinel for p in alive])
-        for p in [p for p in alive if p.exitcode is not None]:
+        # A rank killed by a signal first: its peers' errors ("connection closed by peer") follow from its
+        # death, and a peer that failed at once can be found ended in the same wake-up, at a lower index.
+        for p in sorted((p for p in alive if p.exitcode is not None), key=lambda p: p.exitcode >= 0):
             alive.remove(p)
             rank = procs.index(p)
             crashed = (p.exitcode < 0 or Path(err_dir, f"rank{rank}.txt").exists()
@@ -335,8 +337,8 @@ def _report(procs, err_dir, args, culprit: int, stopped: set[int]) -> None:
     """Print the root cause in full and one line for every other rank that failed.
 
     ``culprit`` is the rank whose end stopped the run; ``stopped`` the ranks the launcher then ended.
-    A culprit killed by a signal is the root cause (peers that lost it fail after it); otherwise the
-    earliest traceback is.
+    A culprit, or any rank the launcher did not stop, killed by a signal is the root cause (peers that lost
+    it fail after it); otherwise the earliest traceback is.
     """
     errors = []
     for r, p in enumerate(procs):
@@ -344,7 +346,7 @@ def _report(procs, err_dir, args, culprit: int, stopped: set[int]) -> None:
         if f.exists():
             when, tb = f.read_text().split("\n", 1)
             errors.append((float(when), r, tb))
-        elif r == culprit:
+        elif r == culprit or (p.exitcode is not None and p.exitcode < 0 and r not in stopped):
             how = (f"was killed by signal {signal.Signals(-p.exitcode).name}" if p.exitcode < 0
                    else f"exited with code {p.exitcode}")
             errors.append((float("-inf"), r, f"{how}, with no Python traceback (killed from outside, or the "
