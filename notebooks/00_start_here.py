@@ -222,6 +222,25 @@ make setup                         # .venv: torch (CPU), the Jupyter kernel, muo
 #
 # The appendix {doc}`../book/troubleshooting` has the details and a table of error messages.
 #
+# What that looks like on a GPU: the project's one-GPU record, kept with its provenance in
+# `book/data/` (this page reads it; nothing here ran on a GPU):
+
+# %%
+from muongrid.lab import gpurecord
+
+record = gpurecord.load()
+ns = record["ns_speed"]
+passed = sum(s["rc"] == 0 for s in record["steps"])
+ns5, matmul = ns["best_ns5_gflops"], ns["best_matmul_gflops"]
+Markdown(gpurecord.provenance_text(record).replace("\n  ", "  \n") + "\n\n"
+         f"{passed} of the record's {len(record['steps'])} commands exited 0. "
+         f"Newton-Schulz on a 4096 x 4096 matrix ran at {ns5 / 1e3:.0f} TFLOP/s, "
+         f"{ns5 / matmul:.0%} of a same-size bf16 matmul.")
+
+# %% [markdown]
+# {doc}`Chapter 16 <16_on_a_gpu>` shows what each of those commands printed, and what one
+# optimizer step cost there against `torch.optim.Muon`.
+#
 # ## The road ahead
 #
 # Every page of the book, in order, with the question it answers (generated from the book's table
