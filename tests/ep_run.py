@@ -94,19 +94,15 @@ def run(grid, comm, layout: str, ep: int, clip: float | None) -> dict:
 
 
 def worker(grid, comm, args):
-    import datetime
-
-    from muongrid import Grid
     from muongrid.comm import Comm
+    from same_world import grid_of
 
     torch.set_num_threads(1)
     configs = args.configs.split(",") if args.configs else [f"{grid.dp}x{grid.tp}:{args.ep}" + (":clip" if args.clip else "")]
     out = {}
     for config in configs:
         shape, ep, *clip = config.split(":")
-        dp, tp = (int(v) for v in shape.split("x"))
-        here = grid if (dp, tp) == (grid.dp, grid.tp) else Grid.build(dp, tp, grid.device,
-                                                                         timeout=datetime.timedelta(seconds=args.timeout))
+        dp, tp, here = grid_of(grid, shape, args.timeout)
         here_comm = comm if here is grid else Comm(here)
         cut = args.clip if args.clip is not None else (50.0 if clip else None)
         out[config] = dict(dp=dp, tp=tp, ep=int(ep), layouts={

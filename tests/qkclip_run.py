@@ -110,16 +110,12 @@ def fsdp(grid, comm, want: dict) -> dict:
 
 
 def worker(grid, comm, args):
-    import datetime
-
-    from muongrid import Grid
+    from same_world import grid_of
 
     torch.set_num_threads(1)
     out = {}
     for shape in (args.grids.split(",") if args.grids else [f"{grid.dp}x{grid.tp}"]):
-        dp, tp = (int(v) for v in shape.split("x"))
-        here = grid if (dp, tp) == (grid.dp, grid.tp) else Grid.build(dp, tp, grid.device,
-                                                                         timeout=datetime.timedelta(seconds=args.timeout))
+        dp, tp, here = grid_of(grid, shape, args.timeout)
         problem = build_problem("hybrid", SHAPES, TP_DIMS, seed=3, tp=tp)
         want = reference(problem, dp)
         found = {layout: zero1(layout, here, comm, want) for layout in args.layouts.split(",")}
