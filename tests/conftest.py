@@ -18,6 +18,7 @@ SCRIPTS = ROOT / "scripts"
 
 
 from muongrid.lab.faultcheck import processes_with_tag  # noqa: F401  (a run's leftover processes)
+from muongrid.lab import warmstart  # noqa: E402
 from muongrid.lab.notebook import last_json  # noqa: F401  (the tests read scripts' JSON lines as the book does)
 
 # Small shapes that divide unevenly by every DP size tested (so buckets need padding and matrices
@@ -26,9 +27,22 @@ ODD_SHAPES = "36x57,45x28,33x17,20x44,8x12"
 ODD_TP_DIMS = "0,1,none,1,0"
 
 
+# A script run here is forked from a Python that has imported torch already, as the chapters' are
+# (muongrid.lab.warmstart: seconds of the suite's CPU per run, on two cores shared with the chapters).
+_WARM = warmstart.WarmStarter(sys.executable, str(SCRIPTS)) if warmstart.enabled() else None
+
+
 def run(cmd: list[str], timeout: float = 240, tag: str | None = None) -> subprocess.CompletedProcess:
-    """Run a command from the repository root with a unique tag in its environment."""
+    """Run a command from the repository root with a unique tag in its environment. A Python script
+    without a ``tag`` asked for is forked by the warm start server; a tagged run gets an interpreter of
+    its own, since ``processes_with_tag`` finds a run's processes by the environment they were
+    exec'd with, which a forked process does not have."""
     env = dict(os.environ, MUONGRID_TEST_TAG=tag or uuid.uuid4().hex, PYTHONUNBUFFERED="1")
+    if _WARM and tag is None and len(cmd) > 1 and cmd[0] == sys.executable and cmd[1].endswith(".py"):
+        proc = _WARM.start(cmd[1:], str(ROOT), env, stderr_apart=True)
+        if proc is not None:
+            out, err = proc.communicate(timeout)
+            return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -31,6 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import warmstart
+
 def _repository_root() -> Path:
     """The checkout the chapters run from: the nearest folder above the working directory that has
     ``scripts/verify.py`` (a notebook runs in ``notebooks/``), else the one this file sits in (an
@@ -80,6 +82,10 @@ def run(command: str, *args, expect_failure: bool = False, timeout: float = 900,
     afterwards in a collapsed block (``<details>``), for long logs that the chapter summarises
     itself; an unexpected failure is always shown in full. ``env`` adds environment variables (shown
     in front of the command, as a shell would take them).
+
+    On Linux the script's process is forked from a Python that has already imported torch
+    (``muongrid.lab.warmstart``: seconds saved per call); ``MUONGRID_WARM_START=0`` starts a new
+    interpreter each time instead.
     """
     if log not in ("stream", "collapsed"):
         raise ValueError("log must be 'stream' or 'collapsed'")
@@ -89,8 +95,7 @@ def run(command: str, *args, expect_failure: bool = False, timeout: float = 900,
                       f"scripts/{script}", *map(shlex.quote, args)])
     if log == "stream":
         print(f"$ {shown}", flush=True)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1)
+    proc = _start(cmd, dict(os.environ, PYTHONUNBUFFERED="1", **{k: str(v) for k, v in (env or {}).items()}))
     lines, visible = [], []
     try:
         for line in proc.stdout:
@@ -116,6 +121,22 @@ def run(command: str, *args, expect_failure: bool = False, timeout: float = 900,
     if code == 0 and expect_failure:
         raise ScriptFailed(f"`{shown}` was expected to fail but exited with code 0")
     return "".join(lines)
+
+
+_warm = None
+
+
+def _start(cmd: list[str], env: dict):
+    """The script's process: forked by the warm start server where it can be, else a new interpreter."""
+    global _warm
+    if warmstart.enabled():
+        if _warm is None:
+            _warm = warmstart.WarmStarter(cmd[0], str(SCRIPTS))
+        proc = _warm.start(cmd[1:], str(ROOT), env)
+        if proc is not None:
+            return proc
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
 
 
 def show_log(title: str, text: str, note: str = "") -> None:

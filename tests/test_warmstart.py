@@ -1,0 +1,114 @@
+"""The warm start server (muongrid.lab.warmstart): a script forked from it behaves as the same script
+started as ``python script.py`` would, and the server never serves stale source or a stale environment."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, SCRIPTS
+from muongrid.lab import warmstart
+
+pytestmark = pytest.mark.skipif(not warmstart.enabled(), reason="the warm start server forks: Linux only")
+
+PROBE = """\
+import json, os, random, sys
+print(json.dumps(dict(argv=sys.argv, path0=sys.path[0], cwd=os.getcwd(), name=__name__, file=__file__,
+                      probe=os.environ.get("MUONGRID_PROBE"), draw=random.random())))
+sys.stdout.flush()
+print("to stderr", file=sys.stderr)
+how = sys.argv[1]
+if how == "exit3":
+    sys.exit(3)
+if how == "raise":
+    raise ValueError("raised in the script")
+if how == "message":
+    sys.exit("a message instead of a code")
+if how == "kill":
+    os.kill(os.getpid(), 9)
+if how == "sleep":
+    import time
+    time.sleep(60)
+"""
+
+
+@pytest.fixture(scope="module")
+def warm():
+    starter = warmstart.WarmStarter(sys.executable, str(SCRIPTS))
+    yield starter
+    starter.close()
+
+
+def both(warm, tmp_path, how, env=None):
+    """(forked, fresh) CompletedProcess of the probe script run with argument ``how``."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    proc = warm.start([str(probe), how], str(ROOT), env, stderr_apart=True)
+    assert proc is not None
+    out, err = proc.communicate(60)
+    fresh = subprocess.run([sys.executable, str(probe), how], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=60)
+    return subprocess.CompletedProcess(how, proc.returncode, out, err), fresh
+
+
+def fields(out: str) -> dict:
+    return json.loads(out.splitlines()[0])
+
+
+@pytest.mark.parametrize("how, code", [("ok", 0), ("exit3", 3), ("raise", 1), ("message", 1), ("kill", -9)])
+def test_a_forked_script_exits_and_prints_as_a_fresh_one(warm, tmp_path, how, code):
+    forked, fresh = both(warm, tmp_path, how)
+    assert forked.returncode == fresh.returncode == code
+    seen, expected = fields(forked.stdout), fields(fresh.stdout)
+    assert seen.pop("draw") != expected.pop("draw")  # random is seeded again, not the server's sequence
+    assert seen == expected
+    assert forked.stderr.splitlines()[0] == "to stderr"
+    if how == "raise":
+        assert "Traceback (most recent call last)" in forked.stderr
+        assert forked.stderr.strip().endswith("ValueError: raised in the script")
+    if how == "message":
+        assert forked.stderr.strip().endswith("a message instead of a code")
+
+
+def test_an_edited_module_starts_a_new_server(warm, tmp_path):
+    both(warm, tmp_path, "ok")
+    server = warm.proc.pid
+    module = SCRIPTS / "muongrid" / "grid.py"
+    stat = module.stat()
+    os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    try:
+        forked, _ = both(warm, tmp_path, "exit3")
+    finally:
+        os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert forked.returncode == 3 and warm.proc.pid != server
+
+
+def test_muongrid_variables_reach_the_script_and_others_start_a_new_server(warm, tmp_path):
+    forked, _ = both(warm, tmp_path, "ok", env={"MUONGRID_PROBE": "one"})
+    server = warm.proc.pid
+    assert fields(forked.stdout)["probe"] == "one"
+    forked, _ = both(warm, tmp_path, "ok", env={"MUONGRID_PROBE": "two"})
+    assert fields(forked.stdout)["probe"] == "two" and warm.proc.pid == server
+    both(warm, tmp_path, "ok", env={"OMP_NUM_THREADS": "1"})  # read when torch loads: the server's is stale
+    assert warm.proc.pid != server
+
+
+def test_a_timeout_kills_the_script_and_the_server_goes_with_its_client(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    starter = warmstart.WarmStarter(sys.executable, str(SCRIPTS))
+    proc = starter.start([str(probe), "sleep"], str(ROOT), dict(os.environ), stderr_apart=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.communicate(timeout=1)
+    assert proc.returncode == -signal.SIGKILL
+    with pytest.raises(ProcessLookupError):
+        os.kill(proc.pid, 0)
+    server = starter.proc
+    starter.sock.close()  # the client goes (as a kernel that ends): the server sees the socket close
+    starter.sock = None
+    assert server.wait(timeout=30) == 0  # it exited by itself, cleanly
