@@ -11,6 +11,8 @@ whichever finishes it first counting the group's collectives, ``layouts.assign_t
 * Newton-Schulz FLOPs, as max / mean over ranks (1.0 = perfectly balanced; the step waits for the max);
 * bytes sent per step, from the closed form (``lab/costmodel``'s rules, summed for every rank in one pass,
   ``bytes_per_rank``; ``tests/test_plan_at_scale.py`` checks the two agree, groups included), and AdamW's;
+* bytes sent per step to another node (``cross_node_bytes_per_rank``: the all-to-alls point to point, the
+  rings to the next rank in the ring), as the busiest rank's;
 * collectives per step: reduce-scatter + all-gather per bucket, two all-to-alls per Muon bucket (to the
   owners or members and back), and per group membership 1 + ns_steps all-reduces and ns_steps all-gathers;
 * projected milliseconds on the busiest rank (``ns_seconds_per_rank``: NS FLOPs at a stated throughput plus
@@ -272,6 +274,61 @@ def owner_bytes_per_rank(plan, muon: list[bool]) -> list[dict]:
     return [{k: v for k, v in o.items() if k != "ns_group_gram"} for o in bytes_per_rank(plan, muon)]
 
 
+def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_per_node: int,
+                              steps: int = NS_STEPS) -> list[int]:
+    """Bytes each rank sends per step to a rank on another node (``ranks_per_node`` consecutive ranks per
+    node), from ``bytes_`` (``bytes_per_rank`` of the same plan) under this model of the collectives:
+
+    * the all-to-alls (to the owners or members, and back) go point to point: a piece crosses when its
+      sender and receiver sit on different nodes (the pairs of ``lab/timemodel.owner_traffic``);
+    * the rings (the DP reduce-scatter and all-gather, a group's Gram all-reduces and B all-gathers) send
+      each rank's bytes to its successor in the ring (DP index + 1, or the next member): all of them cross
+      when that successor is on another node, none otherwise.
+
+    So a rank's all-to-all bytes minus those to its own node: only the ranks of an owner's or member's node
+    are visited per matrix (O(ranks_per_node), not O(world)). ``tests/test_plan_at_scale.py`` checks it
+    against the pairs counted one by one."""
+    dp, tp, world, node = plan.dp, plan.tp, plan.world, ranks_per_node
+    near = [0] * world   # all-to-all bytes a rank sends to its own node
+    neighbours = lambda r: range(r - r % node, min(world, r - r % node + node))  # noqa: E731
+    for g, metas in enumerate(plan.metas):
+        if not muon[g]:
+            continue
+        for meta in metas:
+            members = plan.group_of(meta)
+            if members is None:
+                owner = plan.owner_of(meta)
+                for r in neighbours(owner):
+                    if r != owner:
+                        piece = plan.piece_numel(meta, r // tp) * NS_BYTES
+                        if meta.tp_split_dim != -1 or r % tp == owner % tp:
+                            near[r] += piece
+                        near[owner] += piece
+                continue
+            dim, bounds = long_bounds(meta.full_shape, len(members))
+            for i, q in enumerate(members):
+                for r in neighbours(q):
+                    if r == q:
+                        continue
+                    piece = plan.piece_slice(meta, r // tp)
+                    band = local_band(meta.full_shape, meta.shape, meta.tp_split_dim, r % tp, bounds[i], bounds[i + 1])
+                    n = count_in_band(piece.start, piece.stop, meta.shape, dim, *band) * NS_BYTES
+                    if meta.tp_split_dim != -1 or r % tp == q % tp:
+                        near[r] += n
+                    near[q] += n
+    out = [b["ns_to_owner"] + b["ns_from_owner"] - n for b, n in zip(bytes_, near)]
+    for r in range(world):
+        successor = ((r // tp + 1) % dp) * tp + r % tp
+        if successor // node != r // node:
+            out[r] += bytes_[r]["grad_reduce_scatter"] + bytes_[r]["param_all_gather"]
+    for meta_key, members in plan.groups.items():
+        rows, cols = plan.metas[meta_key[0]][meta_key[1]].full_shape
+        for i, q in enumerate(members):
+            if members[(i + 1) % len(members)] // node != q // node:
+                out[q] += group_bytes(rows, cols, len(members), steps)
+    return out
+
+
 def collectives_per_rank(plan, muon: list[bool], steps: int = NS_STEPS) -> list[int]:
     """Collectives each rank joins per step: per bucket a reduce-scatter and an all-gather over DP, per Muon
     bucket two all-to-alls (to the owners or members and back), and per group membership 1 + steps
@@ -349,6 +406,7 @@ def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama
         flops, ns_s = ns_seconds_per_rank(plan.owners, plan.groups, shapes, world, prof)
         bytes_ = bytes_per_rank(plan, muon)
         totals = [b["total"] for b in bytes_]
+        cross = cross_node_bytes_per_rank(plan, muon, bytes_, prof["ranks_per_node"])
         step_s = step_seconds_per_rank(plan, bytes_, ns_s, prof)
         owned, owned_shapes = [0] * world, [set() for _ in range(world)]
         for key, rank in plan.owners.items():
@@ -357,6 +415,7 @@ def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama
         out.update({f"{layout}_ns_max_over_mean": max(flops) / mean(flops), f"{layout}_ranks_idle": flops.count(0),
                     f"{layout}_ns_max_tflop": max(flops) / 1e12, f"{layout}_ns_ms": max(ns_s) * 1e3,
                     f"{layout}_bytes_per_rank_max": max(totals), f"{layout}_bytes_per_rank_mean": mean(totals),
+                    f"{layout}_cross_node_bytes_max": max(cross),
                     f"{layout}_collectives_per_rank_max": max(collectives_per_rank(plan, muon)),
                     f"{layout}_step_ms": max(step_s) * 1e3, f"{layout}_owned_max": max(owned),
                     f"{layout}_ns_calls_batched_max": max(len(x) for x in owned_shapes)})
@@ -400,21 +459,25 @@ def main(argv=None) -> int:
         p.error(f"--bucket-numel must be at least 1, got {args.bucket_numel}")
     rows = []
     print(f"{args.model}: owner plan vs the optimizer's group plan (build_plan(layout='group', hw=profile(H100))); NS "
-          "FLOPs per rank max/mean (1.0 = balanced); GB sent per rank per step (closed form); collectives per rank "
-          "per step; ms per step on the busiest rank projected to H100s (assumed figures, see H100): NS with the "
+          "FLOPs per rank max/mean (1.0 = balanced); GB sent per rank per step (closed form), and GB of them sent to "
+          f"another node (x-node: nodes of {profile()['ranks_per_node']} ranks, cross_node_bytes_per_rank); "
+          "collectives per rank per step; ms per step on the busiest rank projected to H100s (assumed figures, see "
+          "H100): NS with the "
           "group collectives, and the whole step (serial); the NS ms of the older group rules for comparison")
-    print(f"{'grid':>8} {'ranks':>5} | {'build s':>7} {'max/mean':>8} {'GB max':>7} {'coll':>6} {'NS ms':>7} "
-          f"{'step ms':>8} | {'build s':>7} {'max/mean':>8} {'grouped':>7} {'k max':>5} {'GB max':>7} {'coll':>6} "
-          f"{'NS ms':>7} {'step ms':>8} | {'scattered':>9} {'flops':>7} {'ideal':>7}")
-    print(f"{'':>14} | {'owner':^49} | {'group (optimizer, timed)':^67} | {'NS ms of other rules':^25}")
+    print(f"{'grid':>8} {'ranks':>5} | {'build s':>7} {'max/mean':>8} {'GB max':>7} {'x-node':>7} {'coll':>6} "
+          f"{'NS ms':>7} {'step ms':>8} | {'build s':>7} {'max/mean':>8} {'grouped':>7} {'k max':>5} {'GB max':>7} "
+          f"{'x-node':>7} {'coll':>6} {'NS ms':>7} {'step ms':>8} | {'scattered':>9} {'flops':>7} {'ideal':>7}")
+    print(f"{'':>14} | {'owner':^57} | {'group (optimizer, timed)':^75} | {'NS ms of other rules':^25}")
     for dp, tp in grids:
         r = grid_report(dp, tp, args.layers, args.model, bucket_numel=args.bucket_numel)
         rows.append(r)
         print(f"{dp}x{tp:<4} {r['world']:>5} | {r['owner_build_s']:>7.2f} {r['owner_ns_max_over_mean']:>8.2f} "
-              f"{r['owner_bytes_per_rank_max'] / 1e9:>7.2f} {r['owner_collectives_per_rank_max']:>6} "
+              f"{r['owner_bytes_per_rank_max'] / 1e9:>7.2f} {r['owner_cross_node_bytes_max'] / 1e9:>7.2f} "
+              f"{r['owner_collectives_per_rank_max']:>6} "
               f"{r['owner_ns_ms']:>7.2f} {r['owner_step_ms']:>8.2f} | {r['group_build_s']:>7.2f} "
               f"{r['group_ns_max_over_mean']:>8.2f} {r['grouped_matrices']:>7} {r['group_size_max']:>5} "
-              f"{r['group_bytes_per_rank_max'] / 1e9:>7.2f} {r['group_collectives_per_rank_max']:>6} "
+              f"{r['group_bytes_per_rank_max'] / 1e9:>7.2f} {r['group_cross_node_bytes_max'] / 1e9:>7.2f} "
+              f"{r['group_collectives_per_rank_max']:>6} "
               f"{r['group_ns_ms']:>7.2f} {r['group_step_ms']:>8.2f} | {r['scattered_ns_ms']:>9.2f} "
               f"{r['flops_ns_ms']:>7.2f} {r['ideal_ns_ms']:>7.2f}", flush=True)
     if args.json:

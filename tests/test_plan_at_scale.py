@@ -69,6 +69,42 @@ def test_bytes_per_rank_equal_the_costmodel_closed_form():
     assert {(2, 0), (2, -1), (1, 0), (1, -1)} <= grouped   # groups of split and replicated matrices, tp 1 and 2
 
 
+def test_cross_node_bytes_equal_the_pairs_counted_one_by_one():
+    """cross_node_bytes_per_rank visits only the ranks of an owner's or member's node; it must equal the
+    all-to-all pairs of lab/timemodel.owner_traffic whose ends sit on different nodes, plus each ring's bytes
+    where the ring's next rank is on another node: owner and timed group plans, TP 1 and 2, nodes of 2 and 3
+    ranks (a TP pair split by a node boundary), odd DP."""
+    from muongrid.lab.timemodel import owner_traffic
+    fast = dict(flops=1e9, efficiency=1.0, ranks_per_node=2, intra=(0.0, 1e15), inter=(0.0, 1e15))
+    problem = build_problem("hybrid", [(36, 57), (45, 28), (33, 17), (20, 44), (300, 120)], [0, 1, -1, 1, 0], tp=2)
+    specs = [[ParamSpec(f"g{g}.p{i}", tuple(s), d) for i, (s, d) in enumerate(zip(gr["shapes"], gr["tp_split_dims"]))]
+             for g, gr in enumerate(problem.groups)]
+    muon = [g["use_muon"] for g in problem.groups]
+    seen_groups = crossed = 0
+    for dp, tp in [(2, 2), (3, 2), (5, 1)]:
+        for plan in (build_plan(specs, dp, 0, tp, 700, "owner", muon), build_plan(specs, dp, 0, tp, 700, "group", muon, hw=fast)):
+            seen_groups += len(plan.groups)
+            bytes_ = plan_at_scale.bytes_per_rank(plan, muon)
+            for node in (2, 3):
+                expected = [0] * plan.world
+                for g, buckets in enumerate(plan.buckets):
+                    for bucket in buckets if muon[g] and plan.world > 1 else ():
+                        for traffic in owner_traffic(plan, g, bucket):
+                            for a in range(plan.world):
+                                expected[a] += sum(n for b, n in enumerate(traffic[a]) if a // node != b // node)
+                for r in range(plan.world):
+                    if (((r // tp + 1) % dp) * tp + r % tp) // node != r // node:
+                        expected[r] += bytes_[r]["grad_reduce_scatter"] + bytes_[r]["param_all_gather"]
+                for key, members in plan.groups.items():
+                    for i, q in enumerate(members):
+                        if members[(i + 1) % len(members)] // node != q // node:
+                            expected[q] += plan_at_scale.group_bytes(*plan.metas[key[0]][key[1]].full_shape,
+                                                                     len(members), plan_at_scale.NS_STEPS)
+                assert plan_at_scale.cross_node_bytes_per_rank(plan, muon, bytes_, node) == expected, (dp, tp, node)
+                crossed += sum(expected) > 0
+    assert seen_groups and crossed   # groups were planned, and bytes did cross nodes
+
+
 def test_llama_plan_at_scale_builds_and_reports():
     """A 2-layer Llama-3-70B slice on 16x8 (128 ranks, more ranks than matrices): most ranks own nothing,
     the optimizer's group plan spreads the big matrices inside nodes. (80 layers on 1,024 ranks:
