@@ -12,6 +12,7 @@ per chapter is printed at the end. Exits non-zero if a chapter fails or the rend
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -22,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 os.chdir(ROOT)  # muongrid.lab.notebook finds the checkout from the working directory
 
-from muongrid.lab import bookbuild
-from muongrid.lab.nbexec import Report, timing_table
+from muongrid.lab import bookbuild, warmstart
+from muongrid.lab.nbexec import Report, quiet_openmp, timing_table
 
 
 def main(argv=None) -> int:
@@ -43,11 +44,16 @@ def main(argv=None) -> int:
         stems = [s for s in stems if s in wanted]
 
     started, reports = time.monotonic(), []
-    for stem in stems:
-        print(f"[build_book] {stem} ...", flush=True)
-        path, report = bookbuild.executed(stem, force=args.force)
-        reports.append(report or Report(stem + " (reused)"))
-        print(f"[build_book] {stem}: {'reused' if report is None else f'{report.seconds:.1f} s'}", flush=True)
+    # One warm start server for every chapter's scripts (muongrid.lab.warmstart): torch imported once,
+    # in the environment the kernels get (OpenMP reads its policy when torch loads).
+    quiet_openmp()
+    to_run = args.force or not all(bookbuild.is_fresh(s) for s in stems)
+    with warmstart.shared(sys.executable, str(ROOT / "scripts")) if to_run else contextlib.nullcontext():
+        for stem in stems:
+            print(f"[build_book] {stem} ...", flush=True)
+            path, report = bookbuild.executed(stem, force=args.force)
+            reports.append(report or Report(stem + " (reused)"))
+            print(f"[build_book] {stem}: {'reused' if report is None else f'{report.seconds:.1f} s'}", flush=True)
 
     if args.only:
         print("\n" + timing_table(reports))

@@ -46,6 +46,11 @@ def run(cmd: list[str], timeout: float = 240, tag: str | None = None) -> subproc
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    if _WARM is not None:
+        _WARM.close()
+
+
 def script(name: str, *args: str, **kw) -> subprocess.CompletedProcess:
     return run([sys.executable, str(SCRIPTS / name), *args], **kw)
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -112,3 +113,40 @@ def test_a_timeout_kills_the_script_and_the_server_goes_with_its_client(tmp_path
     starter.sock.close()  # the client goes (as a kernel that ends): the server sees the socket close
     starter.sock = None
     assert server.wait(timeout=30) == 0  # it exited by itself, cleanly
+
+
+def test_kernels_of_one_build_share_one_server_each_in_a_session_of_its_own(tmp_path):
+    """``shared``: clients that serve the same environment join it (no server of their own), each in its own
+    session (one client's long script does not hold up another's); a client whose environment differs in a
+    variable read at import gets a server of its own; a client that goes kills the script it left running."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with warmstart.shared(sys.executable, str(SCRIPTS)) as path:
+        assert os.environ["MUONGRID_WARM_SOCKET"] == path
+        one, two, other = (warmstart.WarmStarter(sys.executable, str(SCRIPTS), path) for _ in range(3))
+        sleeping = one.start([str(probe), "sleep"], str(ROOT), env, stderr_apart=True)
+        proc = two.start([str(probe), "exit3"], str(ROOT), dict(env, JPY_PARENT_PID="1", MUONGRID_PROBE="x"),
+                         stderr_apart=True)
+        out, _ = proc.communicate(30)
+        assert proc.returncode == 3 and fields(out)["probe"] == "x"
+        assert one.proc is None and two.proc is None  # both joined the shared server
+        proc = other.start([str(probe), "ok"], str(ROOT), dict(env, OMP_NUM_THREADS="1"), stderr_apart=True)
+        assert proc.communicate(60)[0] and other.proc is not None and other.shared is None
+        other.close()
+        one.close()  # its session sees the client go and kills the script
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(sleeping.pid):
+            time.sleep(0.1)
+        assert not _alive(sleeping.pid)
+        two.close()
+    assert "MUONGRID_WARM_SOCKET" not in os.environ
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, not yet reaped by its session, counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

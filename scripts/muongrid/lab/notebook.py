@@ -23,6 +23,7 @@ chapter is generated from it, and a test checks that it is.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -131,7 +132,8 @@ def _start(cmd: list[str], env: dict):
     global _warm
     if warmstart.enabled():
         if _warm is None:
-            _warm = warmstart.WarmStarter(cmd[0], str(SCRIPTS))
+            _warm = warmstart.WarmStarter(cmd[0], str(SCRIPTS), os.environ.get("MUONGRID_WARM_SOCKET"))
+            atexit.register(_warm.close)
         proc = _warm.start(cmd[1:], str(ROOT), env)
         if proc is not None:
             return proc

@@ -21,7 +21,8 @@ and done no tensor work. What a fork cannot reproduce, the client avoids. The se
 environment it started with (variables read at import, ``OMP_*`` or ``TORCH_*``, would otherwise be
 stale), but for ``MUONGRID_*`` and ``PYTEST_*`` variables; any other change starts a new server. The server
 serves only the source it imported: it checks its modules' modification times before each fork, and
-exits if one changed, so the client starts a new server.
+exits if one changed, so the client starts a new server. A book build starts one server for all its
+chapters (``shared``); each kernel that connects gets a session of its own, a forked copy of it.
 
 Off Linux, or with ``MUONGRID_WARM_START=0``, ``run`` starts a fresh interpreter as before.
 
@@ -30,17 +31,20 @@ Off Linux, or with ``MUONGRID_WARM_START=0``, ``run`` starts a fresh interpreter
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import json
 import os
 import random
 import runpy
+import select
 import selectors
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -55,8 +59,10 @@ def enabled() -> bool:
 
 
 # Variables no import reads, which may differ between a server and the scripts it forks: muongrid's own
-# (read when a script runs) and pytest's (PYTEST_CURRENT_TEST changes with every test).
-_PER_SCRIPT = ("MUONGRID_", "PYTEST_")
+# (read when a script runs), pytest's (PYTEST_CURRENT_TEST changes with every test) and those a Jupyter
+# kernel adds to its parent's (so kernels can share the server ``shared`` starts).
+_PER_SCRIPT = ("MUONGRID_", "PYTEST_", "JPY_", "PYDEVD_", "MPLBACKEND", "TERM", "CLICOLOR", "FORCE_COLOR",
+               "PAGER", "GIT_PAGER")
 
 
 def _served_environment(env: dict) -> dict:
@@ -108,14 +114,42 @@ def _sources() -> dict[str, int]:
     return times
 
 
+def _preload() -> dict[str, int]:
+    for name in PRELOAD:
+        __import__(name)
+    return _sources()
+
+
 def serve(fd: int) -> None:
     """Import ``PRELOAD``, then fork one process per request on socket ``fd`` until the client goes."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupted cell kills its script, not the server
-    sock = socket.socket(fileno=fd)
-    for name in PRELOAD:
-        __import__(name)
-    imported = _sources()
+    _session(socket.socket(fileno=fd), _preload())
+
+
+def listen(fd: int) -> None:
+    """Import ``PRELOAD``, then give every client that connects to the listening Unix socket ``fd`` a
+    session of its own: a forked copy of this process that serves it as ``serve`` would (``shared``
+    starts this)."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # sessions that end are reaped by the kernel
+    server = socket.socket(fileno=fd)
+    environment = _served_environment(dict(os.environ))  # as started: importing torch sets variables
+    imported = _preload()
+    while True:
+        conn, _ = server.accept()
+        if os.fork() == 0:
+            server.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a session waits for its scripts
+            _die_with_parent()
+            _send(conn, {"environment": environment})
+            _session(conn, imported)
+            os._exit(0)
+        conn.close()
+
+
+def _session(sock: socket.socket, imported: dict[str, int]) -> None:
     while True:
         request, fds = _receive(sock)
         if request is None:
@@ -132,8 +166,28 @@ def serve(fd: int) -> None:
         for f in fds:
             os.close(f)
         _send(sock, {"pid": pid})
+        gone = _client_gone_before(pid, sock)
         _, status = os.waitpid(pid, 0)
+        if gone:
+            return
         _send(sock, {"code": os.waitstatus_to_exitcode(status)})
+
+
+def _client_gone_before(pid: int, sock: socket.socket) -> bool:
+    """Wait until the script ``pid`` ends; if the client goes first (a kernel that died), kill the script
+    and say so. (A client sends nothing while its script runs: the socket turns readable only at its end.)"""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (an old kernel): the script runs to its end
+        return False
+    try:
+        ready, _, _ = select.select([pidfd, sock], [], [])
+        if pidfd in ready:
+            return False
+        os.kill(pid, signal.SIGKILL)
+        return True
+    finally:
+        os.close(pidfd)
 
 
 def _run_script(request: dict, outputs: list[int]) -> None:
@@ -181,12 +235,59 @@ def _run_script(request: dict, outputs: list[int]) -> None:
 
 # ---- the client ---------------------------------------------------------------------------------
 
-class WarmStarter:
-    """One server, started on first use; ``start`` returns a ``Popen``-like handle for one script."""
+@contextlib.contextmanager
+def shared(python: str = sys.executable, path0: str | None = None):
+    """A server that every process started inside the block can use (a book build's kernels, one after
+    another): it listens on a Unix socket named in ``MUONGRID_WARM_SOCKET``, which ``run`` connects to
+    instead of starting a server of its own, so the imports are paid once per build, not per chapter."""
+    if not enabled():
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="muongrid-warm-") as folder:
+        path = str(Path(folder, "socket"))
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen()  # here, so a client that comes while the server imports waits in the backlog
+        code = (f"import sys; sys.path[0] = {path0!r}; "
+                f"from muongrid.lab.warmstart import listen; listen({server.fileno()})")
+        # unbuffered, as run() starts every script (the streams a forked script gets are the server's)
+        proc = subprocess.Popen([python, "-c", code], stdin=subprocess.DEVNULL, pass_fds=[server.fileno()],
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        server.close()
+        before = os.environ.get("MUONGRID_WARM_SOCKET")
+        os.environ["MUONGRID_WARM_SOCKET"] = path
+        try:
+            yield path
+        finally:
+            if before is None:
+                os.environ.pop("MUONGRID_WARM_SOCKET", None)
+            else:
+                os.environ["MUONGRID_WARM_SOCKET"] = before
+            proc.kill()
+            proc.wait()
 
-    def __init__(self, python: str = sys.executable, path0: str | None = None):
-        self.python, self.path0 = python, path0
+
+class WarmStarter:
+    """A session with a server: the ``shared`` one at ``shared`` if it serves this environment, else one of
+    its own, started on first use. ``start`` returns a ``Popen``-like handle for one script."""
+
+    def __init__(self, python: str = sys.executable, path0: str | None = None, shared: str | None = None):
+        self.python, self.path0, self.shared = python, path0, shared
         self.proc = self.sock = self.environment = None
+
+    def _join_shared(self, env: dict) -> bool:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.shared)
+            hello, _ = _receive(sock)  # sent once the server has imported torch
+        except OSError:
+            hello = None
+        if not hello or hello.get("environment") != _served_environment(env):
+            sock.close()
+            self.shared = None  # from now on, a server of our own
+            return False
+        self.sock, self.environment = sock, hello["environment"]
+        return True
 
     def _start_server(self, env: dict) -> None:
         self.close()
@@ -199,9 +300,11 @@ class WarmStarter:
         self.sock, self.environment = ours, _served_environment(env)
 
     def close(self) -> None:
-        """Stop the server (and with it, by PR_SET_PDEATHSIG, a script it still runs)."""
+        """Leave the session: stop our own server (and with it, by PR_SET_PDEATHSIG, a script it still
+        runs), or close the connection to the shared one (whose session then ends)."""
         if self.sock is not None:
             self.sock.close()
+        if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
         self.proc = self.sock = None
@@ -211,7 +314,9 @@ class WarmStarter:
         Its stdout and stderr come through one pipe (``.stdout``), or two (``.stderr``) if ``stderr_apart``."""
         for _ in range(2):
             if self.sock is None or self.environment != _served_environment(env):
-                self._start_server(env)
+                self.close()
+                if not (self.shared and self._join_shared(env)):
+                    self._start_server(env)
             pipes = [os.pipe() for _ in range(2 if stderr_apart else 1)]
             try:
                 _send(self.sock, {"argv": argv, "cwd": str(cwd), "env": env}, [w for _, w in pipes])
@@ -230,7 +335,8 @@ class WarmStarter:
                 return WarmProcess(self.sock, reply["pid"], *(os.fdopen(r, "r", buffering=1) for r, _ in pipes))
             for r, _ in pipes:
                 os.close(r)
-            self.close()  # stale source, or a server that could not start: one more try with a new one
+            self.close()  # stale source, or a server that could not start: one more try with our own
+            self.shared = None
         return None
 
 
