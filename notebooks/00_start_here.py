@@ -79,7 +79,10 @@ elif importlib.util.find_spec("muongrid") is None:
 # processes spawned from inside a notebook kernel cannot import functions defined in its cells, so
 # distributed code must live in files. The helper `muongrid.lab.notebook.run` streams the script's output
 # into the cell and **raises if the script fails**, so a broken script can never leave a green
-# page behind.
+# page behind. On Linux it forks the script's process from a Python that has already imported
+# torch (`muongrid.lab.warmstart`), which saves the seconds each new interpreter would spend on
+# that import; the script still runs in a process of its own, as `python scripts/...` would.
+# `MUONGRID_WARM_START=0` starts a new interpreter for every run instead.
 #
 # When the book is built, every chapter is executed from top to bottom. Every number, table and
 # figure you see was produced by that execution, on the machine that built the book. Where a

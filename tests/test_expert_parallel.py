@@ -47,6 +47,30 @@ def test_expert_parallel_moe_equals_one_process(config):
             assert ("grad_reduce_scatter" in r["expert_phases"]) == (dp // ep > 1)
 
 
+def test_an_expert_checkpoint_holds_each_bank_whole_and_loads_on_another_ep(tmp_path):
+    """Saved on EP 2 (tests/ep_checkpoint_run.py), loaded on EP 4 and on EP 1 (every rank the whole bank) and
+    saved again: every tensor of the checkpoints equal bit for bit, each bank stored whole (4 experts), and
+    every rank's experts equal to their rows of the first save, before and after the loads; and an expert
+    optimizer of 2-D matrices refused."""
+    cmd = [sys.executable, str(ROOT / "tests" / "ep_checkpoint_run.py"), "--dp", "4", "--tp", "1", "--out", str(tmp_path)]
+    proc = run(cmd, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    ranks = last_json(proc.stdout)["ranks"]
+    assert len(ranks) == 4
+    for rank, report in enumerate(ranks):
+        assert len(report["rows_match"]) == 6 and all(report["rows_match"].values()), (rank, report["rows_match"])
+    exports = ranks[0]["exports"]
+    assert set(exports) == {"ep4", "ep1"}
+    for ep, found in exports.items():
+        assert found["keys_equal"] and found["unequal"] == [], (ep, found)
+        assert found["marker_ep"] == 2
+        assert all(shape[0] == 4 for shape in found["shapes"].values()), found["shapes"]
+    assert ranks[0]["moved"] > 1e-4   # the saved experts had trained: a load of zeros would show
+    for report in ranks:   # one expert per 2-D matrix is not a bank: refused by name, nothing written
+        assert "parameter 'expert.w' has shape (8, 8) on an expert grid" in report["refused"]
+    assert not (tmp_path / "matrix").exists() and not (tmp_path / "matrix.partial").exists()
+
+
 def test_expert_grids_refuse_what_they_cannot_do_yet():
     grid = Grid.single()
     with pytest.raises(ValueError, match="ep=3 must divide dp=1"):

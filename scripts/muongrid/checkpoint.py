@@ -26,6 +26,11 @@ likewise key optimizer state by fully qualified parameter names and store DTenso
 coordinates; our pieces are not DTensor placements (a ZeRO-1 cut runs through rows), so this module
 builds the sharded tensors itself.
 
+**Expert slices.** An optimizer on ``grid.expert(ep)`` holds slice ``s`` of every expert bank (experts x out x
+in): experts ``s*k .. (s+1)*k``, as ``Grid.expert`` deals them. Saved, a slice's bank is its rows of the whole
+bank, written by the slice's ranks; so the checkpoint holds each bank whole, and loads on another ``ep`` (or
+into one process's whole bank) as a checkpoint of a dense matrix loads on another grid.
+
 What is saved, per parameter: ``master`` (the fp32 weights the optimizer owns), ``momentum`` (Muon)
 or ``exp_avg`` and ``exp_avg_sq`` (AdamW), and ``step``; the model's own weights under
 ``model.<name>``; and, in ``muongrid.json``, the format, the step, the optimizer and the grid and layout
@@ -112,12 +117,12 @@ def _sharded(opt, global_shape, writers, mine, dtype):
     from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardMetadata
     from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
 
-    if opt.grid.dp * opt.grid.tp == 1:
+    if _job_world(opt.grid) == 1:
         whole = torch.zeros(global_shape, dtype=dtype, device=opt.grid.device)
         for off, size, t in mine:
             whole[off[0]:off[0] + size[0], off[1]:off[1] + size[1]] = t
         return whole
-    me, device = opt.grid.rank, opt.grid.device
+    me, device = _job_rank(opt.grid, opt.grid.rank), opt.grid.device
     metas = [ShardMetadata(list(off), list(size), placement(r, device if r == me else torch.device(device.type)))
              for r, off, size in writers]
     local = [Shard(t, ShardMetadata(list(off), list(size), placement(me, device))) for off, size, t in mine]
@@ -127,30 +132,77 @@ def _sharded(opt, global_shape, writers, mine, dtype):
             local, ShardedTensorMetadata(metas, torch.Size(global_shape), TensorProperties(dtype=dtype)))
 
 
-def _writers(opt, meta):
-    """Who writes which rectangles of ``meta``: every rank its pieces; a parameter replicated over TP
-    is written (and read) by TP rank 0 only, and broadcast over TP after a load."""
-    tp, out = opt.grid.tp, []
-    for r in range(opt.grid.dp * tp):
-        d, t = divmod(r, tp)
-        if meta.tp_split_dim == -1 and t != 0:
-            continue
-        for off, size, _, _ in rectangles(meta.shape, meta.tp_split_dim, t, opt.plan.piece_slice(meta, d)):
-            out.append((r, off, size))
+def _writers(opt, meta, model: bool = False):
+    """Who writes which rectangles of ``meta``: every rank its pieces (``model``: DP rank 0 the whole
+    parameter); a parameter replicated over TP is written (and read) by TP rank 0 only, and broadcast over
+    TP after a load. On an expert grid, every slice's ranks their rows of the whole bank."""
+    grid, out = opt.grid, []
+    for s in range(grid.ep):
+        job_ranks = _slice_ranks(grid, s)
+        for r in range(grid.tp if model else grid.dp * grid.tp):
+            d, t = divmod(r, grid.tp)
+            if meta.tp_split_dim == -1 and t != 0:
+                continue
+            piece = slice(0, meta.numel) if model else opt.plan.piece_slice(meta, d)
+            for off, size, _, _ in rectangles(meta.shape, meta.tp_split_dim, t, piece):
+                out.append((job_ranks[r], _in_bank(meta, s, off), size))
     return out
 
 
-def _global_shape(meta) -> tuple[int, int]:
-    return matrix_view(tuple(meta.full_shape))
+def _global_shape(opt, meta) -> tuple[int, int]:
+    rows, cols = matrix_view(tuple(meta.full_shape))
+    return rows * opt.grid.ep, cols
 
 
 def _state_sharded(opt, meta, tensor_piece):
     """``tensor_piece`` (this rank's flat piece of one state tensor) as a ShardedTensor in global coordinates."""
     writes = meta.tp_split_dim != -1 or opt.grid.tp_rank == 0
     mine = [] if not writes else [
-        (off, size, tensor_piece[a:b].view(size))
+        (_in_bank(meta, _slice_of(opt.grid), off), size, tensor_piece[a:b].view(size))
         for off, size, a, b in rectangles(meta.shape, meta.tp_split_dim, opt.grid.tp_rank, meta_piece(opt, meta))]
-    return _sharded(opt, _global_shape(meta), _writers(opt, meta), mine, tensor_piece.dtype)
+    return _sharded(opt, _global_shape(opt, meta), _writers(opt, meta), mine, tensor_piece.dtype)
+
+
+# ---- expert slices: an optimizer on grid.expert(ep) holds slice s of every bank, rows s*k..(s+1)*k ----
+
+def _job_world(grid) -> int:
+    return grid.dp * grid.tp * grid.ep
+
+
+def _job_rank(grid, r: int) -> int:
+    """The job's rank of grid rank ``r`` (an expert grid numbers its ranks from 0)."""
+    return grid.global_ranks[r] if grid.global_ranks else r
+
+
+def _slice_of(grid) -> int:
+    return (_job_rank(grid, 0) // grid.tp) % grid.ep   # as Grid.expert deals DP ranks: d holds slice d % ep
+
+
+def _slice_ranks(grid, s: int) -> list[int]:
+    """The job's ranks of expert slice ``s``, in its grid's rank order (``Grid.expert``'s)."""
+    if grid.ep == 1:
+        return [_job_rank(grid, r) for r in range(grid.dp * grid.tp)]
+    return [d * grid.tp + t for d in range(grid.dp * grid.ep) if d % grid.ep == s for t in range(grid.tp)]
+
+
+def _in_bank(meta, s: int, off: tuple[int, int]) -> tuple[int, int]:
+    """Offsets in slice ``s``'s bank as offsets in the whole bank (its experts are rows of the matrix view)."""
+    return off[0] + s * matrix_view(tuple(meta.full_shape))[0], off[1]
+
+
+def _check_expert_grid(opt) -> None:
+    if getattr(getattr(opt, "grid", None), "ep", 1) == 1:   # (not an optimizer of ours: _engine says so)
+        return
+    if _is_fsdp(opt):
+        raise CheckpointError("an FSDPMuon on an expert grid is not checkpointed: build the expert groups' "
+                              "optimizer as a DistributedMuon on grid.expert(ep); nothing was changed")
+    for name, meta, *_ in _entries(opt):
+        if len(meta.full_shape) != 3:
+            raise CheckpointError(
+                f"parameter {name!r} has shape {tuple(meta.full_shape)} on an expert grid (grid.expert("
+                f"{opt.grid.ep})); a checkpoint stores each slice as its rows of the whole bank, so every parameter "
+                "there must be a bank of experts (experts x out x in), slice s holding experts s*k..(s+1)*k as "
+                "grid.expert deals them; nothing was changed")
 
 
 def meta_piece(opt, meta) -> slice:
@@ -191,10 +243,11 @@ def describe(opt, step: int) -> dict:
         from . import checkpoint_fsdp
         params, saved_on = checkpoint_fsdp.params(opt), checkpoint_fsdp.saved_on(opt)
     else:
-        params = {name: dict(shape=list(meta.full_shape), kinds=sorted(k for k in state if k != "step"),
-                             use_muon=bool(group["use_muon"]))
+        ep = opt.grid.ep   # an expert grid's bank is stored whole: its slices' experts, one after another
+        params = {name: dict(shape=[meta.full_shape[0] * ep, *meta.full_shape[1:]],
+                             kinds=sorted(k for k in state if k != "step"), use_muon=bool(group["use_muon"]))
                   for name, meta, _, state, group in _entries(opt)}
-        saved_on = dict(dp=opt.grid.dp, tp=opt.grid.tp, layout=opt.layout)
+        saved_on = dict(dp=opt.grid.dp, tp=opt.grid.tp, layout=opt.layout, **({"ep": ep} if ep > 1 else {}))
     hyper = [{k: v for k, v in g.items() if k not in ("params",)} for g in opt.param_groups]
     return dict(format=FORMAT, step=step, engine=engine, optimizer=type(opt).__name__,
                 steps_taken=int(opt.steps_taken), params=params, param_groups=hyper, saved_on=saved_on)
@@ -211,13 +264,11 @@ def _state_dict(opt) -> dict:
                 sd[f"optim.state.{name}.{kind}"] = _state_sharded(opt, meta, t)
         sd[f"optim.state.{name}.step"] = state["step"].detach().clone()
         whole = slice(0, meta.numel) if opt.grid.dp_rank == 0 else slice(0, 0)  # DP rank 0 writes the model
-        model_writers = [(r, off, size) for r in range(opt.grid.tp) if meta.tp_split_dim != -1 or r == 0
-                         for off, size, _, _ in rectangles(meta.shape, meta.tp_split_dim, r, slice(0, meta.numel))]
         writes = opt.grid.dp_rank == 0 and (meta.tp_split_dim != -1 or opt.grid.tp_rank == 0)
         flat = local(p.detach()).reshape(-1)  # a DTensor parameter: the TP shard this rank holds
-        mine = [(off, size, flat[a:b].view(size)) for off, size, a, b in
+        mine = [(_in_bank(meta, _slice_of(opt.grid), off), size, flat[a:b].view(size)) for off, size, a, b in
                 rectangles(meta.shape, meta.tp_split_dim, opt.grid.tp_rank, whole)] if writes else []
-        sd[f"model.{name}"] = _sharded(opt, _global_shape(meta), model_writers, mine, p.dtype)
+        sd[f"model.{name}"] = _sharded(opt, _global_shape(opt, meta), _writers(opt, meta, model=True), mine, p.dtype)
     return sd
 
 
@@ -234,18 +285,11 @@ def _scheduler_record(scheduler) -> dict | None:
     return record
 
 
-def _refuse_expert_grid(opt) -> None:
-    if getattr(getattr(opt, "grid", None), "ep", 1) > 1:
-        raise CheckpointError("an optimizer on an expert grid (grid.expert(ep)) holds one expert slice, named as "
-                              "every other slice names its own: a checkpoint in global coordinates cannot tell "
-                              "them apart yet; save opt.state_dict() on every rank (torch.save) instead")
-
-
 def save(opt, path, step: int, scheduler=None, extra: dict | None = None) -> None:
     """Write ``opt``'s state (and its parameters) to the folder ``path``; call it on every rank.
     ``scheduler``: its state is kept (pass the same to ``load``). ``extra`` (JSON) is kept in the marker,
     for the caller's own checks on resume. Everything that can fail before writing is checked first."""
-    _refuse_expert_grid(opt)
+    _check_expert_grid(opt)
     import torch.distributed.checkpoint as dcp
 
     marker = dict(describe(opt, step), scheduler=_scheduler_record(scheduler), extra=extra or {})
@@ -256,8 +300,8 @@ def save(opt, path, step: int, scheduler=None, extra: dict | None = None) -> Non
                               "hyperparameter, or a non-JSON extra?); nothing was saved") from None
     path = Path(path)
     partial, old = Path(f"{path}.partial"), Path(f"{path}.old")
-    world = opt.grid.dp * opt.grid.tp
-    if opt.grid.rank == 0:
+    world, first = _job_world(opt.grid), _job_rank(opt.grid, opt.grid.rank) == 0
+    if first:
         shutil.rmtree(partial, ignore_errors=True)  # what a save that died left behind
     _barrier(world)
     with _quiet(world):
@@ -265,7 +309,7 @@ def save(opt, path, step: int, scheduler=None, extra: dict | None = None) -> Non
     if os.environ.get("MUONGRID_DIE_WHILE_SAVING") == str(opt.grid.rank):  # the crash test: die before it completes
         os._exit(9)
     _barrier(world)
-    if opt.grid.rank == 0:
+    if first:
         (partial / MARKER).write_text(text)
         if path.exists():
             os.replace(path, old)
@@ -409,7 +453,7 @@ def _targets(opt) -> dict:
 
 def _apply_zero1(opt, targets: dict) -> None:
     """Copy what was read into this rank's pieces of the state (the masters among them)."""
-    world = opt.grid.dp * opt.grid.tp
+    world = _job_world(opt.grid)
     for name, meta, p, state, _ in _entries(opt):
         for kind, t in state.items():
             got = targets[f"optim.state.{name}.{kind}"]
@@ -423,14 +467,14 @@ def _apply_zero1(opt, targets: dict) -> None:
                         meta.shape, meta.tp_split_dim, opt.grid.tp_rank, meta_piece(opt, meta))):
                     t[a:b].copy_(shard.tensor.reshape(-1))
             if meta.tp_split_dim == -1 and opt.grid.tp > 1:  # TP rank 0 read it for its TP peers
-                opt.comm.broadcast(t, "tp", "checkpoint", src=opt.grid.rank - opt.grid.tp_rank)
+                opt.comm.broadcast(t, "tp", "checkpoint", src=_job_rank(opt.grid, opt.grid.rank - opt.grid.tp_rank))
 
 
 def load(opt, path, scheduler=None) -> int:
     """Load a checkpoint saved on any grid and layout into the distributed ``opt`` (the kind of optimizer
     that saved it) and, given one, its ``scheduler``; returns its step. Call on every rank. Nothing
     changes unless everything was checked and read."""
-    _refuse_expert_grid(opt)
+    _check_expert_grid(opt)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -440,7 +484,7 @@ def load(opt, path, scheduler=None) -> int:
     check_groups(path, marker, opt)
     check_scheduler(path, marker, scheduler)
     targets = _targets(opt)
-    world = opt.grid.dp * opt.grid.tp
+    world = _job_world(opt.grid)
     try:
         with _quiet(world):
             dcp.load(targets, checkpoint_id=str(path), no_dist=world == 1)
