@@ -46,11 +46,6 @@ def run(cmd: list[str], timeout: float = 240, tag: str | None = None) -> subproc
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def pytest_sessionfinish(session, exitstatus):
-    if _WARM is not None:
-        _WARM.close()
-
-
 def script(name: str, *args: str, **kw) -> subprocess.CompletedProcess:
     return run([sys.executable, str(SCRIPTS / name), *args], **kw)
 
@@ -159,6 +154,8 @@ def _wait_for_background_chapters() -> None:
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _WARM is not None:
+        _WARM.close()
     proc = _background.pop("proc", None)
     if proc is not None and proc.poll() is None:  # the session ended early (-x, ^C): stop it and its kernels
         import signal

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,12 +18,18 @@ from muongrid.lab import warmstart
 pytestmark = pytest.mark.skipif(not warmstart.enabled(), reason="the warm start server forks: Linux only")
 
 PROBE = """\
-import json, os, random, sys
+import json, os, random, sys, threading, time
+import numpy
 print(json.dumps(dict(argv=sys.argv, path0=sys.path[0], cwd=os.getcwd(), name=__name__, file=__file__,
-                      probe=os.environ.get("MUONGRID_PROBE"), draw=random.random())))
+                      probe=os.environ.get("MUONGRID_PROBE"), draw=random.random(),
+                      np_draw=numpy.random.random())))
 sys.stdout.flush()
 print("to stderr", file=sys.stderr)
 how = sys.argv[1]
+if how == "thread":
+    threading.Thread(target=lambda: (time.sleep(0.5), print("thread done", file=sys.stderr))).start()
+if how == "interrupt":
+    raise KeyboardInterrupt
 if how == "exit3":
     sys.exit(3)
 if how == "raise":
@@ -61,19 +68,38 @@ def fields(out: str) -> dict:
     return json.loads(out.splitlines()[0])
 
 
-@pytest.mark.parametrize("how, code", [("ok", 0), ("exit3", 3), ("raise", 1), ("message", 1), ("kill", -9)])
+@pytest.mark.parametrize("how, code", [("ok", 0), ("exit3", 3), ("raise", 1), ("message", 1), ("kill", -9),
+                                       ("interrupt", -signal.SIGINT), ("thread", 0)])
 def test_a_forked_script_exits_and_prints_as_a_fresh_one(warm, tmp_path, how, code):
     forked, fresh = both(warm, tmp_path, how)
     assert forked.returncode == fresh.returncode == code
     seen, expected = fields(forked.stdout), fields(fresh.stdout)
-    assert seen.pop("draw") != expected.pop("draw")  # random is seeded again, not the server's sequence
+    for draw in ("draw", "np_draw"):
+        seen.pop(draw), expected.pop(draw)
     assert seen == expected
     assert forked.stderr.splitlines()[0] == "to stderr"
+    # the same traceback, line for line (from the script's frame), the same message, the thread joined
+    assert forked.stderr == fresh.stderr
     if how == "raise":
         assert "Traceback (most recent call last)" in forked.stderr
         assert forked.stderr.strip().endswith("ValueError: raised in the script")
-    if how == "message":
-        assert forked.stderr.strip().endswith("a message instead of a code")
+    if how == "thread":
+        assert forked.stderr.splitlines()[-1] == "thread done"
+
+
+def test_each_forked_script_draws_its_own_random_numbers(warm, tmp_path):
+    first, second = (fields(both(warm, tmp_path, "ok")[0].stdout) for _ in range(2))
+    assert first["draw"] != second["draw"] and first["np_draw"] != second["np_draw"]
+
+
+def test_two_replies_that_wait_together_are_read_as_two():
+    """A script that ends at once leaves its pid and its exit code waiting on the socket together."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        warmstart._send(theirs, {"pid": 7})
+        warmstart._send(theirs, {"code": 3})
+        assert warmstart._receive(ours)[0] == {"pid": 7}
+        assert warmstart._receive(ours)[0] == {"code": 3}
 
 
 def test_an_edited_module_starts_a_new_server(warm, tmp_path):

@@ -3,37 +3,45 @@
 Every ``run("verify.py ...")`` in a chapter is a new process, and a new Python spends 2.5-4.5 s of
 CPU importing torch, ``torch._dynamo`` and muongrid before the script's first line: most of a small
 chapter's time on a 2-core machine. ``run`` therefore asks a *warm start server* to fork a process
-that runs the script instead. The server is the kernel's child, a Python that imported those modules
-once and then does nothing but fork. The forked process is the script's own process, as
-``python scripts/<script> <args>`` would start it:
+that runs the script instead: a Python that imported those modules once and then does nothing but
+fork. The forked process is the script's own process, as ``python scripts/<script> <args>`` would be:
 
-* ``sys.argv``, ``sys.path[0]`` (the script's folder), the working directory, and the environment
-  (the kernel's, with ``run``'s additions) are set before the script runs as ``__main__``
-  (``runpy.run_path``);
-* stdout and stderr are the caller's pipes (one, or one each), passed over a Unix socket
-  (``socket.send_fds``);
-* ``random`` is seeded again, as a new interpreter would seed it;
-* the exit code is the interpreter's: ``sys.exit``'s code, 1 for an uncaught exception (its
-  traceback printed), minus the signal's number for a process killed by one.
+* ``sys.argv``, ``sys.path[0]`` (the script's folder), the working directory and the environment (the
+  caller's, with ``run``'s additions) are set before the script runs as ``__main__`` (``runpy``);
+* stdout and stderr are the caller's pipes (one, or one each), passed over a Unix socket;
+* ``random``, numpy's global generator and multiprocessing's authkey are drawn again (the hash seed
+  is the server's: it is fixed when an interpreter starts);
+* it ends as an interpreter does: non-daemon threads joined, ``atexit`` handlers run, the exit code
+  ``sys.exit``'s, 1 after an uncaught exception (its traceback from the script's own frame), minus
+  the signal's number for a process killed by one (SIGINT for an uncaught KeyboardInterrupt).
 
-A fork is safe here for the reason it is safe in ``muongrid.launch``: the server has started no thread
-and done no tensor work. What a fork cannot reproduce, the client avoids. The server serves only the
-environment it started with (variables read at import, ``OMP_*`` or ``TORCH_*``, would otherwise be
-stale), but for ``MUONGRID_*`` and ``PYTEST_*`` variables; any other change starts a new server. The server
-serves only the source it imported: it checks its modules' modification times before each fork, and
-exits if one changed, so the client starts a new server. A book build starts one server for all its
-chapters (``shared``); each kernel that connects gets a session of its own, a forked copy of it.
+A fork is safe here for the reason it is safe in ``muongrid.launch``: the server has done no tensor work
+and runs no thread but the one ``import torch`` starts (which ``launch`` allows for too). What a fork
+cannot reproduce, the client avoids:
 
-Off Linux, or with ``MUONGRID_WARM_START=0``, ``run`` starts a fresh interpreter as before.
+* a server serves only the environment it started with (a variable read at import, ``OMP_*`` or
+  ``TORCH_*``, would otherwise be stale), except variables no import reads (``_PER_SCRIPT``); any other
+  change starts a new server;
+* a server serves only the source it imported: it checks its modules' modification times before each
+  fork and exits if one changed, and the client starts a new one;
+* a client that cannot get a server twice (an import that fails, say) starts new interpreters from
+  then on.
 
-    python -m muongrid.lab.warmstart FD    # the server, as ``WarmStarter`` starts it (not by hand)
+Lifetimes: a client's own server is its child and dies with it (``PR_SET_PDEATHSIG``), and with the
+server the script it runs. A book build starts one server for all its chapters (``shared``); each kernel
+that connects gets a session of its own, a forked copy of it, which kills the script it runs if its
+kernel goes.
+
+Off Linux, or with ``MUONGRID_WARM_START=0``, ``run`` starts a new interpreter for every script.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
 import ctypes
+import gc
 import json
+import multiprocessing
 import os
 import random
 import runpy
@@ -45,12 +53,13 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import traceback
 from pathlib import Path
 
 # What a script would import first, and what takes its seconds (torch._dynamo: see muongrid.launch).
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "muongrid", "muongrid.launch"]
+FIRST_REPLY_S = 600.0   # longest wait for a starting server (its imports, on a loaded machine)
 _HEADER = struct.Struct("!I")
 
 
@@ -80,16 +89,23 @@ def _send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
 
 
 def _receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
-    """The next message and the descriptors that came with it; (None, []) when the peer has gone."""
-    data, fds, _, _ = socket.recv_fds(sock, 65536, 2)
-    if not data:
+    """The next message and the descriptors that came with it; (None, []) when the peer has gone. Reads
+    exactly one message: two replies already waiting (a script that ended at once) stay two."""
+    data, fds, _, _ = socket.recv_fds(sock, _HEADER.size, 2)
+    data = _read_exactly(sock, data, _HEADER.size)
+    if data is None:
         return None, fds
-    while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack_from(data)[0]:
-        more = sock.recv(65536)
+    body = _read_exactly(sock, b"", _HEADER.unpack(data)[0])
+    return (None if body is None else json.loads(body)), fds
+
+
+def _read_exactly(sock: socket.socket, data: bytes, n: int) -> bytes | None:
+    while len(data) < n:
+        more = sock.recv(n - len(data))
         if not more:
-            return None, fds
+            return None
         data += more
-    return json.loads(data[_HEADER.size:]), fds
+    return data
 
 
 # ---- the server ---------------------------------------------------------------------------------
@@ -133,23 +149,31 @@ def listen(fd: int) -> None:
     starts this)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # sessions that end are reaped by the kernel
     server = socket.socket(fileno=fd)
     environment = _served_environment(dict(os.environ))  # as started: importing torch sets variables
     imported = _preload()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # sessions that end are reaped by the kernel
     while True:
         conn, _ = server.accept()
         if os.fork() == 0:
-            server.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a session waits for its scripts
-            _die_with_parent()
-            _send(conn, {"environment": environment})
-            _session(conn, imported)
-            os._exit(0)
+            try:
+                server.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a session waits for its scripts
+                _die_with_parent()
+                _send(conn, {"environment": environment})
+                _session(conn, imported)
+            finally:
+                os._exit(0)
         conn.close()
 
 
 def _session(sock: socket.socket, imported: dict[str, int]) -> None:
+    """Serve one client until it goes (a client that goes while a reply is on its way is no error)."""
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        _serve_requests(sock, imported)
+
+
+def _serve_requests(sock: socket.socket, imported: dict[str, int]) -> None:
     while True:
         request, fds = _receive(sock)
         if request is None:
@@ -178,16 +202,22 @@ def _client_gone_before(pid: int, sock: socket.socket) -> bool:
     and say so. (A client sends nothing while its script runs: the socket turns readable only at its end.)"""
     try:
         pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):  # no pidfd (an old kernel): the script runs to its end
-        return False
+    except (AttributeError, OSError):  # no pidfd (Linux before 5.3): look at both 5 times a second
+        pidfd = None
     try:
-        ready, _, _ = select.select([pidfd, sock], [], [])
-        if pidfd in ready:
-            return False
-        os.kill(pid, signal.SIGKILL)
-        return True
+        while True:
+            ready, _, _ = select.select([sock] if pidfd is None else [pidfd, sock], [], [],
+                                        0.2 if pidfd is None else None)
+            if pidfd is not None and pidfd in ready:
+                return False
+            if sock in ready:
+                os.kill(pid, signal.SIGKILL)
+                return True
+            if pidfd is None and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return False
     finally:
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def _run_script(request: dict, outputs: list[int]) -> None:
@@ -210,7 +240,8 @@ def _run_script(request: dict, outputs: list[int]) -> None:
         script = request["argv"][0]
         sys.argv = list(request["argv"])
         sys.path[0] = str(Path(script).parent)
-        random.seed()
+        _fresh_state(request["cwd"])
+        interrupted = False
         try:
             runpy.run_path(script, run_name="__main__")
             code = 0
@@ -221,16 +252,38 @@ def _run_script(request: dict, outputs: list[int]) -> None:
                 print(e.code, file=sys.stderr)
                 code = 1
         except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
-            traceback.print_exc()
-            code = 1
+            kind, value, tb = sys.exc_info()
+            while tb is not None and tb.tb_frame.f_code.co_filename != script:  # runpy's frames and ours
+                tb = tb.tb_next
+            sys.excepthook(kind, value.with_traceback(tb), tb)
+            code, interrupted = 1, kind is KeyboardInterrupt
+            del value, tb
+        gc.collect()        # the script's globals are gone: files it left open flush as they close
+        threading._shutdown()   # non-daemon threads finish first, as at an interpreter's exit
         atexit._run_exitfuncs()
+        if interrupted:     # as CPython: a KeyboardInterrupt nobody caught ends the process by SIGINT
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except Exception:  # noqa: BLE001 - a closed pipe: nothing left to say
-                pass
+            except Exception:  # noqa: BLE001 - a closed pipe: the interpreter's code for it
+                code = 120 if code == 0 else code
         os._exit(code)
+
+
+def _fresh_state(cwd: str) -> None:
+    """What a new interpreter would have that a fork of the server shares with every other fork."""
+    import multiprocessing.process
+
+    random.seed()
+    if "numpy" in sys.modules:  # torch._dynamo imports numpy: its global generator too
+        sys.modules["numpy"].random.seed()
+    multiprocessing.process.ORIGINAL_DIR = cwd
+    multiprocessing.current_process().authkey = os.urandom(32)
 
 
 # ---- the client ---------------------------------------------------------------------------------
@@ -273,13 +326,16 @@ class WarmStarter:
 
     def __init__(self, python: str = sys.executable, path0: str | None = None, shared: str | None = None):
         self.python, self.path0, self.shared = python, path0, shared
-        self.proc = self.sock = self.environment = None
+        self.proc = self.sock = self.environment = self.running = None
+        self.failed = False   # no server could serve: a new interpreter per script from now on
 
     def _join_shared(self, env: dict) -> bool:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.shared)
+            sock.settimeout(FIRST_REPLY_S)
             hello, _ = _receive(sock)  # sent once the server has imported torch
+            sock.settimeout(None)
         except OSError:
             hello = None
         if not hello or hello.get("environment") != _served_environment(env):
@@ -312,7 +368,9 @@ class WarmStarter:
     def start(self, argv: list[str], cwd: str, env: dict, stderr_apart: bool = False) -> "WarmProcess | None":
         """Fork ``argv`` (a script and its arguments) in the server; None if no server can run it.
         Its stdout and stderr come through one pipe (``.stdout``), or two (``.stderr``) if ``stderr_apart``."""
-        for _ in range(2):
+        if self.running is not None and self.running.returncode is None:
+            self.close()   # the last script's exit code was never read (an interrupt): out of step, start over
+        for _ in range(0 if self.failed else 2):
             if self.sock is None or self.environment != _served_environment(env):
                 self.close()
                 if not (self.shared and self._join_shared(env)):
@@ -320,7 +378,9 @@ class WarmStarter:
             pipes = [os.pipe() for _ in range(2 if stderr_apart else 1)]
             try:
                 _send(self.sock, {"argv": argv, "cwd": str(cwd), "env": env}, [w for _, w in pipes])
+                self.sock.settimeout(FIRST_REPLY_S)   # a server that starts imports torch first
                 reply, _ = _receive(self.sock)
+                self.sock.settimeout(None)
             except OSError:
                 reply = None
             except BaseException:  # interrupted between request and reply: the two sides disagree now
@@ -332,11 +392,13 @@ class WarmStarter:
                 for _, w in pipes:
                     os.close(w)
             if reply and "pid" in reply:
-                return WarmProcess(self.sock, reply["pid"], *(os.fdopen(r, "r", buffering=1) for r, _ in pipes))
+                self.running = WarmProcess(self.sock, reply["pid"], *(os.fdopen(r, "r", buffering=1) for r, _ in pipes))
+                return self.running
             for r, _ in pipes:
                 os.close(r)
             self.close()  # stale source, or a server that could not start: one more try with our own
             self.shared = None
+        self.failed = True   # twice no server (an import that fails, say): new interpreters from now on
         return None
 
 
@@ -371,13 +433,11 @@ class WarmProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            self.sock.settimeout(timeout)
-            try:
-                reply, _ = _receive(self.sock)
-            except socket.timeout:
-                raise subprocess.TimeoutExpired(self.pid, timeout) from None
-            finally:
-                self.sock.settimeout(None)
+            # wait for the reply to begin, then read it whole (it was sent in one piece): a timeout never
+            # cuts a message in two
+            if not select.select([self.sock], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.pid, timeout)
+            reply, _ = _receive(self.sock)
             if reply is None:
                 raise RuntimeError("the warm start server ended while a script ran")
             self.returncode = reply["code"]
