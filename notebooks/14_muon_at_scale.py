@@ -447,22 +447,25 @@ glue("ch14-8b-group-k", b8["group_size_max"], display=False)
 # largest matrices' fair-share groups fit in a node.
 #
 # What the group plan costs besides Newton-Schulz, owner against group on the same grids: the
-# bytes each rank sends (the closed form, as the ledger checks), the collectives it joins, and
+# bytes each rank sends (the closed form, as the ledger checks) and how many of them leave its
+# node (`cross_node_bytes_per_rank`: the all-to-alls counted point to point, each ring's bytes
+# sent to the next rank in the ring), the collectives it joins, and
 # the optimizer's step projected serially (ZeRO-1's collectives, the all-to-alls to owners or
 # members, Newton-Schulz with the group collectives): an upper bound on the optimizer alone, with
 # no overlap and no forward, backward or TP activation traffic (so a TP group across two nodes, 64
 # x 16 here, costs more than shown; Moonlight's expert parallelism is not modelled either).
 
 # %%
-table(["model", "grid", "layout", "NS max/mean", "GB per rank", "collectives",
-       "opt. step ms", "plan build"],
+table(["model", "grid", "layout", "NS max/mean", "GB per rank", "GB off node",
+       "collectives", "opt. step ms", "plan build"],
       [[name, f"{r['dp']} x {r['tp']}", layout,
         f"{r[layout + '_ns_max_over_mean']:.2f}",
         f"{r[layout + '_bytes_per_rank_max'] / 1e9:.2f}",
+        f"{r[layout + '_cross_node_bytes_max'] / 1e9:.2f}",
         r[layout + "_collectives_per_rank_max"], f"{r[layout + '_step_ms']:.0f}",
         f"{r[layout + '_build_s']:.2f} s"]
        for name, r in projected + [("Moonlight", moons[0])]
-       for layout in ("owner", "group")], align="lllrrrrr")
+       for layout in ("owner", "group")], align="lllrrrrrr")
 
 # %% tags=["remove-cell"]
 for _, r in projected:
