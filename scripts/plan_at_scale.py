@@ -39,6 +39,7 @@ import time
 from muongrid import hardware
 from muongrid.group_routes import count_in_band, local_band, long_bounds
 from muongrid.lab.costmodel import collective_seconds, group_bytes, links_for_grid
+from muongrid.lab.timemodel import piece_exchange
 from muongrid.layouts import assign_owners_and_groups, group_ns_flops, group_seconds
 from muongrid.newton_schulz import NS_STEPS, ns5_flops
 from muongrid.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, _owner_candidates, _piece_runs, build_plan
@@ -280,7 +281,7 @@ def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_
     node), from ``bytes_`` (``bytes_per_rank`` of the same plan) under this model of the collectives:
 
     * the all-to-alls (to the owners or members, and back) go point to point: a piece crosses when its
-      sender and receiver sit on different nodes (the pairs of ``lab/timemodel.owner_traffic``);
+      sender and receiver sit on different nodes (``lab/timemodel.piece_exchange``, pair by pair);
     * the rings (the DP reduce-scatter and all-gather, a group's Gram all-reduces and B all-gathers) send
       each rank's bytes to its successor in the ring (DP index + 1, or the next member): all of them cross
       when that successor is on another node, none otherwise.
@@ -292,30 +293,13 @@ def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_
     near = [0] * world   # all-to-all bytes a rank sends to its own node
     neighbours = lambda r: range(r - r % node, min(world, r - r % node + node))  # noqa: E731
     for g, metas in enumerate(plan.metas):
-        if not muon[g]:
-            continue
-        for meta in metas:
-            members = plan.group_of(meta)
-            if members is None:
-                owner = plan.owner_of(meta)
-                for r in neighbours(owner):
-                    if r != owner:
-                        piece = plan.piece_numel(meta, r // tp) * NS_BYTES
-                        if meta.tp_split_dim != -1 or r % tp == owner % tp:
-                            near[r] += piece
-                        near[owner] += piece
-                continue
-            dim, bounds = long_bounds(meta.full_shape, len(members))
-            for i, q in enumerate(members):
+        for meta in metas if muon[g] else ():
+            for q in plan.group_of(meta) or (plan.owner_of(meta),):
                 for r in neighbours(q):
-                    if r == q:
-                        continue
-                    piece = plan.piece_slice(meta, r // tp)
-                    band = local_band(meta.full_shape, meta.shape, meta.tp_split_dim, r % tp, bounds[i], bounds[i + 1])
-                    n = count_in_band(piece.start, piece.stop, meta.shape, dim, *band) * NS_BYTES
-                    if meta.tp_split_dim != -1 or r % tp == q % tp:
-                        near[r] += n
-                    near[q] += n
+                    if r != q:
+                        sent, returned = piece_exchange(plan, meta, r, q)
+                        near[r] += sent
+                        near[q] += returned
     out = [b["ns_to_owner"] + b["ns_from_owner"] - n for b, n in zip(bytes_, near)]
     for r in range(world):
         successor = ((r // tp + 1) % dp) * tp + r % tp

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from . import warmstart
 
+
 def _repository_root() -> Path:
     """The checkout the chapters run from: the nearest folder above the working directory that has
     ``scripts/verify.py`` (a notebook runs in ``notebooks/``), else the one this file sits in (an

@@ -193,38 +193,36 @@ def group_seconds_per_rank(plan, hw: dict, steps: int = NS_STEPS) -> list[float]
 
 def owner_traffic(plan, g: int, bucket) -> tuple[list[list[int]], list[list[int]]]:
     """Bytes ``[sender][receiver]`` of one Muon bucket's two all-to-alls under the owner layouts: to the
-    owners, and back. The rules of ``costmodel._rank_bytes``: a rank sends its piece of a matrix to the
-    matrix's owner (a TP-replicated matrix only from the owner's TP rank), and gets its piece back; under
-    the group layout, the part of its piece in each member's block to that member
-    (``group_routes.count_in_band``), and back."""
-    world, tp = plan.world, plan.tp
+    owners (or members), and back, pair by pair (``piece_exchange``)."""
+    world = plan.world
     there = [[0] * world for _ in range(world)]
     back = [[0] * world for _ in range(world)]
     for i in bucket.param_indices:
         meta = plan.metas[g][i]
-        members = plan.group_of(meta)
-        if members is not None:
-            dim, bounds = long_bounds(meta.full_shape, len(members))
-            for k, q in enumerate(members):
-                for r in range(world):
-                    if r == q:
-                        continue
-                    piece = plan.piece_slice(meta, r // tp)
-                    lo, hi = local_band(meta.full_shape, meta.shape, meta.tp_split_dim, r % tp, bounds[k], bounds[k + 1])
-                    n = count_in_band(piece.start, piece.stop, meta.shape, dim, lo, hi) * costmodel.NS_BYTES
-                    if meta.tp_split_dim != -1 or r % tp == q % tp:
-                        there[r][q] += n
-                    back[q][r] += n
-            continue
-        owner = plan.owner_of(meta)
-        for r in range(world):
-            if r == owner:
-                continue
-            piece = plan.piece_numel(meta, r // tp) * costmodel.NS_BYTES
-            if meta.tp_split_dim != -1 or r % tp == owner % tp:
-                there[r][owner] += piece
-            back[owner][r] += piece
+        for q in plan.group_of(meta) or (plan.owner_of(meta),):
+            for r in range(world):
+                if r != q:
+                    sent, returned = piece_exchange(plan, meta, r, q)
+                    there[r][q] += sent
+                    back[q][r] += returned
     return there, back
+
+
+def piece_exchange(plan, meta, r: int, q: int) -> tuple[int, int]:
+    """(bytes rank ``r`` sends to ``q``, bytes ``q`` sends back to ``r``) for one matrix, ``q`` its owner or
+    one of its group's members. The rules of ``costmodel._rank_bytes``: a rank sends its piece to the owner
+    (a TP-replicated matrix only from the owner's TP rank) and gets its piece back; under the group layout,
+    the part of its piece in the member's block (``group_routes.count_in_band``), and back."""
+    tp, members = plan.tp, plan.group_of(meta)
+    if members is None:
+        n = plan.piece_numel(meta, r // tp)
+    else:
+        dim, bounds = long_bounds(meta.full_shape, len(members))
+        k, piece = members.index(q), plan.piece_slice(meta, r // tp)
+        lo, hi = local_band(meta.full_shape, meta.shape, meta.tp_split_dim, r % tp, bounds[k], bounds[k + 1])
+        n = count_in_band(piece.start, piece.stop, meta.shape, dim, lo, hi)
+    sends = meta.tp_split_dim != -1 or r % tp == q % tp
+    return (n if sends else 0) * costmodel.NS_BYTES, n * costmodel.NS_BYTES
 
 
 def all_to_all_seconds(calls: list[list[list[int]]], hw: dict) -> float:

@@ -288,6 +288,14 @@ def _fresh_state(cwd: str) -> None:
 
 # ---- the client ---------------------------------------------------------------------------------
 
+def _start_python(python: str, path0: str | None, entry: str, sock: socket.socket, env: dict) -> subprocess.Popen:
+    """A server: ``python`` with ``path0`` first on its path (as the scripts have their folder), running
+    ``entry`` (``serve`` or ``listen``) on the socket ``sock``, which it inherits."""
+    code = (f"import sys; sys.path[0] = {path0!r}; "
+            f"from muongrid.lab.warmstart import {entry}; {entry}({sock.fileno()})")
+    return subprocess.Popen([python, "-c", code], stdin=subprocess.DEVNULL, pass_fds=[sock.fileno()], env=env)
+
+
 @contextlib.contextmanager
 def shared(python: str = sys.executable, path0: str | None = None):
     """A server that every process started inside the block can use (a book build's kernels, one after
@@ -301,11 +309,8 @@ def shared(python: str = sys.executable, path0: str | None = None):
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(path)
         server.listen()  # here, so a client that comes while the server imports waits in the backlog
-        code = (f"import sys; sys.path[0] = {path0!r}; "
-                f"from muongrid.lab.warmstart import listen; listen({server.fileno()})")
         # unbuffered, as run() starts every script (the streams a forked script gets are the server's)
-        proc = subprocess.Popen([python, "-c", code], stdin=subprocess.DEVNULL, pass_fds=[server.fileno()],
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        proc = _start_python(python, path0, "listen", server, dict(os.environ, PYTHONUNBUFFERED="1"))
         server.close()
         before = os.environ.get("MUONGRID_WARM_SOCKET")
         os.environ["MUONGRID_WARM_SOCKET"] = path
@@ -348,10 +353,7 @@ class WarmStarter:
     def _start_server(self, env: dict) -> None:
         self.close()
         ours, theirs = socket.socketpair()
-        code = (f"import sys; sys.path[0] = {self.path0!r}; "
-                f"from muongrid.lab.warmstart import serve; serve({theirs.fileno()})")
-        self.proc = subprocess.Popen([self.python, "-c", code], pass_fds=[theirs.fileno()], env=env,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = _start_python(self.python, path0=self.path0, entry="serve", sock=theirs, env=env)
         theirs.close()
         self.sock, self.environment = ours, _served_environment(env)
 
