@@ -44,6 +44,11 @@ your grid as the default is: bit for bit under the owner and aligned layouts (a 
 unbatched bits on this machine's kernels; ``tests/test_ns_variants.py``), within ``--atol`` for grouped
 matrices.
 
+The groups' hyperparameters all differ, from the defaults and from each other (``VARIED_MUON``, ``VARIED_ADAMW``:
+momentum, nesterov, ns_steps, eps, the lr adjustment, betas, weight decay), and a CyclicLR drives every group's lr
+and momentum (AdamW's betas[0]) on each optimizer, the reference's too: a step that reads one hyperparameter from
+the wrong place differs from the reference (issue 41).
+
 ``--atol`` defaults to 0: on one machine the distributed run executes the same kernels on the
 same numbers as the reference, so it must match bit for bit (see the synthetic module for why
 reduction order cannot matter).
@@ -54,6 +59,7 @@ import argparse
 import copy
 import json
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -137,6 +143,45 @@ def reference_optimizer(problem, params: dict) -> MuonW:
                   for g in problem.groups])
 
 
+# Every per-group hyperparameter differs from the optimizer's defaults in some group and between groups (issue 41):
+# a step that read the optimizer-wide value, or one group's for all, or left a hyperparameter out, differs from
+# the reference. Muon group j takes VARIED_MUON[j % 2], AdamW group j VARIED_ADAMW[j % 2]; lr and momentum
+# (AdamW: betas[0]) are driven by SCHEDULE, a CyclicLR over each group's own range. eps 1.0 in a Muon group
+# is above the Frobenius norm of its momentum, so the clamp in Newton-Schulz's normalisation is active there.
+VARIED_MUON = (dict(nesterov=False, ns_steps=3, eps=1.0, adjust_lr="original", momentum=(0.8, 0.9)),
+               dict(nesterov=True, ns_steps=4, eps=1e-7, adjust_lr="match_rms_adamw", momentum=(0.85, 0.95)))
+VARIED_ADAMW = (dict(betas=(0.9, 0.99), eps=1e-6, momentum=(0.85, 0.95)),
+                dict(betas=(0.9, 0.95), eps=3e-8, momentum=(0.8, 0.9)))
+# CyclicLR: lr from each group's lr up to twice it and back over 2 + 2 steps, momentum the other way. Periodic,
+# so a run resumed from a checkpoint (--resume) follows the schedule of an uninterrupted run whatever --steps.
+SCHEDULE = dict(step_size_up=2, mode="triangular")
+
+
+def vary_hyperparameters(problem, keep_ns_steps: bool = False) -> None:
+    """Give each of ``problem``'s groups its own hyperparameters (``VARIED_MUON``, ``VARIED_ADAMW``), in place.
+    ``keep_ns_steps``: leave ns_steps at its default (a named coefficient schedule fixes its own length)."""
+    counts = {True: 0, False: 0}
+    for g in problem.groups:
+        table = VARIED_MUON if g["use_muon"] else VARIED_ADAMW
+        varied = dict(table[counts[g["use_muon"]] % len(table)])
+        counts[g["use_muon"]] += 1
+        g["momentum_range"] = varied.pop("momentum")
+        if keep_ns_steps:
+            varied.pop("ns_steps", None)
+        if not g["use_muon"]:
+            varied["weight_decay"] = g["hyper"].get("weight_decay", 0.1) / 2
+        g["hyper"].update(varied)
+
+
+def scheduler(opt, problem):
+    """The CyclicLR every optimizer of a verify run (the reference too) steps after each step (see SCHEDULE)."""
+    lrs = [g["hyper"]["lr"] for g in problem.groups]   # not the groups' lr: a loaded state holds a scheduled one
+    momenta = [g["momentum_range"] for g in problem.groups]
+    return torch.optim.lr_scheduler.CyclicLR(opt, base_lr=lrs, max_lr=[2 * lr for lr in lrs], cycle_momentum=True,
+                                             base_momentum=[m[0] for m in momenta],
+                                             max_momentum=[m[1] for m in momenta], **SCHEDULE)
+
+
 def ns_options(args) -> dict:
     """The Newton-Schulz hyperparameters given on the command line (none: every group keeps the defaults)."""
     return {k: v for k, v in (("ns_coefficients", args.ns_coefficients), ("ns_form", args.ns_form)) if v}
@@ -145,7 +190,7 @@ def ns_options(args) -> dict:
 def problem_signature(args) -> dict:
     """What must be equal for a resumed run to be compared with the same reference."""
     return dict(optimizer=args.optimizer, shapes=[list(x) for x in args.shapes], tp_dims=list(args.tp_dims),
-                groups=args.groups, seed=args.seed, **ns_options(args))
+                groups=args.groups, seed=args.seed, hyper="varied, CyclicLR", **ns_options(args))
 
 
 def state_dict_roundtrip(opt, problem, args, grid, step: int) -> bool:
@@ -170,6 +215,7 @@ def state_dict_roundtrip(opt, problem, args, grid, step: int) -> bool:
 
 def worker(grid, comm, args) -> int:
     problem = build_problem(args.optimizer, args.shapes, args.tp_dims, args.groups, args.seed, grid.tp)
+    vary_hyperparameters(problem, keep_ns_steps=bool(args.ns_coefficients))
     for g in problem.groups:  # the distributed optimizers and the reference both read a group's hyper
         if g["use_muon"]:
             g["hyper"].update(ns_options(args))
@@ -183,6 +229,8 @@ def worker(grid, comm, args) -> int:
     # The reference runs once, on rank 0, and is broadcast: every rank then checks its own shard.
     ref_params = {n: t.to(dev).clone() for n, t in problem.full.items()}
     ref = reference_optimizer(problem, ref_params) if grid.rank == 0 else None
+    # Every optimizer steps its own CyclicLR after each of its steps (lr and momentum per group, see SCHEDULE).
+    ref_sched = scheduler(ref, problem) if ref is not None else None
     first_step, resumed_from = 1, None
     if args.resume:
         for opt in opts.values():
@@ -194,7 +242,13 @@ def worker(grid, comm, args) -> int:
                 for n, g in problem.mean_grads(step, grid.dp).items():
                     ref_params[n].grad = g.to(dev)
                 ref.step()
-
+                ref_sched.step()
+    scheds = [scheduler(opt, problem) for opt in opts.values()]   # made after a load, then wound on to first_step
+    with warnings.catch_warnings():   # "lr_scheduler.step() before optimizer.step()": winding on, on purpose
+        warnings.simplefilter("ignore")
+        for sched in scheds:
+            for _ in range(first_step - 1):
+                sched.step()
     diffs = {layout: [] for layout in opts}
     last_step = first_step + args.steps - 1
     for step in range(first_step, last_step + 1):
@@ -206,6 +260,9 @@ def worker(grid, comm, args) -> int:
             for n, g in problem.mean_grads(step, grid.dp).items():
                 ref_params[n].grad = g.to(dev)
             ref.step()
+            ref_sched.step()
+        for sched in scheds:
+            sched.step()
         expected = {n: comm.broadcast(t.data, "world", "verify") for n, t in ref_params.items()}
         for layout, opt in opts.items():
             diff = torch.zeros((), dtype=torch.float64, device=dev)
