@@ -100,13 +100,15 @@ def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
 
 
 def adamw_foreach_(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, lr: float,
-                   betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+                   betas: tuple[float, float], eps: float, weight_decay: float, fused: bool | None = None) -> None:
     """``adamw_step_`` on lists; ``steps`` holds each tensor's step (Python numbers). Off the CPU, one fused
-    kernel, with the step handed over as a device scalar made by a fill (no host-to-device copy, no sync)."""
+    kernel, with the step handed over as a device scalar made by a fill (no host-to-device copy, no sync).
+    ``fused`` forces either path (None: fused off the CPU); torch's fused kernel runs on a CPU too, which is how
+    the tests reach the GPU's path without a GPU (tests/test_precision.py)."""
     if not params:
         return
     device = params[0].device
-    if device.type == "cpu":
+    if not (device.type != "cpu" if fused is None else fused):
         for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
             adamw_step_(p, g, m, v, s, lr, betas, eps, weight_decay)
         return
