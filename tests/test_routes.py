@@ -1,0 +1,152 @@
+"""The owner layouts' routes (owner_flow.OwnerFlow._build_route) against a brute-force enumeration (issue 41).
+
+For many random plans (shapes, TP split dims, DP x TP grids, bucket sizes, "owner" and "aligned"), every rank's
+route is built as the optimizer builds it, then the traffic is simulated element by element with labels
+(matrix, TP block, flat index): each sender fills its all-to-all send buffer as the route says, the buffers
+are exchanged by the route's counts, and every owner must find in its receive buffer exactly the elements its
+parts name; the same for what owners send back. Independently of the route, the enumeration says what each
+rank holds of each matrix (from the bucket's cuts and the matrix's range, by looping over elements) and checks
+that the owner ends up with every element of every TP block exactly once and that each holder gets back exactly
+its own piece. Exact: these are integers. A sender with several matrices of one bucket for one owner must occur.
+"""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import torch
+
+from muongrid.owner_flow import OwnerFlow
+from muongrid.plan import ParamSpec, build_plan
+
+
+def held(plan, meta, dp_rank):
+    """Elements [a, b) of the TP-local flat matrix that DP rank ``dp_rank`` holds, by enumeration."""
+    bucket = plan.buckets[meta.buffer_idx][meta.bucket_idx]
+    lo, hi = bucket.start + bucket.cuts[dp_rank], bucket.start + bucket.cuts[dp_rank + 1]
+    mine = [i for i in range(meta.global_range[0], meta.global_range[1]) if lo <= i < hi]
+    if not mine:
+        return 0, 0
+    assert mine == list(range(mine[0], mine[-1] + 1))
+    return mine[0] - meta.global_range[0], mine[-1] + 1 - meta.global_range[0]
+
+
+def flows_for(specs, dp, tp, bucket_numel, layout):
+    world, out = dp * tp, []
+    for rank in range(world):
+        plan = build_plan([specs], dp, rank // tp, tp, bucket_numel, layout)
+        grid = SimpleNamespace(rank=rank, tp=tp, dp=dp, dp_rank=rank // tp, tp_rank=rank % tp, device=torch.device("cpu"))
+        out.append(OwnerFlow(SimpleNamespace(plan=plan, comm=None, grid=grid)))
+    return out
+
+
+def check_bucket(flows, b, dp, tp):
+    """Simulate one bucket's two all-to-alls with labelled elements; returns how many (sender, owner) pairs had
+    several matrices of the bucket."""
+    world = dp * tp
+    plan0 = flows[0].plan
+    bucket = plan0.buckets[0][b]
+    metas = [plan0.metas[0][i] for i in bucket.param_indices]
+    routes = [f.route(bucket) for f in flows]
+    owner = [plan0.owner_of(m) for m in metas]
+
+    def block(meta, r):
+        return r % tp if meta.tp_split_dim != -1 and tp > 1 else 0
+
+    def sends(meta, r):   # a TP-replicated matrix is sent by the owner's TP rank only
+        return meta.tp_split_dim != -1 or r % tp == owner[metas.index(meta)] % tp
+
+    pieces = {(k, r): held(plan0, m, r // tp) for k, m in enumerate(metas) for r in range(world)}
+    # what each rank puts in its send buffer, as labels
+    sendbuf = []
+    for r, route in enumerate(routes):
+        buf = [None] * sum(route.send_counts)
+        for k, off in route.sends:
+            a, b_ = pieces[(k, r)]
+            buf[off: off + b_ - a] = [(k, block(metas[k], r), i) for i in range(a, b_)]
+        assert None not in buf, r
+        sendbuf.append(buf)
+    several = 0
+    for r, route in enumerate(routes):
+        per_owner = {}
+        for k, _ in route.sends:
+            per_owner[owner[k]] = per_owner.get(owner[k], 0) + 1
+        several += sum(1 for n in per_owner.values() if n > 1)
+        # the expected sends, by enumeration: every matrix I hold a piece of, owned elsewhere, if I send it
+        want = sorted(k for k, m in enumerate(metas) if owner[k] != r and pieces[(k, r)][1] > pieces[(k, r)][0]
+                      and sends(m, r))
+        assert sorted(k for k, _ in route.sends) == want, (r, route.sends, want)
+    # the all-to-all: receiver q gets, from each r in rank order, r's chunk for q
+    for q, route in enumerate(routes):
+        recv = []
+        for r in range(world):
+            start = sum(routes[r].send_counts[:q])
+            chunk = sendbuf[r][start: start + routes[r].send_counts[q]]
+            assert len(chunk) == route.recv_counts[r], (q, r)
+            recv += chunk
+        covered = {}
+        for item in route.owned:
+            k = item.k
+            assert owner[k] == q
+            for blk, a, b_, off in item.parts:
+                if off is not None:
+                    assert recv[off: off + b_ - a] == [(k, blk, i) for i in range(a, b_)], (q, k, blk)
+                for i in range(a, b_):
+                    covered[(k, blk, i)] = covered.get((k, blk, i), 0) + 1
+            blocks = tp if metas[k].tp_split_dim != -1 and tp > 1 else 1
+            numel = metas[k].numel
+            assert covered_all(covered, k, blocks, numel), (q, k)
+        assert all(v == 1 for v in covered.values())
+        assert {item.k for item in route.owned} == {k for k in range(len(metas)) if owner[k] == q}
+    # back: owner q's send-back buffer, by labels
+    backbuf = []
+    for q, route in enumerate(routes):
+        buf = [None] * sum(route.back_counts)
+        for item in route.owned:
+            for r, blk, a, b_, off in item.back:
+                assert (blk, a, b_) == (block(metas[item.k], r), *pieces[(item.k, r)])
+                buf[off: off + b_ - a] = [(r, item.k, blk, i) for i in range(a, b_)]
+            if item.mine is not None:
+                assert item.mine == (block(metas[item.k], q), *pieces[(item.k, q)])
+        assert None not in buf
+        backbuf.append(buf)
+    for r, route in enumerate(routes):
+        recv = []
+        for q in range(world):
+            start = sum(routes[q].back_counts[:r])
+            chunk = backbuf[q][start: start + routes[q].back_counts[r]]
+            assert len(chunk) == route.back_recv_counts[q]
+            recv += chunk
+        want = {k for k in range(len(metas)) if owner[k] != r and pieces[(k, r)][1] > pieces[(k, r)][0]}
+        assert set(route.back_recv) == want, r
+        for k, (off, n) in route.back_recv.items():
+            a, b_ = pieces[(k, r)]
+            assert n == b_ - a and recv[off: off + n] == [(r, k, block(metas[k], r), i) for i in range(a, b_)]
+        assert sum(n for _, n in route.back_recv.values()) == len(recv)
+    return several
+
+
+def covered_all(covered, k, blocks, numel):
+    return all(covered.get((k, blk, i), 0) == 1 for blk in range(blocks) for i in range(numel))
+
+
+def test_owner_routes_agree_with_an_enumeration_over_random_plans():
+    rng = random.Random(41)
+    several = cases = 0
+    for case in range(120):
+        dp, tp = rng.choice([(1, 1), (2, 1), (3, 1), (4, 1), (1, 2), (2, 2), (3, 2), (1, 3), (2, 3), (5, 1)])
+        n = rng.randint(1, 7)
+        specs = []
+        for i in range(n):
+            d = rng.choice([-1, 0, 1]) if tp > 1 else -1
+            shape = [rng.randint(1, 9), rng.randint(1, 9)]
+            if d != -1:
+                shape[d] *= tp
+            specs.append(ParamSpec(f"m{i}", tuple(shape), d))
+        bucket_numel = rng.choice([None, 8, 30, 100])
+        layout = rng.choice(["owner", "aligned"])
+        flows = flows_for(specs, dp, tp, bucket_numel, layout)
+        for b in range(len(flows[0].plan.buckets[0])):
+            several += check_bucket(flows, b, dp, tp)
+        cases += 1
+    assert cases == 120 and several > 0, several
