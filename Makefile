@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup book test verify record step-bench record-gpu clean
+.PHONY: help setup book test verify record step-bench record-gpu mutate clean
 
 help:
 	@echo "make book    execute every chapter and build the book (_build/html)"
@@ -17,6 +17,7 @@ help:
 	@echo "make record  re-record the timing runs the book cites (book/data/bench_*.json, time_model_cpu.json; ~10 min, idle machine)"
 	@echo "make step-bench  one optimizer step's GPU cost counted on the meta device, against torch.optim.Muon (~30 s)"
 	@echo "make record-gpu  on a machine with a GPU: time the step there too (book/data/step_bench_gpu.json)"
+	@echo "make mutate  mutation testing (cosmic-ray) of the engine's math, plan and routes; by hand, not in make test (MUTATE_ARGS='--sample 100': fewer)"
 	@echo "make setup   only create .venv from requirements.txt and install muongrid into it (editable)"
 	@echo "make clean   remove the build and the virtual environment"
 
@@ -63,6 +64,13 @@ step-bench: $(STAMP)
 # (muongrid/lab/provenance.py). PYTHON=/path/to/python make record-gpu picks the interpreter.
 record-gpu:
 	PYTHONPATH=scripts $(PYTHON) scripts/step_bench.py --device cuda --time --out book/data/step_bench_gpu.json
+
+# Mutation testing (issue 41): cosmic-ray, pinned, installed here rather than in requirements.txt (nothing else
+# needs it); it runs in a copy of the tree (tests/mutate_run.py says how) and reports each module's score.
+MUTATE_ARGS ?=
+mutate: $(STAMP)
+	$(BIN)/pip install --quiet cosmic-ray==8.7.0
+	$(BIN)/python tests/mutate_run.py $(MUTATE_ARGS)
 
 clean:
 	rm -rf _build $(VENV)
