@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup book test verify record step-bench record-gpu mutate clean
+.PHONY: help setup lab book test verify record step-bench record-gpu mutate clean
 
 help:
 	@echo "make book    execute every chapter and build the book (_build/html)"
@@ -17,6 +17,7 @@ help:
 	@echo "make record  re-record the timing runs the book cites (book/data/bench_*.json, time_model_cpu.json; ~10 min, idle machine)"
 	@echo "make step-bench  one optimizer step's GPU cost counted on the meta device, against torch.optim.Muon (~30 s)"
 	@echo "make record-gpu  on a machine with a GPU: time the step there too (book/data/step_bench_gpu.json)"
+	@echo "make lab     set up .venv, add JupyterLab to it, and open the chapters (notebooks/) in it"
 	@echo "make mutate  mutation testing (cosmic-ray) of the engine's math, plan and routes; by hand, not in make test (MUTATE_ARGS='--sample 100': fewer)"
 	@echo "make setup   only create .venv from requirements.txt and install muongrid into it (editable)"
 	@echo "make clean   remove the build and the virtual environment"
@@ -29,6 +30,11 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# JupyterLab is for reading the chapters as notebooks; the book build and the tests do not need it.
+lab: $(STAMP)
+	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/pip install --quiet "jupyterlab==4.6.6"
+	$(BIN)/jupyter lab notebooks
 
 book: $(STAMP)
 	$(BIN)/python scripts/build_book.py

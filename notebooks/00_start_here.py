@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -23,33 +23,36 @@
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # This book teaches **distributed Muon**: how the Muon optimizer, which needs each weight matrix
@@ -140,7 +143,7 @@ result = last_json(run("verify.py --dp 2 --tp 2 --steps 3"))
 # The script's last line is a JSON record, which the cell above parsed. Its verdict:
 
 # %%
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 ledger = result["ledger"]
 print(
@@ -166,48 +169,65 @@ print(
 per_bucket = {
     calls[k] for k in ("grad_reduce_scatter", "ns_gather_dp", "param_all_gather")
 }
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert len(per_bucket) == 1
-glue("ch0-collectives", sum(calls.values()), display=False)
-glue("ch0-buckets", per_bucket.pop(), display=False)
-glue("ch0-tp-gathers", calls["ns_gather_tp"], display=False)
+keep("ch0-collectives", sum(calls.values()))
+keep("ch0-buckets", per_bucket.pop())
+keep("ch0-tp-gathers", calls["ns_gather_tp"])
 
 # %% [markdown]
 # A difference of exactly zero is the right standard here: every rank runs the same arithmetic
 # on the same numbers as the single process, just on a different slice of it. Chapter 5 explains
 # why that holds, and shows what happens when it does not.
-#
-# The {glue:text}`ch0-collectives` collectives are, per bucket of parameters, one gradient
-# reduce-scatter, one gather of the momentum for Newton-Schulz and one parameter all-gather
-# (`verify.py` puts the matrices into two parameter groups, so there are
-# {glue:text}`ch0-buckets` buckets), plus {glue:text}`ch0-tp-gathers` gathers over TP, one per
-# matrix split over TP. Chapter 5 traces a step with one group, hence one bucket and fewer
-# collectives; it goes through each of these stages.
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+The {{ch0-collectives}} collectives are, per bucket of parameters, one gradient
+reduce-scatter, one gather of the momentum for Newton-Schulz and one parameter all-gather
+(`verify.py` puts the matrices into two parameter groups, so there are
+{{ch0-buckets}} buckets), plus {{ch0-tp-gathers}} gathers over TP, one per
+matrix split over TP. Chapter 5 traces a step with one group, hence one bucket and fewer
+collectives; it goes through each of these stages.
+""")
+
+# %% [markdown]
 # ## Three ways to run this book
 #
 # **Read it.** The built pages show every output. Each chapter has a launch button (the rocket
 # icon) that opens it in Colab, and a link to its source.
 #
 # **Colab.** Open a chapter with the Colab button and choose *Runtime > Run all*. The first
-# cell clones the repository and installs only what Colab lacks. Colab gives you two CPU cores,
-# the same as the machine these pages were built on.
-#
-# **Your machine.** With Python 3.10 or newer, `git` and `make`, set up once and open the
-# chapters in Jupyter (the repository's address is the one in the book's `_config.yml`):
+# cell clones the repository into `/content` and installs what that chapter needs beyond
+# Colab's own packages (never torch; most chapters need nothing more). Colab gives you two CPU
+# cores, the same as the machine these pages were built on. Every figure, explorer and number
+# appears under the cell that makes it, as on this page.
 
-# %% tags=["remove-input"]
-from IPython.display import Markdown
-
-from muongrid.lab.notebook import repository_url
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+from muongrid.lab.notebook import repository_is_public, repository_url
 
 url = repository_url()
 folder = url.rstrip("/").rsplit("/", 1)[-1]
-Markdown(f"""```bash
+if not repository_is_public():
+    say(f"""
+```{{admonition}} Not public yet
+:class: warning
+This book's repository, `{url}`, is not public yet, so in Colab the first cell stops with
+a message that says so. Until it is, run the chapters on your machine, as below.
+```
+""")
+
+# %% [markdown]
+# **Your machine.** With Python 3.10 or newer, `git` and `make`, one command sets up the
+# environment and opens the chapters in JupyterLab; "Run all" in a chapter shows what this page
+# shows:
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(f"""```bash
 git clone {url}
 cd {folder}
-make setup                         # .venv: torch (CPU), the Jupyter kernel, muongrid
-.venv/bin/pip install jupyterlab   # once, unless you have a Jupyter already
-.venv/bin/jupyter lab notebooks/   # start with 00_start_here.ipynb
+make lab     # .venv: torch (CPU), the Jupyter kernel, muongrid, JupyterLab; opens notebooks/
 ```""")
 
 # %% [markdown]

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -23,33 +23,36 @@
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # Muon {cite:p}`jordan2024muon` is an optimizer for the weight *matrices* of a network. It keeps
@@ -82,7 +85,7 @@ import time
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab.charlm import TinyGPT, batch, load_corpus
 from muongrid.lab import palette
@@ -106,22 +109,16 @@ print(
 print(f"largest / median singular value: {s[0] / s.median():.1f}")
 print(f"the top 5 directions carry {energy[4]:.0%} of the gradient's squared norm")
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch1-spectrum", "caption": "Singular values of the gradient of `blocks.0.fc.weight`, largest first, on a log scale."}}
 fig, ax = plt.subplots(figsize=(6.4, 3.4))
 ax.semilogy(s.numpy(), marker=".", lw=1)
 ax.set(xlabel="index (largest first)", ylabel="singular value")
 ax.grid(alpha=0.3)
 fig.tight_layout()
-glue("ch1-spectrum", fig, display=False)
+show(fig)
 plt.close(fig)
 
 # %% [markdown]
-# ```{glue:figure} ch1-spectrum
-# :name: fig-ch1-spectrum
-#
-# Singular values of the gradient of `blocks.0.fc.weight`, largest first, on a log scale.
-# ```
-#
 # {numref}`fig-ch1-spectrum` shows the skew: # a plain gradient step moves the weights mostly along a handful of directions; the many
 # directions with small singular values barely move. Adam's per-element scaling does not fix
 # this, because it knows nothing about the matrix structure. Muon's move is to keep the
@@ -158,29 +155,24 @@ plt.close(fig)
 # matrix. {numref}`fig-ch1-nsmap` draws both polynomials: **move its slider** to change the
 # number of steps (it works in this page; every position was computed when the page was built).
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch1-nsmap", "caption": "What $k$ steps of Newton-Schulz do to a singular value in $[0, 1]$: the classical cubic (blue) and Keller Jordan's quintic (red). The slider sets $k$; the title gives the band into which the quintic maps $[0.001, 1]$; the cell prints it for five steps."}}
 from muongrid.lab.explorers import Figure, ns_map_explorer
 from muongrid.newton_schulz import NS_COEFFICIENTS, singular_value_map
 
 sigma = torch.linspace(0, 1, 501)
-glue("ch1-nsmap", Figure(ns_map_explorer()), display=False)
+show(Figure(ns_map_explorer()))
 band = singular_value_map(torch.linspace(1e-3, 1, 1000))
-glue("ch1-band-lo", f"{band.min():.3f}", display=False)
-glue("ch1-band-hi", f"{band.max():.3f}", display=False)
 print(
     f"after 5 quintic steps, singular values in [0.001, 1] land in [{band.min():.3f}, "
     f"{band.max():.3f}]"
 )
 
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch1-band-lo", f"{band.min():.3f}")
+keep("ch1-band-hi", f"{band.max():.3f}")
+
 # %% [markdown]
-# ```{glue:figure} ch1-nsmap
-# :name: fig-ch1-nsmap
-#
-# What $k$ steps of Newton-Schulz do to a singular value in $[0, 1]$: the classical cubic (blue)
-# and Keller Jordan's quintic (red). The slider sets $k$; the title gives the band into which the
-# quintic maps $[0.001, 1]$ (five steps: {glue:text}`ch1-band-lo` to {glue:text}`ch1-band-hi`).
-# ```
-#
 # ### Explore the coefficients
 #
 # The quintic's coefficients are tuned together. {numref}`fig-ch1-coefficients` keeps Jordan's
@@ -189,34 +181,13 @@ print(
 # $c = 0$ the map overshoots and blows up: the quintic term is what allows a steep start without
 # overshooting wildly. The dashed curve is 3 steps: small singular values are not yet lifted.
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch1-coefficients", "caption": "The map after 3 (dashed) and 5 (solid) steps of $p(x) = ax + bx^3 + cx^5$ with Jordan's $a$ and $b$, for the quintic coefficient $c$ on the slider; the title says where 5 steps send $[0.001, 1]$."}}
 from muongrid.lab.explorers import ns_coefficient_explorer
 
-glue("ch1-coefficients", Figure(ns_coefficient_explorer()), display=False)
-
-# %% [markdown]
-# ```{glue:figure} ch1-coefficients
-# :name: fig-ch1-coefficients
-#
-# The map after 3 (dashed) and 5 (solid) steps of $p(x) = ax + bx^3 + cx^5$ with Jordan's $a$ and
-# $b$, for the quintic coefficient $c$ on the slider; the title says where 5 steps send $[0.001, 1]$.
-# ```
+show(Figure(ns_coefficient_explorer()))
 
 # %% [markdown]
 # ### NS5 on the real gradient
-#
-# Now apply five steps to the gradient from above, in bf16 as Muon does, and compare with the
-# exact $U V^\top$ from an SVD. One singular value of this gradient is zero up to rounding
-# ({glue:text}`ch1-s-null`, against {glue:text}`ch1-s-max` for the largest), for a structural
-# reason: `fc` reads the output of a LayerNorm, whose features are centred (they sum to zero; at
-# initialisation its gain is 1 and its bias 0), so every input row is orthogonal to the all-ones
-# vector and the gradient sends that direction to zero. Exact arithmetic would keep it at zero
-# ($p(0) = 0$), but NS5 runs in bf16: rounding gives the direction a tiny value, which the quintic
-# lifts like any other small singular value, to {glue:text}`ch1-s-null-after` here. NS5 sees the
-# gradient divided by its Frobenius norm, so the map above applies to singular value / norm: the
-# {glue:text}`ch1-n-below` singular values (the null one included) below $10^{-3}$ of the norm
-# start outside its band and come out below the band, between {glue:text}`ch1-s-null-after` and
-# {glue:text}`ch1-band-lo`; the rest are pulled into the band.
 
 # %%
 from muongrid.newton_schulz import ns5_flops, zeropower_ns5
@@ -232,25 +203,7 @@ print(
     f"{s.min():.2e} to {s.max():.2e})"
 )
 print(f"cosine similarity of NS5 output with the exact U V^T: {cosine:.4f}")
-# The claims above: one (and only one) null direction, the all-ones vector
-# (LayerNorm centring), which NS5 in bf16 lifts well above zero but below the band.
-assert (
-    s[-1] < 1e-6 * s[0] < s[-2]
-), "expected exactly one singular value that is zero up to rounding"
-assert (
-    Vh[-1].abs() * G.shape[1] ** 0.5 - 1
-).abs().max() < 1e-3, "the null direction is not the all-ones vector"
-assert (
-    0.01 < s_after.min() < band.min()
-), "NS5 should lift the null direction above zero but not into the band"
 n_below = int((s < 1e-3 * G.norm()).sum())
-assert n_below == int(
-    (s_after < band.min()).sum()
-), "the values below the band should be those that started below it"
-glue("ch1-n-below", n_below, display=False)
-glue("ch1-s-null", f"{s[-1]:.2e}", display=False)
-glue("ch1-s-max", f"{s[0]:.2e}", display=False)
-glue("ch1-s-null-after", f"{s_after.min():.3f}", display=False)
 
 
 def best_time(fn, repeats=5):
@@ -269,6 +222,43 @@ print(
     f"NS5: {ns5_flops(*G.shape) / 1e6:.0f} MFLOP, {t_ns * 1e3:.2f} ms; SVD: "
     f"{t_svd * 1e3:.2f} ms (this CPU)"
 )
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+# The claims above: one (and only one) null direction, the all-ones vector
+# (LayerNorm centring), which NS5 in bf16 lifts well above zero but below the band.
+assert (
+    s[-1] < 1e-6 * s[0] < s[-2]
+), "expected exactly one singular value that is zero up to rounding"
+assert (
+    Vh[-1].abs() * G.shape[1] ** 0.5 - 1
+).abs().max() < 1e-3, "the null direction is not the all-ones vector"
+assert (
+    0.01 < s_after.min() < band.min()
+), "NS5 should lift the null direction above zero but not into the band"
+assert n_below == int(
+    (s_after < band.min()).sum()
+), "the values below the band should be those that started below it"
+keep("ch1-n-below", n_below)
+keep("ch1-s-null", f"{s[-1]:.2e}")
+keep("ch1-s-max", f"{s[0]:.2e}")
+keep("ch1-s-null-after", f"{s_after.min():.3f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+Now apply five steps to the gradient from above, in bf16 as Muon does, and compare with the
+exact $U V^\top$ from an SVD. One singular value of this gradient is zero up to rounding
+({{ch1-s-null}}, against {{ch1-s-max}} for the largest), for a structural
+reason: `fc` reads the output of a LayerNorm, whose features are centred (they sum to zero; at
+initialisation its gain is 1 and its bias 0), so every input row is orthogonal to the all-ones
+vector and the gradient sends that direction to zero. Exact arithmetic would keep it at zero
+($p(0) = 0$), but NS5 runs in bf16: rounding gives the direction a tiny value, which the quintic
+lifts like any other small singular value, to {{ch1-s-null-after}} here. NS5 sees the
+gradient divided by its Frobenius norm, so the map above applies to singular value / norm: the
+{{ch1-n-below}} singular values (the null one included) below $10^{-3}$ of the norm
+start outside its band and come out below the band, between {{ch1-s-null-after}} and
+{{ch1-band-lo}}; the rest are pulled into the band.
+""")
 
 # %% [markdown]
 # On a CPU the SVD of a small matrix is cheap too; the reason for NS5 is that on GPUs matrix
@@ -328,11 +318,16 @@ for name, p in [
     print(f"{name} {tuple(p.shape)}: RMS of the scaled update = {rms:.3f}")
     assert 0.1 < rms <= 0.2 * 1.2, "the scaled update's RMS should be near (below) 0.2"
     rms_seen.append(f"{rms:.3f}")
-glue("ch1-rms", " and ".join(rms_seen), display=False)
 
-# %% [markdown]
-# The scaled updates have RMS {glue:text}`ch1-rms`: the same order as AdamW's, a little below the
-# 0.2 of an exactly orthogonal matrix.
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch1-rms", " and ".join(rms_seen))
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+The scaled updates have RMS {{ch1-rms}}: the same order as AdamW's, a little below the
+0.2 of an exactly orthogonal matrix.
+""")
 
 # %% [markdown]
 # ## The hybrid: Muon where it belongs, AdamW elsewhere
@@ -390,7 +385,7 @@ for kind in ("AdamW", "MuonW"):
         f"{h['seconds'] / STEPS * 1e3:.0f} ms per step"
     )
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch1-training", "caption": "The tiny GPT trained with AdamW and with MuonW from the same initialisation on the same batches: training loss (top, 20-step mean) and validation loss (bottom)."}}
 fig, axes = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True)
 for kind, h in histories.items():
     smooth = torch.tensor(h["step_loss"]).unfold(0, 20, 1).mean(1)
@@ -403,7 +398,7 @@ for ax in axes:
     ax.grid(alpha=0.3)
     ax.legend()
 fig.tight_layout()
-glue("ch1-training", fig, display=False)
+show(fig)
 plt.close(fig)
 
 adamw_val, muonw_val = (
@@ -411,27 +406,26 @@ adamw_val, muonw_val = (
     histories["MuonW"]["val_loss"][-1],
 )
 time_ratio = histories["MuonW"]["seconds"] / histories["AdamW"]["seconds"]
-glue("ch1-better", "MuonW" if muonw_val < adamw_val else "AdamW", display=False)
+ms = {k: round(h["seconds"] / STEPS * 1e3) for k, h in histories.items()}
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch1-better", "MuonW" if muonw_val < adamw_val else "AdamW")
 # The gap and the ratio from the rounded figures printed above, so that they agree
 # with them.
-glue("ch1-gap", f"{abs(round(adamw_val, 3) - round(muonw_val, 3)):.3f}", display=False)
-ms = {k: round(h["seconds"] / STEPS * 1e3) for k, h in histories.items()}
-glue("ch1-time-ratio", f"{ms['MuonW'] / ms['AdamW']:.2f}", display=False)
-glue("ch1-ms", f"{ms['MuonW']} ms against {ms['AdamW']} ms", display=False)
-glue("ch1-time-word", "longer" if time_ratio > 1 else "shorter", display=False)
+keep("ch1-gap", f"{abs(round(adamw_val, 3) - round(muonw_val, 3)):.3f}")
+keep("ch1-time-ratio", f"{ms['MuonW'] / ms['AdamW']:.2f}")
+keep("ch1-ms", f"{ms['MuonW']} ms against {ms['AdamW']} ms")
+keep("ch1-time-word", "longer" if time_ratio > 1 else "shorter")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+In this run (one seed, {numref}`fig-ch1-training`) {{ch1-better}} ended lower, by
+{{ch1-gap}} nats per character. MuonW's steps took {{ch1-time-ratio}} times as
+long as AdamW's ({{ch1-ms}} per step on this machine, forward and backward included).
+""")
 
 # %% [markdown]
-# ```{glue:figure} ch1-training
-# :name: fig-ch1-training
-#
-# The tiny GPT trained with AdamW and with MuonW from the same initialisation on the same batches:
-# training loss (top, 20-step mean) and validation loss (bottom).
-# ```
-#
-# In this run (one seed, {numref}`fig-ch1-training`) {glue:text}`ch1-better` ended lower, by
-# {glue:text}`ch1-gap` nats per character. MuonW's steps took {glue:text}`ch1-time-ratio` times as
-# long as AdamW's ({glue:text}`ch1-ms` per step on this machine, forward and backward included).
-#
 # Newton-Schulz adds work to every step. In this tiny model the matrices are small and the
 # forward pass is cheap, so the optimizer is a large share of the step; in an LLM, the
 # forward and backward passes grow with the batch while NS5 does not, which is why Moonshot

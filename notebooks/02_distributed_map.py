@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -23,33 +23,36 @@
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # Before we distribute Muon we need a map of the territory: the ways a training job is split
@@ -123,9 +126,9 @@ table(
 # ZeRO-1 data parallelism across replicas. Here is what one rank stores for a 7B model on 8
 # devices under a few layouts (mixed precision), in GB per rank:
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch2-memory", "caption": "Training state per rank of a 7B-parameter model on 8 devices, by layout and optimizer (mixed precision, no activations): the table above, drawn. The dotted line is an 80 GB accelerator."}}
 import matplotlib.pyplot as plt
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab.diagrams import book_style
 
@@ -172,17 +175,10 @@ ax.set(xlabel="GB per rank")
 ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, fontsize=10,
           frameon=False)
 fig.tight_layout()
-glue("ch2-memory", fig, display=False)
+show(fig)
 plt.close(fig)
 
 # %% [markdown]
-# ```{glue:figure} ch2-memory
-# :name: fig-ch2-memory
-#
-# Training state per rank of a 7B-parameter model on 8 devices, by layout and optimizer (mixed
-# precision, no activations): the table above, drawn. The dotted line is an 80 GB accelerator.
-# ```
-#
 # Two things to read off {numref}`fig-ch2-memory`. First, under ZeRO-1 the optimizer state, the biggest item
 # under DP, becomes small, and Muon's state is half of AdamW's: one tensor instead of two. Second,
 # ZeRO-1 leaves each rank with the whole (TP-local) parameters and gradients, which is exactly
@@ -202,24 +198,19 @@ plt.close(fig)
 # on 4 processes over gloo. Rank $r$'s values are $100r + i$, so you can see where every number
 # came from; its full printout is folded below, and {numref}`fig-ch2-collectives` draws it.
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch2-collectives", "caption": "The four collectives as they ran on 4 gloo processes: each rank's tensor before (left) and after (right). Colours say which rank an element came from; grey elements are sums over all ranks. The script also checked that the all-reduce equals a reduce-scatter followed by an all-gather."}}
 from muongrid.lab.diagrams import collectives_diagram
 from muongrid.lab.notebook import last_json, run
 
 demo = last_json(run("collectives.py --dp 4 --numel 8", log="collapsed"))
-assert demo["allreduce_is_rs_plus_ag"]
-glue("ch2-collectives", collectives_diagram(demo), display=False)
+show(collectives_diagram(demo))
 plt.close("all")
 
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert demo["allreduce_is_rs_plus_ag"]
+
 # %% [markdown]
-# ```{glue:figure} ch2-collectives
-# :name: fig-ch2-collectives
-#
-# The four collectives as they ran on 4 gloo processes: each rank's tensor before (left) and after
-# (right). Colours say which rank an element came from; grey elements are sums over all ranks.
-# The script also checked that the all-reduce equals a reduce-scatter followed by an all-gather.
-# ```
-#
 # ZeRO-1 uses a reduce-scatter to average gradients (each rank gets the average for its own
 # slice, which is all it needs to update its slice) and an all-gather to give every rank the
 # updated parameters. Together they move the same bytes as the all-reduce that plain DP uses.
@@ -254,37 +245,20 @@ for op, rec in demo["ledger"].items():
 # Move the slider of {numref}`fig-ch2-explorer` to change the model size (it moves in this page;
 # every position was computed with `per_rank_bytes` when the page was built).
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch2-explorer", "caption": "GB per rank on 8 devices for each layout of the table above, as the model grows; the dotted line is an 80 GB accelerator. The title counts the rows that fit. The axis stays at 0-240 GB for every size, so the line keeps its place; a longer bar stops at the edge, its total written inside (\u25b6)."}}
 from muongrid.lab.explorers import Figure, memory_explorer
 
-glue("ch2-explorer", Figure(memory_explorer()), display=False)
+show(Figure(memory_explorer()))
 
 # %% [markdown]
-# ```{glue:figure} ch2-explorer
-# :name: fig-ch2-explorer
-#
-# GB per rank on 8 devices for each layout of the table above, as the model grows; the dotted line
-# is an 80 GB accelerator. The title counts the rows that fit. The axis stays at 0-240 GB for
-# every size, so the line keeps its place; a longer bar stops at the edge, its total written
-# inside (▶).
-# ```
-#
 # {numref}`fig-ch2-grid` fixes the model at 7B parameters and moves the grid instead: the DP and
 # TP sizes, under each ZeRO stage (mixed precision). It moves in the static page; in Jupyter,
 # `per_rank_bytes(n, optimizer, zero=..., dp=..., tp=..., mixed_precision=...)` gives any other point.
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch2-grid", "caption": "GB per rank for a 7B model under each ZeRO stage, AdamW and Muon, on the grid (dp x tp) set by the slider; the dotted line is an 80 GB accelerator, on the same fixed 0-240 GB axis."}}
 from muongrid.lab.explorers import grid_memory_explorer
 
-glue("ch2-grid", Figure(grid_memory_explorer(billions=7)), display=False)
-
-# %% [markdown]
-# ```{glue:figure} ch2-grid
-# :name: fig-ch2-grid
-#
-# GB per rank for a 7B model under each ZeRO stage, AdamW and Muon, on the grid (dp x tp) set by
-# the slider; the dotted line is an 80 GB accelerator, on the same fixed 0-240 GB axis.
-# ```
+show(Figure(grid_memory_explorer(billions=7)))
 
 # %% [markdown]
 # ## Why Muon is harder to distribute than AdamW

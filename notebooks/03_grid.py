@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -23,33 +23,36 @@
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # Distributed Muon runs on a grid of `dp x tp` processes: `tp` ranks share the work of one
@@ -99,10 +102,10 @@ grid_run = last_json(run("inspect_grid.py --dp 2 --tp 4"))
 # The drawing below is made from those reported groups (not from the formula), and the cell
 # checks that they agree with the formula in `grid_layout`.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch3-grid", "caption": "The 2 x 4 grid of the run above, drawn from the groups the processes reported: blue boxes are TP groups (one model replica each), orange lines are DP groups."}}
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.grid import grid_layout
 from muongrid.lab import palette
@@ -113,10 +116,6 @@ book_style()
 ranks = grid_run["ranks"]
 dp, tp = grid_run["dp"], grid_run["tp"]
 expected = grid_layout(dp, tp)
-assert all(
-    r["dp_group"] == e["dp_group"] and r["tp_group"] == e["tp_group"]
-    for r, e in zip(ranks, expected)
-)
 print("the groups of the launched run match grid_layout(dp, tp)")
 
 
@@ -189,16 +188,15 @@ def draw_grid(ranks, dp, tp, ax):
 fig, ax = plt.subplots(figsize=(6.4, 3.2))
 draw_grid(ranks, dp, tp, ax)
 fig.tight_layout()
-glue("ch3-grid", fig, display=False)
+show(fig)
 plt.close(fig)
 
-# %% [markdown]
-# ```{glue:figure} ch3-grid
-# :name: fig-ch3-grid
-#
-# The 2 x 4 grid of the run above, drawn from the groups the processes reported: blue boxes are
-# TP groups (one model replica each), orange lines are DP groups.
-# ```
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert all(
+    r["dp_group"] == e["dp_group"] and r["tp_group"] == e["tp_group"]
+    for r, e in zip(ranks, expected)
+)
 
 # %% [markdown]
 # ## What each rank holds
@@ -252,6 +250,9 @@ table(
     ["rank", "dp", "tp", "owned elements", "TP-local elements", "share", "state bytes"],
     rows,
 )
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert (
     len({row[-1] for row in rows}) == 1
 ), "ranks keep different amounts of optimizer state"

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -23,33 +23,36 @@
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # ZeRO-1 gives each data-parallel rank the optimizer state for `1/dp` of the parameters. "Of
@@ -85,7 +88,7 @@ elif importlib.util.find_spec("muongrid") is None:
 
 # %%
 from IPython.display import Markdown
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab.notebook import table
 from muongrid.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
@@ -111,17 +114,16 @@ table(["bucket", "starts at", "elements", "padding", "shards", "shard size", "ho
 # %% [markdown]
 # Here is how `build_plan` cuts a group into buckets (the real code, read from the file when the
 # book is built):
-#
-# ```{literalinclude} ../scripts/muongrid/plan.py
-# :pyobject: split_into_buckets
-# :caption: muongrid/plan.py
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('plan.py', pyobject='split_into_buckets', caption='muongrid/plan.py')
+
+# %% [markdown]
 # ## The plan, drawn
 #
 # {numref}`fig-ch4-plan` draws it.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch4-plan", "caption": "The virtual buffer of the five matrices for dp = 3, tp = 2 and buckets of at most 100,000 elements. Upper strip: each coloured band is a matrix at its `global_range`, hatched grey is padding; a matrix or padding too narrow to label inside is named above it, with an arrow. Thick black lines are bucket boundaries; dashed lines cut each bucket into the DP ranks' shards; the lower strip says which DP rank owns each element (the last bucket holds only `w4`, so its three shards are thin). The explorers below draw the same strips in the same order and colours."}}
 import matplotlib.pyplot as plt
 
 from muongrid.lab import palette
@@ -188,42 +190,36 @@ def straddling(plans):
 
 fig, ax = plt.subplots(figsize=(7, 3.4))
 draw_plan(plans, ax)
-# the caption: the last bucket holds only w4
-assert [specs[0][i].name for i in plans[0].buckets[0][-1].param_indices] == ["w4"]
 fig.tight_layout()
-glue("ch4-plan", fig, display=False)
+show(fig)
 plt.close(fig)
 cut = straddling(plans)
-glue(
+print("straddling:", ", ".join(cut))
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+# the caption: the last bucket holds only w4
+assert [specs[0][i].name for i in plans[0].buckets[0][-1].param_indices] == ["w4"]
+keep(
     "ch4-straddling",
     Markdown(
         ", ".join(f"`{n}`" for n in cut[:-1]) + f" and `{cut[-1]}`"
         if len(cut) > 1
         else f"`{cut[0]}`"
     ),
-    display=False,
 )
-glue("ch4-n-straddling", len(cut), display=False)
-print("straddling:", ", ".join(cut))
+keep("ch4-n-straddling", len(cut))
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+The dashed shard boundaries cut through {{ch4-n-straddling}} of the matrices:
+{{ch4-straddling}}. Such a matrix **straddles** shard boundaries (a
+{term}`straddling parameter`): no single DP rank holds all of its optimizer state. For AdamW that does not matter (its update is elementwise). For Muon it is the whole
+problem: each owner of a piece of `w3` has only part of its momentum matrix, and Newton-Schulz
+needs all of it.
+""")
 
 # %% [markdown]
-# ```{glue:figure} ch4-plan
-# :name: fig-ch4-plan
-#
-# The virtual buffer of the five matrices for dp = 3, tp = 2 and buckets of at most 100,000
-# elements. Upper strip: each coloured band is a matrix at its `global_range`, hatched grey is
-# padding; a matrix or padding too narrow to label inside is named above it, with an arrow. Thick
-# black lines are bucket boundaries; dashed lines cut each bucket into the DP ranks' shards; the
-# lower strip says which DP rank owns each element (the last bucket holds only `w4`, so its three
-# shards are thin). The explorers below draw the same strips in the same order and colours.
-# ```
-#
-# The dashed shard boundaries cut through {glue:text}`ch4-n-straddling` of the matrices:
-# {glue:md}`ch4-straddling:myst`. Such a matrix **straddles** shard boundaries (a
-# {term}`straddling parameter`): no single DP rank holds all of its optimizer state. For AdamW that does not matter (its update is elementwise). For Muon it is the whole
-# problem: each owner of a piece of `w3` has only part of its momentum matrix, and Newton-Schulz
-# needs all of it.
-#
 # ## `dist_meta`, field by field
 #
 # For every parameter each rank keeps a `DistMeta` (the proof of concept's `dist_meta`). Here are
@@ -258,22 +254,18 @@ table(["field", *(m.name for m in metas)], [[k, *v] for k, v in fields.items()],
 #
 # `build_plan` fills them in for one bucket like this: each matrix takes the next `numel` elements
 # of the buffer (`global_range`), and its `local_range` is where that range meets this rank's shard:
-#
-# ```{literalinclude} ../scripts/muongrid/plan.py
-# :start-after: BOOK-START dist-meta
-# :end-before: BOOK-END dist-meta
-# :dedent:
-# :caption: muongrid/plan.py, build_plan: the dist_meta of each matrix of a bucket
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('plan.py', start_after='BOOK-START dist-meta', end_before='BOOK-END dist-meta')
+
+# %% [markdown]
 # The optimizer's state for a matrix is then a view of the rank's shard of the bucket, the elements
 # between the two ends of `local_range` (an empty view where the rank owns none):
-#
-# ```{literalinclude} ../scripts/muongrid/sharding.py
-# :pyobject: local_shard
-# :caption: muongrid/sharding.py
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('sharding.py', pyobject='local_shard', caption='muongrid/sharding.py')
+
+# %% [markdown]
 # The owned pieces of a matrix, taken over all DP ranks, cover it exactly once. Check it for
 # every matrix (the tests check it for thousands of random layouts):
 
@@ -321,7 +313,6 @@ print(
     f"{len(real['ranks'])} ranks x {len(specs[0])} matrices compared, "
     f"{mismatches} differences"
 )
-assert mismatches == 0, "the real run used a different plan"
 state = {r["rank"]: r["state_bytes"] for r in real["ranks"]}
 print(
     f"rank 0 keeps {state[0]['momentum']:,} bytes of momentum and "
@@ -329,71 +320,55 @@ print(
     f"weights: {plans[0].local_state_numel():,} elements each, "
     f"1/{DP} of the padded buffer"
 )
+owned = [sum(m.local_numel for m in p.metas[0]) for p in plans]
+padding = sum(b.padded_numel - b.numel for b in buckets)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert mismatches == 0, "the real run used a different plan"
 # Every rank keeps the same state (equal shards); the parameter elements it owns
 # differ by padding.
 assert len({sum(b.values()) for b in state.values()}) == 1
-owned = [sum(m.local_numel for m in p.metas[0]) for p in plans]
-padding = sum(b.padded_numel - b.numel for b in buckets)
 assert sum(owned) == sum(b.numel for b in buckets) and owned[-1] == owned[0] - padding
-glue("ch4-owned-first", f"{owned[0]:,}", display=False)
-glue("ch4-owned-last", f"{owned[-1]:,}", display=False)
-glue("ch4-padding", padding, display=False)
-glue("ch4-state-numel", f"{plans[0].local_state_numel():,}", display=False)
+keep("ch4-owned-first", f"{owned[0]:,}")
+keep("ch4-owned-last", f"{owned[-1]:,}")
+keep("ch4-padding", padding)
+keep("ch4-state-numel", f"{plans[0].local_state_numel():,}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+Every rank keeps the same optimizer state, {{ch4-state-numel}} elements per state
+tensor, as chapter 3 said: the shards are equal by construction. The *parameter* elements they
+own (the script's "owned elements") are not quite equal: {{ch4-owned-first}} on DP
+ranks 0 and 1, {{ch4-owned-last}} on DP rank 2, because the {{ch4-padding}}
+padding elements sit at the ends of buckets, in the last DP rank's shards.
+""")
 
 # %% [markdown]
-# Every rank keeps the same optimizer state, {glue:text}`ch4-state-numel` elements per state
-# tensor, as chapter 3 said: the shards are equal by construction. The *parameter* elements they
-# own (the script's "owned elements") are not quite equal: {glue:text}`ch4-owned-first` on DP
-# ranks 0 and 1, {glue:text}`ch4-owned-last` on DP rank 2, because the {glue:text}`ch4-padding`
-# padding elements sit at the ends of buckets, in the last DP rank's shards.
-#
 # ## Try your own shapes
 #
 # Move the slider of {numref}`fig-ch4-explorer` to change the DP size for the same five matrices
 # (it moves in this page; every position is a plan that `build_plan` computed when the page was
 # built). Hover over a band for its range.
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch4-explorer", "caption": "The plan of {numref}`fig-ch4-plan` for DP sizes 1 to 6 (tp = 2, buckets of at most 100,000 elements); the title names the straddling matrices and the optimizer state each rank keeps."}}
 from muongrid.lab.explorers import Figure, plan_explorer
 
-glue(
-    "ch4-explorer",
-    Figure(plan_explorer(specs, tp=TP, bucket=BUCKET, active_dp=DP)),
-    display=False,
-)
+show(Figure(plan_explorer(specs, tp=TP, bucket=BUCKET, active_dp=DP)))
 
 # %% [markdown]
-# ```{glue:figure} ch4-explorer
-# :name: fig-ch4-explorer
-#
-# The plan of {numref}`fig-ch4-plan` for DP sizes 1 to 6 (tp = 2, buckets of at most 100,000
-# elements); the title names the straddling matrices and the optimizer state each rank keeps.
-# ```
-#
 # {numref}`fig-ch4-buckets` keeps dp = 3 and tp = 2 and moves the bucket size instead: smaller
 # buckets cut the buffer in more places and change which matrices straddle two owners. Both
 # explorers move in the static page. To try your own shapes in Jupyter, build
 # `[[ParamSpec(name, (rows, cols), tp_dim), ...]]` and call `plan_explorer` or `bucket_explorer`
 # from `muongrid.lab.explorers` with it.
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch4-buckets", "caption": "The plan of {numref}`fig-ch4-plan` (dp = 3, tp = 2) for bucket sizes from 5,000 to 800,000 elements; the title gives the number of buckets and the straddling matrices."}}
 from muongrid.lab.explorers import bucket_explorer
 
-glue(
-    "ch4-buckets",
-    Figure(bucket_explorer(specs, dp=DP, tp=TP, active=BUCKET)),
-    display=False,
-)
+show(Figure(bucket_explorer(specs, dp=DP, tp=TP, active=BUCKET)))
 
-# %% [markdown]
-# ```{glue:figure} ch4-buckets
-# :name: fig-ch4-buckets
-#
-# The plan of {numref}`fig-ch4-plan` (dp = 3, tp = 2) for bucket sizes from 5,000 to 800,000
-# elements; the title gives the number of buckets and the straddling matrices.
-# ```
-
-# %% tags=["remove-cell"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The exercises' answers, computed (the solutions below quote them).
 sizes = range(5_000, 800_001, 5_000)
 straddlers = {
@@ -404,17 +379,16 @@ best = [b for b, v in straddlers.items() if len(v) == fewest]
 assert (
     fewest >= 1
 ), "some bucket size leaves no matrix straddling: exercise 1's answer is wrong"
-glue("ch4-ex1-fewest", fewest, display=False)
-glue(
+keep("ch4-ex1-fewest", fewest)
+keep(
     "ch4-ex1-which",
-    ", ".join(sorted({n for b in best for n in straddlers[b]})),
-    display=False,
+    ", ".join(sorted({n for b in best for n in straddlers[b]}))
 )
-glue("ch4-ex1-from", f"{best[0]:,}", display=False)
+keep("ch4-ex1-from", f"{best[0]:,}")
 dp4 = [build_plan(specs, 4, r, TP, BUCKET) for r in range(4)]
 none_on_3 = [m.name for m in dp4[3].metas[0] if m.local_numel == 0]
-glue("ch4-ex2-none", Markdown(", ".join(f"`{n}`" for n in none_on_3)), display=False)
-glue("ch4-ex2-count", len(none_on_3), display=False)
+keep("ch4-ex2-none", Markdown(", ".join(f"`{n}`" for n in none_on_3)))
+keep("ch4-ex2-count", len(none_on_3))
 
 # %% [markdown]
 # ## Summary
@@ -433,22 +407,25 @@ glue("ch4-ex2-count", len(none_on_3), display=False)
 # 2. With `dp = 4`, which matrices does rank 3 own nothing of? How much work will it do for them
 #    in the proof of concept's step (chapter 5)?
 # 3. Why must the buffer be padded at all? What would a reduce-scatter do with 7 elements over 2 ranks?
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. No. A matrix straddles when a shard boundary falls inside it, and with `dp = 2` every bucket
-#    is cut at its middle. Trying every bucket size from 5,000 to 800,000 in steps of 5,000 (a
-#    hidden cell of this page does), the fewest straddling matrices is
-#    {glue:text}`ch4-ex1-fewest` ({glue:text}`ch4-ex1-which`, from a bucket size of
-#    {glue:text}`ch4-ex1-from` up): alone in a bucket it is cut in half, and in a bucket with the
-#    others the middle falls inside it. To have none, the shards must be cut on matrix boundaries
-#    instead of at equal sizes: the aligned layout of chapter 8, at the price of uneven shards.
-# 2. With `dp = 4` (`tp = 2`, buckets of at most 100,000), rank 3 owns nothing of
-#    {glue:md}`ch4-ex2-none:myst` ({glue:text}`ch4-ex2-count` matrices; slider at dp = 4 in
-#    {numref}`fig-ch4-explorer`). In the proof of concept's step it still gathers their bucket and
-#    orthogonalises each of them in full (chapter 5), then keeps nothing of the result.
-# 3. Reduce-scatter and all-gather need equal shards on every rank (the collectives take one
-#    shard size). Seven elements cannot be split into two equal shards; one padding element makes
-#    two shards of four.
-# :::
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. No. A matrix straddles when a shard boundary falls inside it, and with `dp = 2` every bucket
+   is cut at its middle. Trying every bucket size from 5,000 to 800,000 in steps of 5,000 (a
+   hidden cell of this page does), the fewest straddling matrices is
+   {{ch4-ex1-fewest}} ({{ch4-ex1-which}}, from a bucket size of
+   {{ch4-ex1-from}} up): alone in a bucket it is cut in half, and in a bucket with the
+   others the middle falls inside it. To have none, the shards must be cut on matrix boundaries
+   instead of at equal sizes: the aligned layout of chapter 8, at the price of uneven shards.
+2. With `dp = 4` (`tp = 2`, buckets of at most 100,000), rank 3 owns nothing of
+   {{ch4-ex2-none}} ({{ch4-ex2-count}} matrices; slider at dp = 4 in
+   {numref}`fig-ch4-explorer`). In the proof of concept's step it still gathers their bucket and
+   orthogonalises each of them in full (chapter 5), then keeps nothing of the result.
+3. Reduce-scatter and all-gather need equal shards on every rank (the collectives take one
+   shard size). Seven elements cannot be split into two equal shards; one padding element makes
+   two shards of four.
+:::
+""")

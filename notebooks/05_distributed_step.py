@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -24,33 +24,36 @@
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # Chapters 3 and 4 left every rank with a TP slice of each matrix and the optimizer state for a
@@ -109,110 +112,91 @@ elif importlib.util.find_spec("muongrid") is None:
 # are read from those files when the book is built, so they are the code that ran in this chapter.
 # `step()` first takes up whatever was written to the parameters since the last step
 # (`buffers.refresh()`), then calls one method for stages 1-7 and one for stage 8:
-#
-# ```{literalinclude} ../scripts/muongrid/distributed.py
-# :pyobject: ZeroOneOptimizer.step
-# :dedent:
-# :caption: muongrid/distributed.py: the step
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+from muongrid.lab.page import keep, listing, say, show
+listing('distributed.py', pyobject='ZeroOneOptimizer.step')
+
+# %% [markdown]
 # Stages 1-7 for a Muon group. The generator `updates` hands the flow each bucket's momentum-updated
 # gradient pieces (stages 1-2); the flow hands back this rank's piece of every orthogonalised matrix
 # (stages 3-6), which stage 7 applies to the master shard. The last line checks, after every step,
 # that exactly the matrices the plan gives this rank ran Newton-Schulz here and that every matrix it
 # holds a piece of got its update (a matrix skipped or updated without orthogonalisation fails the
 # step, naming it):
-#
-# ```{literalinclude} ../scripts/muongrid/distributed.py
-# :start-after: BOOK-START muon-group
-# :end-before: BOOK-END muon-group
-# :dedent:
-# :caption: muongrid/distributed.py, ZeroOneOptimizer._update_master_shards: a Muon group
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('distributed.py', start_after='BOOK-START muon-group', end_before='BOOK-END muon-group')
+
+# %% [markdown]
 # **Stage 1**, the gradient reduce-scatter (the same as AdamW's). The gradients are copied into the
 # bucket's flat buffer in one `foreach` copy, and `p.grad` then points at its place there, so a loop
 # that zeroes gradients in place has the next backward write straight into the buffer:
-#
-# ```{literalinclude} ../scripts/muongrid/buffers.py
-# :pyobject: Buffers.reduce_scatter
-# :dedent:
-# :caption: muongrid/buffers.py
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('buffers.py', pyobject='Buffers.reduce_scatter')
+
+# %% [markdown]
 # Of that shard, each parameter's piece is a view (`local_shard`), and those pieces are what the
 # next stages work on.
 #
 # **Stage 2**, momentum. It is elementwise, so it runs on the pieces unchanged:
 # `ZeroOneOptimizer._momentum` gathers every piece of the buckets the flow asks for (one bucket at a
 # time for this layout, the whole group at once for the owner layouts) and makes one call of
-#
-# ```{literalinclude} ../scripts/muongrid/updates.py
-# :pyobject: muon_momentum_foreach_
-# :caption: muongrid/updates.py
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('updates.py', pyobject='muon_momentum_foreach_', caption='muongrid/updates.py')
+
+# %% [markdown]
 # `lerp_(grad, 1 - momentum)` is the EMA of chapter 1, and the Nesterov look-ahead is a second
 # `lerp` toward the buffer.
 #
 # **Stage 3**, the DP gather of each bucket (bf16), started per bucket. `flat_shard` lays the pieces
 # out as this rank's shard of the bucket and casts them to bf16 in the same copy:
-#
-# ```{literalinclude} ../scripts/muongrid/flows.py
-# :pyobject: BucketFlow.run
-# :dedent:
-# :caption: muongrid/flows.py
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('flows.py', pyobject='BucketFlow.run')
+
+# %% [markdown]
 # **Stages 4-6** for every matrix of a gathered bucket: cut the matrix out of the bucket *as a
 # matrix*, TP gather, Newton-Schulz, TP shard, DP shard (the comments name the stages):
-#
-# ```{literalinclude} ../scripts/muongrid/flows.py
-# :pyobject: BucketFlow._orthogonalise_bucket
-# :dedent:
-# :caption: muongrid/flows.py
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('flows.py', pyobject='BucketFlow._orthogonalise_bucket')
+
+# %% [markdown]
 # The helpers it calls are a few lines each: cutting a matrix out of the gathered bucket (with
 # `.view(meta.shape)`: the proof of concept's second bug, below, was a flat `.view(-1)` here),
 # joining the TP slices, and keeping this DP rank's part:
-#
-# ```{literalinclude} ../scripts/muongrid/sharding.py
-# :pyobject: bucket_matrix
-# :caption: muongrid/sharding.py
-# ```
-#
-# ```{literalinclude} ../scripts/muongrid/sharding.py
-# :pyobject: tp_unshard
-# :caption: muongrid/sharding.py
-# ```
-#
-# ```{literalinclude} ../scripts/muongrid/sharding.py
-# :pyobject: dp_shard_of
-# :caption: muongrid/sharding.py
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('sharding.py', pyobject='bucket_matrix', caption='muongrid/sharding.py')
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('sharding.py', pyobject='tp_unshard', caption='muongrid/sharding.py')
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('sharding.py', pyobject='dp_shard_of', caption='muongrid/sharding.py')
+
+# %% [markdown]
 # **Stage 7**, decoupled weight decay and the scaled step, on the master shard's pieces.
 # `apply.add` collects the pieces by their scaled learning rate (the lr adjusted for the matrix's
 # shape, so one list per shape) and `apply.flush` makes one call per list:
-#
-# ```{literalinclude} ../scripts/muongrid/updates.py
-# :pyobject: apply_update_foreach_
-# :caption: muongrid/updates.py
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('updates.py', pyobject='apply_update_foreach_', caption='muongrid/updates.py')
+
+# %% [markdown]
 # **Stage 8**, the parameter all-gather (AdamW's too). Where the parameters are views of the bucket's
 # buffer, each rank's shard of the buffer already holds its new values (for fp32 parameters the master
 # *is* that shard; a bf16 parameter's fp32 master is rounded into it first), and the all-gather fills
 # in the other ranks' shards in place; a bucket that could not be bound (DTensor parameters, say) is
 # gathered and unpacked into its parameters:
-#
-# ```{literalinclude} ../scripts/muongrid/buffers.py
-# :pyobject: Buffers.gather
-# :dedent:
-# :caption: muongrid/buffers.py
-# ```
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing('buffers.py', pyobject='Buffers.gather')
+
+# %% [markdown]
 # ## A step, traced
 #
 # [`scripts/trace_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/trace_step.py) runs one step of the real optimizer on a 2 x 2 grid with its trace hook
@@ -228,9 +212,8 @@ trace = last_json(run("trace_step.py --dp 2 --tp 2 --show w3", log="collapsed"))
 # Its printout is folded above. {numref}`fig-ch5-flow` draws, for every rank, which part of `w3`
 # it holds at each stage; {numref}`fig-ch5-stages` follows rank 0 with the shapes and dtypes.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-flow", "caption": "One Distributed Muon step on a 2 x 2 grid, following the 676 x 876 matrix `w3` (split over TP by columns, dashed). Each row is a rank; the filled part is what the rank holds of `w3`, numbered as the stages of the list above: its DP shard of the momentum (2), the whole TP half after the DP gather (3), the whole matrix after the TP gather (4), orthogonalised (5), and the elements it keeps (6). Labels: shapes (or element counts of flat buffers, the whole bucket for 2 and 3) and dtypes from the run's trace."}}
 import matplotlib.pyplot as plt
-from myst_nb import glue
 
 from muongrid.lab import palette
 from muongrid.lab.diagrams import book_style, step_flow_diagram
@@ -247,22 +230,10 @@ for r in trace["ranks"]:
     kept = next(e for e in r["events"]
                 if e["name"] == "w3" and e["stage"] == "dp_shard")["numel"]
     assert kept == w3_metas[r["dp_rank"]].local_numel
-glue("ch5-flow", step_flow_diagram(trace, w3_metas), display=False)
+show(step_flow_diagram(trace, w3_metas))
 plt.close("all")
 
-# %% [markdown]
-# ```{glue:figure} ch5-flow
-# :name: fig-ch5-flow
-#
-# One Distributed Muon step on a 2 x 2 grid, following the 676 x 876 matrix `w3` (split over TP
-# by columns, dashed). Each row is a rank; the filled part is what the rank holds of `w3`, numbered
-# as the stages of the list above: its DP shard of the momentum (2), the whole TP half after the DP
-# gather (3), the whole matrix after the TP gather (4), orthogonalised (5), and the elements it
-# keeps (6). Labels: shapes (or element counts of flat buffers, the whole bucket for 2 and 3) and
-# dtypes from the run's trace.
-# ```
-
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-stages", "caption": "One step on rank 0 (dp 0, tp 0), following `w3`: the shape and dtype of what the optimizer holds at each stage, read from the trace (left column first), numbered as in the list above. Blue: as in AdamW's step; orange: what Muon adds."}}
 ORDER = ["grad_shard", "momentum_shard", "dp_gathered", "ns_input", "tp_gathered",
          "orthogonalised", "tp_shard", "dp_shard"]
 LABEL = {
@@ -311,17 +282,8 @@ ax.annotate("", xy=(1, 3.4), xytext=(0, -0.45),
 ax.set(xlim=(-0.6, 1.6), ylim=(-0.6, 3.5))
 ax.axis("off")
 fig.tight_layout()
-glue("ch5-stages", fig, display=False)
+show(fig)
 plt.close(fig)
-
-# %% [markdown]
-# ```{glue:figure} ch5-stages
-# :name: fig-ch5-stages
-#
-# One step on rank 0 (dp 0, tp 0), following `w3`: the shape and dtype of what the optimizer holds
-# at each stage, read from the trace (left column first), numbered as in the list above. Blue: as
-# in AdamW's step; orange: what Muon adds.
-# ```
 
 # %% [markdown]
 # Read the shapes: the gradient shard is flat (the DP shard of the bucket, all matrices of the
@@ -341,11 +303,14 @@ whole = {
 table(["rank", "dp", "tp", "orthogonalised", "elements kept"],
       [[r["rank"], r["dp_rank"], r["tp_rank"], "x".join(map(str, whole[r["rank"]])),
         kept[r["rank"]]] for r in trace["ranks"]])
-assert kept[0] + kept[2] == 676 * 438
 print(
     f"the two DP ranks of a TP slice keep {kept[0] + kept[2]:,} = 676 x 438 elements "
     f"between them"
 )
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert kept[0] + kept[2] == 676 * 438
 
 # %% [markdown]
 # So the proof of concept's layout does **redundant work**: all `dp x tp` ranks run
@@ -394,21 +359,26 @@ table(["grid", "optimizer", "steps", "max abs. difference from one process",
         c["ledger"]["bytes_sent"]] for c in checks],
       align="llrrr")
 all_zero = all(c["max_abs_diff"] == 0 for c in checks)
-glue("ch5-verdict",
-     "Every difference is exactly zero" if all_zero else "NOT every difference is zero",
-     display=False)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch5-verdict",
+     "Every difference is exactly zero" if all_zero else "NOT every difference is zero")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+{{ch5-verdict}}. Why is that the right standard, rather than "close"? On one
+machine, each rank runs the *same kernels on the same numbers* as the reference: the
+momentum is elementwise, so computing it on a shard changes nothing; the gathers move bytes
+without touching them; Newton-Schulz runs on the same whole matrix. The one place where the
+order of arithmetic could differ is the gradient average (the backend decides in which order it
+adds the ranks' gradients), so the test gradients are chosen on a grid of multiples of
+$2^{-12}$ whose sums are exact in fp32 in any order. Any nonzero difference therefore means a
+bug. Across machines or GPU models, kernels differ and a tolerance would be needed; `--atol`
+sets one.
+""")
 
 # %% [markdown]
-# {glue:text}`ch5-verdict`. Why is that the right standard, rather than "close"? On one
-# machine, each rank runs the *same kernels on the same numbers* as the reference: the
-# momentum is elementwise, so computing it on a shard changes nothing; the gathers move bytes
-# without touching them; Newton-Schulz runs on the same whole matrix. The one place where the
-# order of arithmetic could differ is the gradient average (the backend decides in which order it
-# adds the ranks' gradients), so the test gradients are chosen on a grid of multiples of
-# $2^{-12}$ whose sums are exact in fp32 in any order. Any nonzero difference therefore means a
-# bug. Across machines or GPU models, kernels differ and a tolerance would be needed; `--atol`
-# sets one.
-#
 # ## The proof of concept's two bugs
 #
 # The community tutorial found two bugs in Moonshot's proof of concept
@@ -467,7 +437,7 @@ print(
 # and shows how each run ends: every rank stopped, the rank that failed first named with its
 # traceback, a non-zero exit code.
 
-# %% tags=["remove-cell"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The exercises' answers, computed (the solutions below quote them).
 from muongrid.lab.costmodel import dp_gather_bytes
 
@@ -475,7 +445,7 @@ dp3 = [build_plan(specs, 3, d, 1, DEFAULT_BUCKET_NUMEL) for d in range(3)]
 w1_owners = [d for d, p in enumerate(dp3)
              if next(m for m in p.metas[0] if m.name == "w1").local_numel]
 assert len(w1_owners) == 1, "exercise 1's answer says one DP rank owns w1"
-glue("ch5-ex1-which", ", ".join(map(str, w1_owners)), display=False)
+keep("ch5-ex1-which", ", ".join(map(str, w1_owners)))
 groups = [dict(shapes=DEFAULT_SHAPES, tp_split_dims=DEFAULT_TP_DIMS, use_muon=True)]
 whole, straddlers = (
     dp_gather_bytes(groups, 2, 2, DEFAULT_BUCKET_NUMEL, v)
@@ -483,8 +453,8 @@ whole, straddlers = (
 )
 # the closed form is what the traced step sent
 assert whole == phases["ns_gather_dp"]["bytes_sent"]
-glue("ch5-ex3-whole", f"{whole:,.0f}", display=False)
-glue("ch5-ex3-straddlers", f"{straddlers:,.0f}", display=False)
+keep("ch5-ex3-whole", f"{whole:,.0f}")
+keep("ch5-ex3-straddlers", f"{straddlers:,.0f}")
 
 # %% [markdown]
 # ## Summary
@@ -504,19 +474,22 @@ glue("ch5-ex3-straddlers", f"{straddlers:,.0f}", display=False)
 #    tell you about testing distributed optimizers?
 # 3. How many bytes would the DP gather move if each rank gathered only the matrices it owns a piece
 #    of? (Chapter 6 works it out.)
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. One, DP rank {glue:text}`ch5-ex1-which`. A rank keeps a piece of `w1` only where its shard
-#    overlaps `w1`'s `global_range`; with `dp = 3` and one bucket, `w1` lies inside the first
-#    shard, so the other two ranks keep nothing of it (chapter 4's explorer shows the shards for
-#    any `dp`).
-# 2. With one group the stale list *is* the right list, so the check passes: the bug is invisible.
-#    A test of a distributed optimizer must use several parameter groups (and shapes), or it tests
-#    less than the code does.
-# 3. Only the straddling matrices need a gather, and only among the ranks that share them: on the
-#    2 x 2 grid traced above, {glue:text}`ch5-ex3-straddlers` bytes per rank on average instead of
-#    the {glue:text}`ch5-ex3-whole` of the whole-bucket DP gather (`dp_gather_bytes(...,
-#    "straddlers")`, which chapter 6 derives).
-# :::
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. One, DP rank {{ch5-ex1-which}}. A rank keeps a piece of `w1` only where its shard
+   overlaps `w1`'s `global_range`; with `dp = 3` and one bucket, `w1` lies inside the first
+   shard, so the other two ranks keep nothing of it (chapter 4's explorer shows the shards for
+   any `dp`).
+2. With one group the stale list *is* the right list, so the check passes: the bug is invisible.
+   A test of a distributed optimizer must use several parameter groups (and shapes), or it tests
+   less than the code does.
+3. Only the straddling matrices need a gather, and only among the ranks that share them: on the
+   2 x 2 grid traced above, {{ch5-ex3-straddlers}} bytes per rank on average instead of
+   the {{ch5-ex3-whole}} of the whole-bucket DP gather (`dp_gather_bytes(...,
+   "straddlers")`, which chapter 6 derives).
+:::
+""")

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -23,33 +23,36 @@
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # Moonshot's paper claims that Distributed Muon's communication is between 1 and 1.25 times that of
@@ -79,7 +82,7 @@ from muongrid.lab.notebook import last_json, run
 bench = last_json(run("bench.py --dp 2 --tp 2 --steps 5", log="collapsed"))
 
 # %%
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab.notebook import table
 
@@ -151,7 +154,7 @@ for kind, measured in (("muon", muon), ("adamw", adamw)):
 # 1.2B-parameter transformer: 24 layers, each with a QKV projection (6144 x 2048), an output
 # projection (2048 x 2048) and an MLP (8192 x 2048 and 2048 x 8192), {numref}`fig-ch6-layouts`:
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch6-layouts", "caption": "Muon's bytes over AdamW's on DP-only grids, from the closed form, for three ways of doing the DP gather (`bucket`: whole buckets, as in the proof of concept; `straddlers`: only straddling matrices; `none`: shards cut between matrices, no gather). Top: the five proof-of-concept matrices; bottom: the matrices of the transformer stack that the cell describes, in buckets of $2^{25}$ elements."}}
 import matplotlib.pyplot as plt
 
 from muongrid.lab.diagrams import book_style
@@ -180,8 +183,6 @@ stack = [
 # 33.5M elements, several layers per bucket (Megatron's buckets hold tens of millions)
 LAYOUT_BUCKET = 2**25
 n_params = sum(r * c for (r, c), _ in layers)
-glue("ch6-n-matrices", len(layers), display=False)
-glue("ch6-n-params", f"{n_params / 1e9:.2f}", display=False)
 dps = [2, 3, 4, 6, 8, 16, 32]
 fig, axes = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True)
 for ax, (label, g) in zip(
@@ -202,7 +203,7 @@ for ax, (label, g) in zip(
 axes[1].set_xlabel("DP size")
 axes[0].legend(title="DP gather of", loc="center right")
 fig.tight_layout()
-glue("ch6-layouts", fig, display=False)
+show(fig)
 plt.close(fig)
 
 for label, g in (("proof of concept", poc), ("1.2B transformer", stack)):
@@ -217,17 +218,12 @@ for label, g in (("proof of concept", poc), ("1.2B transformer", stack)):
         f"{r['straddlers']:.3f}, no gather {r['none']:.3f}"
     )
 
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch6-n-matrices", len(layers))
+keep("ch6-n-params", f"{n_params / 1e9:.2f}")
+
 # %% [markdown]
-# ```{glue:figure} ch6-layouts
-# :name: fig-ch6-layouts
-#
-# Muon's bytes over AdamW's on DP-only grids, from the closed form, for three ways of doing the DP
-# gather (`bucket`: whole buckets, as in the proof of concept; `straddlers`: only straddling
-# matrices; `none`: shards cut between matrices, no gather). Top: the five proof-of-concept matrices; bottom: the
-# {glue:text}`ch6-n-matrices` matrices ({glue:text}`ch6-n-params` B parameters) of the transformer
-# stack, in buckets of $2^{25}$ elements.
-# ```
-#
 # With the proof of concept's shapes, gathering only straddlers barely helps: one matrix (676 x 876)
 # is most of the buffer, and it crosses every shard boundary. With many matrices in a bucket, only
 # those that happen to sit on a shard boundary straddle, and the ratio falls towards 1. (The bucket
@@ -345,19 +341,8 @@ for name in ("muon", "adamw"):
 # collectives are placed or overlapped better. {doc}`Chapter 7 <07_profiling>` comes back to the report's claims one by one.
 #
 # ## Projecting to a cluster
-#
-# On a cluster the ranks of a node share fast links (NVLink-class) and nodes share a slower
-# network (InfiniBand-class); {doc}`chapter 3 <03_grid>`'s layout keeps TP groups inside a node. The model below
-# prices the links of an H100 cluster as the book's one hardware table
-# ([`muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py),
-# which {doc}`chapter 13 <13_what_to_pick>` and {doc}`chapter 14 <14_muon_at_scale>` use too) gives them: {glue:text}`ch6-gpus` GPUs per node,
-# {glue:text}`ch6-intra` per GPU inside a node (NVLink), {glue:text}`ch6-inter` per GPU between
-# nodes (InfiniBand). The bandwidths are datasheet figures and the latencies assumptions, not
-# measurements, and you can change them all. The model is the
-# same stack of {glue:text}`ch6-n-matrices` matrices as above (QKV and MLP-in split by rows over
-# TP, output projections by columns, as in Megatron); {numref}`fig-ch6-projection` shows it.
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch6-projection", "caption": "Projected optimizer communication per step (alpha-beta model, the hardware table's H100 links, printed by the cell), Muon (orange) against AdamW (blue), with TP 1 (solid) and TP 8 inside the node (dashed). Shaded: where the DP ring of TP 1 runs between nodes."}}
 from muongrid import hardware
 from muongrid.lab.costmodel import links_for_grid
 
@@ -370,11 +355,6 @@ def link_text(link):
     return f"{link[0] * 1e6:g} µs a ring hop and {link[1] / 1e9:g} GB/s"
 
 
-glue("ch6-gpus", GPUS_PER_NODE, display=False)
-glue("ch6-intra", link_text(INTRA), display=False)
-glue("ch6-inter", link_text(INTER), display=False)
-glue("ch6-intra-bw", f"{INTRA[1] / 1e9:g} GB/s", display=False)
-glue("ch6-inter-bw", f"{INTER[1] / 1e9:g} GB/s", display=False)
 
 
 def project(dp, tp, intra=INTRA, inter=INTER):
@@ -404,14 +384,11 @@ ax.set_xticks(dps, [str(d) for d in dps])
 ax.grid(alpha=0.3)
 ax.legend(ncol=2, fontsize=10)
 fig.tight_layout()
-glue("ch6-projection", fig, display=False)
+show(fig)
 plt.close(fig)
 # The cliff of tp=1 between dp=8 and dp=16 is the node boundary: 8 ranks share a node's
 # fast links; 16 need two nodes, and a ring is as slow as its slowest link.
 cliff = project(16, 1)[0] / project(8, 1)[0]
-assert cliff > 3 > project(8, 1)[0] / project(4, 1)[0]
-glue("ch6-cliff", f"{cliff:.1f}", display=False)
-glue("ch6-bw-ratio", f"{INTRA[1] / INTER[1]:.2f}", display=False)
 for dp, tp in ((64, 1), (8, 8)):
     m, a = project(dp, tp)
     print(
@@ -419,25 +396,44 @@ for dp, tp in ((64, 1), (8, 8)):
         f"{a * 1e3:.0f} ms, ratio {m / a:.2f}"
     )
 
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch6-gpus", GPUS_PER_NODE)
+keep("ch6-intra", link_text(INTRA))
+keep("ch6-inter", link_text(INTER))
+keep("ch6-intra-bw", f"{INTRA[1] / 1e9:g} GB/s")
+keep("ch6-inter-bw", f"{INTER[1] / 1e9:g} GB/s")
+assert cliff > 3 > project(8, 1)[0] / project(4, 1)[0]
+keep("ch6-cliff", f"{cliff:.1f}")
+keep("ch6-bw-ratio", f"{INTRA[1] / INTER[1]:.2f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+On a cluster the ranks of a node share fast links (NVLink-class) and nodes share a slower
+network (InfiniBand-class); {doc}`chapter 3 <03_grid>`'s layout keeps TP groups inside a node. The model below
+prices the links of an H100 cluster as the book's one hardware table
+([`muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py),
+which {doc}`chapter 13 <13_what_to_pick>` and {doc}`chapter 14 <14_muon_at_scale>` use too) gives them: {{ch6-gpus}} GPUs per node,
+{{ch6-intra}} per GPU inside a node (NVLink), {{ch6-inter}} per GPU between
+nodes (InfiniBand). The bandwidths are datasheet figures and the latencies assumptions, not
+measurements, and you can change them all. The model is the
+same stack of {{ch6-n-matrices}} matrices as above (QKV and MLP-in split by rows over
+TP, output projections by columns, as in Megatron); {numref}`fig-ch6-projection` shows it.
+""")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+The jump of the solid lines between 8 and 16 replicas is the node boundary, not Muon: with
+TP 1, eight replicas fit in one node and their DP ring runs on its {{ch6-intra-bw}}
+links; sixteen need two nodes, and a ring is as slow as its slowest link, here
+{{ch6-inter-bw}} between nodes, so the
+same bytes take {{ch6-cliff}} times as long ({{ch6-bw-ratio}} times from the
+bandwidth, the rest from the ring's $(d-1)/d$ and the latency). With TP 8 each node holds one
+replica, so every DP ring crosses nodes from two replicas on, and the dashed lines have no
+jump.
+""")
+
 # %% [markdown]
-# ```{glue:figure} ch6-projection
-# :name: fig-ch6-projection
-#
-# Projected optimizer communication per step (alpha-beta model, the hardware table's H100 links:
-# {glue:text}`ch6-gpus` GPUs per node, {glue:text}`ch6-intra` inside a node,
-# {glue:text}`ch6-inter` between nodes), Muon (orange) against AdamW (blue), with TP 1 (solid)
-# and TP 8 inside the node (dashed). Shaded: where the DP ring of TP 1 runs between nodes.
-# ```
-#
-# The jump of the solid lines between 8 and 16 replicas is the node boundary, not Muon: with
-# TP 1, eight replicas fit in one node and their DP ring runs on its {glue:text}`ch6-intra-bw`
-# links; sixteen need two nodes, and a ring is as slow as its slowest link, here
-# {glue:text}`ch6-inter-bw` between nodes, so the
-# same bytes take {glue:text}`ch6-cliff` times as long ({glue:text}`ch6-bw-ratio` times from the
-# bandwidth, the rest from the ring's $(d-1)/d$ and the latency). With TP 8 each node holds one
-# replica, so every DP ring crosses nodes from two replicas on, and the dashed lines have no
-# jump.
-#
 # Read the projection as the model's arithmetic, not a measurement: DP traffic per rank grows
 # towards a constant as DP grows (a ring moves $(d-1)/d$ of the data), and Muon stays near 1.25 x
 # AdamW there; with TP inside the node, Muon's extra TP gathers are many small messages on fast
@@ -446,49 +442,40 @@ for dp, tp in ((64, 1), (8, 8)):
 # {numref}`fig-ch6-explorer` to change the bandwidth between nodes (it moves in this page; every
 # position was computed with the model when the page was built):
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch6-explorer", "caption": "{numref}`fig-ch6-projection` with the inter-node bandwidth per GPU on a slider (other links as above), in its colours and on one y axis for every position; the title gives Muon's time over AdamW's at the largest DP size."}}
 from muongrid.lab.explorers import Figure, projection_explorer
 
 inter_gb_s = (10, 25, 50, 100, 200, 400)
-assert INTER[1] / 1e9 in inter_gb_s   # the slider starts at the table's figure
 explorer = projection_explorer(
     lambda dp, tp, bw: project(dp, tp, inter=(INTER[0], bw * 1e9)),
     inter_gb_s=inter_gb_s, active=INTER[1] / 1e9)
-glue("ch6-explorer", Figure(explorer), display=False)
+show(Figure(explorer))
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert INTER[1] / 1e9 in inter_gb_s   # the slider starts at the table's figure
 
 # %% [markdown]
-# ```{glue:figure} ch6-explorer
-# :name: fig-ch6-explorer
-#
-# {numref}`fig-ch6-projection` with the inter-node bandwidth per GPU on a slider (other links as
-# above), in its colours and on one y axis for every position; the title gives Muon's
-# time over AdamW's at the largest DP size.
-# ```
-#
 # The latency between nodes matters as much as the bandwidth once the messages are small:
 # {numref}`fig-ch6-latency` moves it (bandwidths as above). In Jupyter,
 # `project(dp, tp, intra=(seconds, bytes/s), inter=(seconds, bytes/s))` prices any other link.
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch6-latency", "caption": "{numref}`fig-ch6-projection` with the latency between nodes on a slider (bandwidths as above); the title gives Muon's time over AdamW's at the largest DP size."}}
 from muongrid.lab.explorers import link_explorer
 
 latencies_us = (1, 2, 5, 10, 20, 50, 100)
 inter_us = round(INTER[0] * 1e6, 6)
-assert inter_us in latencies_us   # the slider starts at the table's figure
 latency_figure = link_explorer(
     lambda dp, tp, us: project(dp, tp, inter=(us * 1e-6, INTER[1])), latencies_us,
     "inter-node latency", "{:g} µs between nodes", active=inter_us)
-glue("ch6-latency", Figure(latency_figure), display=False)
+show(Figure(latency_figure))
 
-# %% [markdown]
-# ```{glue:figure} ch6-latency
-# :name: fig-ch6-latency
-#
-# {numref}`fig-ch6-projection` with the latency between nodes on a slider (bandwidths as above);
-# the title gives Muon's time over AdamW's at the largest DP size.
-# ```
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert inter_us in latencies_us   # the slider starts at the table's figure
 
-# %% tags=["remove-cell"]
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Exercise 2's answer, computed (the solution below quotes it): the straddlers-only
 # ratio at dp=8 against the bucket size, which falls in steps where a shard boundary
 # stops cutting a matrix.
@@ -504,10 +491,10 @@ while lo < hi:
     lo, hi = (lo, mid) if straddler_ratio(mid) <= below25 else (mid + 1, hi)
 larger = [straddler_ratio(2**25 + k * (2**27 - 2**25) // 64) for k in range(65)]
 assert at25 <= 1.1 < below25 and max(larger) <= at25 and straddler_ratio(2**27) == 1.0
-glue("ch6-ex2-at25", f"{at25:.3f}", display=False)
-glue("ch6-ex2-below", f"{below25:.3f}", display=False)
-glue("ch6-ex2-from", f"{lo / 1e6:.1f}", display=False)
-glue("ch6-ex2-at24", f"{straddler_ratio(2**24):.3f}", display=False)
+keep("ch6-ex2-at25", f"{at25:.3f}")
+keep("ch6-ex2-below", f"{below25:.3f}")
+keep("ch6-ex2-from", f"{lo / 1e6:.1f}")
+keep("ch6-ex2-at24", f"{straddler_ratio(2**24):.3f}")
 
 # %% [markdown]
 # ## Summary
@@ -527,24 +514,27 @@ glue("ch6-ex2-at24", f"{straddler_ratio(2**24):.3f}", display=False)
 # 2. For the transformer stack above, at what bucket size does gathering only straddlers reach 1.1
 #    at dp=8?
 # 3. In the projection, which link (intra- or inter-node) does Muon's extra time depend on at tp=8?
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. The sweep's 4 x 1 line reads `Muon / AdamW: bytes 1.250 (closed form 1.250, ...)`: with the
-#    default bucket layout on a DP-only grid the ratio is exactly $(4 + 2 + 4) / (4 + 4) = 1.25$, and
-#    the ledger equals `step_bytes(g, 4, 1, ...)` for both optimizers (the tests check it). On TP4
-#    (dp = 1) AdamW sends nothing at all, so the line reads `n/a (AdamW sends nothing)`: there is no
-#    ratio to form.
-# 2. At a bucket of $2^{25}$ = 33,554,432 elements, the size this chapter uses: there the ratio is
-#    {glue:text}`ch6-ex2-at25`, and one element less gives {glue:text}`ch6-ex2-below` (from
-#    {glue:text}`ch6-ex2-from`M elements up; {glue:text}`ch6-ex2-at24` at $2^{24}$). Computed with
-#    `1 + dp_gather_bytes(stack, 8, 1, bucket, "straddlers") / step_bytes(stack, 8, 1, bucket,
-#    muon=False)["total"]`, as in the cell above, over bucket sizes; the ratio falls in steps, at the
-#    sizes where a shard boundary stops cutting a matrix, and stays at or below
-#    {glue:text}`ch6-ex2-at25` for larger buckets up to $2^{27}$ (where it is 1.0). More matrices
-#    per bucket means a smaller fraction of them on shard boundaries.
-# 3. With tp = 8 the TP gathers stay inside a node, so Muon's extra time depends on the intra-node
-#    link (its latency, since the messages are many and small); the DP traffic, which both
-#    optimizers share, crosses the inter-node link. Try both in the live explorer.
-# :::
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. The sweep's 4 x 1 line reads `Muon / AdamW: bytes 1.250 (closed form 1.250, ...)`: with the
+   default bucket layout on a DP-only grid the ratio is exactly $(4 + 2 + 4) / (4 + 4) = 1.25$, and
+   the ledger equals `step_bytes(g, 4, 1, ...)` for both optimizers (the tests check it). On TP4
+   (dp = 1) AdamW sends nothing at all, so the line reads `n/a (AdamW sends nothing)`: there is no
+   ratio to form.
+2. At a bucket of $2^{25}$ = 33,554,432 elements, the size this chapter uses: there the ratio is
+   {{ch6-ex2-at25}}, and one element less gives {{ch6-ex2-below}} (from
+   {{ch6-ex2-from}}M elements up; {{ch6-ex2-at24}} at $2^{24}$). Computed with
+   `1 + dp_gather_bytes(stack, 8, 1, bucket, "straddlers") / step_bytes(stack, 8, 1, bucket,
+   muon=False)["total"]`, as in the cell above, over bucket sizes; the ratio falls in steps, at the
+   sizes where a shard boundary stops cutting a matrix, and stays at or below
+   {{ch6-ex2-at25}} for larger buckets up to $2^{27}$ (where it is 1.0). More matrices
+   per bucket means a smaller fraction of them on shard boundaries.
+3. With tp = 8 the TP gathers stay inside a node, so Muon's extra time depends on the intra-node
+   link (its latency, since the messages are many and small); the DP traffic, which both
+   optimizers share, crosses the inter-node link. Try both in the live explorer.
+:::
+""")

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -24,33 +24,36 @@
 # ```
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # {doc}`Chapter 6 <06_communication>` counted bytes. A training step also computes: the forward and backward passes, and
@@ -83,9 +86,9 @@ from muongrid.lab.notebook import last_json, run
 
 profile = last_json(run("profile_step.py --dp 2 --steps 5", log="collapsed"))
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch7-breakdown", "caption": "Where a training step's time goes on each of the two ranks, Muon (MuonW) and AdamW side by side: the tiny GPT at dp = 2, its size and batch printed by the cell, medians of the profiled steps."}}
 import matplotlib.pyplot as plt
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab import palette
 from muongrid.lab.diagrams import book_style
@@ -115,19 +118,13 @@ ax.set(xlabel="ms per step (median)")
 # below the axes, off the bars
 ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=10)
 fig.tight_layout()
-glue("ch7-breakdown", fig, display=False)
+show(fig)
 plt.close(fig)
-glue("ch7-n-params", f"{profile['n_params']:,}", display=False)
-glue("ch7-batch", f"{profile['batch']} x {profile['context']}", display=False)
 
-# %% [markdown]
-# ```{glue:figure} ch7-breakdown
-# :name: fig-ch7-breakdown
-#
-# Where a training step's time goes on each of the two ranks, Muon (MuonW) and AdamW side by side:
-# tiny GPT of {glue:text}`ch7-n-params` parameters, batch {glue:text}`ch7-batch` characters per
-# rank, dp = 2, medians of the profiled steps.
-# ```
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch7-n-params", f"{profile['n_params']:,}")
+keep("ch7-batch", f"{profile['batch']} x {profile['context']}")
 
 # %% [markdown]
 # ## Reading a trace
@@ -139,7 +136,7 @@ glue("ch7-batch", f"{profile['batch']} x {profile['context']}", display=False)
 # is the last Muon step and the last AdamW step of rank 0, drawn from its trace
 # ({numref}`fig-ch7-trace`):
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch7-trace", "caption": "The last Muon step (top) and the last AdamW step (bottom) of rank 0, drawn from its Chrome trace: one row per kind of annotated range."}}
 from muongrid.lab.traces import load_events
 
 events = load_events(profile["ranks"][0]["trace"])
@@ -177,16 +174,8 @@ for ax, kind in zip(axes, ("muon", "adamw")):
     ax.invert_yaxis()
 axes[1].set_xlabel("ms from the start of the step")
 fig.tight_layout()
-glue("ch7-trace", fig, display=False)
+show(fig)
 plt.close(fig)
-
-# %% [markdown]
-# ```{glue:figure} ch7-trace
-# :name: fig-ch7-trace
-#
-# The last Muon step (top) and the last AdamW step (bottom) of rank 0, drawn from its Chrome trace:
-# one row per kind of annotated range.
-# ```
 
 # %% [markdown]
 # ## The optimizer's share of the step
@@ -211,20 +200,25 @@ table(["batch", "Muon: optimizer share", "AdamW: optimizer share"],
       [[p["batch"], f"{share(p, 'muon'):.1%}", f"{share(p, 'adamw'):.1%}"]
        for p in (profile, profile_big)], align="rrr")
 falls = share(profile_big, "muon") < share(profile, "muon")
-glue("ch7-share-trend", "falls" if falls else "does not fall", display=False)
-glue("ch7-share-note",
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch7-share-trend", "falls" if falls else "does not fall")
+keep("ch7-share-note",
      "as it must" if falls
-     else "against expectation: a sign of noise on this shared machine",
-     display=False)
+     else "against expectation: a sign of noise on this shared machine")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+(Shares are means over the ranks.) Here the share {{ch7-share-trend}} as the batch grows,
+{{ch7-share-note}}. This tiny model, on a CPU, is still far from the
+1-3% of an LLM run on GPUs: its matrices are small, so each is cheap to multiply in the forward
+pass but the optimizer's per-matrix overheads (several collectives, five Newton-Schulz steps)
+weigh more, and every rank repeats Newton-Schulz for every matrix (the proof of concept's layout,
+{doc}`chapter 5 <05_distributed_step>`). In an LLM, a step processes millions of tokens per optimizer update.
+""")
 
 # %% [markdown]
-# (Shares are means over the ranks.) Here the share {glue:text}`ch7-share-trend` as the batch grows,
-# {glue:text}`ch7-share-note`. This tiny model, on a CPU, is still far from the
-# 1-3% of an LLM run on GPUs: its matrices are small, so each is cheap to multiply in the forward
-# pass but the optimizer's per-matrix overheads (several collectives, five Newton-Schulz steps)
-# weigh more, and every rank repeats Newton-Schulz for every matrix (the proof of concept's layout,
-# {doc}`chapter 5 <05_distributed_step>`). In an LLM, a step processes millions of tokens per optimizer update.
-#
 # ## The asynchronous-communication experiment
 #
 # The report tried `async_op=True` on every collective and found Muon's communication 2.1 x slower
@@ -288,8 +282,6 @@ full_step, full_step_big = (like_for_like_steps(p["ranks"])
                             for p in (profile, profile_big))
 step_ratio, step_ratio_big = (s["muon"] / s["adamw"]
                               for s in (full_step, full_step_big))
-# Muon's optimizer does AdamW's work and more
-assert step_ratio >= 1 and step_ratio_big >= 1
 batch_effect = ("a bigger batch brought it closer to 1"
                 if abs(step_ratio_big - 1) < abs(step_ratio - 1)
                 else "a bigger batch did not bring it closer to 1 here "
@@ -305,8 +297,6 @@ grid_times = ", ".join(f"{k} {spread_text(v)}" for k, v in muon_steps.items())
 PROFILE = "profile_step.py --dp 2 --steps 5, and with --batch 128"
 SWEEP = "bench.py --sweep --grids 4x1,1x4,2x2 --steps 3"
 ASYNC = "bench.py --dp 2 --tp 2 --bucket-numel 200000 --overlap none,naive,prefetch"
-# the summary below says bytes and memory agree exactly
-assert grids["4x1"]["bytes_ratio"] == 1.25 and g22["state_bytes_ratio"] == 0.5
 rows = {
     "comm_bound": (
      f"{grids['4x1']['bytes_ratio']:.3f} in bytes at DP4 (ledger = closed form); "
@@ -349,6 +339,13 @@ rows = {
      "Asynchronous issue followed by an immediate wait overlaps nothing; the change is "
      "overhead and noise."),
 }
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+# Muon's optimizer does AdamW's work and more
+assert step_ratio >= 1 and step_ratio_big >= 1
+# the summary below says bytes and memory agree exactly
+assert grids["4x1"]["bytes_ratio"] == 1.25 and g22["state_bytes_ratio"] == 0.5
 claims.glue_checks("07_profiling", rows)   # shown in the claims appendix
 
 # %% [markdown]

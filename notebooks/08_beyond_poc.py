@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -48,33 +48,36 @@
 # it: {doc}`chapter 10 <10_checkpoints_failures>` saves a run on one grid and layout and resumes it, bit for bit, on another.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # ## Why the proof of concept gathers whole buckets
@@ -98,9 +101,9 @@ elif importlib.util.find_spec("muongrid") is None:
 # and every shard travels padded to the largest. {numref}`fig-ch8-layouts` follows one matrix
 # through the three.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch8-layouts", "caption": "One matrix (`w3`, 676 x 876, of the proof of concept's five) on three DP ranks under each layout, drawn from the plans `build_plan` makes: the piece of its momentum each rank holds (blue, left), who runs Newton-Schulz on the whole matrix (red, middle), and the orthogonalised pieces each rank keeps (right). Bucket: every rank gathers and orthogonalises everything. Owner: only the pieces travel, to one rank and back. Aligned: the cut falls between matrices, so nothing travels."}}
 import matplotlib.pyplot as plt
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab.diagrams import book_style, layouts_diagram
 from muongrid.lab.synthetic import DEFAULT_SHAPES
@@ -113,27 +116,16 @@ plans_by_layout = {
              for d in range(3)]
     for layout in ("bucket", "owner", "aligned")
 }
-glue("ch8-layouts", layouts_diagram(plans_by_layout, "w3"), display=False)
+show(layouts_diagram(plans_by_layout, "w3"))
 plt.close("all")
 
 # %% [markdown]
-# ```{glue:figure} ch8-layouts
-# :name: fig-ch8-layouts
-#
-# One matrix (`w3`, 676 x 876, of the proof of concept's five) on three DP ranks under each
-# layout, drawn from the plans `build_plan` makes: the piece of its momentum each rank holds
-# (blue, left), who runs Newton-Schulz on the whole matrix (red, middle), and the orthogonalised
-# pieces each rank keeps (right). Bucket: every rank gathers and orthogonalises everything. Owner:
-# only the pieces travel, to one rank and back. Aligned: the cut falls between matrices, so
-# nothing travels.
-# ```
-#
 # The three layouts are one choice of the plan (`build_plan(..., layout=...)`); the optimizer, the
 # math and the collectives wrapper are the same. First, all three against the single-device
 # reference, on a 3 x 2 grid whose shards cut through matrices:
 
 # %%
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab.notebook import last_json, run, table
 
@@ -150,6 +142,9 @@ table(["layout", "max abs diff", "NS runs per step", "bytes per rank (min to max
         "round-trips" if res["state_dict_roundtrip"] else "FAILS"]
        for name, res in layouts.items()])
 n_matrices = len(check["shapes"])
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert all(res["ok"] and res["max_abs_diff"] == 0.0 for res in layouts.values())
 assert layouts["bucket"]["ns_calls"] == n_matrices * 3 * 2
 assert layouts["owner"]["ns_calls"] == layouts["aligned"]["ns_calls"] == n_matrices
@@ -191,6 +186,9 @@ table(["matrix", "shape", "TP split dim", "NS GFLOP", "owner", "of it on the own
 total = sum(ns5_flops(*m.full_shape) for m in plan.metas[0])
 print(f"NS GFLOP per rank, owner layout: {[round(x / 1e9, 2) for x in load]}")
 print(f"NS GFLOP per rank, bucket layout: {[round(total / 1e9, 2)] * 4}")
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert max(load) <= total / 4 + max(ns5_flops(*m.full_shape) for m in plan.metas[0])
 
 # %% [markdown]
@@ -206,22 +204,26 @@ assert max(load) <= total / 4 + max(ns5_flops(*m.full_shape) for m in plan.metas
 # %%
 speed = last_json(run("ns_speed.py"))
 pairs = speed["pair_ratios"]
-glue("ch8-ns-ratio", f"{speed['best_ratio']:.0%}", display=False)
-glue("ch8-ns-pairs", f"{min(pairs):.0%} to {max(pairs):.0%}", display=False)
 # a verdict from the fastest runs, which load can only slow (no assert: load moves it)
 close = ("close enough to the matmul rate that FLOPs are a fair measure of its "
          "time")
 rough = ("well below the matmul rate in this run, so FLOPs measure its time only "
          "roughly here (a busy machine, or elementwise work between the matmuls "
          "that weighs more where matmuls are fast)")
-glue("ch8-ns-verdict", close if speed["best_ratio"] >= 0.7 else rough,
-     display=False)
 
-# %% [markdown]
-# Here NS5's fastest run reached {glue:text}`ch8-ns-ratio` of the fastest matmul's rate: NS5 runs
-# {glue:text}`ch8-ns-verdict`. The fastest runs are the measure because other work on a shared
-# machine only ever adds time; run by run, in back-to-back pairs, the ratio went from
-# {glue:text}`ch8-ns-pairs`, which is that load, not the kernels.
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch8-ns-ratio", f"{speed['best_ratio']:.0%}")
+keep("ch8-ns-pairs", f"{min(pairs):.0%} to {max(pairs):.0%}")
+keep("ch8-ns-verdict", close if speed["best_ratio"] >= 0.7 else rough)
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+Here NS5's fastest run reached {{ch8-ns-ratio}} of the fastest matmul's rate: NS5 runs
+{{ch8-ns-verdict}}. The fastest runs are the measure because other work on a shared
+machine only ever adds time; run by run, in back-to-back pairs, the ratio went from
+{{ch8-ns-pairs}}, which is that load, not the kernels.
+""")
 
 # %% [markdown]
 # ## What travels: three layouts, rank by rank
@@ -231,7 +233,7 @@ glue("ch8-ns-verdict", close if speed["best_ratio"] >= 0.7 else rough,
 # the closed form ([`muongrid/lab/costmodel.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/costmodel.py): byte formulas written from the algorithm, geometry read
 # from the plan), for every rank of the 3 x 2 grid:
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch8-bytes", "caption": "Bytes each rank of a 3 x 2 grid sends in one step, by phase, under the three layouts (the proof-of-concept matrices): bars from the ledger, black marks from the closed form."}}
 import matplotlib.pyplot as plt
 
 from muongrid.lab import palette
@@ -260,17 +262,10 @@ handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels
 fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=3, fontsize=8,
            frameon=False)
 fig.tight_layout(rect=(0, 0.1, 1, 1))
-glue("ch8-bytes", fig, display=False)
+show(fig)
 plt.close(fig)
 
 # %% [markdown]
-# ```{glue:figure} ch8-bytes
-# :name: fig-ch8-bytes
-#
-# Bytes each rank of a 3 x 2 grid sends in one step, by phase, under the three layouts (the
-# proof-of-concept matrices): bars from the ledger, black marks from the closed form.
-# ```
-#
 # The black marks in {numref}`fig-ch8-bytes` are the closed form; the bars are what the ledger
 # counted. They are equal on every rank and every layout. Three things to read off:
 #
@@ -324,6 +319,9 @@ dp4, tp2 = recorded["4x1"]["result"], recorded["2x2"]["result"]
 print(provenance_text(recorded["4x1"]), end="\n\n")
 layout_table(dp4)
 L = dp4["layouts"]
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert (L["bucket"]["bytes_ratio"] == 1.25 and 1.0 <= L["aligned"]["bytes_ratio"]
         and L["owner"]["bytes_ratio"] < 1.25)
 
@@ -353,7 +351,7 @@ assert (L["bucket"]["bytes_ratio"] == 1.25 and 1.0 <= L["aligned"]["bytes_ratio"
 print(provenance_text(recorded["2x2"]), end="\n\n")
 layout_table(tp2)
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch8-times", "caption": "Recorded step times on the 4-layer stack, median with min-max bars over seven steps: one process with every core, and four ranks on the same cores under each layout, Muon (orange) beside AdamW (blue), on a 4 x 1 and a 2 x 2 grid."}}
 import numpy as np  # noqa: E402
 
 fig, axes = plt.subplots(2, 1, figsize=(6.4, 6.0), sharex=True)
@@ -375,9 +373,8 @@ for ax, b in zip(axes, (dp4, tp2)):
     ax.set_xticklabels(names)
 axes[0].legend(fontsize=8)
 fig.tight_layout()
-glue("ch8-times", fig, display=False)
+show(fig)
 plt.close(fig)
-assert tp2["layouts"]["owner"]["ns_calls"] * 4 == tp2["layouts"]["bucket"]["ns_calls"]
 for b in (dp4, tp2):
     O, B = (b["layouts"][k]["muon_overhead_ratio_all"] for k in ("owner", "bucket"))
     # the claim below: owner's median below half of bucket's, on both grids
@@ -386,30 +383,29 @@ for b in (dp4, tp2):
         f"{spread(O)}, bucket {spread(B)}): recorded on a busy machine? make record")
 bucket_x = [b["layouts"]["bucket"]["step_seconds"] / b["single"]["muon"]
             for b in (dp4, tp2)]
-glue("ch8-bucket-x", f"{min(bucket_x):.1f}-{max(bucket_x):.1f}", display=False)
 efficiency = [v["grid_efficiency"] for b in (dp4, tp2) for v in b["layouts"].values()]
-glue("ch8-efficiency", f"{min(efficiency):.2f}-{max(efficiency):.2f}", display=False)
-glue("ch8-efficiency-note", "none of them above 1" if max(efficiency) <= 1.0 else
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert tp2["layouts"]["owner"]["ns_calls"] * 4 == tp2["layouts"]["bucket"]["ns_calls"]
+keep("ch8-bucket-x", f"{min(bucket_x):.1f}-{max(bucket_x):.1f}")
+keep("ch8-efficiency", f"{min(efficiency):.2f}-{max(efficiency):.2f}")
+keep("ch8-efficiency-note", "none of them above 1" if max(efficiency) <= 1.0 else
      "those above 1 mean the one-process baseline, timed at another moment than the "
-     "grid, met a busier machine", display=False)
+     "grid, met a busier machine")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+In {numref}`fig-ch8-times`, the bucket layout's Muon step is {{ch8-bucket-x}} times the
+single process's on the two grids: every rank repeats every Newton-Schulz run, and four ranks on
+two cores run each at a quarter of the machine. The grid efficiencies range over
+{{ch8-efficiency}} ({{ch8-efficiency-note}}). The owner layouts do the work once, spread over the ranks, so their
+median overhead ratio is less than half the bucket layout's on both grids (the cell above checks
+it). What they pay beyond the ideal 1 is the pieces' traffic and the imbalance
+of four shapes over four ranks.
+""")
 
 # %% [markdown]
-# ```{glue:figure} ch8-times
-# :name: fig-ch8-times
-#
-# Recorded step times on the 4-layer stack, median with min-max bars over seven steps: one process
-# with every core, and four ranks on the same cores under each layout, Muon (orange) beside AdamW
-# (blue), on a 4 x 1 and a 2 x 2 grid.
-# ```
-#
-# In {numref}`fig-ch8-times`, the bucket layout's Muon step is {glue:text}`ch8-bucket-x` times the
-# single process's on the two grids: every rank repeats every Newton-Schulz run, and four ranks on
-# two cores run each at a quarter of the machine. The grid efficiencies range over
-# {glue:text}`ch8-efficiency` ({glue:text}`ch8-efficiency-note`). The owner layouts do the work once, spread over the ranks, so their
-# median overhead ratio is less than half the bucket layout's on both grids (the cell above checks
-# it). What they pay beyond the ideal 1 is the pieces' traffic and the imbalance
-# of four shapes over four ranks.
-#
 # Now the same 2 x 2 benchmark, live, on the machine that builds this page, with fewer steps and the
 # two layouts the claim compares. Its bytes must equal the recorded run's (they depend only on the shapes and the grid, so a difference
 # means the code changed since the recording and `make record` is due); its times are this
@@ -423,10 +419,6 @@ live = last_json(run("bench.py --dp 2 --tp 2 --layout bucket,owner --single "
                      "--stack 4 --steps 2 --warmup 1", log="collapsed"))
 
 # %%
-for name, v in live["layouts"].items():
-    assert v["bytes_mean"] == tp2["layouts"][name]["bytes_mean"], (
-        f"{name}: {v['bytes_mean']} bytes live, {tp2['layouts'][name]['bytes_mean']} "
-        "recorded; the code changed since book/data was recorded: run make record")
 print(f"this machine, now (load average {load_now:.1f} as it began), "
       f"{live['steps']} measured steps; bytes equal the recorded run's")
 table(["layout", "Muon overhead ratio, recorded", "this machine, now"],
@@ -434,16 +426,24 @@ table(["layout", "Muon overhead ratio, recorded", "this machine, now"],
         ratio_text(v["muon_overhead_ratio_all"])]
        for name, v in live["layouts"].items()], align="lrr")
 O, B = (live["layouts"][k]["muon_overhead_ratio_all"] for k in ("owner", "bucket"))
-glue("ch8-live-verdict",
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+for name, v in live["layouts"].items():
+    assert v["bytes_mean"] == tp2["layouts"][name]["bytes_mean"], (
+        f"{name}: {v['bytes_mean']} bytes live, {tp2['layouts'][name]['bytes_mean']} "
+        "recorded; the code changed since book/data was recorded: run make record")
+keep("ch8-live-verdict",
      "holds here too" if spread(O)[1] < spread(B)[1] / 2 else
      "does not hold in this live run: the machine was busy, and a busy machine can "
-     "give one step anything, which is why the claim rests on the recorded run",
-     display=False)
+     "give one step anything, which is why the claim rests on the recorded run")
 
-# %% [markdown]
-# The claim above, owner's median below half of bucket's, {glue:text}`ch8-live-verdict`. Expect the live
-# numbers to differ from the recorded ones by tens of percent on a shared laptop; the byte counts
-# never do.
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+The claim above, owner's median below half of bucket's, {{ch8-live-verdict}}. Expect the live
+numbers to differ from the recorded ones by tens of percent on a shared laptop; the byte counts
+never do.
+""")
 
 # %% [markdown]
 # ## Overlap, done properly
@@ -473,19 +473,24 @@ table(["variant", "step", "in collectives"],
 waits = {mode: v[name]["comm_seconds_all"] for mode, name in OVERLAPS.items()}
 steps = {mode: v[name]["step_seconds_all"] for mode, name in OVERLAPS.items()}
 print(f"in collectives: {fastest_text(waits)}\nstep: {fastest_text(steps)}")
-glue("ch8-overlap-waits",
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch8-overlap-waits",
      "prefetch is clearly the shortest, outside the noise band"
      if fastest(waits) == ["prefetch"]
-     else f"the run cannot separate them ({fastest_text(waits)})", display=False)
-glue("ch8-overlap-steps", "step: " + fastest_text(steps), display=False)
+     else f"the run cannot separate them ({fastest_text(waits)})")
+keep("ch8-overlap-steps", "step: " + fastest_text(steps))
 
-# %% [markdown]
-# "In collectives" is the time rank 0 spent inside or waiting for a collective. Prefetch is built
-# to shorten it, because a rank no longer waits for each bucket's busiest owner; in the recorded
-# run {glue:text}`ch8-overlap-waits` (a winner needs medians 10% apart and ranges that do not
-# overlap: [`muongrid/lab/verdicts.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/verdicts.py)). The whole step moves less than the
-# waiting does ({glue:text}`ch8-overlap-steps`), since the ranks still share the same two cores;
-# on a GPU, where collectives run on their own hardware queue, overlap is what hides the traffic.
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+"In collectives" is the time rank 0 spent inside or waiting for a collective. Prefetch is built
+to shorten it, because a rank no longer waits for each bucket's busiest owner; in the recorded
+run {{ch8-overlap-waits}} (a winner needs medians 10% apart and ranges that do not
+overlap: [`muongrid/lab/verdicts.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/verdicts.py)). The whole step moves less than the
+waiting does ({{ch8-overlap-steps}}), since the ranks still share the same two cores;
+on a GPU, where collectives run on their own hardware queue, overlap is what hides the traffic.
+""")
 
 # %% [markdown]
 # ## When one matrix dominates
@@ -506,7 +511,6 @@ busiest = sum(f for (g, i), f in zip(sorted(owners), flops)
               if owners[(g, i)] == owners[(0, 0)])
 print(f"on a 2 x 2 grid its owner, rank {owners[(0, 0)]}, does "
       f"{busiest / sum(flops):.1%} of the work")
-glue("ch8-big-share", f"{share:.1%}", display=False)
 import os  # noqa: E402
 
 cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -514,19 +518,25 @@ cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
 # the launcher gives each of 4 ranks cores // 4 threads
 bound = cores / max(1, cores // 4) * busiest / sum(flops)
 print(f"bound on the owner layout's Muon overhead ratio here: {bound:.2f}")
-glue("ch8-bound", f"{bound:.1f}", display=False)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch8-big-share", f"{share:.1%}")
+keep("ch8-bound", f"{bound:.1f}")
 assert share > 0.98
 
-# %% [markdown]
-# One rank does almost all of it ({glue:text}`ch8-big-share` of the FLOPs sit in one matrix), with
-# the threads the launcher gives each of four ranks (a quarter of the cores, at least one), while one
-# process uses them all. So the owner layout cannot beat that bound on these shapes: its
-# Muon overhead ratio is near (cores / cores per rank) x (owner's share), {glue:text}`ch8-bound` on this machine,
-# whatever else is done right. The way past it is to split the big matrix's work, which
-# Newton-Schulz does not allow without communication inside every iteration (each step needs
-# $XX^\top$ of the whole matrix); systems with such matrices give the owner more hardware, or batch
-# same-shape matrices. On a real model with many matrices of a few shapes, as the stack above, the
-# balance is good and the ratio is close to 1.
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+One rank does almost all of it ({{ch8-big-share}} of the FLOPs sit in one matrix), with
+the threads the launcher gives each of four ranks (a quarter of the cores, at least one), while one
+process uses them all. So the owner layout cannot beat that bound on these shapes: its
+Muon overhead ratio is near (cores / cores per rank) x (owner's share), {{ch8-bound}} on this machine,
+whatever else is done right. The way past it is to split the big matrix's work, which
+Newton-Schulz does not allow without communication inside every iteration (each step needs
+$XX^\top$ of the whole matrix); systems with such matrices give the owner more hardware, or batch
+same-shape matrices. On a real model with many matrices of a few shapes, as the stack above, the
+balance is good and the ratio is close to 1.
+""")
 
 # %% [markdown]
 # ## Where each layout wins
@@ -543,25 +553,29 @@ assert share > 0.98
 # of concept describe, and the other two are checked against the same single-device reference.
 #
 # ## Summary
-#
-# - The proof of concept's bucket layout orthogonalises every matrix on all $d \times t$ ranks. An
-#   {term}`owner layout <owner layout>` keeps the same ZeRO-1 shards and gives each matrix one owner,
-#   chosen from the plan alone (largest Newton-Schulz FLOPs first, to the least-loaded rank), so every
-#   rank agrees without talking; the {term}`aligned layout` cuts the shards between matrices instead.
-# - All three layouts gave the single-device parameters bit for bit on a 3 x 2 grid whose shards cut
-#   through matrices, and ran Newton-Schulz $d \times t$ times (bucket) or once (owner, aligned) per
-#   matrix.
-# - Every rank's ledger equals the closed form, phase by phase. On a DP-only grid the bucket layout
-#   sits at exactly 1.25 x AdamW's bytes, the owner layout below it, the aligned layout at 1 plus
-#   padding; with TP the owners must also collect the TP shards.
-# - On the 4-layer stack the owner layout's Muon overhead ratio was below half the bucket layout's
-#   on both grids in the recorded runs, median against median (the cell that draws {numref}`fig-ch8-times`
-#   asserts it), and the live rerun says whether it held on this build's machine; with one dominant matrix the
-#   owner of that matrix bounds the ratio ({glue:text}`ch8-bound` on this machine), whatever else is
-#   done right.
-# - Owners need overlap: with `prefetch` every bucket's pieces go out first and each result goes back
-#   as soon as it is ready, so a rank no longer waits for each bucket's busiest owner.
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+- The proof of concept's bucket layout orthogonalises every matrix on all $d \times t$ ranks. An
+  {term}`owner layout <owner layout>` keeps the same ZeRO-1 shards and gives each matrix one owner,
+  chosen from the plan alone (largest Newton-Schulz FLOPs first, to the least-loaded rank), so every
+  rank agrees without talking; the {term}`aligned layout` cuts the shards between matrices instead.
+- All three layouts gave the single-device parameters bit for bit on a 3 x 2 grid whose shards cut
+  through matrices, and ran Newton-Schulz $d \times t$ times (bucket) or once (owner, aligned) per
+  matrix.
+- Every rank's ledger equals the closed form, phase by phase. On a DP-only grid the bucket layout
+  sits at exactly 1.25 x AdamW's bytes, the owner layout below it, the aligned layout at 1 plus
+  padding; with TP the owners must also collect the TP shards.
+- On the 4-layer stack the owner layout's Muon overhead ratio was below half the bucket layout's
+  on both grids in the recorded runs, median against median (the cell that draws {numref}`fig-ch8-times`
+  asserts it), and the live rerun says whether it held on this build's machine; with one dominant matrix the
+  owner of that matrix bounds the ratio ({{ch8-bound}} on this machine), whatever else is
+  done right.
+- Owners need overlap: with `prefetch` every bucket's pieces go out first and each result goes back
+  as soon as it is ready, so a rank no longer waits for each bucket's busiest owner.
+""")
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. Run `python scripts/verify.py --dp 4 --layout owner --groups 1 --shapes 64x64,64x64,64x64,64x64`
@@ -571,27 +585,30 @@ assert share > 0.98
 #    compare the Muon overhead ratio with the bound above.
 # 3. The aligned layout's buckets hold `dp` times more elements than the others. Set
 #    `--bucket-numel` small in `verify.py --layout aligned` and watch the ZeRO-1 bytes grow: why?
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. Owners `{"0.0": 0, "0.1": 1, "0.2": 2, "0.3": 3}` and `ns_to_owner` 0 bytes (the
-#    printed ledger of rank 0 shows 0 elements in `ns_to_owner` and `ns_from_owner`). Four equal
-#    matrices in one bucket of four equal shards: each matrix is exactly one shard. In decreasing
-#    FLOPs (all equal, so in plan order) each goes to a least-loaded rank, ties to the rank holding
-#    most of it: its own shard's rank, so nothing travels to an owner. Without `--groups 1` there are
-#    two groups, each a bucket of two matrices cut into four shards, so every matrix straddles two
-#    ranks and half of it travels: rank 0's ledger then shows 2,048 elements (4,096 bf16 bytes) in
-#    `ns_to_owner` and the same back, out of the 4,096 elements it holds.
-# 2. The command prints the layout's line `layout owner ... grid efficiency ..., Muon overhead ratio
-#    ...` at the end of its table; the ratio is a timing, so it is that run's number, not one this
-#    page can state. It lands near the bound printed above ({glue:text}`ch8-bound` on this build's
-#    machine) and not below it: one rank owns the 4096 x 4096 matrix and runs it with a quarter of the
-#    cores, while the single process uses all of them.
-# 3. `python scripts/verify.py --dp 4 --layout aligned` sends 7,784,640 bytes in rank 0's
-#    `grad_reduce_scatter` (2 buckets); with `--bucket-numel 20000` it sends 8,463,360 (4 buckets),
-#    and the `param_all_gather` grows by the same amount (bytes from the printed ledger; they depend
-#    only on the shapes and the grid). With small buckets a bucket holds few matrices, so the cuts
-#    between matrices cannot make the shards equal; every shard travels padded to the largest, in the
-#    reduce-scatter and in the all-gather.
-# :::
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. Owners `{"0.0": 0, "0.1": 1, "0.2": 2, "0.3": 3}` and `ns_to_owner` 0 bytes (the
+   printed ledger of rank 0 shows 0 elements in `ns_to_owner` and `ns_from_owner`). Four equal
+   matrices in one bucket of four equal shards: each matrix is exactly one shard. In decreasing
+   FLOPs (all equal, so in plan order) each goes to a least-loaded rank, ties to the rank holding
+   most of it: its own shard's rank, so nothing travels to an owner. Without `--groups 1` there are
+   two groups, each a bucket of two matrices cut into four shards, so every matrix straddles two
+   ranks and half of it travels: rank 0's ledger then shows 2,048 elements (4,096 bf16 bytes) in
+   `ns_to_owner` and the same back, out of the 4,096 elements it holds.
+2. The command prints the layout's line `layout owner ... grid efficiency ..., Muon overhead ratio
+   ...` at the end of its table; the ratio is a timing, so it is that run's number, not one this
+   page can state. It lands near the bound printed above ({{ch8-bound}} on this build's
+   machine) and not below it: one rank owns the 4096 x 4096 matrix and runs it with a quarter of the
+   cores, while the single process uses all of them.
+3. `python scripts/verify.py --dp 4 --layout aligned` sends 7,784,640 bytes in rank 0's
+   `grad_reduce_scatter` (2 buckets); with `--bucket-numel 20000` it sends 8,463,360 (4 buckets),
+   and the `param_all_gather` grows by the same amount (bytes from the printed ledger; they depend
+   only on the shapes and the grid). With small buckets a bucket holds few matrices, so the cuts
+   between matrices cannot make the shards equal; every shard travels padded to the largest, in the
+   reduce-scatter and in the all-gather.
+:::
+""")

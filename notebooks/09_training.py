@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -42,48 +42,41 @@
 # - say which of the paper's and the report's claims hold for a real model on this machine.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # ## The model, split with PyTorch's own layers
-#
-# The model is {doc}`chapter 1 <01_muon>`'s character-level GPT ({glue:text}`ch9-model`, trained on Python's own
-# documentation), made tensor-parallel by [`muongrid/lab/tpgpt.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/tpgpt.py) with
-# `torch.distributed.tensor.parallel.parallelize_module` on the grid's "tp" mesh dimension. It is
-# Megatron-LM's split {cite:p}`shoeybi2019megatron`: in each block the fused query-key-value
-# projection and the first MLP matrix are `ColwiseParallel` (each TP rank holds some of the output
-# rows, so whole attention heads and a slice of the MLP's hidden units), and the attention output
-# and the second MLP matrix are `RowwiseParallel` (each rank holds the matching input columns; the
-# partial outputs are summed by one all-reduce per sub-layer). The embeddings, the norms and the
-# output head stay whole on every TP rank: at this size they are a few percent of the work, and a
-# whole head keeps the loss a plain cross-entropy.
-#
+
+# %% [markdown]
 # The optimizer is given no list of which matrix is split how. `DistributedMuon` reads it from each
 # parameter's DTensor placement (`Shard(0)`: rows, `Shard(1)`: columns, `Replicate()` or a plain
 # tensor: not split) and works on the local shards. For Newton-Schulz it gathers a split matrix
@@ -96,7 +89,7 @@ elif importlib.util.find_spec("muongrid") is None:
 
 # %%
 import matplotlib.pyplot as plt
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab.notebook import last_json, run, table
 
@@ -105,8 +98,6 @@ runs = {(2, 2): last_json(run(f"train.py --dp 2 --tp 2 --layout owner {COMMON}")
 
 # %%
 first = runs[(2, 2)]
-glue("ch9-model", f"{first['layers']} transformer blocks, width {first['width']}, "
-     f"{first['heads']} heads, {first['n_params']:,} parameters", display=False)
 table(["parameter", "placement the plan read", "TP split dim"],
       [[name,
         {0: "Shard(0): rows", 1: "Shard(1): columns"}.get(dim,
@@ -114,7 +105,26 @@ table(["parameter", "placement the plan read", "TP split dim"],
         dim]
        for name, dim in first["tp_split_dims"].items() if name.startswith("blocks.0.")])
 
-# %% tags=["hide-input"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch9-model", f"{first['layers']} transformer blocks, width {first['width']}, "
+     f"{first['heads']} heads, {first['n_params']:,} parameters")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+The model is {doc}`chapter 1 <01_muon>`'s character-level GPT ({{ch9-model}}, trained on Python's own
+documentation), made tensor-parallel by [`muongrid/lab/tpgpt.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/tpgpt.py) with
+`torch.distributed.tensor.parallel.parallelize_module` on the grid's "tp" mesh dimension. It is
+Megatron-LM's split {cite:p}`shoeybi2019megatron`: in each block the fused query-key-value
+projection and the first MLP matrix are `ColwiseParallel` (each TP rank holds some of the output
+rows, so whole attention heads and a slice of the MLP's hidden units), and the attention output
+and the second MLP matrix are `RowwiseParallel` (each rank holds the matching input columns; the
+partial outputs are summed by one all-reduce per sub-layer). The embeddings, the norms and the
+output head stay whole on every TP rank: at this size they are a few percent of the work, and a
+whole head keeps the loss a plain cross-entropy.
+""")
+
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-tp-plan", "caption": "The four matrices of one block, drawn to scale, and what each of the two TP ranks holds, as the optimizer read it from the placements: the column-parallel `qkv` and `fc` are cut into rows, the row-parallel `proj` and `out` into columns."}}
 from muongrid.lab import palette
 from muongrid.lab.charlm import TinyGPT
 
@@ -142,18 +152,10 @@ ax.set(xlim=(-10, x), ylim=(max(shapes[n][0] for n in matrices) + 10, -150),
        aspect="equal")
 ax.axis("off")
 fig.tight_layout()
-glue("ch9-tp-plan", fig, display=False)
+show(fig)
 plt.close(fig)
 
 # %% [markdown]
-# ```{glue:figure} ch9-tp-plan
-# :name: fig-ch9-tp-plan
-#
-# The four matrices of one block, drawn to scale, and what each of the two TP ranks holds, as the
-# optimizer read it from the placements: the column-parallel `qkv` and `fc` are cut into rows, the
-# row-parallel `proj` and `out` into columns.
-# ```
-#
 # ## Same data, four grids, one loss curve
 #
 # `train.py` draws each step's global batch from one seeded generator on every rank, and each DP
@@ -167,7 +169,7 @@ for dp, tp_ in [(1, 1), (2, 1), (1, 2)]:
     runs[(dp, tp_)] = last_json(run(f"train.py --dp {dp} --tp {tp_} --layout owner "
                                     f"{COMMON} --metrics-every 0", log="collapsed"))
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch9-grids", "caption": "Training loss per step of the same run on four grids (top) and each grid's distance from the one-process run (bottom, log scale)."}}
 ref = runs[(1, 1)]["step_loss"]
 fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 4.4), sharex=True,
                                   height_ratios=[2, 1])
@@ -184,33 +186,32 @@ top.set(ylabel="training loss (nats)")
 top.legend(title="DP x TP", fontsize=8)
 bottom.set(xlabel="step", ylabel="|loss - 1 x 1|")
 fig.tight_layout()
-glue("ch9-grids", fig, display=False)
+show(fig)
 plt.close(fig)
 worst = max(drift.values())
 table(["grid", "largest |loss - 1 x 1| over 20 steps"],
       [[g, f"{d:.1e}"] for g, d in drift.items()])
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert worst < 2e-3, drift  # tests/test_train.py's tolerance, justified there
-glue("ch9-grid-drift", f"{worst:.0e}", display=False)
-glue("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}", display=False)
+keep("ch9-grid-drift", f"{worst:.0e}")
+keep("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+The curves lie on top of each other (the loss falls from {{ch9-loss-fall}} nats in 20
+steps) and differ by at most {{ch9-grid-drift}} nats. They are not bit for bit the
+same, unlike the synthetic runs of chapters 5 and 8, and should not be: DP sums the gradients of
+two half-batch means where one process takes one mean over the whole batch, and TP splits each
+matrix product in two and adds the halves with an all-reduce. The same numbers are added in
+another order, so fp32 results differ in their last bits, and Newton-Schulz, which runs in bf16,
+can round such a difference up to a bf16 step. [`tests/test_train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_train.py) allows 2e-3 nats, far below
+what a real fault does: it explains the margin, and exercise 4 lets you break the data split and
+watch the curves part.
+""")
 
 # %% [markdown]
-# ```{glue:figure} ch9-grids
-# :name: fig-ch9-grids
-#
-# Training loss per step of the same run on four grids (top) and each grid's distance from the
-# one-process run (bottom, log scale).
-# ```
-#
-# The curves lie on top of each other (the loss falls from {glue:text}`ch9-loss-fall` nats in 20
-# steps) and differ by at most {glue:text}`ch9-grid-drift` nats. They are not bit for bit the
-# same, unlike the synthetic runs of chapters 5 and 8, and should not be: DP sums the gradients of
-# two half-batch means where one process takes one mean over the whole batch, and TP splits each
-# matrix product in two and adds the halves with an all-reduce. The same numbers are added in
-# another order, so fp32 results differ in their last bits, and Newton-Schulz, which runs in bf16,
-# can round such a difference up to a bf16 step. [`tests/test_train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_train.py) allows 2e-3 nats, far below
-# what a real fault does: it explains the margin, and exercise 4 lets you break the data split and
-# watch the curves part.
-#
 # ## What Newton-Schulz does to the momentum
 #
 # While it trains, `train.py` can measure, for every Muon matrix, what goes into Newton-Schulz (the
@@ -221,7 +222,7 @@ glue("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}", display=False)
 # directions that carry weight, equal to the rank when all singular values are equal and 1 when
 # one dominates. **Largest / median** says how lopsided the spectrum is.
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch9-spectra", "caption": "Every Muon matrix of the 2 x 2 run, measured every 10 steps: the effective rank (left) and the largest over the median singular value (right, log scale) of the momentum that enters Newton-Schulz (dashed) and of the update that leaves it (solid)."}}
 measured = first["state_metrics"]
 last = measured[-1]
 rows = []
@@ -261,35 +262,33 @@ key += [plt.Line2D([], [], color="black", ls="--", lw=1, label="into NS (momentu
         plt.Line2D([], [], color="black", lw=1.5, label="out of NS (update)")]
 fig.legend(handles=key, loc="lower center", ncol=3, fontsize=8, frameon=False)
 fig.tight_layout(rect=(0, 0.2, 1, 1))
-glue("ch9-spectra", fig, display=False)
+show(fig)
 plt.close(fig)
 rms = [m["update_rms"] for m in last["matrices"].values()]
-glue("ch9-update-rms", f"{min(rms):.2f} to {max(rms):.2f}", display=False)
 gain = min(m["out_effective_rank"] / m["in_effective_rank"]
            for m in last["matrices"].values())
-glue("ch9-rank-gain", f"{gain:.1f}", display=False)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch9-update-rms", f"{min(rms):.2f} to {max(rms):.2f}")
+keep("ch9-rank-gain", f"{gain:.1f}")
 # the text says Newton-Schulz raises every matrix's effective rank several-fold
 assert gain > 1.5, gain
 
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+The momentum is lopsided: a few directions carry most of it, as {doc}`chapter 1 <01_muon>` showed for gradients.
+Newton-Schulz multiplies every matrix's effective rank by at least {{ch9-rank-gain}}
+and brings largest / median down towards 1: the update moves the weights in many directions
+at once instead of a few. It does not make the spectrum exactly flat: the quintic iteration's
+coefficients trade exactness for speed, and leave singular values spread around 1 ({doc}`chapter 1 <01_muon>`).
+The update RMS, after Moonshot's per-matrix scale `0.2 * sqrt(max(A, B))`, is
+{{ch9-update-rms}} for every matrix, near the 0.2 typical of AdamW's updates, which is
+what that scale is for {cite:p}`liu2025muonscalable`: the same learning rate is a sound start for
+both (the study below tunes it).
+""")
+
 # %% [markdown]
-# ```{glue:figure} ch9-spectra
-# :name: fig-ch9-spectra
-#
-# Every Muon matrix of the 2 x 2 run, measured every 10 steps: the effective rank (left) and the
-# largest over the median singular value (right, log scale) of the momentum that enters
-# Newton-Schulz (dashed) and of the update that leaves it (solid).
-# ```
-#
-# The momentum is lopsided: a few directions carry most of it, as {doc}`chapter 1 <01_muon>` showed for gradients.
-# Newton-Schulz multiplies every matrix's effective rank by at least {glue:text}`ch9-rank-gain`
-# and brings largest / median down towards 1: the update moves the weights in many directions
-# at once instead of a few. It does not make the spectrum exactly flat: the quintic iteration's
-# coefficients trade exactness for speed, and leave singular values spread around 1 ({doc}`chapter 1 <01_muon>`).
-# The update RMS, after Moonshot's per-matrix scale `0.2 * sqrt(max(A, B))`, is
-# {glue:text}`ch9-update-rms` for every matrix, near the 0.2 typical of AdamW's updates, which is
-# what that scale is for {cite:p}`liu2025muonscalable`: the same learning rate is a sound start for
-# both (the study below tunes it).
-#
 # ## Is Muon better here? A study with tuned learning rates
 #
 # The paper reports that Muon needs about half of AdamW's training compute for the same loss
@@ -324,14 +323,17 @@ print(f"{len(study['runs'])} runs, "
 print(f"model: width {cfg['width']}, {cfg['layers']} layers, {cfg['heads']} heads; "
       f"{cfg['steps']} steps of {cfg['batch']} x {cfg['context']} characters = "
       f"{s['total_tokens']:,} tokens; warm-up {cfg['warmup']}, cosine")
-assert study["complete"]
 table(["learning rate", *(f"{o} final val loss" for o in ("AdamW", "hybrid Muon"))],
       [[f"{lr:g}", *(next((f"{r['final_val_loss']:.4f}" for r in s["sweep"][o]
                            if r["lr"] == lr), "-")
                      for o in ("adamw", "hybrid"))]
        for lr in sorted({r["lr"] for o in ("adamw", "hybrid") for r in s["sweep"][o]})])
 
-# %% tags=["hide-input"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert study["complete"]
+
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-study", "caption": "The recorded study. Left: final validation loss of each learning rate (seed 0). Right: validation loss against tokens at each optimizer's best learning rate, the mean of the seeds and a band of one standard deviation; the dotted lines mark AdamW's final loss and where the hybrid's mean first reaches it."}}
 NAMES = {"adamw": "AdamW", "hybrid": "hybrid Muon"}
 COLORS = {"adamw": palette.OPTIMIZER["adamw"], "hybrid": palette.OPTIMIZER["muon"]}
 fig, (left, right) = plt.subplots(1, 2, figsize=(7.2, 3.0), width_ratios=[1, 1.6])
@@ -368,7 +370,7 @@ right.legend(fontsize=8)
 for ax in (left, right):
     ax.title.set_fontsize(9)
 fig.tight_layout()
-glue("ch9-study", fig, display=False)
+show(fig)
 plt.close(fig)
 
 a, h = s["curves"]["adamw"], s["curves"]["hybrid"]
@@ -382,15 +384,6 @@ table(["", "AdamW", "hybrid Muon"],
         f"{h['mean'][-1]:.4f} +- {h['std'][-1]:.4f}"],
        ["seeds' final losses", ", ".join(f"{x:.4f}" for x in a["final"]),
         ", ".join(f"{x:.4f}" for x in h["final"])]])
-# a best at the edge would need a wider sweep
-assert not any(s["best_at_edge"].values()), s["best_at_edge"]
-assert gap > 0, ("the text below and the summary say the hybrid ended lower: rewrite "
-                 "them if it did not")
-glue("ch9-gap", f"{gap:+.3f}", display=False)
-glue("ch9-gap-rel", f"{gap / a['mean'][-1]:.1%}", display=False)
-glue("ch9-fraction", "never, within this budget" if frac is None else f"{frac:.0%}",
-     display=False)
-glue("ch9-tokens", f"{s['total_tokens'] / 1e6:.2f} million", display=False)
 from muongrid.lab.charlm import load_corpus
 from muongrid.optim import hybrid_param_groups
 
@@ -398,58 +391,64 @@ gpt = TinyGPT(vocab_size=load_corpus()["vocab_size"], d=cfg["width"],
               n_layer=cfg["layers"])
 routed = sum(p.numel() for g in hybrid_param_groups(gpt.named_parameters())
              if g["use_muon"] for p in g["params"])
-glue("ch9-params", f"{sum(p.numel() for p in gpt.parameters()) / 1e3:.0f} thousand",
-     display=False)
-glue("ch9-muon-share", f"{routed / sum(p.numel() for p in gpt.parameters()):.0%}",
-     display=False)
-glue("ch9-separated", "every hybrid seed ended below every AdamW seed"
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+# a best at the edge would need a wider sweep
+assert not any(s["best_at_edge"].values()), s["best_at_edge"]
+assert gap > 0, ("the text below and the summary say the hybrid ended lower: rewrite "
+                 "them if it did not")
+keep("ch9-gap", f"{gap:+.3f}")
+keep("ch9-gap-rel", f"{gap / a['mean'][-1]:.1%}")
+keep("ch9-fraction", "never, within this budget" if frac is None else f"{frac:.0%}")
+keep("ch9-tokens", f"{s['total_tokens'] / 1e6:.2f} million")
+keep("ch9-params", f"{sum(p.numel() for p in gpt.parameters()) / 1e3:.0f} thousand")
+keep("ch9-muon-share", f"{routed / sum(p.numel() for p in gpt.parameters()):.0%}")
+keep("ch9-separated", "every hybrid seed ended below every AdamW seed"
      if max(h["final"]) < min(a["final"])
      else ("every AdamW seed ended below every hybrid seed"
            if max(a["final"]) < min(h["final"])
-           else "the seeds' final losses overlap"), display=False)
+           else "the seeds' final losses overlap"))
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+At equal tokens ({{ch9-tokens}}), AdamW's final validation loss minus the hybrid's is
+{{ch9-gap}} nats ({{ch9-gap-rel}} of AdamW's loss), and
+{{ch9-separated}}. The hybrid reaches AdamW's final loss after
+{{ch9-fraction}} of the tokens AdamW needed.
+
+How far does this carry? It is one small model ({{ch9-params}} parameters, of which
+Muon handles the {{ch9-muon-share}} in the blocks' matrices), one dataset of
+characters, a short run and a few seeds. It agrees in direction with the paper's "about half
+the compute" at scale, and it says nothing about how the gap grows with size: the paper's
+scaling-law fits are what that rests on. What it does show is that the gain does not come from a poorly tuned baseline: both
+optimizers got the same sweep, and the best of each is inside its sweep, not at its edge.
+""")
 
 # %% [markdown]
-# ```{glue:figure} ch9-study
-# :name: fig-ch9-study
-#
-# The recorded study. Left: final validation loss of each learning rate (seed 0). Right: validation
-# loss against tokens at each optimizer's best learning rate, the mean of the seeds and a band of
-# one standard deviation; the dotted lines mark AdamW's final loss and where the hybrid's mean
-# first reaches it.
-# ```
-#
-# At equal tokens ({glue:text}`ch9-tokens`), AdamW's final validation loss minus the hybrid's is
-# {glue:text}`ch9-gap` nats ({glue:text}`ch9-gap-rel` of AdamW's loss), and
-# {glue:text}`ch9-separated`. The hybrid reaches AdamW's final loss after
-# {glue:text}`ch9-fraction` of the tokens AdamW needed.
-#
-# How far does this carry? It is one small model ({glue:text}`ch9-params` parameters, of which
-# Muon handles the {glue:text}`ch9-muon-share` in the blocks' matrices), one dataset of
-# characters, a short run and a few seeds. It agrees in direction with the paper's "about half
-# the compute" at scale, and it says nothing about how the gap grows with size: the paper's
-# scaling-law fits are what that rests on. What it does show is that the gain does not come from a poorly tuned baseline: both
-# optimizers got the same sweep, and the best of each is inside its sweep, not at its edge.
-#
 # ## What it means for porting a run from AdamW
-#
-# {doc}`Chapter 12 <12_use_it>` states the recipe once, in its porting table; this study is what
-# its learning-rate rule rests on. With one learning rate for both groups, the hybrid at AdamW's
-# best learning rate ({glue:text}`ch9-port-lr`) already ended at {glue:text}`ch9-port-hybrid`
-# against AdamW's {glue:text}`ch9-port-adamw` (seed 0), and it was best at
-# {glue:text}`ch9-port-best`, {glue:text}`ch9-port-ratio` times AdamW's: start from AdamW's
-# learning rate and sweep it upwards, both groups together, as this study did. It is one small
-# model's sweep: on a new model, sweep again.
 
-# %% tags=["remove-cell"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The porting rule's evidence, quoted above: the seed-0 sweep at AdamW's best lr,
 # and the hybrid's best lr (both groups of the hybrid took one lr in the study).
 sweep0 = {o: {r["lr"]: r["final_val_loss"] for r in s["sweep"][o]} for o in s["sweep"]}
 assert sweep0["hybrid"][a["lr"]] < sweep0["adamw"][a["lr"]] and h["lr"] > a["lr"]
-glue("ch9-port-lr", f"{a['lr']:g}", display=False)
-glue("ch9-port-hybrid", f"{sweep0['hybrid'][a['lr']]:.3f}", display=False)
-glue("ch9-port-adamw", f"{sweep0['adamw'][a['lr']]:.3f}", display=False)
-glue("ch9-port-best", f"{h['lr']:g}", display=False)
-glue("ch9-port-ratio", f"{h['lr'] / a['lr']:g}", display=False)
+keep("ch9-port-lr", f"{a['lr']:g}")
+keep("ch9-port-hybrid", f"{sweep0['hybrid'][a['lr']]:.3f}")
+keep("ch9-port-adamw", f"{sweep0['adamw'][a['lr']]:.3f}")
+keep("ch9-port-best", f"{h['lr']:g}")
+keep("ch9-port-ratio", f"{h['lr'] / a['lr']:g}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+{doc}`Chapter 12 <12_use_it>` states the recipe once, in its porting table; this study is what
+its learning-rate rule rests on. With one learning rate for both groups, the hybrid at AdamW's
+best learning rate ({{ch9-port-lr}}) already ended at {{ch9-port-hybrid}}
+against AdamW's {{ch9-port-adamw}} (seed 0), and it was best at
+{{ch9-port-best}}, {{ch9-port-ratio}} times AdamW's: start from AdamW's
+learning rate and sweep it upwards, both groups together, as this study did. It is one small
+model's sweep: on a new model, sweep again.
+""")
 
 # %% [markdown]
 # ## Watch it happen
@@ -462,7 +461,7 @@ glue("ch9-port-ratio", f"{h['lr'] / a['lr']:g}", display=False)
 live = last_json(run(f"convergence_study.py --lrs-adamw {a['lr']} "
                      f"--lrs-hybrid {h['lr']} --seeds 1 --steps 40 --eval-every 20"))
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-live", "caption": "The short comparison run while this page was built: one seed each, at the recorded best learning rates."}}
 fig, ax = plt.subplots(figsize=(6.0, 2.8))
 for opt in ("adamw", "hybrid"):
     c = live["summary"]["curves"][opt]
@@ -471,21 +470,20 @@ for opt in ("adamw", "hybrid"):
 ax.set(xlabel="tokens (millions)", ylabel="validation loss", ylim=(None, 3.0))
 ax.legend(fontsize=8)
 fig.tight_layout()
-glue("ch9-live", fig, display=False)
+show(fig)
 plt.close(fig)
-glue("ch9-live-gap", f"{live['summary']['final_gap']:+.3f}", display=False)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch9-live-gap", f"{live['summary']['final_gap']:+.3f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+After 40 steps, AdamW's validation loss minus the hybrid's is {{ch9-live-gap}} nats
+in this live run.
+""")
 
 # %% [markdown]
-# ```{glue:figure} ch9-live
-# :name: fig-ch9-live
-#
-# The short comparison run while this page was built: one seed each, at the recorded best
-# learning rates.
-# ```
-#
-# After 40 steps, AdamW's validation loss minus the hybrid's is {glue:text}`ch9-live-gap` nats
-# in this live run.
-#
 # ## Where the time of a real step goes
 #
 # {doc}`Chapter 7 <07_profiling>` profiled a data-parallel step. `profile_step.py` now takes the tensor-parallel model
@@ -499,7 +497,7 @@ glue("ch9-live-gap", f"{live['summary']['final_gap']:+.3f}", display=False)
 grids = last_json(run("profile_step.py --grids 4x1,1x4,2x2 --global-batch 64 "
                       "--steps 3 --warmup 1 --layout owner", log="collapsed"))
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-profile", "caption": "A training step of the tiny GPT on three 4-rank grids, Muon (owner layout) and AdamW, split by the profiler (each part: the mean over ranks of each rank's median over 3 steps)."}}
 parts = ["forward_backward", "waiting", "communication", "newton_schulz",
          "optimizer_compute"]
 labels = ["forward + backward", "waiting", "communication", "Newton-Schulz",
@@ -522,8 +520,6 @@ for g in grids["grids"]:
         n = len(g["ranks"])
         bars.append((f"{g['grid']} {'Muon' if kind == 'muon' else 'AdamW'}",
                      [sum(shown(r[kind], p) for r in g["ranks"]) / n for p in parts]))
-# the text below says forward + backward is the largest part of every step: check it
-assert all(values[0] == max(values) for _, values in bars), bars
 table(["grid", "Muon step (ms)", "AdamW step (ms)", "Muon / AdamW, same fwd-bwd",
        "Muon's optimizer share"], rows)
 fig, ax = plt.subplots(figsize=(6.4, 3.2))
@@ -539,17 +535,15 @@ ax.invert_yaxis()
 ax.legend(ncol=3, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22),
           frameon=False)
 fig.tight_layout()
-glue("ch9-profile", fig, display=False)
+show(fig)
 plt.close(fig)
 
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+# the text below says forward + backward is the largest part of every step: check it
+assert all(values[0] == max(values) for _, values in bars), bars
+
 # %% [markdown]
-# ```{glue:figure} ch9-profile
-# :name: fig-ch9-profile
-#
-# A training step of the tiny GPT on three 4-rank grids, Muon (owner layout) and AdamW, split by
-# the profiler (each part: the mean over ranks of each rank's median over 3 steps).
-# ```
-#
 # Forward and backward dominate every step here, and the four processes share two cores, so the
 # figures are the ones of a crowded laptop, not of four GPUs: they locate the time, they do not
 # predict a cluster. The Chrome traces are in `_build/traces/<grid>/trace_rank<r>.json` for
@@ -604,6 +598,9 @@ claim_rows = {
      "Another task and model; here both learning rates were tuned over the same sweep, "
      f"with {len(a['seeds'])} seeds."),
 }
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 claims.glue_checks("09_training", claim_rows)   # shown in the claims appendix
 
 # %% [markdown]
@@ -635,7 +632,7 @@ claims.glue_checks("09_training", claim_rows)   # shown in the claims appendix
 qk = last_json(run("qk_clip_demo.py --dp 2 --steps 60 --threshold 8",
                    log="collapsed"))
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-qk", "caption": "The largest attention logit over every head of the book's GPT at each step (what the step's forward saw, before the clip), watching only and clipping at 8 (dashed), while this page was built."}}
 fig, ax = plt.subplots(figsize=(6.0, 2.6))
 for (name, r), color in zip(qk["runs"].items(), (COLORS["adamw"], COLORS["hybrid"])):
     ax.plot(range(1, len(r["max_logit"]) + 1), r["max_logit"], color=color, label=name)
@@ -643,25 +640,24 @@ ax.axhline(qk["threshold"], color="0.4", lw=0.8, ls="--")
 ax.set(xlabel="step", ylabel="largest attention logit")
 ax.legend(fontsize=8)
 fig.tight_layout()
-glue("ch9-qk", fig, display=False)
+show(fig)
 plt.close(fig)
 watch, clipped = qk["runs"].values()
-glue("ch9-qk-watch", f"{max(watch['max_logit']):.0f}", display=False)
-glue("ch9-qk-clip", f"{max(clipped['max_logit'][20:]):.1f}", display=False)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch9-qk-watch", f"{max(watch['max_logit']):.0f}")
+keep("ch9-qk-clip", f"{max(clipped['max_logit'][20:]):.1f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+Left alone, the largest logit reached {{ch9-qk-watch}}; clipped, it stayed near the
+threshold after step 20 (at most {{ch9-qk-clip}}: a step's update can push a head a little
+over before the clip pulls it back). One run each, on one seed: this shows what the clip does to the
+logits, not whether it helps the loss on a model this small.
+""")
 
 # %% [markdown]
-# ```{glue:figure} ch9-qk
-# :name: fig-ch9-qk
-#
-# The largest attention logit over every head of the book's GPT at each step (what the step's forward
-# saw, before the clip), watching only and clipping at 8 (dashed), while this page was built.
-# ```
-#
-# Left alone, the largest logit reached {glue:text}`ch9-qk-watch`; clipped, it stayed near the
-# threshold after step 20 (at most {glue:text}`ch9-qk-clip`: a step's update can push a head a little
-# over before the clip pulls it back). One run each, on one seed: this shows what the clip does to the
-# logits, not whether it helps the loss on a model this small.
-#
 # ## Run it on a cluster
 #
 # `train.py` is the script a reader takes to more machines. Under `torchrun` with NCCL on GPUs it

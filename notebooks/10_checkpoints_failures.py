@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -39,33 +39,36 @@
 # - read a failed run's report: who failed first, why, and what the other ranks' errors mean.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # ## What a Muon checkpoint holds
@@ -83,7 +86,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 import torch.distributed.checkpoint as dcp
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid import DistributedAdamW, DistributedMuon, Grid, hybrid_param_groups
 from muongrid import checkpoint
@@ -114,7 +117,7 @@ table(["kind of tensor", *saved],
 print("what the Muon checkpoint holds for one matrix (key, whole shape):",
       *(f"{k:<40} {shape}" for k, shape in sorted(keys.items())), sep="\n  ")
 
-# %%
+# %% mystnb={"figure": {"name": "fig-ch10-state", "caption": "What the two checkpoints of the same tiny GPT hold, read from their DCP metadata. Both keep the model and the fp32 master weights; Muon keeps one moment (the momentum) for the matrices it orthogonalises, AdamW keeps two (`exp_avg`, `exp_avg_sq`) for everything."}}
 moments = {n: sum(v[k] for k in ("momentum", "exp_avg", "exp_avg_sq"))
            for n, v in saved.items()}
 muon_names = {n for g in hybrid_param_groups(model.named_parameters()) if g["use_muon"]
@@ -127,11 +130,6 @@ with_master = ((saved["Muon (hybrid)"]["master"] + moments["Muon (hybrid)"])
 print(f"Muon routes {muon_share:.0%} of the parameters; its moments are "
       f"{state_ratio:.3f} of AdamW's, "
       f"{with_master:.3f} with the fp32 master weights")
-# one moment instead of two, on the Muon share only
-assert abs(state_ratio - (1 - muon_share / 2)) < 1e-9
-glue("ch10-muon-share", f"{muon_share:.0%}", display=False)
-glue("ch10-state-ratio", f"{state_ratio:.2f}", display=False)
-glue("ch10-master-ratio", f"{with_master:.2f}", display=False)
 
 fig, ax = plt.subplots(figsize=(6.4, 2.6))
 from muongrid.lab import palette
@@ -150,25 +148,28 @@ ax.invert_yaxis()
 ax.legend(ncol=5, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35),
           frameon=False)
 fig.tight_layout()
-glue("ch10-state", fig, display=False)
+show(fig)
 plt.close(fig)
 
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+# one moment instead of two, on the Muon share only
+assert abs(state_ratio - (1 - muon_share / 2)) < 1e-9
+keep("ch10-muon-share", f"{muon_share:.0%}")
+keep("ch10-state-ratio", f"{state_ratio:.2f}")
+keep("ch10-master-ratio", f"{with_master:.2f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+Muon's optimizer state is one momentum buffer per matrix, where AdamW keeps a first and a second
+moment: on the matrices Muon handles, exactly half. Muon handles {{ch10-muon-share}} of
+this model's parameters (the rest, mostly the embeddings and the head, stay with AdamW), so its
+moments come to {{ch10-state-ratio}} of AdamW's, and {{ch10-master-ratio}}
+once the fp32 master weights, which both keep, are counted. On a large model, where the matrices
+are nearly all the parameters, the moments approach the paper's half.
+""")
+
 # %% [markdown]
-# ```{glue:figure} ch10-state
-# :name: fig-ch10-state
-#
-# What the two checkpoints of the same tiny GPT hold, read from their DCP metadata. Both keep the
-# model and the fp32 master weights; Muon keeps one moment (the momentum) for the matrices it
-# orthogonalises, AdamW keeps two (`exp_avg`, `exp_avg_sq`) for everything.
-# ```
-#
-# Muon's optimizer state is one momentum buffer per matrix, where AdamW keeps a first and a second
-# moment: on the matrices Muon handles, exactly half. Muon handles {glue:text}`ch10-muon-share` of
-# this model's parameters (the rest, mostly the embeddings and the head, stay with AdamW), so its
-# moments come to {glue:text}`ch10-state-ratio` of AdamW's, and {glue:text}`ch10-master-ratio`
-# once the fp32 master weights, which both keep, are counted. On a large model, where the matrices
-# are nearly all the parameters, the moments approach the paper's half.
-#
 # **The keys are names, the tensors are whole.** Each state tensor is stored under
 # `optim.state.<parameter name>.<kind>` with the *whole* parameter's shape, whatever grid wrote it:
 # each rank writes the rectangles its ZeRO-1 piece covers (a flat range of a row-major matrix is at
@@ -255,6 +256,9 @@ print(f"{safe.name}.partial: {len(list(partial.glob('*.distcp')))} data files, "
       f"muongrid.json {marker}")
 print(f"{safe.name}: the checkpoint of step {checkpoint.read_marker(safe)[1]['step']}, "
       "untouched")
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert (not (partial / "muongrid.json").exists()
         and checkpoint.read_marker(safe)[1]["step"] == 1)
 
@@ -324,7 +328,6 @@ import time  # noqa: E402
 from muongrid.lab.faultcheck import EXPECTED, first_failure, judge  # noqa: E402
 
 SHOWN = ["raise", "kill", "hang", "shape-mismatch", "corrupt-checkpoint"]
-assert set(SHOWN) <= set(EXPECTED)
 rows = []
 for fault in SHOWN:
     start = time.monotonic()
@@ -338,6 +341,10 @@ for fault in SHOWN:
         fault, judge(fault, 2, 1, 1, 1, out, out))
 table(["fault", "the launcher's verdict", "the first failing rank's last words",
        "whole run"], rows, align="llll")
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert set(SHOWN) <= set(EXPECTED)
 
 # %% [markdown]
 # How to read the rows:
@@ -398,14 +405,19 @@ missing = [f for f in EXPECTED if f not in bench["per_fault"]]
 if missing:
     print(f"this recording was cut short: {', '.join(missing)} did not run "
           "(the tests run every fault once)")
-glue("ch10-bench-clean", f"{sum(r['clean'] for r in bench['per_fault'].values())} of "
-     f"{sum(r['runs'] for r in bench['per_fault'].values())}", display=False)
 
-# %% [markdown]
-# {glue:text}`ch10-bench-clean` runs ended cleanly. "Slowest, from the fault" is the time from the
-# end of step 1 to the end of the run: for a hang it is bounded by the timeout (5 s here) plus the
-# time to notice and stop every rank. The load average is the machine's, when the fault's last run
-# ended: the busy process the bench starts, and whatever else the machine was running.
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch10-bench-clean", f"{sum(r['clean'] for r in bench['per_fault'].values())} of "
+     f"{sum(r['runs'] for r in bench['per_fault'].values())}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+{{ch10-bench-clean}} runs ended cleanly. "Slowest, from the fault" is the time from the
+end of step 1 to the end of the run: for a hang it is bounded by the timeout (5 s here) plus the
+time to notice and stop every rank. The load average is the machine's, when the fault's last run
+ended: the busy process the bench starts, and whatever else the machine was running.
+""")
 
 # %% [markdown]
 # ## Summary

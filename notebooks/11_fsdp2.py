@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -38,33 +38,36 @@
 # - read `train.py --compare-torch-muon`'s report, and pick a layout for a model of your own.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # ## What each one shards
@@ -88,34 +91,19 @@ elif importlib.util.find_spec("muongrid") is None:
 # first, each to the least-loaded rank). {numref}`fig-ch11-holders` draws who holds what on a 2 x 2
 # grid.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch11-holders", "caption": "Two matrices, `w0` (64 x 64) and `w1` (192 x 64), both split by rows over TP (dashed line), on a 2 x 2 grid: what each rank holds of them. ZeRO-1 x TP (top, from `build_plan` with the owner layout) keeps every weight's whole TP shard on each DP rank, and cuts the optimizer state as one flat buffer: `w0` falls whole into DP rank 0's shard, only `w1` is cut. FSDP2 x TP (bottom, row blocks as `torch.chunk` cuts them; owners from `fsdp_routes.routes`, as `FSDPMuon` picks them) keeps only a block of rows of every weight at rest (it gathers the TP shard for forward and backward) and the state in the same blocks, so every matrix is cut over DP. Under both, one owner per matrix (red) runs Newton-Schulz on the whole matrix; every block not on the owner travels there and back."}}
 import matplotlib.pyplot as plt
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab.diagrams import book_style, holders_diagram
 
 book_style()
-glue("ch11-holders", holders_diagram(((64, 64), (192, 64)), dp=2, tp=2), display=False)
+show(holders_diagram(((64, 64), (192, 64)), dp=2, tp=2))
 plt.close("all")
-
-# %% [markdown]
-# ```{glue:figure} ch11-holders
-# :name: fig-ch11-holders
-#
-# Two matrices, `w0` (64 x 64) and `w1` (192 x 64), both split by rows over TP (dashed line), on a
-# 2 x 2 grid: what each rank holds of them. ZeRO-1 x TP (top, from `build_plan` with the owner
-# layout) keeps every weight's whole TP shard on each DP rank, and cuts the optimizer state as one
-# flat buffer: `w0` falls whole into DP rank 0's shard, only `w1` is cut. FSDP2 x TP (bottom, row
-# blocks as `torch.chunk` cuts them; owners from `fsdp_routes.routes`, as `FSDPMuon` picks them)
-# keeps only a block of rows of every weight at rest (it gathers the TP shard for forward and
-# backward) and the state in the same blocks, so every matrix is cut over DP. Under both, one
-# owner per matrix (red) runs Newton-Schulz on the whole matrix; every block not on the owner
-# travels there and back.
-# ```
 
 # %%
 from muongrid.lab.notebook import last_json, run, table
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 TINY = ("--width 64 --layers 2 --heads 4 --context 32 --batch 8 --steps 4 "
         "--eval-every 4 --eval-batches 1 --eval-batch 8 --metrics-every 0 --threads 1 "
@@ -182,22 +170,27 @@ owner_bytes = {
     "zero1": sum(same_owner_traffic.values()),
     "fsdp": sum(fsdp_ns[k]["bytes_sent"] for k in ("ns_to_owner", "ns_from_owner")),
 }
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 # The text below: the owner trips are larger under FSDP2, whose Shard(0) cuts every
 # matrix over DP.
 assert owner_bytes["fsdp"] > owner_bytes["zero1"], owner_bytes
-glue("ch11-owner-zero1", f"{owner_bytes['zero1']:,}", display=False)
-glue("ch11-owner-fsdp", f"{owner_bytes['fsdp']:,}", display=False)
+keep("ch11-owner-zero1", f"{owner_bytes['zero1']:,}")
+keep("ch11-owner-fsdp", f"{owner_bytes['fsdp']:,}")
 
-# %% [markdown]
-# Read it this way. ZeRO-1's AdamW moves the gradients in and the parameters out; Muon adds the
-# trips to and from each matrix's owner. Under FSDP2 the first two belong to FSDP2, so FSDPMuon's
-# ledger holds only the owner trips, and for the hybrid's AdamW parameters nothing at all. The owner
-# trips are of the same kind in both (bf16 blocks of every Muon matrix that is not already on its
-# owner), so their size depends on how much of each matrix lives away from its owner, and that is
-# what the sharding decides. FSDP2's `Shard(0)` cuts every matrix's rows over DP, so every matrix
-# has pieces elsewhere; ZeRO-1's flat buffer leaves a matrix that falls inside one rank's shard
-# whole there. On the same 2 x 2 grid rank 0's owner trips move {glue:text}`ch11-owner-fsdp` bytes
-# under FSDP2 against {glue:text}`ch11-owner-zero1` under ZeRO-1.
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+Read it this way. ZeRO-1's AdamW moves the gradients in and the parameters out; Muon adds the
+trips to and from each matrix's owner. Under FSDP2 the first two belong to FSDP2, so FSDPMuon's
+ledger holds only the owner trips, and for the hybrid's AdamW parameters nothing at all. The owner
+trips are of the same kind in both (bf16 blocks of every Muon matrix that is not already on its
+owner), so their size depends on how much of each matrix lives away from its owner, and that is
+what the sharding decides. FSDP2's `Shard(0)` cuts every matrix's rows over DP, so every matrix
+has pieces elsewhere; ZeRO-1's flat buffer leaves a matrix that falls inside one rank's shard
+whole there. On the same 2 x 2 grid rank 0's owner trips move {{ch11-owner-fsdp}} bytes
+under FSDP2 against {{ch11-owner-zero1}} under ZeRO-1.
+""")
 
 # %% [markdown]
 # ## FSDPMuon against torch.optim.Muon, on the same FSDP2 model
@@ -230,31 +223,36 @@ for name in ("FSDP2 x TP (2x2)", "FSDP2 (2x1)"):
     ratios[name] = c
 table(["grid", "per step", "muongrid FSDPMuon", "torch.optim.Muon"], rows, align="llrr")
 c22 = ratios["FSDP2 x TP (2x2)"]
-glue(
-    "ch11-bytes-ratio",
-    f"{c22['bytes_per_step']['torch'] / c22['bytes_per_step']['muongrid']:.0f}",
-    display=False,
-)
-glue("ch11-coll-torch", f"{c22['collectives_per_step']['torch']:,}", display=False)
-glue("ch11-coll-ours", f"{c22['collectives_per_step']['muongrid']:,}", display=False)
-glue("ch11-ns-ours", f"{c22['ns_calls_per_step_all_ranks']['muongrid']}", display=False)
-glue("ch11-ns-torch", f"{c22['ns_calls_per_step_all_ranks']['torch']}", display=False)
-glue("ch11-time-ratio", f"{c22['optimizer_time_ratio']:.1f}", display=False)
 loss_pairs = zip(c22["step_loss_torch"], runs["FSDP2 x TP (2x2)"]["step_loss"])
-glue("ch11-loss-gap", f"{max(abs(a - b) for a, b in loss_pairs):.1e}", display=False)
 print("torch's collectives by op, rank 0, 2x2:", c22["torch_by_op"])
 
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep(
+    "ch11-bytes-ratio",
+    f"{c22['bytes_per_step']['torch'] / c22['bytes_per_step']['muongrid']:.0f}",
+)
+keep("ch11-coll-torch", f"{c22['collectives_per_step']['torch']:,}")
+keep("ch11-coll-ours", f"{c22['collectives_per_step']['muongrid']:,}")
+keep("ch11-ns-ours", f"{c22['ns_calls_per_step_all_ranks']['muongrid']}")
+keep("ch11-ns-torch", f"{c22['ns_calls_per_step_all_ranks']['torch']}")
+keep("ch11-time-ratio", f"{c22['optimizer_time_ratio']:.1f}")
+keep("ch11-loss-gap", f"{max(abs(a - b) for a, b in loss_pairs):.1e}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+On the 2 x 2 grid torch's optimizer step sends {{ch11-bytes-ratio}} times the bytes of
+ours from rank 0, in {{ch11-coll-torch}} collectives against {{ch11-coll-ours}},
+and its ranks run Newton-Schulz {{ch11-ns-torch}} times per step between them where ours
+run it {{ch11-ns-ours}} times: once per matrix. Its optimizer step took
+{{ch11-time-ratio}} times as long as ours here (times on a shared 2-core CPU are noisy;
+the counts are not). The two loss curves differ by at most {{ch11-loss-gap}} nats per
+step: the same method, summed in another order ([`tests/test_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_fsdp.py) checks FSDPMuon bit for bit
+against single-device Muon on 2x1, 4x1, 2x2 and, after resharding a checkpoint, 3x1 and 1x1, and
+within a stated tolerance of `torch.optim.Muon`).
+""")
+
 # %% [markdown]
-# On the 2 x 2 grid torch's optimizer step sends {glue:text}`ch11-bytes-ratio` times the bytes of
-# ours from rank 0, in {glue:text}`ch11-coll-torch` collectives against {glue:text}`ch11-coll-ours`,
-# and its ranks run Newton-Schulz {glue:text}`ch11-ns-torch` times per step between them where ours
-# run it {glue:text}`ch11-ns-ours` times: once per matrix. Its optimizer step took
-# {glue:text}`ch11-time-ratio` times as long as ours here (times on a shared 2-core CPU are noisy;
-# the counts are not). The two loss curves differ by at most {glue:text}`ch11-loss-gap` nats per
-# step: the same method, summed in another order ([`tests/test_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_fsdp.py) checks FSDPMuon bit for bit
-# against single-device Muon on 2x1, 4x1, 2x2 and, after resharding a checkpoint, 3x1 and 1x1, and
-# within a stated tolerance of `torch.optim.Muon`).
-#
 # Why so many collectives? DTensor runs Newton-Schulz's matmuls and norms on sharded operands: each
 # `X @ X.T` on a row-sharded `X` needs the other rows, each norm an all-reduce, and every one of the
 # five iterations repeats it, on every rank, for every matrix. Nothing is wrong; it is simply the
@@ -290,24 +288,28 @@ print("torch's collectives by op, rank 0, 2x2:", c22["torch_by_op"])
 
 # %% [markdown]
 # ## Summary
-#
-# - ZeRO-1 x TP, FSDP2 and FSDP2 x TP shard different things (the table at the top); in all three a
-#   Muon matrix must be whole on one rank for Newton-Schulz, and {term}`FSDPMuon` sends each matrix's
-#   blocks, wherever DTensor placed them, to one owner and the results back, in one bf16 all-to-all
-#   each way.
-# - Under FSDP2 the optimizer's ledger holds only those owner trips (FSDP2 moves the gradients and
-#   weights), and nothing for AdamW. The owner trips depend on the sharding: on the same 2 x 2 grid
-#   rank 0 moved {glue:text}`ch11-owner-fsdp` bytes under FSDP2 against {glue:text}`ch11-owner-zero1`
-#   under ZeRO-1 (asserted larger), because `Shard(0)` cuts every matrix over DP.
-# - `torch.optim.Muon` on the same FSDP2 model is correct (the loss curves differ by at most
-#   {glue:text}`ch11-loss-gap` nats per step) but its step sent {glue:text}`ch11-bytes-ratio` times the
-#   bytes in {glue:text}`ch11-coll-torch` collectives against {glue:text}`ch11-coll-ours`, and ran
-#   Newton-Schulz {glue:text}`ch11-ns-torch` times against {glue:text}`ch11-ns-ours`: every rank
-#   gathers and orthogonalises every matrix.
-# - FSDPMuon's state is torch's, placed like the parameters, so DCP reshards its checkpoints
-#   (the tests resume on other grids bit for bit). Pick ZeRO-1 x TP when the weights fit on every DP
-#   rank, FSDP2 (+ TP) when they do not; {doc}`chapter 13 <13_what_to_pick>` prices the choice.
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+- ZeRO-1 x TP, FSDP2 and FSDP2 x TP shard different things (the table at the top); in all three a
+  Muon matrix must be whole on one rank for Newton-Schulz, and {term}`FSDPMuon` sends each matrix's
+  blocks, wherever DTensor placed them, to one owner and the results back, in one bf16 all-to-all
+  each way.
+- Under FSDP2 the optimizer's ledger holds only those owner trips (FSDP2 moves the gradients and
+  weights), and nothing for AdamW. The owner trips depend on the sharding: on the same 2 x 2 grid
+  rank 0 moved {{ch11-owner-fsdp}} bytes under FSDP2 against {{ch11-owner-zero1}}
+  under ZeRO-1 (asserted larger), because `Shard(0)` cuts every matrix over DP.
+- `torch.optim.Muon` on the same FSDP2 model is correct (the loss curves differ by at most
+  {{ch11-loss-gap}} nats per step) but its step sent {{ch11-bytes-ratio}} times the
+  bytes in {{ch11-coll-torch}} collectives against {{ch11-coll-ours}}, and ran
+  Newton-Schulz {{ch11-ns-torch}} times against {{ch11-ns-ours}}: every rank
+  gathers and orthogonalises every matrix.
+- FSDPMuon's state is torch's, placed like the parameters, so DCP reshards its checkpoints
+  (the tests resume on other grids bit for bit). Pick ZeRO-1 x TP when the weights fit on every DP
+  rank, FSDP2 (+ TP) when they do not; {doc}`chapter 13 <13_what_to_pick>` prices the choice.
+""")
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. Run `python scripts/train.py --fsdp --dp 3 --tp 1 --batch 12 --steps 6 --compare-torch-muon` (uneven rows).

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -43,33 +43,36 @@
 # - say what differs from `torch.optim.Muon` / `torch.optim.AdamW` and what to do about each difference.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = [('transformers', 'transformers==5.24.0')]
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # ## The loop, ZeRO-1 x TP
@@ -87,6 +90,7 @@ from pathlib import Path
 from IPython.display import Code
 
 from muongrid.lab.notebook import last_json, run, table
+from muongrid.lab.page import keep, say, show
 
 Code(Path("../scripts/loop_zero1_tp.py").read_text(), language="python")
 
@@ -244,29 +248,30 @@ show(routing_table(mixtral))
 # accumulation and a compiled model, against one process, bit for bit.
 #
 # ## Learning rate and weight decay, porting from AdamW
-#
-# One rule, used by both loops, the README and this chapter: **one learning rate for both
-# groups, starting from AdamW's**. `DistributedMuon` and `FSDPMuon` scale each Muon matrix's step
-# by Moonshot's `match_rms_adamw` (lr x 0.2 x sqrt(max(A, B))), which brings Muon's update to the
-# size of an AdamW update, so AdamW's tuned lr is where to start for both groups. Then sweep that
-# one lr upwards: in {doc}`chapter 9 <09_training>`'s tuned study AdamW was best at
-# {glue:text}`ch12-adamw-lr` and the hybrid, both groups at one lr, at {glue:text}`ch12-hybrid-lr`
-# ({glue:text}`ch12-lr-ratio` x AdamW's). The loops take `--lr` (default 0.01, AdamW's best in
-# that study) for both groups.
 
-# %% tags=["remove-cell"]
-# The learning rates of chapter 9's recorded study, quoted above.
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# The learning rates of chapter 9's recorded study, quoted below.
 import json  # noqa: E402
-
-from myst_nb import glue  # noqa: E402
 
 study = json.loads(Path("../book/data/convergence_study.json").read_text())
 best = study["summary"]["best_lr"]
 assert best["hybrid"] > best["adamw"]
 assert not any(study["summary"]["best_at_edge"].values())
-glue("ch12-adamw-lr", f"{best['adamw']:g}", display=False)
-glue("ch12-hybrid-lr", f"{best['hybrid']:g}", display=False)
-glue("ch12-lr-ratio", f"{best['hybrid'] / best['adamw']:g}", display=False)
+keep("ch12-adamw-lr", f"{best['adamw']:g}")
+keep("ch12-hybrid-lr", f"{best['hybrid']:g}")
+keep("ch12-lr-ratio", f"{best['hybrid'] / best['adamw']:g}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+One rule, used by both loops, the README and this chapter: **one learning rate for both
+groups, starting from AdamW's**. `DistributedMuon` and `FSDPMuon` scale each Muon matrix's step
+by Moonshot's `match_rms_adamw` (lr x 0.2 x sqrt(max(A, B))), which brings Muon's update to the
+size of an AdamW update, so AdamW's tuned lr is where to start for both groups. Then sweep that
+one lr upwards: in {doc}`chapter 9 <09_training>`'s tuned study AdamW was best at
+{{ch12-adamw-lr}} and the hybrid, both groups at one lr, at {{ch12-hybrid-lr}}
+({{ch12-lr-ratio}} x AdamW's). The loops take `--lr` (default 0.01, AdamW's best in
+that study) for both groups.
+""")
 
 # %% [markdown]
 # The rest, group by group, as the code applies it:
@@ -336,36 +341,39 @@ glue("ch12-lr-ratio", f"{best['hybrid'] / best['adamw']:g}", display=False)
 #    with `DistributedMuon`?
 # 5. Your AdamW run used lr 3e-4 and weight decay 0.1 with no decay on norms and biases. Write the
 #    `hybrid_param_groups` call for a first Muon run, and say what you sweep next.
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. `torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
-#    scripts/loop_zero1_tp.py --dp 4 --tp 4 ...`, the same line on both nodes (the two-node command
-#    above). Ranks are TP-fastest, so the first TP group is ranks 0-3 and the first DP group is ranks
-#    0, 4, 8 and 12 (every `tp`-th rank, as in {doc}`chapter 3 <03_grid>`). Node 0 holds ranks 0-7 and
-#    4 divides 8, so every TP group lies inside one node; the DP groups cross nodes.
-# 2. Under ZeRO-1, `.grad` between `backward()` and `step()` holds this rank's own gradient; the
-#    DP mean is formed inside `step()` by the reduce-scatter. torch's function would clip each rank's
-#    own gradient by its own norm (and, under TP, by the norm of this rank's shards only), so ranks
-#    scale by different factors and the mean that `step()` forms is not the clipped mean gradient a
-#    single device would use. `opt.clip_grad_norm_` clips the DP mean by its norm over every rank's
-#    shards, a TP shard counted once ([`muongrid/clipping.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/clipping.py)).
-# 3. No, only to rounding: one process adds the gradients and the TP partial sums in another order
-#    than the 2 x 2 grid, as the 4 x 1 resume above shows. Run `python scripts/loop_zero1_tp.py --dp 1
-#    --tp 1 --precision bf16 --accum 2 --steps 20 --resume <save dir>/step10` with the save
-#    directory of the 2 x 2 run (a resume must keep the batch and the precision, and refuses
-#    otherwise); the JSON line it prints at the end (`first_step` 11, `losses`) is compared with the
-#    second half of the 2 x 2 run's `losses`. Bit-for-bit equality holds when the order is the same: another layout on
-#    the same grid ([`tests/test_resume.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_resume.py)).
-# 4. Put the layer in the parameter groups from the start (`add_param_group` is refused: the ZeRO-1
-#    plan is fixed when the optimizer is built) and set `requires_grad_(False)` on it for the first 100
-#    steps: a parameter whose gradient is None on every rank is skipped. Turn `requires_grad` back on
-#    at step 100, on every rank.
-# 5. `hybrid_param_groups(model, muon=dict(lr=3e-4), adamw=dict(lr=3e-4, weight_decay=0.0))`:
-#    the same lr for both groups (`match_rms_adamw` gives Muon's matrices AdamW's step size) and
-#    decay 0.1, the default, on the Muon matrices. The AdamW group's `weight_decay=0.0` spares the
-#    norms and biases, and also the embeddings and the head, which share that group; to decay those,
-#    split the AdamW group by hand. Then sweep the one lr upwards (1e-3, 3e-3): in
-#    {doc}`chapter 9 <09_training>` the hybrid's best lr was {glue:text}`ch12-lr-ratio` times AdamW's.
-# :::
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. `torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
+   scripts/loop_zero1_tp.py --dp 4 --tp 4 ...`, the same line on both nodes (the two-node command
+   above). Ranks are TP-fastest, so the first TP group is ranks 0-3 and the first DP group is ranks
+   0, 4, 8 and 12 (every `tp`-th rank, as in {doc}`chapter 3 <03_grid>`). Node 0 holds ranks 0-7 and
+   4 divides 8, so every TP group lies inside one node; the DP groups cross nodes.
+2. Under ZeRO-1, `.grad` between `backward()` and `step()` holds this rank's own gradient; the
+   DP mean is formed inside `step()` by the reduce-scatter. torch's function would clip each rank's
+   own gradient by its own norm (and, under TP, by the norm of this rank's shards only), so ranks
+   scale by different factors and the mean that `step()` forms is not the clipped mean gradient a
+   single device would use. `opt.clip_grad_norm_` clips the DP mean by its norm over every rank's
+   shards, a TP shard counted once ([`muongrid/clipping.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/clipping.py)).
+3. No, only to rounding: one process adds the gradients and the TP partial sums in another order
+   than the 2 x 2 grid, as the 4 x 1 resume above shows. Run `python scripts/loop_zero1_tp.py --dp 1
+   --tp 1 --precision bf16 --accum 2 --steps 20 --resume <save dir>/step10` with the save
+   directory of the 2 x 2 run (a resume must keep the batch and the precision, and refuses
+   otherwise); the JSON line it prints at the end (`first_step` 11, `losses`) is compared with the
+   second half of the 2 x 2 run's `losses`. Bit-for-bit equality holds when the order is the same: another layout on
+   the same grid ([`tests/test_resume.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_resume.py)).
+4. Put the layer in the parameter groups from the start (`add_param_group` is refused: the ZeRO-1
+   plan is fixed when the optimizer is built) and set `requires_grad_(False)` on it for the first 100
+   steps: a parameter whose gradient is None on every rank is skipped. Turn `requires_grad` back on
+   at step 100, on every rank.
+5. `hybrid_param_groups(model, muon=dict(lr=3e-4), adamw=dict(lr=3e-4, weight_decay=0.0))`:
+   the same lr for both groups (`match_rms_adamw` gives Muon's matrices AdamW's step size) and
+   decay 0.1, the default, on the Muon matrices. The AdamW group's `weight_decay=0.0` spares the
+   norms and biases, and also the embeddings and the head, which share that group; to decay those,
+   split the AdamW group by hand. Then sweep the one lr upwards (1e-3, 3e-3): in
+   {doc}`chapter 9 <09_training>` the hybrid's best lr was {{ch12-lr-ratio}} times AdamW's.
+:::
+""")

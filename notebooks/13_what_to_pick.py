@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -32,37 +32,41 @@
 # (`muongrid.lab.timemodel`).
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # ## The decision
-#
+
+# %% [markdown]
 # 1. **Is the model sharded with FSDP2 (`fully_shard`)?** Use **`FSDPMuon`** ({doc}`chapter 11 <11_fsdp2>`). FSDP2
 #    already reduce-scatters the gradients and gathers the parameters; Muon adds only the trip of
 #    each matrix to its one owner and back, and runs Newton-Schulz once per matrix.
@@ -76,9 +80,9 @@ elif importlib.util.find_spec("muongrid") is None:
 #    must end on a boundary, so unequal matrices, or matrices larger than a bucket (every matrix
 #    of an 8B model), make the shards uneven, and the gradient reduce-scatter and the parameter
 #    all-gather carry the padding. A real transformer layer is such a case: one layer of
-#    Llama-3-8B costs {glue:text}`ch13-llama-aligned` x AdamW's bytes under `aligned` on 16 x 4,
-#    and the whole model's optimizer step is modelled at {glue:text}`ch13-8b-aligned-x` x AdamW's
-#    (below). Price your shapes with `layout_costs` first; on Llama-shaped models keep `owner`.
+#    Llama-3-8B, and the whole model's optimizer step, cost more bytes under `aligned` than under
+#    `owner` (the sections below compute both). Price your shapes with `layout_costs` first; on
+#    Llama-shaped models keep `owner`.
 # 4. **One matrix holds more than its fair share of the Newton-Schulz work** (its owner would be the
 #    busiest rank by far, or there are more ranks than matrices): `layout="group"` shares such a
 #    matrix over a group of ranks ({doc}`chapter 14 <14_muon_at_scale>`). It costs bytes and memory
@@ -86,7 +90,8 @@ elif importlib.util.find_spec("muongrid") is None:
 # 5. **`layout="bucket"` only to reproduce the paper and the proof of concept**: every rank gathers
 #    whole buckets and orthogonalises every matrix, so its bytes are the paper's 1.25 x AdamW on a
 #    DP-only grid, and its Newton-Schulz work does not shrink as ranks are added.
-#
+
+# %% [markdown]
 # ## What each layout costs
 #
 # Two sets of matrices: the proof of concept's five (uneven shapes, one much larger than the
@@ -98,7 +103,7 @@ elif importlib.util.find_spec("muongrid") is None:
 
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab.choice import layout_costs
 from muongrid.lab.notebook import table
@@ -134,7 +139,7 @@ for name in SETS:
     table(["grid", "layout", "sent per rank", "x AdamW", "NS runs", "busiest NS",
            "state", "overlap"], rows, align="llrrrrrl")
 
-# %% tags=["remove-cell"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The claims of the text, checked on the numbers above (a build fails if one stops
 # holding).
 by = {(name, grid, c["layout"]): c for (name, grid), cs in costs.items() for c in cs}
@@ -163,29 +168,32 @@ gain = (
     by[(even, (4, 1), "bucket")]["busiest_ns_flops"]
     / by[(even, (4, 1), "owner")]["busiest_ns_flops"]
 )
-glue("ch13-stack-ns-gain", f"{gain:.1f}", display=False)
-glue(
-    "ch13-poc-aligned", f"{by[(poc, (4, 1), 'aligned')]['vs_adamw']:.2f}", display=False
-)
+keep("ch13-stack-ns-gain", f"{gain:.1f}")
+keep(
+    "ch13-poc-aligned", f"{by[(poc, (4, 1), 'aligned')]['vs_adamw']:.2f}")
 
 # %% [markdown]
 # Read the tables this way:
-#
-# - **bucket** moves exactly 1.25 x AdamW's bytes on a DP-only grid, more with TP (every matrix is
-#   also gathered over TP), and every rank runs Newton-Schulz on every matrix.
-# - **owner** moves no more than bucket, on every grid here, and runs Newton-Schulz once per
-#   matrix: on the stack of equal layers the busiest rank does {glue:text}`ch13-stack-ns-gain` times
-#   less Newton-Schulz work than under bucket on 4 ranks. On the proof of concept's shapes one
-#   matrix holds most of the work, so its owner is the busiest rank and the gain is small: Newton-
-#   Schulz of a matrix is not split ({doc}`chapter 8 <08_beyond_poc>`; `layout="group"` splits it,
-#   {doc}`chapter 14 <14_muon_at_scale>`).
-# - **aligned** moves nothing over DP for Newton-Schulz on the even stack (1.00 x AdamW on 4 x 1),
-#   but on the proof of concept's uneven shapes its shards are uneven, the collectives carry the
-#   padding, and it costs {glue:text}`ch13-poc-aligned` x AdamW, with more state per rank.
-# - **overlap**: the owner layouts prefetch by default (each bucket's transfers start before any
-#   Newton-Schulz), which they need so that the owners work at once; bucket runs as the proof of
-#   concept did.
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+- **bucket** moves exactly 1.25 x AdamW's bytes on a DP-only grid, more with TP (every matrix is
+  also gathered over TP), and every rank runs Newton-Schulz on every matrix.
+- **owner** moves no more than bucket, on every grid here, and runs Newton-Schulz once per
+  matrix: on the stack of equal layers the busiest rank does {{ch13-stack-ns-gain}} times
+  less Newton-Schulz work than under bucket on 4 ranks. On the proof of concept's shapes one
+  matrix holds most of the work, so its owner is the busiest rank and the gain is small: Newton-
+  Schulz of a matrix is not split ({doc}`chapter 8 <08_beyond_poc>`; `layout="group"` splits it,
+  {doc}`chapter 14 <14_muon_at_scale>`).
+- **aligned** moves nothing over DP for Newton-Schulz on the even stack (1.00 x AdamW on 4 x 1),
+  but on the proof of concept's uneven shapes its shards are uneven, the collectives carry the
+  padding, and it costs {{ch13-poc-aligned}} x AdamW, with more state per rank.
+- **overlap**: the owner layouts prefetch by default (each bucket's transfers start before any
+  Newton-Schulz), which they need so that the owners work at once; bucket runs as the proof of
+  concept did.
+""")
+
+# %% [markdown]
 # ## What it costs in time
 #
 # Bytes and FLOPs become seconds through the hardware. The time model
@@ -249,7 +257,7 @@ for hw, unit, scale in ((H100, "us", 1e6), (CPU, "ms", 1e3)):
     table(["matrices", "grid", "layout", "comm", "Newton-Schulz", "total"], rows,
           align="lllrrr")
 
-# %% tags=["remove-cell"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The claims of the text below, on the numbers above.
 import math
 
@@ -267,9 +275,8 @@ ns_heavy = [
     for n in SETS for g in GRIDS for lay in muon_layouts
 ]
 assert sum(ns_heavy) > len(ns_heavy) / 2
-glue("ch13-cpu-ns-rows", "every one" if all(ns_heavy) else f"{sum(ns_heavy)}",
-     display=False)
-glue("ch13-cpu-rows", len(ns_heavy), display=False)
+keep("ch13-cpu-ns-rows", "every one" if all(ns_heavy) else f"{sum(ns_heavy)}")
+keep("ch13-cpu-rows", len(ns_heavy))
 # shared cores: bucket's Newton-Schulz is the owner layout's times the ranks, exactly
 for n in SETS:
     for g in GRIDS:
@@ -282,11 +289,11 @@ cpu_gain = (
     sec[(cname, even, (4, 1), "bucket")]["total"]
     / sec[(cname, even, (4, 1), "owner")]["total"]
 )
-glue("ch13-cpu-gain", f"{cpu_gain:.1f}", display=False)
+keep("ch13-cpu-gain", f"{cpu_gain:.1f}")
 # H100: the proof of concept's matrices take microseconds, whatever the layout
 poc_max = max(sec[(hname, poc, g, lay)]["total"] for g in GRIDS for lay in muon_layouts)
 assert poc_max < 1e-4
-glue("ch13-h100-poc-max", str(math.ceil(poc_max * 1e6)), display=False)  # "or less"
+keep("ch13-h100-poc-max", str(math.ceil(poc_max * 1e6)))  # "or less"
 # H100, the even stack: aligned < owner < bucket on both grids, and the owner layout's
 # communication stays close to the bucket layout's on 4 x 1
 for g in GRIDS:
@@ -301,27 +308,31 @@ ns_ratio = (
     / sec[(hname, even, (4, 1), "owner")]["newton_schulz"]
 )
 assert 0.7 < comm_ratio and ns_ratio > 2
-glue("ch13-h100-comm-ratio", f"{comm_ratio:.2f}", display=False)
-glue("ch13-h100-ns-ratio", f"{ns_ratio:.1f}", display=False)
+keep("ch13-h100-comm-ratio", f"{comm_ratio:.2f}")
+keep("ch13-h100-ns-ratio", f"{ns_ratio:.1f}")
 
 # %% [markdown]
 # What the model says:
-#
-# - **On this machine Newton-Schulz is most of the step.** It outweighs communication in
-#   {glue:text}`ch13-cpu-ns-rows` of the {glue:text}`ch13-cpu-rows` Muon rows, and because all
-#   ranks share the machine's cores, the bucket layout, where every rank
-#   orthogonalises every matrix, pays exactly the number of ranks times the owner layouts'
-#   Newton-Schulz. On the stack on 4 x 1 the owner layout's step is modelled
-#   {glue:text}`ch13-cpu-gain` times shorter than the bucket layout's.
-# - **On H100s the proof of concept's matrices do not matter**: every Muon step is modelled at
-#   {glue:text}`ch13-h100-poc-max` microseconds or less, whatever the layout.
-# - **On H100s, the stack**: aligned is the fastest, then owner, then bucket, on both grids. The
-#   owner layout saves Newton-Schulz ({glue:text}`ch13-h100-ns-ratio` times less on the busiest
-#   rank on 4 x 1) more than it saves time on the wire: its communication is
-#   {glue:text}`ch13-h100-comm-ratio` of the bucket layout's there, because the owner of a matrix
-#   receives every piece of it, about what a bucket gather brings to every rank, and sends it all
-#   back. Fewer bytes in total is not a faster transfer when one rank carries them.
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+- **On this machine Newton-Schulz is most of the step.** It outweighs communication in
+  {{ch13-cpu-ns-rows}} of the {{ch13-cpu-rows}} Muon rows, and because all
+  ranks share the machine's cores, the bucket layout, where every rank
+  orthogonalises every matrix, pays exactly the number of ranks times the owner layouts'
+  Newton-Schulz. On the stack on 4 x 1 the owner layout's step is modelled
+  {{ch13-cpu-gain}} times shorter than the bucket layout's.
+- **On H100s the proof of concept's matrices do not matter**: every Muon step is modelled at
+  {{ch13-h100-poc-max}} microseconds or less, whatever the layout.
+- **On H100s, the stack**: aligned is the fastest, then owner, then bucket, on both grids. The
+  owner layout saves Newton-Schulz ({{ch13-h100-ns-ratio}} times less on the busiest
+  rank on 4 x 1) more than it saves time on the wire: its communication is
+  {{ch13-h100-comm-ratio}} of the bucket layout's there, because the owner of a matrix
+  receives every piece of it, about what a bucket gather brings to every rank, and sends it all
+  back. Fewer bytes in total is not a faster transfer when one rank carries them.
+""")
+
+# %% [markdown]
 # ## Under FSDP2
 #
 # With an FSDP2 model the gradient reduce-scatter and the parameter gathers are FSDP2's (how many,
@@ -358,29 +369,35 @@ table(
     rows,
     align="llrrrrr",
 )
+stack_plan = plans_for(SETS[even], 2, 1, DEFAULT_BUCKET_NUMEL, "owner")[0]
+n_buckets = len(stack_plan.buckets[0])
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 # The text below: FSDP2 never moves less for Muon than ZeRO-1's owner layout, and more
 # on uneven shapes; on the stack it is modelled faster all the same (one all-to-all
 # each way, against one per bucket).
 assert all(f >= z for z, f in extra.values())
 assert all(f > z for (name, _), (z, f) in extra.items() if name == poc)
 assert all(f < z for (name, _), (z, f) in extra_s.items() if name == even)
-stack_plan = plans_for(SETS[even], 2, 1, DEFAULT_BUCKET_NUMEL, "owner")[0]
-n_buckets = len(stack_plan.buckets[0])
 assert n_buckets > 1
-glue("ch13-stack-buckets", n_buckets, display=False)
+keep("ch13-stack-buckets", n_buckets)
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+FSDP2 cuts every matrix into blocks of rows on every rank, so every matrix has pieces away from
+its owner; ZeRO-1's flat buffer leaves a matrix that falls inside one rank's shard whole there.
+So Muon's extra traffic under FSDP2 is never below the owner layout's here, and above it on the
+proof of concept's uneven shapes ({doc}`chapter 11 <11_fsdp2>` measures the same on a real
+model). Either way Newton-Schulz runs once per matrix. In time, the model reverses the order on
+the stack: `FSDPMuon` sends all of a step's pieces in one all-to-all each way, where ZeRO-1's
+owner layout runs one per bucket ({{ch13-stack-buckets}} buckets here), each paying
+its latency, so on H100s FSDP2's extra is modelled shorter despite its extra bytes. The choice
+between them is the model's all the same: a model already under `fully_shard` keeps FSDP2 and
+takes `FSDPMuon`.
+""")
 
 # %% [markdown]
-# FSDP2 cuts every matrix into blocks of rows on every rank, so every matrix has pieces away from
-# its owner; ZeRO-1's flat buffer leaves a matrix that falls inside one rank's shard whole there.
-# So Muon's extra traffic under FSDP2 is never below the owner layout's here, and above it on the
-# proof of concept's uneven shapes ({doc}`chapter 11 <11_fsdp2>` measures the same on a real
-# model). Either way Newton-Schulz runs once per matrix. In time, the model reverses the order on
-# the stack: `FSDPMuon` sends all of a step's pieces in one all-to-all each way, where ZeRO-1's
-# owner layout runs one per bucket ({glue:text}`ch13-stack-buckets` buckets here), each paying
-# its latency, so on H100s FSDP2's extra is modelled shorter despite its extra bytes. The choice
-# between them is the model's all the same: a model already under `fully_shard` keeps FSDP2 and
-# takes `FSDPMuon`.
-#
 # These are models. {doc}`Chapter 7 <07_profiling>` profiles a real step and
 # {doc}`chapter 8 <08_beyond_poc>` measures the layouts against each other on this machine.
 #
@@ -394,14 +411,14 @@ glue("ch13-stack-buckets", n_buckets, display=False)
 # (`muongrid.lab.layout_explorer`). This machine's bars appear up to 8 ranks, the most the book
 # launches on one machine.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch13-explorer", "caption": "Every layout against Distributed AdamW, for the matrices set by the menu and the grid (dp x tp) set by the slider: bytes each rank sends per step (mean over ranks), Newton-Schulz on the busiest rank, optimizer state per rank (fp32 master and moments, padding included) and the modelled optimizer step on the two profiles (log scale; hover for communication and Newton-Schulz apart). Axes keep their range while the slider moves."}}
 from muongrid.lab.explorers import Figure
 from muongrid.lab.layout_explorer import explorer_rows, layout_explorer
 
 explore = explorer_rows(profiles=[H100, CPU])
-glue("ch13-explorer", Figure(layout_explorer(explore)), display=False)
+show(Figure(layout_explorer(explore)))
 
-# %% tags=["remove-cell"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The claims of the text below, on every position of the explorer.
 from muongrid.lab.synthetic import REPORT_SHAPES
 from muongrid.newton_schulz import ns5_flops
@@ -441,43 +458,37 @@ stack_aligned = max(
     for (name, *_), c in cells.items()
     if name == "balanced stack"
 )
-glue("ch13-stack-aligned-max", f"{stack_aligned:.2f}", display=False)
+keep("ch13-stack-aligned-max", f"{stack_aligned:.2f}")
 llama = cells[("Llama-3-8B layer", 16, 4)]
-glue("ch13-report-gap", f"{(report_gap - 1) * 100:.0f}", display=False)
+keep("ch13-report-gap", f"{(report_gap - 1) * 100:.0f}")
 for lay in muon_layouts:
-    glue(f"ch13-llama-{lay}", f"{llama[lay]['vs_adamw']:.2f}", display=False)
-    glue(f"ch13-llama-{lay}-ms", f"{h100_ms(llama[lay]):.0f}", display=False)
+    keep(f"ch13-llama-{lay}", f"{llama[lay]['vs_adamw']:.2f}")
+    keep(f"ch13-llama-{lay}-ms", f"{h100_ms(llama[lay]):.0f}")
 
 # %% [markdown]
-# ```{glue:figure} ch13-explorer
-# :name: fig-ch13-explorer
-#
-# Every layout against Distributed AdamW, for the matrices set by the menu and the grid
-# (dp x tp) set by the slider: bytes each rank sends per step (mean over ranks), Newton-Schulz on
-# the busiest rank, optimizer state per rank (fp32 master and moments, padding included) and the
-# modelled optimizer step on the two profiles (log scale; hover for communication and
-# Newton-Schulz apart). Axes keep their range while the slider moves.
-# ```
-#
 # On every position: the owner layout never sends more than bucket, and bucket runs Newton-Schulz
 # dp x tp times per matrix where the owner layouts run it once. Which layout is fastest depends
 # on the matrices:
-#
-# - **Llama-3-8B layer**: owner, on every grid, on H100s. On 16 x 4 it sends
-#   {glue:text}`ch13-llama-owner` x AdamW's bytes (bucket {glue:text}`ch13-llama-bucket` x) and
-#   its step is modelled at {glue:text}`ch13-llama-owner-ms` ms against bucket's
-#   {glue:text}`ch13-llama-bucket-ms` ms; aligned cuts seven unequal matrices into uneven shards
-#   and pays for the padding ({glue:text}`ch13-llama-aligned` x, {glue:text}`ch13-llama-aligned-ms`
-#   ms).
-# - **balanced stack**: aligned, on every grid, on H100s: nothing crosses DP for Newton-Schulz,
-#   and the padding of its cuts stays small with equal matrices (at most
-#   {glue:text}`ch13-stack-aligned-max` x AdamW's bytes, TP traffic included).
-# - **report shapes**: one 4096 x 4096 matrix holds almost all the Newton-Schulz work, and under
-#   every layout the busiest rank orthogonalises it whole (under bucket, every rank does), so
-#   bucket and owner are modelled within {glue:text}`ch13-report-gap`% of each other on every
-#   grid. One dominant matrix is where
-#   orthogonalising a matrix by a group of ranks ({doc}`chapter 14 <14_muon_at_scale>`) pays.
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+- **Llama-3-8B layer**: owner, on every grid, on H100s. On 16 x 4 it sends
+  {{ch13-llama-owner}} x AdamW's bytes (bucket {{ch13-llama-bucket}} x) and
+  its step is modelled at {{ch13-llama-owner-ms}} ms against bucket's
+  {{ch13-llama-bucket-ms}} ms; aligned cuts seven unequal matrices into uneven shards
+  and pays for the padding ({{ch13-llama-aligned}} x, {{ch13-llama-aligned-ms}}
+  ms).
+- **balanced stack**: aligned, on every grid, on H100s: nothing crosses DP for Newton-Schulz,
+  and the padding of its cuts stays small with equal matrices (at most
+  {{ch13-stack-aligned-max}} x AdamW's bytes, TP traffic included).
+- **report shapes**: one 4096 x 4096 matrix holds almost all the Newton-Schulz work, and under
+  every layout the busiest rank orthogonalises it whole (under bucket, every rank does), so
+  bucket and owner are modelled within {{ch13-report-gap}}% of each other on every
+  grid. One dominant matrix is where
+  orthogonalising a matrix by a group of ranks ({doc}`chapter 14 <14_muon_at_scale>`) pays.
+""")
+
+# %% [markdown]
 # ## What Muon costs in a whole training step
 #
 # The optimizer's time decides the layout; whether to use Muon at all depends on what it adds to
@@ -529,7 +540,7 @@ display(Markdown("**What others report**, on their hardware and models:"))
 table(["source", "setting", "Muon against AdamW"], wholestep.reported_rows(),
       align="lll")
 
-# %% tags=["remove-cell"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The claims of the text below, on the rows above.
 ws = {(r["config"].model, r["config"].dp, r["config"].tp): r["layouts"] for r in steps}
 one_b, k2 = ws[("llama3.2-1b", 8, 1)], ws[("kimi-k2", 256, 1)]
@@ -540,41 +551,41 @@ for lay in (b8x8, b16x4):
 assert b16x4["aligned"]["optimizer_x_adamw"] > 10
 assert one_b["owner"]["over_adamw"][0] < one_b["bucket"]["over_adamw"][0]
 assert k2["owner"]["over_adamw"][0] < 0.05   # a few percent at most, as reported
-glue("ch13-8b-aligned-x", f"{b16x4['aligned']['optimizer_x_adamw']:.0f}",
-     display=False)
+keep("ch13-8b-aligned-x", f"{b16x4['aligned']['optimizer_x_adamw']:.0f}")
 for name, lay in (("8x8", b8x8), ("16x4", b16x4), ("1b", one_b), ("k2", k2)):
-    glue(f"ch13-ws-{name}-owner", f"{lay['owner']['over_adamw'][0]:.1%}", display=False)
-    glue(f"ch13-ws-{name}-owner-hidden", f"{lay['owner']['over_adamw'][1]:.1%}",
-         display=False)
-    glue(f"ch13-ws-{name}-owner-x", f"{lay['owner']['optimizer_x_adamw']:.2f}",
-         display=False)
+    keep(f"ch13-ws-{name}-owner", f"{lay['owner']['over_adamw'][0]:.1%}")
+    keep(f"ch13-ws-{name}-owner-hidden", f"{lay['owner']['over_adamw'][1]:.1%}")
+    keep(f"ch13-ws-{name}-owner-x", f"{lay['owner']['optimizer_x_adamw']:.2f}")
 for name, lay in (("8x8", b8x8), ("16x4", b16x4)):
-    glue(f"ch13-ws-{name}-bucket", f"{lay['bucket']['over_adamw'][0]:.0%}",
-         display=False)
-glue("ch13-ws-k2-fb", f"{steps[-1]['forward_backward']:.0f}", display=False)
-glue("ch13-ws-k2-extra", f"{k2['owner']['muon_only'] * 1e3:,.0f}", display=False)
+    keep(f"ch13-ws-{name}-bucket", f"{lay['bucket']['over_adamw'][0]:.0%}")
+keep("ch13-ws-k2-fb", f"{steps[-1]['forward_backward']:.0f}")
+keep("ch13-ws-k2-extra", f"{k2['owner']['muon_only'] * 1e3:,.0f}")
 
 # %% [markdown]
 # What the model says:
-#
-# - **Llama-3-8B on 64 H100, owner layout: Muon adds {glue:text}`ch13-ws-8x8-owner` to the step
-#   on 8 x 8 and {glue:text}`ch13-ws-16x4-owner` on 16 x 4** (its optimizer step
-#   {glue:text}`ch13-ws-8x8-owner-x` and {glue:text}`ch13-ws-16x4-owner-x` x AdamW's). At 4 Mi
-#   tokens a step forward and backward take seconds, and each GPU orthogonalises a 64th of the
-#   matrices. Under `bucket`, where every rank orthogonalises every matrix, the same step is
-#   {glue:text}`ch13-ws-8x8-bucket` and {glue:text}`ch13-ws-16x4-bucket` longer; under
-#   `aligned` the padding of the ZeRO-1 collectives costs more than Newton-Schulz.
-# - **Llama-3.2-1B on 8 GPUs**: {glue:text}`ch13-ws-1b-owner` (hidden collectives:
-#   {glue:text}`ch13-ws-1b-owner-hidden`). A small model at 16k tokens per GPU has short
-#   forward and backward passes, and each GPU still orthogonalises an eighth of the matrices.
-# - **Kimi K2 on 256 GPUs with expert parallelism**: Muon's own work (Newton-Schulz and the owner
-#   transfers, each expert among the 4 ranks of its slice) is {glue:text}`ch13-ws-k2-extra` ms a
-#   step against {glue:text}`ch13-ws-k2-fb` s of forward and backward at 16 Mi tokens:
-#   {glue:text}`ch13-ws-k2-owner` more than AdamW ({glue:text}`ch13-ws-k2-owner-hidden` with the
-#   collectives hidden). NVIDIA measured 2.1% less throughput for the same model on 256 GB300
-#   (below). Not modelled: pipeline parallelism, which that run used, the MoE layers' token
-#   all-to-alls (the same for both optimizers) and whether the layout fits in memory.
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+- **Llama-3-8B on 64 H100, owner layout: Muon adds {{ch13-ws-8x8-owner}} to the step
+  on 8 x 8 and {{ch13-ws-16x4-owner}} on 16 x 4** (its optimizer step
+  {{ch13-ws-8x8-owner-x}} and {{ch13-ws-16x4-owner-x}} x AdamW's). At 4 Mi
+  tokens a step forward and backward take seconds, and each GPU orthogonalises a 64th of the
+  matrices. Under `bucket`, where every rank orthogonalises every matrix, the same step is
+  {{ch13-ws-8x8-bucket}} and {{ch13-ws-16x4-bucket}} longer; under
+  `aligned` the padding of the ZeRO-1 collectives costs more than Newton-Schulz.
+- **Llama-3.2-1B on 8 GPUs**: {{ch13-ws-1b-owner}} (hidden collectives:
+  {{ch13-ws-1b-owner-hidden}}). A small model at 16k tokens per GPU has short
+  forward and backward passes, and each GPU still orthogonalises an eighth of the matrices.
+- **Kimi K2 on 256 GPUs with expert parallelism**: Muon's own work (Newton-Schulz and the owner
+  transfers, each expert among the 4 ranks of its slice) is {{ch13-ws-k2-extra}} ms a
+  step against {{ch13-ws-k2-fb}} s of forward and backward at 16 Mi tokens:
+  {{ch13-ws-k2-owner}} more than AdamW ({{ch13-ws-k2-owner-hidden}} with the
+  collectives hidden). NVIDIA measured 2.1% less throughput for the same model on 256 GB300
+  (below). Not modelled: pipeline parallelism, which that run used, the MoE layers' token
+  all-to-alls (the same for both optimizers) and whether the layout fits in memory.
+""")
+
+# %% [markdown]
 # These are models on assumed links and a one-GPU rate, with Newton-Schulz charged slower than
 # the record measured and attention left out: each choice makes Muon look costlier, not cheaper.
 # They agree in size with what the paper and the implementations that published a figure report
@@ -587,21 +598,25 @@ glue("ch13-ws-k2-extra", f"{k2['owner']['muon_only'] * 1e3:,.0f}", display=False
 # its source's figure and each chapter's executed finding, in the {doc}`claims appendix <../book/claims>`.
 #
 # ## Summary
-#
-# - FSDP2 model: `FSDPMuon`. Otherwise ZeRO-1 (x TP) with `layout="owner"`.
-# - `layout="aligned"` only for equal matrices smaller than a bucket that divide evenly into the
-#   DP shards (not a Llama layer); `layout="bucket"` to reproduce the paper's numbers.
-# - In time, on the model: owner for transformer layers of unequal matrices, aligned only for a
-#   stack of equal ones; when one matrix dominates, bucket and owner come within
-#   {glue:text}`ch13-report-gap`% of each other on H100s. On a CPU Newton-Schulz is the step,
-#   and the owner layouts divide it by the number of ranks.
-# - In a whole training step, with the owner layout: about {glue:text}`ch13-ws-8x8-owner` more
-#   than AdamW for Llama-3-8B on 64 H100s, {glue:text}`ch13-ws-1b-owner` for a 1B model on 8,
-#   in line with the 1-3% and the few percent that others report.
-# - Every figure on this page is computed from the plan, the cost model and the time model;
-#   `muongrid.lab.choice`, `muongrid.lab.timemodel`, `muongrid.lab.layout_explorer` and
-#   `muongrid.lab.wholestep` give the same for your own shapes, grid and hardware.
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+- FSDP2 model: `FSDPMuon`. Otherwise ZeRO-1 (x TP) with `layout="owner"`.
+- `layout="aligned"` only for equal matrices smaller than a bucket that divide evenly into the
+  DP shards (not a Llama layer); `layout="bucket"` to reproduce the paper's numbers.
+- In time, on the model: owner for transformer layers of unequal matrices, aligned only for a
+  stack of equal ones; when one matrix dominates, bucket and owner come within
+  {{ch13-report-gap}}% of each other on H100s. On a CPU Newton-Schulz is the step,
+  and the owner layouts divide it by the number of ranks.
+- In a whole training step, with the owner layout: about {{ch13-ws-8x8-owner}} more
+  than AdamW for Llama-3-8B on 64 H100s, {{ch13-ws-1b-owner}} for a 1B model on 8,
+  in line with the 1-3% and the few percent that others report.
+- Every figure on this page is computed from the plan, the cost model and the time model;
+  `muongrid.lab.choice`, `muongrid.lab.timemodel`, `muongrid.lab.layout_explorer` and
+  `muongrid.lab.wholestep` give the same for your own shapes, grid and hardware.
+""")
+
+# %% [markdown]
 # ## Exercises
 #
 # Each one is a call to `muongrid.lab.choice` (`layout_costs(groups, dp, tp, bucket_numel)` for a
@@ -616,27 +631,8 @@ glue("ch13-ws-k2-extra", f"{k2['owner']['muon_only'] * 1e3:,.0f}", display=False
 #    AdamW's?
 # 3. In the FSDP2 table, how many times Muon's extra bytes under ZeRO-1's owner layout does FSDP2 +
 #    `FSDPMuon` send for the proof of concept's matrices on 4 ranks?
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. `owner`, at {glue:text}`ch13-ex1-owner` x AdamW. `aligned` rises to
-#    {glue:text}`ch13-ex1-aligned` x AdamW (and {glue:text}`ch13-ex1-state` the state per rank of
-#    `owner`): its shards must end on matrix boundaries, and the stack's 16 matrices of three sizes
-#    cannot be cut into 8 equal runs of whole matrices, so every shard is padded to the largest and
-#    the gradient reduce-scatter and parameter all-gather carry the padding. On 4 ranks they could
-#    (4 layers, one per rank), which is why the table shows 1.00 there.
-# 2. {glue:text}`ch13-ex2-gain` times: every one of the 8 ranks runs Newton-Schulz on every matrix
-#    under `bucket`, while `owner` spreads the matrices over the ranks. Bytes:
-#    {glue:text}`ch13-ex2-bucket` x AdamW for `bucket` (the TP gathers come on top of the paper's
-#    1.25) against {glue:text}`ch13-ex2-owner` for `owner`.
-# 3. {glue:text}`ch13-ex3-ratio` times (the row "the proof of concept's five matrices, 4 x 1" of
-#    the FSDP2 table: {glue:text}`ch13-ex3-fsdp` against {glue:text}`ch13-ex3-zero1`). FSDP2 cuts
-#    every matrix into blocks of rows on every rank, so every matrix has pieces away from its
-#    owner, while ZeRO-1's flat buffer leaves the matrices that fall inside one shard whole there.
-# :::
 
-# %% tags=["remove-cell"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The answers to the exercises, computed here and checked against the reasons the
 # solutions give.
 stack_groups = SETS["a 4-layer transformer stack (d_model 512)"]
@@ -645,21 +641,43 @@ fewest = min(on8.values(), key=lambda c: c["bytes_per_rank"])
 assert fewest["layout"] == "owner"
 assert on8["aligned"]["vs_adamw"] > 1.0  # padding on 8 ranks
 assert on8["aligned"]["state_bytes_per_rank"] > on8["owner"]["state_bytes_per_rank"]
-glue("ch13-ex1-owner", f"{on8['owner']['vs_adamw']:.2f}", display=False)
-glue("ch13-ex1-aligned", f"{on8['aligned']['vs_adamw']:.2f}", display=False)
+keep("ch13-ex1-owner", f"{on8['owner']['vs_adamw']:.2f}")
+keep("ch13-ex1-aligned", f"{on8['aligned']['vs_adamw']:.2f}")
 state_ratio = (on8["aligned"]["state_bytes_per_rank"]
                / on8["owner"]["state_bytes_per_rank"])
-glue("ch13-ex1-state", f"{state_ratio:.2f} times", display=False)
+keep("ch13-ex1-state", f"{state_ratio:.2f} times")
 on42 = {c["layout"]: c for c in layout_costs(stack_groups, 4, 2, DEFAULT_BUCKET_NUMEL)}
 assert on42["bucket"]["ns_runs_per_matrix"] == 8
 assert on42["owner"]["ns_runs_per_matrix"] == 1
 assert on42["bucket"]["vs_adamw"] > 1.25 > on42["owner"]["vs_adamw"]
 gain42 = on42["bucket"]["busiest_ns_flops"] / on42["owner"]["busiest_ns_flops"]
-glue("ch13-ex2-gain", f"{gain42:.1f}", display=False)
-glue("ch13-ex2-bucket", f"{on42['bucket']['vs_adamw']:.2f}", display=False)
-glue("ch13-ex2-owner", f"{on42['owner']['vs_adamw']:.2f}", display=False)
+keep("ch13-ex2-gain", f"{gain42:.1f}")
+keep("ch13-ex2-bucket", f"{on42['bucket']['vs_adamw']:.2f}")
+keep("ch13-ex2-owner", f"{on42['owner']['vs_adamw']:.2f}")
 zero1_poc4, fsdp_poc4 = extra[(poc, 4)]
 assert fsdp_poc4 > zero1_poc4
-glue("ch13-ex3-ratio", f"{fsdp_poc4 / zero1_poc4:.1f}", display=False)
-glue("ch13-ex3-fsdp", f"{fsdp_poc4 / 1e6:.2f} MB", display=False)
-glue("ch13-ex3-zero1", f"{zero1_poc4 / 1e6:.2f} MB", display=False)
+keep("ch13-ex3-ratio", f"{fsdp_poc4 / zero1_poc4:.1f}")
+keep("ch13-ex3-fsdp", f"{fsdp_poc4 / 1e6:.2f} MB")
+keep("ch13-ex3-zero1", f"{zero1_poc4 / 1e6:.2f} MB")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. `owner`, at {{ch13-ex1-owner}} x AdamW. `aligned` rises to
+   {{ch13-ex1-aligned}} x AdamW (and {{ch13-ex1-state}} the state per rank of
+   `owner`): its shards must end on matrix boundaries, and the stack's 16 matrices of three sizes
+   cannot be cut into 8 equal runs of whole matrices, so every shard is padded to the largest and
+   the gradient reduce-scatter and parameter all-gather carry the padding. On 4 ranks they could
+   (4 layers, one per rank), which is why the table shows 1.00 there.
+2. {{ch13-ex2-gain}} times: every one of the 8 ranks runs Newton-Schulz on every matrix
+   under `bucket`, while `owner` spreads the matrices over the ranks. Bytes:
+   {{ch13-ex2-bucket}} x AdamW for `bucket` (the TP gathers come on top of the paper's
+   1.25) against {{ch13-ex2-owner}} for `owner`.
+3. {{ch13-ex3-ratio}} times (the row "the proof of concept's five matrices, 4 x 1" of
+   the FSDP2 table: {{ch13-ex3-fsdp}} against {{ch13-ex3-zero1}}). FSDP2 cuts
+   every matrix into blocks of rows on every rank, so every matrix has pieces away from its
+   owner, while ZeRO-1's flat buffer leaves the matrices that fall inside one shard whole there.
+:::
+""")

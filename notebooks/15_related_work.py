@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -45,33 +45,36 @@
 # - place muongrid's layouts (bucket, owner, aligned, group) and `FSDPMuon` among them.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # ## The field at a glance
@@ -224,7 +227,7 @@ elif importlib.util.find_spec("muongrid") is None:
 # %%
 import math
 
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab import choice, costmodel, rivals, timemodel
 from muongrid.lab.notebook import last_json, run, table
@@ -233,7 +236,6 @@ from muongrid.lab.synthetic import build_problem
 DP = 4
 live = last_json(run(f"verify.py --dp {DP} --tp 1 --layout owner,aligned --steps 1",
                      log="collapsed"))
-assert live["ok"]
 problem = build_problem("muon")  # what verify.py ran: the same matrices, in two groups
 p_live = sum(r * c for g in problem.groups for r, c in g["shapes"])
 
@@ -260,20 +262,27 @@ for layout in ("owner", "aligned"):
 table(["layout", "P_M", "in the shards", "ledger: RS + AG", "2(N-1)/N x shards",
        "2(N-1)/N x P_M", "ledger: to/from owners"], rows)
 live_pad = {r[0]: r[2] / r[1] for r in rows}
-glue("ch15-live-owner-pad", f"{live_pad['owner']:.3f}", display=False)
-glue("ch15-live-aligned-pad", f"{live_pad['aligned']:.2f}", display=False)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert live["ok"]
+keep("ch15-live-owner-pad", f"{live_pad['owner']:.3f}")
+keep("ch15-live-aligned-pad", f"{live_pad['aligned']:.2f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+The ledger's reduce-scatter and all-gather equal DMuon's formula applied to what the shards hold
+(the cell asserts it, for the mean over the ranks). The owner layout's even shards hold the
+matrices' elements {{ch15-live-owner-pad}} times over (padding only rounds up to a
+multiple of the ranks); the aligned layout's, cut on matrix boundaries,
+{{ch15-live-aligned-pad}} times: five matrices of very different sizes cannot be split
+into four equal runs of whole matrices, and every shard is padded to the largest. DMuon's
+reduce and broadcast are one collective per owner, with no shard to pad; the owner layout pays
+instead in pieces of matrices that cross a shard boundary, sent to their owner and back in bf16
+(the last column). `tests/test_rivals.py` checks the same identity on other grids.
+""")
 
 # %% [markdown]
-# The ledger's reduce-scatter and all-gather equal DMuon's formula applied to what the shards hold
-# (the cell asserts it, for the mean over the ranks). The owner layout's even shards hold the
-# matrices' elements {glue:text}`ch15-live-owner-pad` times over (padding only rounds up to a
-# multiple of the ranks); the aligned layout's, cut on matrix boundaries,
-# {glue:text}`ch15-live-aligned-pad` times: five matrices of very different sizes cannot be split
-# into four equal runs of whole matrices, and every shard is padded to the largest. DMuon's
-# reduce and broadcast are one collective per owner, with no shard to pad; the owner layout pays
-# instead in pieces of matrices that cross a shard boundary, sent to their owner and back in bf16
-# (the last column). `tests/test_rivals.py` checks the same identity on other grids.
-#
 # ### A real model: Llama-3-8B's matrices on 8 and 64 ranks
 #
 # The same comparison for the 224 Muon matrices of Llama-3-8B (32 layers of q, k, v, o, gate,
@@ -351,7 +360,7 @@ table(["per rank per step, x P_M", "from", *[f"N = {n}" for n in NS]],
 print(f"P_M = {P:,} elements in {len(shapes)} matrices; the default bucket holds "
       f"{DEFAULT_BUCKET_NUMEL:,} elements, smaller than every one of them")
 
-# %% tags=["remove-cell"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The page's statements about these rows, checked, and the figures it quotes.
 for n in NS:
     share = (n - 1) / n
@@ -366,44 +375,47 @@ for n in NS:
     assert math.isclose(titan, fsdpmuon[n])
 # 8 ranks take 4 layers each: one bucket of whole matrices balances exactly
 assert math.isclose(mine[8]["aligned_one"]["zero1"], elements[FLOOR][8])
-glue("ch15-p", f"{P / 1e9:.2f} billion", display=False)
+keep("ch15-p", f"{P / 1e9:.2f} billion")
 for n in NS:
-    glue(f"ch15-owner-extra-{n}", f"{mine[n]['owner']['ns'] / P:.3f}", display=False)
-    glue(f"ch15-aligned-{n}", f"{mine[n]['aligned']['elements'] / P:.1f}",
-         display=False)
+    keep(f"ch15-owner-extra-{n}", f"{mine[n]['owner']['ns'] / P:.3f}")
+    keep(f"ch15-aligned-{n}", f"{mine[n]['aligned']['elements'] / P:.1f}")
     pad = mine[n]["aligned_one"]["zero1"] / (2 * (n - 1) / n * P)
-    glue(f"ch15-aligned-one-pad-{n}", f"{pad:.3f}", display=False)
+    keep(f"ch15-aligned-one-pad-{n}", f"{pad:.3f}")
 dion64 = rivals.dion_megabatch(shapes, 64)
-glue("ch15-dion-zeros-64", f"{dion64['padding'] / dion64['total']:.0%}", display=False)
+keep("ch15-dion-zeros-64", f"{dion64['padding'] / dion64['total']:.0%}")
 gap = elements["FSDP2 + muongrid FSDPMuon"][8] - elements["DMuon-Z3 (default)"][8]
-glue("ch15-z3-gap-8", f"{gap / P:.3f}", display=False)
+keep("ch15-z3-gap-8", f"{gap / P:.3f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+What the rows say, all for the same {{ch15-p}} elements:
+
+- **DMuon's design is the floor of its family.** Reducing the gradient straight to its owner
+  and broadcasting the result moves $2\frac{N-1}{N}P_M$, what a ring all-reduce moves: the
+  least a scheme that leaves the whole parameter on every rank can move, as their page says. muongrid's owner layout moves that in its reduce-scatter
+  and all-gather, and on top the pieces of each matrix that lie away from its owner:
+  {{ch15-owner-extra-8}} $P_M$ on 8 ranks and {{ch15-owner-extra-64}} on 64.
+  Every Llama matrix is larger than the default bucket ($2^{20}$ elements), so each is cut over
+  all $N$ ranks and $\frac{N-1}{N}$ of it travels to its owner and back.
+- **The aligned layout is the one that can reach that floor, but not with default buckets.** It
+  cuts shards on matrix boundaries, so nothing travels for Newton-Schulz; but a matrix larger
+  than a bucket then sits on one rank and every other rank's shard is padded to its size:
+  {{ch15-aligned-8}} $P_M$ on 8 ranks, {{ch15-aligned-64}} on 64. With one
+  bucket for all matrices the shards balance, to {{ch15-aligned-one-pad-8}} times the
+  floor on 8 ranks and {{ch15-aligned-one-pad-64}} on 64 (224 matrices of three sizes do
+  not split evenly 64 ways). This is Megatron's layer-wise design, which packs whole matrices into
+  shards with a cap on the padding; DMuon's per-owner reduce has no padding at all.
+- **Among the FSDP2 designs**, DMuon-Z3 replaces FSDP2's three collectives on the Muon matrices
+  with three transfers of its own, and needs no optimizer-side gather: $3\frac{N-1}{N}P_M$.
+  `FSDPMuon`, torchtitan's `Owned` and Dion's megabatch leave FSDP2 as it is and add an
+  all-to-all there and back, $2\frac{N-1}{N^2}P_M$ ({{ch15-z3-gap-8}} $P_M$ on 8
+  ranks): the same pieces in all three, since every Llama row count divides by 8 and 64. Dion
+  pads its batches: on 64 ranks the 32 down projections are padded with 32 zero matrices, and
+  {{ch15-dion-zeros-64}} of its all-to-all traffic is zeros.
+""")
+
 
 # %% [markdown]
-# What the rows say, all for the same {glue:text}`ch15-p` elements:
-#
-# - **DMuon's design is the floor of its family.** Reducing the gradient straight to its owner
-#   and broadcasting the result moves $2\frac{N-1}{N}P_M$, what a ring all-reduce moves: the
-#   least a scheme that leaves the whole parameter on every rank can move, as their page says. muongrid's owner layout moves that in its reduce-scatter
-#   and all-gather, and on top the pieces of each matrix that lie away from its owner:
-#   {glue:text}`ch15-owner-extra-8` $P_M$ on 8 ranks and {glue:text}`ch15-owner-extra-64` on 64.
-#   Every Llama matrix is larger than the default bucket ($2^{20}$ elements), so each is cut over
-#   all $N$ ranks and $\frac{N-1}{N}$ of it travels to its owner and back.
-# - **The aligned layout is the one that can reach that floor, but not with default buckets.** It
-#   cuts shards on matrix boundaries, so nothing travels for Newton-Schulz; but a matrix larger
-#   than a bucket then sits on one rank and every other rank's shard is padded to its size:
-#   {glue:text}`ch15-aligned-8` $P_M$ on 8 ranks, {glue:text}`ch15-aligned-64` on 64. With one
-#   bucket for all matrices the shards balance, to {glue:text}`ch15-aligned-one-pad-8` times the
-#   floor on 8 ranks and {glue:text}`ch15-aligned-one-pad-64` on 64 (224 matrices of three sizes do
-#   not split evenly 64 ways). This is Megatron's layer-wise design, which packs whole matrices into
-#   shards with a cap on the padding; DMuon's per-owner reduce has no padding at all.
-# - **Among the FSDP2 designs**, DMuon-Z3 replaces FSDP2's three collectives on the Muon matrices
-#   with three transfers of its own, and needs no optimizer-side gather: $3\frac{N-1}{N}P_M$.
-#   `FSDPMuon`, torchtitan's `Owned` and Dion's megabatch leave FSDP2 as it is and add an
-#   all-to-all there and back, $2\frac{N-1}{N^2}P_M$ ({glue:text}`ch15-z3-gap-8` $P_M$ on 8
-#   ranks): the same pieces in all three, since every Llama row count divides by 8 and 64. Dion
-#   pads its batches: on 64 ranks the 32 down projections are padded with 32 zero matrices, and
-#   {glue:text}`ch15-dion-zeros-64` of its all-to-all traffic is zeros.
-#
 # ### The same in bytes
 #
 # Elements become bytes through dtypes, and here the implementations differ as much as in design.
@@ -464,20 +476,26 @@ same_bf16 = (gb["muongrid ZeRO-1, owner", "bf16, fp32 reduce"][8]
              / gb["DMuon, DDP or Z2", "bf16, fp32 reduce"][8])
 bf16_reduce = (gb["DMuon, DDP or Z2", "bf16, bf16 reduce"][8]
                / gb["DMuon, DDP or Z2", "bf16, fp32 reduce"][8])
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert same_fp32 > 1 and same_bf16 > 1 and bf16_reduce < 1
-glue("ch15-bytes-fp32", f"{same_fp32:.3f}", display=False)
-glue("ch15-bytes-bf16", f"{same_bf16:.3f}", display=False)
-glue("ch15-bytes-bf16-reduce", f"{1 - bf16_reduce:.0%}", display=False)
+keep("ch15-bytes-fp32", f"{same_fp32:.3f}")
+keep("ch15-bytes-bf16", f"{same_bf16:.3f}")
+keep("ch15-bytes-bf16-reduce", f"{1 - bf16_reduce:.0%}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+With the same dtypes on both sides, muongrid's owner layout sends {{ch15-bytes-fp32}}
+times DMuon's bytes on 8 ranks with fp32 parameters and {{ch15-bytes-bf16}} times with
+bf16 parameters (the pieces sent to owners). DMuon's default with a bf16 forward copy also
+reduces gradients in bf16, {{ch15-bytes-bf16-reduce}} fewer bytes than with an fp32
+reduce: a precision choice (summing N bf16 gradients), not a saving of the design, and one that
+muongrid does not make. Under FSDP2, the all-to-all's dtype separates the three that share a
+design: torchtitan's fp32 buffers send twice the bytes of the bf16 ones for the same pieces.
+""")
 
 # %% [markdown]
-# With the same dtypes on both sides, muongrid's owner layout sends {glue:text}`ch15-bytes-fp32`
-# times DMuon's bytes on 8 ranks with fp32 parameters and {glue:text}`ch15-bytes-bf16` times with
-# bf16 parameters (the pieces sent to owners). DMuon's default with a bf16 forward copy also
-# reduces gradients in bf16, {glue:text}`ch15-bytes-bf16-reduce` fewer bytes than with an fp32
-# reduce: a precision choice (summing N bf16 gradients), not a saving of the design, and one that
-# muongrid does not make. Under FSDP2, the all-to-all's dtype separates the three that share a
-# design: torchtitan's fp32 buffers send twice the bytes of the bf16 ones for the same pieces.
-#
 # ### HSDP: the page's table and the algorithm
 #
 # DMuon's HSDP mode adds a replicate axis of $R$ copies of the shard group (one per node, say):
@@ -494,8 +512,6 @@ N8, R8 = 8, 8
 page = rivals.dmuon(P, N8, "z2", replicate=R8, as_documented=True)
 derived = rivals.dmuon(P, N8, "z2", replicate=R8)
 flat = ours(N8 * R8)["zero1"]
-assert math.isclose(derived["total"], rivals.dmuon(P, N8 * R8, "ddp")["total"])
-assert math.isclose(derived["total"], flat)  # rows divide by 64: ZeRO-1 has no padding
 
 
 def replicate(d: dict) -> str:
@@ -507,6 +523,11 @@ table(["8 shards x 8 replicas, x P_M", "replicate phases", "total"],
        ["DMuon, averaged over the 64 ranks", replicate(derived),
         f"{derived['total'] / P:.3f}"],
        ["muongrid ZeRO-1 RS + AG, 64 DP ranks", "", f"{flat / P:.3f}"]], align="lrr")
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert math.isclose(derived["total"], rivals.dmuon(P, N8 * R8, "ddp")["total"])
+assert math.isclose(derived["total"], flat)  # rows divide by 64: ZeRO-1 has no padding
 
 # %% [markdown]
 # We read the page's figure as the traffic of a rank that takes part for every matrix, an upper
@@ -536,17 +557,23 @@ tp_rows = [
 table(["8 x 8, per rank per step, x P_M", "from", "elements"],
       [[label, src, f"{v / P:.3f}"] for label, src, v in tp_rows], align="llr")
 tp = {label: v for label, _, v in tp_rows}
-glue("ch15-tp-gram-ratio",
-     f"{tp['Megatron, distributed'] / tp['Megatron, duplicated']:.1f}", display=False)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch15-tp-gram-ratio",
+     f"{tp['Megatron, distributed'] / tp['Megatron, duplicated']:.1f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+Under TP every design moves the DP share of each TP rank's $P_M/T$, and they differ in how a
+matrix is made whole. Gathering it to one rank (DMuon, muongrid) costs least; gathering it on
+every member of the owner's TP group (Megatron's "duplicated") more; the Gram all-reduce
+(Megatron's "distributed") {{ch15-tp-gram-ratio}} times the duplicated total here,
+because a Llama matrix's Gram over its unsplit 4,096-wide side, five times, is larger than the
+matrix. That mode saves memory and idle TP ranks, not bytes.
+""")
 
 # %% [markdown]
-# Under TP every design moves the DP share of each TP rank's $P_M/T$, and they differ in how a
-# matrix is made whole. Gathering it to one rank (DMuon, muongrid) costs least; gathering it on
-# every member of the owner's TP group (Megatron's "duplicated") more; the Gram all-reduce
-# (Megatron's "distributed") {glue:text}`ch15-tp-gram-ratio` times the duplicated total here,
-# because a Llama matrix's Gram over its unsplit 4,096-wide side, five times, is larger than the
-# matrix. That mode saves memory and idle TP ranks, not bytes.
-#
 # ## How muongrid's layouts compare
 #
 # - **`bucket`** is Moonshot's proof of concept: every rank gathers and orthogonalises everything.
@@ -575,21 +602,25 @@ glue("ch15-tp-gram-ratio",
 # Dion's low-rank optimizers and Triton kernels.
 #
 # ## Summary
-#
-# - Five other projects distribute Muon; all but Moonshot's proof of concept give each matrix one
-#   owner over data parallelism. They differ in how the pieces reach it: a reduce and a broadcast
-#   (DMuon), ZeRO-1 shards cut on matrix boundaries (Megatron), or an all-to-all next to FSDP2
-#   (torchtitan, Dion, muongrid's `FSDPMuon`).
-# - DMuon's stated formulas hold as mean elements per rank for one shard group: our ledger's
-#   reduce-scatter and all-gather equal its $2\frac{N-1}{N}$ on the elements our shards hold.
-#   Its HSDP table counts each replicate phase $N$ times over the mean.
-# - For Llama-3-8B on 8 and 64 ranks, muongrid's owner layout moves {glue:text}`ch15-owner-extra-8`
-#   and {glue:text}`ch15-owner-extra-64` $P_M$ per rank more than DMuon's floor; with matrices
-#   larger than a bucket the aligned layout pads far more. In bytes, dtypes (a bf16 gradient
-#   reduce, an fp32 all-to-all) move the totals as much as the designs do.
-# - The numbers on this page come from `muongrid.lab.rivals` (their formulas, derived where they
-#   state none), the plan and the closed form; the commits read are named in each section.
-#
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+- Five other projects distribute Muon; all but Moonshot's proof of concept give each matrix one
+  owner over data parallelism. They differ in how the pieces reach it: a reduce and a broadcast
+  (DMuon), ZeRO-1 shards cut on matrix boundaries (Megatron), or an all-to-all next to FSDP2
+  (torchtitan, Dion, muongrid's `FSDPMuon`).
+- DMuon's stated formulas hold as mean elements per rank for one shard group: our ledger's
+  reduce-scatter and all-gather equal its $2\frac{N-1}{N}$ on the elements our shards hold.
+  Its HSDP table counts each replicate phase $N$ times over the mean.
+- For Llama-3-8B on 8 and 64 ranks, muongrid's owner layout moves {{ch15-owner-extra-8}}
+  and {{ch15-owner-extra-64}} $P_M$ per rank more than DMuon's floor; with matrices
+  larger than a bucket the aligned layout pads far more. In bytes, dtypes (a bf16 gradient
+  reduce, an fp32 all-to-all) move the totals as much as the designs do.
+- The numbers on this page come from `muongrid.lab.rivals` (their formulas, derived where they
+  state none), the plan and the closed form; the commits read are named in each section.
+""")
+
+# %% [markdown]
 # ## Exercises
 #
 # Each is a call to `muongrid.lab.rivals` or to `ours(...)` above.
@@ -599,33 +630,36 @@ glue("ch15-tp-gram-ratio",
 # 2. Give Dion 48 ranks instead of 64. How much of its all-to-all traffic is zeros, and why?
 # 3. For an 8 x 8 grid, how many more elements per rank does muongrid's owner layout move than
 #    DMuon-Z2 x TP, and where does the difference come from?
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. On {glue:text}`ch15-ex1-n` ranks ($3\frac{N-1}{N} > 2$ from $N = 4$); the owner layout moves
-#    {glue:text}`ch15-ex1-owner` $P_M$ there.
-# 2. {glue:text}`ch15-ex2-zeros`: 48 divides neither 64 nor 32, so each shape's batch is padded
-#    with zero matrices to 96 or 48, and no row count of Llama's (1,024, 4,096, 14,336) divides
-#    by 48, so every block is padded with zero rows too.
-# 3. {glue:text}`ch15-ex3-diff` $P_M$. Both move the same DP share of every element. DMuon's
-#    reduce already leaves each TP shard whole on its DP owner, so only the $\frac{T-1}{T}$ of the
-#    matrix held by the other TP shards' owners travels. Our reduce-scatter leaves each TP shard
-#    spread over the 8 DP ranks (every matrix is larger than a bucket), so the owner collects
-#    $\frac{NT-1}{NT}$ of the matrix from all 64 ranks, and sends it back.
-# :::
 
-# %% tags=["remove-cell"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The answers to the exercises, computed here and checked against the solutions.
 first = next(n for n in range(2, 100) if rivals.dmuon(P, n, "z3")["total"] > 2 * P)
 assert first == 4
-glue("ch15-ex1-n", first, display=False)
-glue("ch15-ex1-owner", f"{ours(first)['elements'] / P:.3f}", display=False)
+keep("ch15-ex1-n", first)
+keep("ch15-ex1-owner", f"{ours(first)['elements'] / P:.3f}")
 d48 = rivals.dion_megabatch(shapes, 48)
 assert d48["padding"] > 0 and 14336 % 48
-glue("ch15-ex2-zeros", f"{d48['padding'] / d48['total']:.0%}", display=False)
+keep("ch15-ex2-zeros", f"{d48['padding'] / d48['total']:.0%}")
 diff = (ours(N, T)["elements"] - rivals.dmuon_tp(P, N, T, "z2")["total"]) / P
 assert math.isclose(ours(N, T)["zero1"], rivals.dmuon_tp(P, N, T, "z2")["total"]
                     - 2 * (T - 1) / (N * T * T) * P)  # the same DP share
 assert math.isclose(diff, 2 / (N * T) * ((N * T - 1) / (N * T) - (T - 1) / T))
-glue("ch15-ex3-diff", f"{diff:.3f}", display=False)
+keep("ch15-ex3-diff", f"{diff:.3f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. On {{ch15-ex1-n}} ranks ($3\frac{N-1}{N} > 2$ from $N = 4$); the owner layout moves
+   {{ch15-ex1-owner}} $P_M$ there.
+2. {{ch15-ex2-zeros}}: 48 divides neither 64 nor 32, so each shape's batch is padded
+   with zero matrices to 96 or 48, and no row count of Llama's (1,024, 4,096, 14,336) divides
+   by 48, so every block is padded with zero rows too.
+3. {{ch15-ex3-diff}} $P_M$. Both move the same DP share of every element. DMuon's
+   reduce already leaves each TP shard whole on its DP owner, so only the $\frac{T-1}{T}$ of the
+   matrix held by the other TP shards' owners travels. Our reduce-scatter leaves each TP shard
+   spread over the 8 DP ranks (every matrix is larger than a bucket), so the owner collects
+   $\frac{NT-1}{NT}$ of the matrix from all 64 ranks, and sends it back.
+:::
+""")

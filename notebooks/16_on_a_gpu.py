@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     cell_metadata_filter: tags,-all
+#     cell_metadata_filter: tags,mystnb,jupyter,-all
 #     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
@@ -37,33 +37,36 @@
 #   measured, which is counted and which is modelled.
 
 # %% tags=["hide-cell"]
-# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`).
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# Set-up (written by `python -m muongrid.lab.notebook sync`).
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "https://github.com/muongrid-book/distributed-muon"
+HOME = "/content/distributed-muon"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/distributed-muon"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/distributed-muon"]).returncode:
-            raise RuntimeError(
-                f"could not clone {REPOSITORY}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/distributed-muon/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {REPOSITORY}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = []
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
 
 # %% [markdown]
 # ## The record
@@ -75,7 +78,7 @@ elif importlib.util.find_spec("muongrid") is None:
 
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
-from myst_nb import glue
+from muongrid.lab.page import keep, listing, say, show
 
 from muongrid.lab import gpurecord
 from muongrid.lab.notebook import table
@@ -94,17 +97,22 @@ display(Markdown(f"**Since then:** {gpurecord.CHANGED_SINCE}."))
 table(["step", "command", "exit", "seconds"], gpurecord.command_rows(record),
       align="llrr")
 total_s = sum(s["seconds"] for s in record["steps"])
-assert all(s["rc"] == 0 for s in record["steps"])
-glue("ch16-total-min", f"{total_s / 60:.1f}", display=False)
-glue("ch16-commands", len(record["steps"]), display=False)
 
-# %% [markdown]
-# All {glue:text}`ch16-commands` commands exited 0, in {glue:text}`ch16-total-min` minutes in
-# all. What the CPU chapters show is what a GPU prints: the ledger (every phase moves 0 bytes in
-# a world of one), the check against one process (a largest difference of 0 on every layout),
-# the training loop's progress lines, its resume from a checkpoint, and the FSDP2 run beside
-# `torch.optim.Muon` (the last lines of its comparison: ours first, then torch's; the same final
-# loss):
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert all(s["rc"] == 0 for s in record["steps"])
+keep("ch16-total-min", f"{total_s / 60:.1f}")
+keep("ch16-commands", len(record["steps"]))
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+All {{ch16-commands}} commands exited 0, in {{ch16-total-min}} minutes in
+all. What the CPU chapters show is what a GPU prints: the ledger (every phase moves 0 bytes in
+a world of one), the check against one process (a largest difference of 0 on every layout),
+the training loop's progress lines, its resume from a checkpoint, and the FSDP2 run beside
+`torch.optim.Muon` (the last lines of its comparison: ours first, then torch's; the same final
+loss):
+""")
 
 # %% tags=["hide-input"]
 print(gpurecord.printed(record))
@@ -119,7 +127,7 @@ print(gpurecord.printed(record))
 # matrices). {numref}`fig-ch16-roofline` puts them against NVIDIA's datasheet peak and the rate
 # the book's time model charges ({doc}`chapter 13 <13_what_to_pick>`, `muongrid.hardware`).
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch16-roofline", "caption": "bf16 throughput on one H100, from the GPU record: matmuls (grey) and Newton-Schulz (red), the fastest of several runs alone and the profiled time inside the optimizer step; dashed, NVIDIA's dense bf16 peak; dotted, the rate the book's time model charges Newton-Schulz (half the peak)."}}
 import matplotlib.pyplot as plt
 
 from muongrid import hardware
@@ -149,31 +157,28 @@ ax.set(ylabel="TFLOP/s (bf16), one H100", ylim=(0, 1050))
 ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False,
           fontsize=9)
 fig.tight_layout()
-glue("ch16-roofline", fig, display=False)
+show(fig)
 plt.close(fig)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert ns["best_ratio"] > 1 and rates["ns_in_step"] > charged
-glue("ch16-ns-ratio", f"{ns['best_ratio']:.0%}", display=False)
-glue("ch16-ns-step", f"{rates['ns_in_step'] / 1e12:.0f}", display=False)
-glue("ch16-ns-step-share", f"{rates['ns_in_step'] / rates['matmul_bf16']:.0%}",
-     display=False)
-glue("ch16-charged", f"{charged / 1e12:.0f}", display=False)
+keep("ch16-ns-ratio", f"{ns['best_ratio']:.0%}")
+keep("ch16-ns-step", f"{rates['ns_in_step'] / 1e12:.0f}")
+keep("ch16-ns-step-share", f"{rates['ns_in_step'] / rates['matmul_bf16']:.0%}")
+keep("ch16-charged", f"{charged / 1e12:.0f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+On one 4096 x 4096 matrix Newton-Schulz ran at {{ch16-ns-ratio}} of a bf16 matmul of
+the same size: it *is* matmuls, and a well-fed GPU runs them at its ceiling (a little above a
+single product here, since its products are back to back). Inside the optimizer step, on
+Llama-3.2-1B's smaller matrices batched by shape, it ran at {{ch16-ns-step}} TFLOP/s,
+{{ch16-ns-step-share}} of the 8192^3 ceiling. The time model charges
+{{ch16-charged}} TFLOP/s, below every measured rate, so a modelled Muon step errs long.
+""")
 
 # %% [markdown]
-# ```{glue:figure} ch16-roofline
-# :name: fig-ch16-roofline
-#
-# bf16 throughput on one H100, from the GPU record: matmuls (grey) and Newton-Schulz (red), the
-# fastest of several runs alone and the profiled time inside the optimizer step; dashed, NVIDIA's
-# dense bf16 peak; dotted, the rate the book's time model charges Newton-Schulz (half the peak).
-# ```
-#
-# On one 4096 x 4096 matrix Newton-Schulz ran at {glue:text}`ch16-ns-ratio` of a bf16 matmul of
-# the same size: it *is* matmuls, and a well-fed GPU runs them at its ceiling (a little above a
-# single product here, since its products are back to back). Inside the optimizer step, on
-# Llama-3.2-1B's smaller matrices batched by shape, it ran at {glue:text}`ch16-ns-step` TFLOP/s,
-# {glue:text}`ch16-ns-step-share` of the 8192^3 ceiling. The time model charges
-# {glue:text}`ch16-charged` TFLOP/s, below every measured rate, so a modelled Muon step errs long.
-#
 # ## One optimizer step, before the rebuild
 #
 # The record timed one `step()` on real model shapes, fp32 parameters with random gradients, one
@@ -190,31 +195,25 @@ llama = {k: v for m in record["bench"]["models"] if m["model"] == "llama-1b"
          for k, v in m["runs"].items()}
 gap_ms = llama["dmuon_owner_batch"]["gpu_ms"] - llama["torch_hybrid"]["gpu_ms"]
 prof = record["profile_ms_two_steps"]
-glue("ch16-old-gap", f"{gap_ms:.0f}", display=False)
-glue("ch16-old-copies", f"{prof['ours_copies'] / 2:.0f}", display=False)
-glue("ch16-old-ns", f"{prof['ours_newton_schulz'] / 2:.0f}", display=False)
-glue("ch16-torch-ns", f"{(prof['torch_addmm'] + prof['torch_mm']) / 2:.0f}",
-     display=False)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+keep("ch16-old-gap", f"{gap_ms:.0f}")
+keep("ch16-old-copies", f"{prof['ours_copies'] / 2:.0f}")
+keep("ch16-old-ns", f"{prof['ours_newton_schulz'] / 2:.0f}")
+keep("ch16-torch-ns", f"{(prof['torch_addmm'] + prof['torch_mm']) / 2:.0f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+On Llama-3.2-1B's shapes our step then took {{ch16-old-gap}} ms longer than
+torch's. The profile said where: both spent about the same time in Newton-Schulz's matmuls
+({{ch16-old-ns}} ms a step for ours, {{ch16-torch-ns}} for torch's), and ours
+added {{ch16-old-copies}} ms of device-to-device copies. Newton-Schulz was at the
+ceiling; the step around it was memory traffic, and two host syncs a step.
+""")
 
 # %% [markdown]
-# On Llama-3.2-1B's shapes our step then took {glue:text}`ch16-old-gap` ms longer than
-# torch's. The profile said where: both spent about the same time in Newton-Schulz's matmuls
-# ({glue:text}`ch16-old-ns` ms a step for ours, {glue:text}`ch16-torch-ns` for torch's), and ours
-# added {glue:text}`ch16-old-copies` ms of device-to-device copies. Newton-Schulz was at the
-# ceiling; the step around it was memory traffic, and two host syncs a step.
-#
 # ## What the rebuilt step moves, counted now
-#
-# A step's GPU time outside Newton-Schulz is the bytes it reads and writes over the memory's
-# bandwidth, and those bytes can be counted without a GPU: run the step on the **meta device**
-# (tensors with shapes and no data) under a dispatch mode that adds up each operation's bytes
-# from its schema ([`muongrid/lab/stepcost.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/stepcost.py)). At the record's commit that count said our step
-# moved {glue:text}`ch16-prior-ours` GiB outside Newton-Schulz against torch's
-# {glue:text}`ch16-prior-torch` GiB. Over the memory's bandwidth, between the datasheet's 3.35 TB/s
-# and the 2.56 TB/s the record's fused AdamW pass reached, the difference is
-# {glue:text}`ch16-prior-ms` ms, and the record measured {glue:text}`ch16-old-gap` ms. So the
-# count predicts the GPU's time. Here it is for today's step (`python scripts/step_bench.py`, run as
-# this page was built; "ops" are aten operations, about one kernel each):
 
 # %% tags=["hide-input"]
 SHAPES = ("gpt2-124m", "llama-1b", "llama-8b-4layers")
@@ -239,30 +238,49 @@ prior_ms = ms_range(prior["ours_outside_ns_gib"] - prior["torch_outside_ns_gib"]
 now = counted["llama-1b"]
 now_ms = ms_range(now["ours"]["outside_ns_gib"] - now["torch"]["outside_ns_gib"])
 torch_ms = llama["torch_hybrid"]["gpu_ms"]
+ratios = [c["bytes_ratio"] for c in counted.values()]
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert prior_ms[0] < gap_ms < prior_ms[1]   # the count bracketed the record's gap
 assert all(c["ours"]["syncs"] == 0 and c["bytes_ratio"] < 1.15
            for c in counted.values())
-glue("ch16-prior-ours", f"{prior['ours_outside_ns_gib']:.1f}", display=False)
-glue("ch16-prior-torch", f"{prior['torch_outside_ns_gib']:.1f}", display=False)
-glue("ch16-prior-ms", "{:.0f}-{:.0f}".format(*prior_ms), display=False)
-glue("ch16-now-ours", f"{now['ours']['outside_ns_gib']:.1f}", display=False)
-glue("ch16-now-torch", f"{now['torch']['outside_ns_gib']:.1f}", display=False)
-glue("ch16-now-ms", "{:.1f}-{:.1f}".format(*now_ms), display=False)
-glue("ch16-predicted", "{:.0f}-{:.0f}".format(*(torch_ms + x for x in now_ms)),
-     display=False)
-glue("ch16-torch-ms", f"{torch_ms:.0f}", display=False)
-ratios = [c["bytes_ratio"] for c in counted.values()]
-glue("ch16-ratio-range", f"{min(ratios):.2f}-{max(ratios):.2f}", display=False)
+keep("ch16-prior-ours", f"{prior['ours_outside_ns_gib']:.1f}")
+keep("ch16-prior-torch", f"{prior['torch_outside_ns_gib']:.1f}")
+keep("ch16-prior-ms", "{:.0f}-{:.0f}".format(*prior_ms))
+keep("ch16-now-ours", f"{now['ours']['outside_ns_gib']:.1f}")
+keep("ch16-now-torch", f"{now['torch']['outside_ns_gib']:.1f}")
+keep("ch16-now-ms", "{:.1f}-{:.1f}".format(*now_ms))
+keep("ch16-predicted", "{:.0f}-{:.0f}".format(*(torch_ms + x for x in now_ms)))
+keep("ch16-torch-ms", f"{torch_ms:.0f}")
+keep("ch16-ratio-range", f"{min(ratios):.2f}-{max(ratios):.2f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+A step's GPU time outside Newton-Schulz is the bytes it reads and writes over the memory's
+bandwidth, and those bytes can be counted without a GPU: run the step on the **meta device**
+(tensors with shapes and no data) under a dispatch mode that adds up each operation's bytes
+from its schema ([`muongrid/lab/stepcost.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/stepcost.py)). At the record's commit that count said our step
+moved {{ch16-prior-ours}} GiB outside Newton-Schulz against torch's
+{{ch16-prior-torch}} GiB. Over the memory's bandwidth, between the datasheet's 3.35 TB/s
+and the 2.56 TB/s the record's fused AdamW pass reached, the difference is
+{{ch16-prior-ms}} ms, and the record measured {{ch16-old-gap}} ms. So the
+count predicts the GPU's time. Here it is for today's step (`python scripts/step_bench.py`, run as
+this page was built; "ops" are aten operations, about one kernel each):
+""")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+Today's step moves {{ch16-ratio-range}} times torch's bytes (the extra is the NaN/Inf
+check's one read of the gradients), in far fewer operations (one per shape bank, not one per
+matrix) and with no host sync. On Llama-3.2-1B's shapes it moves
+{{ch16-now-ours}} GiB outside Newton-Schulz against torch's {{ch16-now-torch}}:
+{{ch16-now-ms}} ms more at the same bandwidths, so the count predicts a step of
+{{ch16-predicted}} ms against torch's measured {{ch16-torch-ms}} ms, if its
+Newton-Schulz runs as fast as torch's (the record found both at about the same time).
+""")
 
 # %% [markdown]
-# Today's step moves {glue:text}`ch16-ratio-range` times torch's bytes (the extra is the NaN/Inf
-# check's one read of the gradients), in far fewer operations (one per shape bank, not one per
-# matrix) and with no host sync. On Llama-3.2-1B's shapes it moves
-# {glue:text}`ch16-now-ours` GiB outside Newton-Schulz against torch's {glue:text}`ch16-now-torch`:
-# {glue:text}`ch16-now-ms` ms more at the same bandwidths, so the count predicts a step of
-# {glue:text}`ch16-predicted` ms against torch's measured {glue:text}`ch16-torch-ms` ms, if its
-# Newton-Schulz runs as fast as torch's (the record found both at about the same time).
-#
 # ```{admonition} Not yet timed on a GPU
 # :class: warning
 # That prediction is a count, not a measurement: **the rebuilt step has not been timed on a GPU**.
@@ -299,25 +317,29 @@ table(["tokens a step", "forward + backward", "model TFLOP/s", "of the 8192^3 ma
 fb_ms = fb["8x2048"]["fwd_bwd_ms"]
 shares = {k: llama[k]["gpu_ms"] / (fb_ms + llama[k]["gpu_ms"])
           for k in ("torch_adamw_fused", "torch_hybrid", "dmuon_owner_batch")}
-for k, v in shares.items():
-    glue(f"ch16-share-{k}", f"{v:.1%}", display=False)
 
-# %% [markdown]
-# At 16,384 tokens a step, the optimizer's share of the step (optimizer over forward + backward +
-# optimizer) was {glue:text}`ch16-share-torch_adamw_fused` for fused AdamW,
-# {glue:text}`ch16-share-torch_hybrid` for `torch.optim.Muon` with fused AdamW and
-# {glue:text}`ch16-share-dmuon_owner_batch` for ours before the rebuild. One GPU is Muon's worst
-# case: it orthogonalises every matrix itself. The paper reports 1-3% at scale because data
-# parallelism spreads Newton-Schulz over the ranks while forward and backward keep their share of
-# tokens. {doc}`Chapter 13 <13_what_to_pick>` models the whole step on real clusters with the
-# figures of this record (one hardware table, `muongrid.hardware.H100_TABLE`); its first row is
-# this configuration, where the model can be held against the measurement:
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+for k, v in shares.items():
+    keep(f"ch16-share-{k}", f"{v:.1%}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+At 16,384 tokens a step, the optimizer's share of the step (optimizer over forward + backward +
+optimizer) was {{ch16-share-torch_adamw_fused}} for fused AdamW,
+{{ch16-share-torch_hybrid}} for `torch.optim.Muon` with fused AdamW and
+{{ch16-share-dmuon_owner_batch}} for ours before the rebuild. One GPU is Muon's worst
+case: it orthogonalises every matrix itself. The paper reports 1-3% at scale because data
+parallelism spreads Newton-Schulz over the ranks while forward and backward keep their share of
+tokens. {doc}`Chapter 13 <13_what_to_pick>` models the whole step on real clusters with the
+figures of this record (one hardware table, `muongrid.hardware.H100_TABLE`); its first row is
+this configuration, where the model can be held against the measurement:
+""")
 
 # %% tags=["hide-input"]
 from muongrid.lab import wholestep
 
 one = wholestep.whole_step(wholestep.CONFIGS[0])
-assert one["config"].dp * one["config"].tp == 1
 owner = one["layouts"]["owner"]
 table(["", "forward + backward", "AdamW step", "Muon + AdamW step", "Muon's share"],
       [["modelled (chapter 13)", f"{one['forward_backward'] * 1e3:.0f} ms",
@@ -329,15 +351,22 @@ table(["", "forward + backward", "AdamW step", "Muon + AdamW step", "Muon's shar
         f"{llama['torch_hybrid']['gpu_ms']:.0f} ms", f"{shares['torch_hybrid']:.1%}"]],
       align="lrrrr")
 model_vs_torch = owner["total"] * 1e3 / llama["torch_hybrid"]["gpu_ms"]
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert one["config"].dp * one["config"].tp == 1
 assert 0.8 < model_vs_torch < 1.25
-glue("ch16-model-vs-torch", f"{abs(model_vs_torch - 1):.0%}", display=False)
+keep("ch16-model-vs-torch", f"{abs(model_vs_torch - 1):.0%}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+The modelled Muon step is within {{ch16-model-vs-torch}} of `torch.optim.Muon`'s
+measured one. Forward and backward are modelled shorter than measured: the model counts
+6 x parameters x tokens and leaves attention out, while the measured rate counted it, so on the
+clusters of {doc}`chapter 13 <13_what_to_pick>` the modelled shares err large.
+""")
 
 # %% [markdown]
-# The modelled Muon step is within {glue:text}`ch16-model-vs-torch` of `torch.optim.Muon`'s
-# measured one. Forward and backward are modelled shorter than measured: the model counts
-# 6 x parameters x tokens and leaves attention out, while the measured rate counted it, so on the
-# clusters of {doc}`chapter 13 <13_what_to_pick>` the modelled shares err large.
-#
 # ## Summary
 #
 # - On one H100 every path of the code ran under `torchrun` and NCCL; Newton-Schulz ran at the
@@ -348,33 +377,36 @@ glue("ch16-model-vs-torch", f"{abs(model_vs_torch - 1):.0%}", display=False)
 #   never; it has not been timed on a GPU yet (`make record-gpu` does, where there is one).
 #
 # ## Exercises
-#
-# 1. On GPT-2's shapes torch's step took {glue:text}`ch16-gpt2-gpu` ms of GPU time and its host
-#    {glue:text}`ch16-gpt2-host` ms to issue it. Which count of the meta-device table predicts
-#    the rebuilt step's time there, its bytes or its operations, and why?
-# 2. The record's fused AdamW pass read and wrote 28 bytes per parameter. Why 28?
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. Its operations. When the host takes as long to issue a step as the GPU takes to run it, the
-#    GPU waits for launches: the step is bound by how many kernels it launches, not by the bytes
-#    they move. The rebuilt step issues {glue:text}`ch16-gpt2-ops` aten operations where torch's
-#    issues {glue:text}`ch16-gpt2-torch-ops`. The record shows the same from the other side:
-#    capturing torch's GPT-2 step in one CUDA graph (one launch) took it from
-#    {glue:text}`ch16-graph-eager` to {glue:text}`ch16-graph-replay` ms.
-# 2. It reads the parameter, the gradient and both moments (4 x 4 bytes in fp32) and writes the
-#    parameter and both moments back (3 x 4): 28 bytes, in one pass.
-# :::
 
-# %% tags=["remove-cell"]
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The solutions' figures.
 gpt2 = next(m for m in record["bench"]["models"] if m["model"] == "gpt2-124m")["runs"]
-glue("ch16-gpt2-gpu", f"{gpt2['torch_hybrid']['gpu_ms']:.1f}", display=False)
-glue("ch16-gpt2-host", f"{gpt2['torch_hybrid']['host_ms']:.1f}", display=False)
-glue("ch16-gpt2-ops", counted["gpt2-124m"]["ours"]["ops"], display=False)
-glue("ch16-gpt2-torch-ops", counted["gpt2-124m"]["torch"]["ops"], display=False)
+keep("ch16-gpt2-gpu", f"{gpt2['torch_hybrid']['gpu_ms']:.1f}")
+keep("ch16-gpt2-host", f"{gpt2['torch_hybrid']['host_ms']:.1f}")
+keep("ch16-gpt2-ops", counted["gpt2-124m"]["ours"]["ops"])
+keep("ch16-gpt2-torch-ops", counted["gpt2-124m"]["torch"]["ops"])
 graph = record["graph"]["gpt2-124m"]
 assert graph["graph_ms"] < 0.6 * graph["eager_ms"]
-glue("ch16-graph-eager", f"{graph['eager_ms']:.1f}", display=False)
-glue("ch16-graph-replay", f"{graph['graph_ms']:.1f}", display=False)
+keep("ch16-graph-eager", f"{graph['eager_ms']:.1f}")
+keep("ch16-graph-replay", f"{graph['graph_ms']:.1f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+1. On GPT-2's shapes torch's step took {{ch16-gpt2-gpu}} ms of GPU time and its host
+   {{ch16-gpt2-host}} ms to issue it. Which count of the meta-device table predicts
+   the rebuilt step's time there, its bytes or its operations, and why?
+2. The record's fused AdamW pass read and wrote 28 bytes per parameter. Why 28?
+
+:::{admonition} Solutions
+:class: dropdown
+
+1. Its operations. When the host takes as long to issue a step as the GPU takes to run it, the
+   GPU waits for launches: the step is bound by how many kernels it launches, not by the bytes
+   they move. The rebuilt step issues {{ch16-gpt2-ops}} aten operations where torch's
+   issues {{ch16-gpt2-torch-ops}}. The record shows the same from the other side:
+   capturing torch's GPT-2 step in one CUDA graph (one launch) took it from
+   {{ch16-graph-eager}} to {{ch16-graph-replay}} ms.
+2. It reads the parameter, the gradient and both moments (4 x 4 bytes in fp32) and writes the
+   parameter and both moments back (3 x 4): 28 bytes, in one pass.
+:::
+""")

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from nbclient.exceptions import CellExecutionError
 
-from muongrid.lab.notebook import SETUP_MARKER, chapters, repository_url, sync
+from muongrid.lab.notebook import SETUP_MARKER, chapters, colab_installs, repository_url, sync
 from conftest import ROOT, execute_notebook, executed_notebook
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -30,6 +30,13 @@ def test_pair_is_in_sync_and_ipynb_has_no_outputs(name):
     ipynb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     assert [(c.cell_type, c.source) for c in py.cells] == [(c.cell_type, c.source) for c in ipynb.cells], \
         f"{name}.py and {name}.ipynb differ: run `jupytext --sync notebooks/{name}.py`"
+    # The metadata that decides what a reader sees: the book's tags, MyST-NB's figure captions and names,
+    # and the folds Jupyter and Colab apply (jupytext keeps exactly these: cell_metadata_filter).
+    kept = ("tags", "mystnb", "jupyter")
+    assert [{k: c.metadata.get(k) for k in kept} for c in py.cells] == \
+        [{k: c.metadata.get(k) for k in kept} for c in ipynb.cells], \
+        f"{name}.py and {name}.ipynb differ in cell metadata: run `jupytext --sync notebooks/{name}.py`"
+    assert py.metadata["jupytext"]["cell_metadata_filter"] == "tags,mystnb,jupyter,-all"
     assert all(not c.get("outputs") and not c.get("execution_count") for c in ipynb.cells if c.cell_type == "code")
     assert ipynb.metadata.get("kernelspec", {}).get("name") == "python3"
 
@@ -46,22 +53,24 @@ def test_setup_cells_are_generated_from_the_one_repository_url():
         first = next(c for c in cells if c.cell_type == "code")
         assert SETUP_MARKER in first.source and f'REPOSITORY = "{url}"' in first.source
         assert "hide-cell" in first.metadata.get("tags", [])
-        wanted = first.source.split("wanted = ")[1].split("missing = ")[0]
-        assert "sklearn" in wanted and "torch" not in wanted  # never installs torch
+        wanted = first.source.split("wanted = ")[1].split("\n")[0]
+        assert wanted == repr(colab_installs(NOTEBOOKS / f"{name}.py")) and "torch" not in wanted  # never torch
 
 
 CODE_COLUMNS = 88
 
 
 def test_code_cells_fit_the_page():
-    """Every line of a code cell (the set-up cell included) has at most 88 characters: at 1280 px a
-    code cell of the book shows that many without scrolling (tests/test_browser.py checks pages)."""
+    """Every line of a code cell the book shows (the set-up cell included) has at most 88 characters: at
+    1280 px a code cell of the book shows that many without scrolling (tests/test_browser.py checks pages).
+    Cells whose input the book removes (``remove-input``, ``remove-cell``: prose a cell displays, listings,
+    bookkeeping) never show their source on a page."""
     long_lines = []
     for path in chapters():
         code = False
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if line.startswith("# %%"):
-                code = "[markdown]" not in line
+                code = "[markdown]" not in line and "remove-input" not in line and "remove-cell" not in line
             elif code and len(line) > CODE_COLUMNS:
                 long_lines.append(f"{path.name}:{n}: {len(line)} columns")
     assert not long_lines, f"code lines over {CODE_COLUMNS} columns: {long_lines}"

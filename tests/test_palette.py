@@ -4,8 +4,9 @@ The plotting code (every chapter's code cells, ``muongrid/lab/explorers.py`` and
 not write a colour of its own: no hex literal, no matplotlib cycle colour (``"C0"``, ``f"C{i}"``),
 no ``tab:`` colour and no colormap (``plt.cm.``). Named neutrals (black, white, grey) are fine.
 And so that the check cannot pass by a figure simply using matplotlib's defaults, every figure that
-shows one of the palette's quantities must take them from it: the cell that glues it names
-``palette``, or it is drawn by ``explorers``/``diagrams``, which do. Nothing is executed (a second).
+shows one of the palette's quantities must take them from it: the cell that draws it (the one whose
+``mystnb`` figure name is ``fig-<key>``) names ``palette``, or it is drawn by ``explorers``/``diagrams``,
+which do. Nothing is executed (a second).
 
     PYTHONPATH=scripts python -m pytest -q tests/test_palette.py
 """
@@ -23,7 +24,7 @@ COLOUR = re.compile(r"""["']#[0-9a-fA-F]{3}(?:[0-9a-fA-F]{3})?["']"""  # "#4c72b
                     r"""|["']tab:\w+["']|\bplt\.cm\.\w+|\bcm\.\w+\(""")  # "tab:blue", plt.cm.tab10
 LAB = ROOT / "scripts" / "muongrid" / "lab"
 
-# Figures that show a quantity of the palette, by glue key: the cell that glues them must use it.
+# Figures that show a quantity of the palette, by key (figure fig-<key>): the cell that draws them must use it.
 USES_PALETTE = ["ch1-training", "ch2-memory", "ch3-grid", "ch4-plan", "ch5-stages", "ch6-layouts",
                 "ch6-projection", "ch7-breakdown", "ch7-trace", "ch8-bytes", "ch8-times", "ch9-tp-plan",
                 "ch9-spectra", "ch9-study", "ch9-profile", "ch10-state", "ch14-group-steps",
@@ -42,16 +43,16 @@ def colour_problems(source: str) -> list[str]:
             for m in COLOUR.finditer(line) if not line.lstrip().startswith("#")]
 
 
-def code_cells() -> dict[str, list[str]]:
-    return {py.name: [c.source for c in jupytext.read(py).cells if c.cell_type == "code"]
+def code_cells() -> dict[str, list]:
+    return {py.name: [c for c in jupytext.read(py).cells if c.cell_type == "code"]
             for py in sorted((ROOT / "notebooks").glob("*.py"))}
 
 
-def gluing(cells: dict[str, list[str]], key: str) -> str:
-    """The code cell that glues ``key``."""
-    found = [c for cs in cells.values() for c in cs
-             if re.search(r"glue\(\s*" + re.escape(f'"{key}"'), c)]
-    assert len(found) == 1, f"{len(found)} cells glue {key!r}"
+def gluing(cells: dict[str, list], key: str) -> str:
+    """The source of the code cell that draws figure ``fig-<key>`` (its ``mystnb`` figure name)."""
+    found = [c.source for cs in cells.values() for c in cs
+             if c.metadata.get("mystnb", {}).get("figure", {}).get("name") == f"fig-{key}"]
+    assert len(found) == 1, f"{len(found)} cells draw figure fig-{key}"
     return found[0]
 
 
@@ -59,7 +60,7 @@ def test_no_plotting_code_writes_its_own_colour():
     cells = code_cells()
     exempt = [gluing(cells, key) for key in EXEMPT]
     bad = {f"{name} cell {i}": p for name, cs in cells.items() for i, c in enumerate(cs)
-           if c not in exempt and (p := colour_problems(c))}
+           if c.source not in exempt and (p := colour_problems(c.source))}
     for module in ("explorers", "diagrams"):
         if p := colour_problems((LAB / f"{module}.py").read_text()):
             bad[f"muongrid/lab/{module}.py"] = p
@@ -98,5 +99,9 @@ def test_the_colour_check_catches_what_it_is_for():
     for fine in ('ax.plot(x, color=palette.OPTIMIZER["muon"])', 'ax.axvline(8, color="black")',
                  'ec="grey"', "# a comment naming #4c72b0 is not code", 'label="C0 and C1"'):
         assert not colour_problems(fine), fine
-    with pytest.raises(AssertionError, match="0 cells glue"):
-        gluing({"x.py": ['glue("other", fig)']}, "missing")
+    import nbformat
+
+    other = nbformat.v4.new_code_cell("show(fig)", metadata={"mystnb": {"figure": {"name": "fig-other"}}})
+    with pytest.raises(AssertionError, match="0 cells draw figure fig-missing"):
+        gluing({"x.py": [other]}, "missing")
+    assert gluing({"x.py": [other]}, "other") == "show(fig)"

@@ -3,7 +3,7 @@ and the chapters that check it.
 
 The book shows them once, in its claims appendix (``book/claims.md``): every claim with its authors'
 figure and, under it, what each chapter that measures it found. Chapters 7 and 9 measure; each hands its
-findings over with ``glue_checks`` (nothing shows in the chapter), and the appendix's ``{claims-appendix}``
+findings over with ``glue_checks`` (a record that the chapter's readers do not see, in a folded cell), and the appendix's ``{claims-appendix}``
 directive (``book/_ext/claims.py``) lays them out with ``appendix_markdown``, pasting each chapter's
 finding from its executed page. ``table`` renders findings as one Markdown table; ``index_table`` lists
 every claim and where it is checked. So one list holds every claim and no two pages word one differently.
@@ -78,7 +78,6 @@ def glue_checks(doc: str, rows: dict[str, tuple[str, str, str]]) -> None:
     claims appendix: each is glued as ``claim-<key>`` for the appendix to paste. ``rows`` must hold every
     claim this chapter checks (``measured_by``), no more: the appendix pastes exactly those."""
     from IPython.display import HTML
-    from myst_nb import glue
 
     if doc not in MEASURED_IN:
         raise ValueError(f"{doc} is not among the chapters the appendix pastes from: {MEASURED_IN}")
@@ -87,7 +86,23 @@ def glue_checks(doc: str, rows: dict[str, tuple[str, str, str]]) -> None:
         raise KeyError(f"{doc} checks {want} (CLAIMS' checked_in); given {sorted(got)}: "
                        f"missing {sorted(set(want) - got)}, unknown {sorted(got - set(want))}")
     for key in want:
-        glue(glue_key(key), HTML(finding_html(*rows[key])), display=False)
+        record(glue_key(key), HTML(finding_html(*rows[key])))
+
+
+# MyST-NB's glue format (``myst_nb.glue(name, obj, display=False)``), written here so a chapter runs
+# where MyST-NB is not installed (Colab): a display output whose MIME types carry this prefix, which
+# Jupyter and Colab do not render, and which the book's ``{glue:any}`` role finds by its name.
+RECORD_PREFIX = "application/papermill.record/"
+
+
+def record(name: str, obj) -> None:
+    """Store ``obj``'s display form under ``name`` in this cell's outputs, for another page to paste."""
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display
+
+    bundle, metadata = format_display_data(obj)
+    metadata["scrapbook"] = {"name": name, "mime_prefix": RECORD_PREFIX}
+    display({RECORD_PREFIX + mime: data for mime, data in bundle.items()}, raw=True, metadata=metadata)
 
 
 def appendix_markdown() -> str:

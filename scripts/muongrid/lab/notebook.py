@@ -181,40 +181,117 @@ def last_json(output: str) -> dict:
 
 # ---- the set-up cell ------------------------------------------------------------------------
 
-SETUP_MARKER = "# Set-up, the same in every chapter (`python -m muongrid.lab.notebook sync`)."
-SETUP_PREFIX = "# Set-up, the same in every chapter"  # also finds cells an older marker made
+SETUP_MARKER = "# Set-up (written by `python -m muongrid.lab.notebook sync`)."
+SETUP_PREFIX = "# Set-up"  # also finds cells an older marker made
+# What a Colab CPU runtime has before a chapter's set-up cell runs (its image), by import name.
+COLAB_IMAGE = {"torch", "numpy", "matplotlib", "plotly", "ipywidgets", "sklearn", "pandas", "IPython",
+               "ipykernel", "traitlets", "google"}
+PIP_NAMES = {"sklearn": "scikit-learn", "yaml": "PyYAML"}
 # Lines of at most 88 characters, like every code cell of the book (tests/test_notebooks.py).
-SETUP_CELL = '''\
+SETUP_CELL = """\
 # %% tags=["hide-cell"]
 {marker}
-# In Colab: fetch the book's code and install only what Colab lacks (never torch).
-# Elsewhere nothing is installed here: `make setup` (or `pip install -e .`) installs it.
+# In Colab: fetch the book's code and install what this chapter needs beyond Colab's
+# image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
 REPOSITORY = "{url}"
+HOME = "/content/{name}"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/{name}"):
-        clone = ["git", "clone", "--depth", "1", REPOSITORY]
-        if subprocess.run([*clone, "/content/{name}"]).returncode:
-            raise RuntimeError(
-                f"could not clone {{REPOSITORY}}. If that is not the book's "
-                "repository, set repository.url in _config.yml to it and run "
-                "`python -m muongrid.lab.notebook sync`")
-    os.chdir("/content/{name}/notebooks")
-    wanted = [("matplotlib", "matplotlib"), ("ipywidgets", "ipywidgets"),
-              ("sklearn", "scikit-learn")]
-    missing = [pip for module, pip in wanted
-               if importlib.util.find_spec(module) is None]
+    if not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+        raise RuntimeError(
+            f"could not clone {{REPOSITORY}}: this book's repository is not public yet "
+            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
+            "of the repository, `make setup`, then open this chapter from its notebooks/ "
+            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+    os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
+    wanted = {wanted}
+    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
-elif importlib.util.find_spec("muongrid") is None:
-    raise ModuleNotFoundError(
-        "the muongrid package is not installed: run `make setup` in the repository and "
-        "start Jupyter from its .venv (or `pip install -e .` in this kernel's Python)")
-'''
+    importlib.invalidate_caches()
+elif (importlib.util.find_spec("muongrid") is None
+      or not os.path.isfile(os.path.join("..", "scripts", "verify.py"))):
+    raise RuntimeError(
+        "this chapter runs inside the book's repository, with its package installed: "
+        "in a copy of the repository, `make lab` sets it up and opens JupyterLab on "
+        "its notebooks/ folder; open the chapter there. In Colab, open it with the "
+        "book's Colab button.")
+"""
 
+
+def _imports(path: Path) -> set[str]:
+    """Top-level module names ``path`` imports anywhere (a chapter's py:percent source or a module)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def _module_file(name: str) -> Path | None:
+    """The source of ``muongrid.x.y`` in this checkout (a module or a package's __init__)."""
+    base = SCRIPTS.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def needed_modules(chapter: Path) -> set[str]:
+    """Third-party top-level modules a chapter needs: what its cells import, what the scripts it runs
+    import, and what the muongrid modules either of those import, followed to the end."""
+    text = chapter.read_text()
+    todo = [chapter] + [SCRIPTS / s for s in sorted(set(re.findall(r"""run\(\s*f?["']([\w.]+\.py)""", text)))]
+    seen, third_party = set(), set()
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for name in _imports(path):
+            top = name.split(".")[0]
+            if top == "muongrid":
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):  # the package, its subpackages and the module
+                    found = _module_file(".".join(parts[:i]))
+                    if found:
+                        todo.append(found)
+            elif (SCRIPTS / f"{top}.py").is_file():  # an entry point beside the package (scripts/)
+                todo.append(SCRIPTS / f"{top}.py")
+            elif top not in sys.stdlib_module_names and top != "__future__":
+                third_party.add(top)
+    # ``from muongrid.lab import explorers``: a module named as an imported attribute
+    for path in list(seen):
+        for m in re.finditer(r"from (muongrid(?:\.\w+)*) import ([\w, ()\n]+)", path.read_text()):
+            for attr in re.findall(r"\w+", m.group(2)):
+                found = _module_file(f"{m.group(1)}.{attr}")
+                if found and found not in seen:
+                    seen.add(found)
+                    third_party |= {n.split(".")[0] for n in _imports(found)
+                                    if n.split(".")[0] not in sys.stdlib_module_names | {"muongrid", "__future__"}}
+    return third_party
+
+
+def pinned(pip_name: str) -> str:
+    """``pip_name`` with the version requirements.txt pins, if it pins one."""
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        spec = line.split("#")[0].strip()
+        if re.match(rf"{re.escape(pip_name)}\s*([=<>!~]|$)", spec, re.I):
+            return spec
+    return pip_name
+
+
+def colab_installs(chapter: Path) -> list[tuple[str, str]]:
+    """(import name, pip requirement) for what ``chapter`` needs beyond Colab's image, sorted."""
+    return sorted((m, pinned(PIP_NAMES.get(m, m))) for m in needed_modules(chapter) - COLAB_IMAGE)
 
 
 def repository_url() -> str:
@@ -225,9 +302,21 @@ def repository_url() -> str:
     return match.group(1).strip("\"'")
 
 
-def setup_cell() -> str:
+# The address the repository was shipped with, before it was published (book/_ext/offline_assets.py
+# prints a notice while _config.yml still names it).
+PLACEHOLDER_URL = "https://github.com/muongrid-book/distributed-muon"
+
+
+def repository_is_public() -> bool:
+    """Whether ``repository.url`` names a published repository (not the placeholder it shipped with)."""
+    return repository_url().rstrip("/") != PLACEHOLDER_URL
+
+
+def setup_cell(chapter: Path) -> str:
+    """The set-up cell of ``chapter``: the repository from ``_config.yml``, the installs it needs."""
     url = repository_url()
-    return SETUP_CELL.format(marker=SETUP_MARKER, url=url, name=url.rstrip("/").split("/")[-1])
+    return SETUP_CELL.format(marker=SETUP_MARKER, url=url, name=url.rstrip("/").split("/")[-1],
+                             wanted=repr(colab_installs(chapter)))
 
 
 def chapters() -> list[Path]:
@@ -240,13 +329,13 @@ def _cells(text: str) -> tuple[str, list[str]]:
     return text[:start], [c for c in re.split(r"(?m)^(?=# %%)", text[start:]) if c]
 
 
-def _with_setup(text: str) -> str:
+def _with_setup(text: str, chapter: Path) -> str:
     """The chapter with its set-up cell (re)generated and placed right after the title cell (the
     first cell, a Markdown cell holding the ``# N. Title`` heading), so the page starts with its title."""
     header, cells = _cells(text)
     cells = [c for c in cells if SETUP_PREFIX not in c and c.strip() != "# %%"]  # (and no empty cells)
     title = next(i for i, c in enumerate(cells) if c.startswith("# %% [markdown]"))
-    cells.insert(title + 1, setup_cell() + "\n")
+    cells.insert(title + 1, setup_cell(chapter) + "\n")
     cells = [c if c.endswith("\n\n") or i == len(cells) - 1 else c.rstrip("\n") + "\n\n" for i, c in enumerate(cells)]
     return header + "".join(cells)
 
@@ -257,7 +346,7 @@ def sync(check_only: bool = False) -> list[Path]:
     stale = []
     for path in chapters():
         text = path.read_text()
-        new = _with_setup(text)
+        new = _with_setup(text, path)
         if new == text:
             continue
         stale.append(path)

@@ -61,11 +61,12 @@ def source(page: str) -> Path:
 def title(page: str) -> str:
     """The page's first first-level heading."""
     path = source(page)
-    if path.suffix == ".md":
-        text = path.read_text()
-    else:  # a notebook, Jupytext or .ipynb: its markdown cells
-        import jupytext
-        text = "\n".join(c.source for c in jupytext.read(path).cells if c.cell_type == "markdown")
+    text = path.read_text()
+    if path.suffix == ".py":  # a py:percent chapter: its Markdown lines are comments ("# # 1. Title")
+        text = "\n".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+    elif path.suffix == ".ipynb":
+        import json
+        text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"] if c["cell_type"] == "markdown")
     match = re.search(r"^# (.+)$", text, re.M)
     if not match:
         raise ValueError(f"{source(page).name} has no first-level heading to title it")

@@ -1,0 +1,138 @@
+"""What a chapter shows as it runs, the same in Jupyter, JupyterLab, VS Code, Colab and the built book.
+
+A chapter is a notebook first: every figure, explorer, listing and number appears as the output of the
+cell that makes it, so a reader who opens the ``.ipynb`` sees what a reader of the website sees. The
+book only adds captions, numbers and cross-references on top (MyST-NB reads a cell's
+``mystnb: figure: {name, caption}`` metadata and numbers its output as a figure).
+
+    from muongrid.lab.page import keep, say, show, listing
+
+    show(fig)                          # a matplotlib or Plotly figure as this cell's output
+    keep("ch1-band-lo", f"{lo:.3f}")   # a value the prose quotes (in a folded cell)
+    say("Five steps land in [{{ch1-band-lo}}, 1].")   # Markdown with kept values filled in
+    listing("plan.py", pyobject="split_into_buckets")  # a function of the package, shown as code
+
+``say`` is how prose quotes a computed number: it is a code cell whose input the book removes and
+Jupyter and Colab fold (``jupyter.source_hidden``), and whose output is the paragraph, rendered as
+Markdown everywhere (MyST-NB renders it as MyST, so roles and math work in the book). ``{{name}}``
+is the kept value as text; ``{{name:.2f}}`` formats it (a number kept as text is read back as one).
+An unknown name raises, so a chapter never shows a hole where a number belongs.
+
+Nothing here needs MyST-NB, so a chapter runs in a bare Colab runtime.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from pathlib import Path
+
+KEPT: dict[str, object] = {}
+PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z0-9_.-]+)\s*(?::([^}]*))?\}\}")
+PACKAGE = Path(__file__).resolve().parents[1]  # scripts/muongrid
+
+
+def keep(name: str, value) -> None:
+    """Keep ``value`` under ``name`` for the prose of this chapter (``say``'s ``{{name}}``)."""
+    KEPT[name] = value
+
+
+def kept(name: str, spec: str = ""):
+    """The kept value ``name`` as text, formatted with ``spec`` (``".2f"``, ``","``) when one is given."""
+    if name not in KEPT:
+        raise KeyError(f"no value kept under {name!r}: keep({name!r}, ...) must run before the prose "
+                       f"that quotes it (kept so far: {sorted(KEPT)})")
+    value = KEPT[name]
+    value = getattr(value, "data", value)  # IPython's Markdown and HTML objects keep their text in .data
+    if not spec:
+        return str(value)
+    if isinstance(value, str):
+        value = float(value.replace(",", ""))
+    return format(value, spec)
+
+
+def fill(text: str) -> str:
+    """``text`` with every ``{{name}}`` / ``{{name:spec}}`` replaced by the kept value."""
+    return PLACEHOLDER.sub(lambda m: kept(m.group(1), m.group(2) or ""), text)
+
+
+def say(text: str) -> None:
+    """Display ``text`` (Markdown) with the kept values filled in, as this cell's output."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(fill(textwrap.dedent(text).strip("\n"))))
+
+
+def show(obj) -> None:
+    """Display a figure as this cell's output: a matplotlib figure as an image (then closed, so it is not
+    drawn twice), a Plotly figure or explorer with the renderer the front end has (``explorers.show``),
+    anything else as IPython would."""
+    from IPython.display import display
+
+    from . import explorers
+
+    if isinstance(obj, explorers.Figure):
+        obj = obj.fig
+    try:
+        import plotly.graph_objects as go
+    except ImportError:  # pragma: no cover - plotly is in the book's requirements and Colab's image
+        go = None
+    if go is not None and isinstance(obj, go.Figure):
+        explorers.show(obj)
+        return
+    try:
+        from matplotlib.figure import Figure as MplFigure
+    except ImportError:  # pragma: no cover
+        MplFigure = ()
+    display(obj)
+    if isinstance(obj, MplFigure):
+        import matplotlib.pyplot as plt
+
+        plt.close(obj)
+
+
+def source_of(path: str, pyobject: str | None = None, start_after: str | None = None,
+              end_before: str | None = None) -> str:
+    """Lines of ``scripts/muongrid/<path>``: one top-level function or class (``pyobject``,
+    ``Class.method`` too), or the lines between two marker comments, dedented."""
+    file = PACKAGE / path
+    text = file.read_text()
+    lines = text.splitlines()
+    if pyobject:
+        body = ast.parse(text).body
+        node = None
+        for part in pyobject.split("."):
+            node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                           ast.ClassDef)) and n.name == part), None)
+            if node is None:
+                raise LookupError(f"{path} has no {pyobject}")
+            body = node.body
+        start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        lines = lines[start - 1:node.end_lineno]
+    if start_after:
+        hits = [i for i, line in enumerate(lines) if start_after in line]
+        if not hits:
+            raise LookupError(f"{path} has no line with {start_after!r}")
+        lines = lines[hits[0] + 1:]
+    if end_before:
+        hits = [i for i, line in enumerate(lines) if end_before in line]
+        if not hits:
+            raise LookupError(f"{path} has no line with {end_before!r}")
+        lines = lines[:hits[0]]
+    return textwrap.dedent("\n".join(lines)).strip("\n")
+
+
+def listing(path: str, caption: str | None = None, **where) -> None:
+    """Show code of the package (``source_of``'s arguments) as a highlighted Python block, under a
+    caption naming its file: the code the engine runs, read when the chapter runs."""
+    code = source_of(path, **where)
+    title = caption or f"muongrid/{path}"
+    fence = "````" if "```" in code else "```"
+    say_raw(f"**{title}**\n\n{fence}python\n{code}\n{fence}")
+
+
+def say_raw(text: str) -> None:
+    """Display Markdown as it is (no placeholders filled)."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(text))
