@@ -9,11 +9,14 @@ For every layout (DistributedMuon, hybrid groups) and for DistributedAdamW, agai
   within its stated tolerance, see ``same``), the norm within 1e-6 of ``torch.nn.utils.get_total_norm``;
 * ``edit``: parameters scaled between steps are where the next step starts (finding 1);
 * ``none``: a gradient None on every rank is skipped, None on DP rank 0 only counts as zeros there (finding 6);
-* ``rank0``: rank 0's state_dict loaded on another DP rank is refused, naming the ranks (finding 8).
+* ``rank0``: rank 0's state_dict loaded on another DP rank is refused, naming the ranks (finding 8);
+* ``oracle``: Newton-Schulz replaced by the identity (``oracle.NSHook``), DistributedMuon (bucket, owner,
+  aligned) against tests/oracle.py's float64 hand formula on the whole parameters, within its bound (issue 41).
+Every case runs verify.py's varied groups (every hyperparameter differs) with a CyclicLR on lr and momentum.
 With ``--fsdp`` also FSDPMuon on tests/fsdp_run.py's tiny GPT: clipping and a skipped parameter.
 Prints one JSON line (rank 0) with every rank's findings.
 
-    python tests/contract_run.py --dp 2 --tp 1 [--fsdp] [--cases clip,edit,none,rank0]
+    python tests/contract_run.py --dp 2 --tp 1 [--fsdp] [--cases clip,edit,none,rank0,oracle]
 """
 import argparse
 import json
@@ -28,6 +31,7 @@ from muongrid.launch import add_launch_args, launch
 from muongrid.layouts import LAYOUTS
 from muongrid.lab.synthetic import build_problem
 from muongrid.sharding import tp_shard
+from muongrid.verify import scheduler, vary_hyperparameters
 
 SHAPES, TP_DIMS = [(12, 20), (17, 10), (9, 10)], [0, 1, -1]   # uneven over 3 ranks, one replicated over TP
 
@@ -72,6 +76,7 @@ def same(opt, ref_params, grid, first) -> bool:
 
 def run_case(cls, layout, case, grid, comm) -> dict:
     problem = build_problem("hybrid", SHAPES, TP_DIMS, seed=5, tp=grid.tp)
+    vary_hyperparameters(problem)
     opt = cls(problem.param_groups(grid.tp, grid.tp_rank), grid, layout=layout, bucket_numel=300)
     ref_params = {n: torch.nn.Parameter(t.clone()) for n, t in problem.full.items()}
     first = {n: t.detach().clone() for n, t in problem.full.items()}
@@ -81,6 +86,7 @@ def run_case(cls, layout, case, grid, comm) -> dict:
         if cls is DistributedAdamW:
             g["use_muon"] = False
     ref = MuonW(groups)
+    scheds = [scheduler(opt, problem), scheduler(ref, problem)]
     out = dict(equal=True, norms_equal=True, torch_rel=0.0)
     names = list(problem.full)
     for step in range(1, 4):
@@ -111,6 +117,8 @@ def run_case(cls, layout, case, grid, comm) -> dict:
                 out["inf_equal"] = bool(torch.equal(inf, ref_inf))
         opt.step()
         ref.step()
+        for sched in scheds:
+            sched.step()
         out["equal"] &= same(opt, ref_params, grid, first)
     if case == "rank0" and grid.dp > 1:
         saved = [opt.state_dict()]
@@ -122,6 +130,50 @@ def run_case(cls, layout, case, grid, comm) -> dict:
             except ValueError as e:
                 out["refused"] = str(e)
     return out
+
+
+def oracle_case(layout, grid) -> dict:
+    """DistributedMuon with Newton-Schulz replaced by the identity against the float64 oracle (tests/oracle.py)
+    on the whole parameters and the DP-mean gradients, every rank checking its own shards: the worst
+    |param - oracle| / bound (at most 1), and whether each Newton-Schulz call got its group's ns_steps and eps."""
+    import muongrid.flows
+    from oracle import NSHook, Oracle, cyclic, identity
+    from muongrid.verify import SCHEDULE
+    hook, real = NSHook(), muongrid.flows.zeropower_ns5
+    muongrid.flows.zeropower_ns5 = hook
+    try:
+        problem = build_problem("hybrid", SHAPES, TP_DIMS, seed=5, tp=grid.tp)
+        vary_hyperparameters(problem)
+        opt = DistributedMuon(problem.param_groups(grid.tp, grid.tp_rank), grid, layout=layout, bucket_numel=300)
+        sched = scheduler(opt, problem)
+        oracles = {n: Oracle(t, g["use_muon"], ns=identity) for g in problem.groups for n in g["names"]
+                   for t in [problem.full[n]]}
+        worst, size = 0.0, SCHEDULE["step_size_up"]
+        for step in range(1, 4):
+            give(opt, problem.grads(step, grid.dp_rank, grid.dp), grid)
+            opt.step()
+            sched.step()
+            mean = mean_grads(problem, step, grid.dp)
+            for g, group in zip(problem.groups, opt.param_groups):
+                lo, hi = g["momentum_range"]
+                h = dict(g["hyper"], lr=cyclic(step - 1, g["hyper"]["lr"], 2 * g["hyper"]["lr"], size))
+                h.setdefault("weight_decay", 0.1)
+                if g["use_muon"]:
+                    h = dict({"momentum": 0.95, "nesterov": True, "ns_steps": 5, "eps": 1e-7,
+                              "adjust_lr": "match_rms_adamw"}, **h, momentum=cyclic(step - 1, hi, lo, size))
+                else:
+                    h["betas"] = (cyclic(step - 1, hi, lo, size), h["betas"][1])
+                for n, d, p in zip(group["names"], group["tp_split_dims"], group["params"]):
+                    o = oracles[n]
+                    want = o.step(mean[n], h)
+                    ratio = (p.detach().double() - tp_shard(want, d, grid.tp, grid.tp_rank, n)).abs() / \
+                        tp_shard(o.bound, d, grid.tp, grid.tp_rank, n)
+                    worst = max(worst, float(ratio.max()) if ratio.numel() else 0.0)
+        muon = next(g["hyper"] for g in problem.groups if g["use_muon"])
+        calls_ok = all((c["steps"], c["eps"]) == (muon["ns_steps"], muon["eps"]) for c in hook.calls)
+        return dict(oracle_worst=worst, ns_calls_ok=calls_ok, ns_calls=len(hook.calls))
+    finally:
+        muongrid.flows.zeropower_ns5 = real
 
 
 def fsdp_checks(grid, comm) -> dict:
@@ -165,6 +217,9 @@ def worker(grid, comm, args):
     for layout in LAYOUTS:
         for case in set(cases) & {"clip", "edit", "none"}:
             found[f"muon-{layout}-{case}"] = run_case(DistributedMuon, layout, case, grid, comm)
+    if "oracle" in cases:
+        for layout in ("bucket", "owner", "aligned"):
+            found[f"oracle-{layout}"] = oracle_case(layout, grid)
     for case in set(cases) & {"clip", "none", "rank0"}:
         found[f"adamw-{case}"] = run_case(DistributedAdamW, "bucket", case, grid, comm)
     if args.fsdp:
@@ -179,5 +234,5 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     add_launch_args(p)
     p.add_argument("--fsdp", action="store_true")
-    p.add_argument("--cases", default="clip,edit,none,rank0")
+    p.add_argument("--cases", default="clip,edit,none,rank0,oracle")
     sys.exit(launch(worker, p.parse_args()))

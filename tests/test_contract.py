@@ -99,6 +99,27 @@ def test_finding3_onecyclelr_cycles_muon_momentum(cls):
     assert seen[0] != seen[-1] and min(seen) >= 0.8 - 1e-9   # cycled, as OneCycleLR writes betas[0]
 
 
+def test_finding3_onecyclelr_momentum_per_group_steps_as_the_reference():
+    """Issue 41: a cycled momentum must be each group's own in the step, not only in ``param_groups``. Two Muon
+    groups with their own momentum ranges (and ns_steps, nesterov, lr adjustment), OneCycleLR over both:
+    DistributedMuon equals MuonW bit for bit for 5 steps (the engine reading the optimizer-wide momentum was
+    1.5e-2 off)."""
+    def groups(params):
+        return [dict(params=[params[0]], momentum=0.9, ns_steps=3, nesterov=False, adjust_lr="original"),
+                dict(params=[params[1]], momentum=0.8, ns_steps=4)]
+    ours, ref = model_params(), model_params()
+    opts = [DistributedMuon(groups(ours), GRID, lr=0.01), MuonW(groups(ref), lr=0.01)]
+    scheds = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=[0.02, 0.03], total_steps=10, base_momentum=[0.7, 0.6],
+                                                  max_momentum=[0.95, 0.85]) for o in opts]
+    for step in range(1, 6):
+        grads_for(ours, step), grads_for(ref, step)
+        for o, s in zip(opts, scheds):
+            o.step()
+            s.step()
+        assert all(torch.equal(a, b) for a, b in zip(ours, ref)), step
+    assert opts[0].param_groups[0]["momentum"] != opts[0].param_groups[1]["momentum"]
+
+
 # ---- finding 4: torch.optim.Muon's keywords with torch's meaning -------------------------------------
 
 def test_finding4_torch_keywords_give_torch_optim_muons_step():
@@ -111,11 +132,12 @@ def test_finding4_torch_keywords_give_torch_optim_muons_step():
     for step in (1, 2):
         grads_for(ours, step), grads_for(theirs, step)
         opt.step(), ref.step()
-    # tests/test_math.py's rule: equal with a native bf16 GEMM, else a bf16 ulp of the update per step
+    # tests/test_math.py's rule: equal with a native bf16 GEMM, else within the noise measured on bf16 emulation
+    # (tests/test_oracle.py: 8.2e-3 scaled lr after 5 steps; allowed twice that)
     from muongrid.newton_schulz import native_bf16_matmul
     from muongrid.updates import adjust_lr
     for a, b in zip(ours, theirs):
-        atol = 0.0 if native_bf16_matmul(torch.device("cpu")) else 2 * adjust_lr(0.02, a.shape, "original") * 2**-6
+        atol = 0.0 if native_bf16_matmul(torch.device("cpu")) else 1.6e-2 * adjust_lr(0.02, a.shape, "original")
         assert (a - b).abs().max().item() <= atol
     assert opt.param_groups[0]["adjust_lr"] == "original" and opt.param_groups[0]["eps"] == 1e-7
     assert DistributedMuon(model_params(), GRID).param_groups[0]["adjust_lr"] == "match_rms_adamw"
@@ -276,8 +298,9 @@ def launch(dp: int, tp: int, *extra: str) -> dict:
     return last_json(proc.stdout)
 
 
-RUNS = {"2x1": lambda: launch(2, 1, "--fsdp"), "2x2": lambda: launch(2, 2, "--cases", "clip,none"),
-        "3x1": lambda: launch(3, 1, "--cases", "clip")}
+SHAPES_RUN = [(12, 20), (17, 10), (9, 10)]   # tests/contract_run.py's Muon matrices (3 steps each)
+RUNS = {"2x1": lambda: launch(2, 1, "--fsdp"), "2x2": lambda: launch(2, 2, "--cases", "clip,none,oracle"),
+        "3x1": lambda: launch(3, 1, "--cases", "clip,oracle")}
 
 
 @pytest.mark.parametrize("grid", list(RUNS))
@@ -288,10 +311,15 @@ def test_distributed_equals_one_device_with_clipping_edits_and_missing_gradients
             if case == "fsdp":
                 assert r["fsdp_equal"] and r["fsdp_norms_equal"], (grid, rank, r)
                 continue
+            if case.startswith("oracle-"):   # tests/oracle.py's bound (identity Newton-Schulz): at most 1
+                assert r["oracle_worst"] <= 1.0 and r["ns_calls_ok"], (grid, rank, case, r)
+                continue
             assert r["equal"] and r["norms_equal"] and r.get("inf_equal", True), (grid, rank, case, r)
             assert r["torch_rel"] < 1e-5, (grid, rank, case, r)
+    for x in ("bucket", "owner", "aligned"):   # the hook saw Newton-Schulz calls (under "owner": on their owners)
+        assert sum(found[f"oracle-{x}"]["ns_calls"] for found in out["ranks"]) >= 3 * len(SHAPES_RUN), (grid, x)
     cases = set(out["ranks"][0])
-    assert {f"muon-{x}-clip" for x in LAYOUTS} | {"adamw-clip"} <= cases
+    assert {f"muon-{x}-clip" for x in LAYOUTS} | {"adamw-clip"} | {f"oracle-{x}" for x in ("bucket", "owner", "aligned")} <= cases
 
 
 def test_finding2_clipping_clips_the_dp_mean_on_every_grid():

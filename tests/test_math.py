@@ -89,11 +89,10 @@ def test_momentum_forms_differ_only_by_a_scale_that_ns_removes():
 @pytest.mark.parametrize("shape", [(100, 100), (124, 324), (456, 124)])
 def test_muon_agrees_with_torch_optim_muon(mode, shape):
     """Same math as torch.optim.Muon. Where the CPU has a native bf16 GEMM both run the same kernels
-    and must agree exactly. Elsewhere our NS emulates the bf16 GEMM (fp32 sums in another order),
-    so an element of the orthogonalised update may differ by a bf16 ulp, at most 2**-7 for entries
-    below 2 (NS keeps them near 1); over 5 steps the parameters may then differ by at most
-    5 * scaled_lr * 2**-6 (twice that, for margin). Wrong momentum, decay or lr scaling is off by
-    O(scaled_lr) per step, far outside this."""
+    and must agree exactly. Elsewhere our NS emulates the bf16 GEMM (fp32 sums in another order), so an
+    element of the orthogonalised update may differ by a bf16 ulp now and then: measured with the emulation
+    forced, at most 8.2e-3 scaled lr after 5 steps (tests/test_oracle.py); allowed twice that. The old bound,
+    5 * scaled_lr * 2**-6 = 7.8e-2, was ten times the noise and let a 5% lr error (3.6e-2) pass."""
     gen = torch.Generator().manual_seed(4)
     p0 = torch.randn(shape, generator=gen)
     ours, theirs = torch.nn.Parameter(p0.clone()), torch.nn.Parameter(p0.clone())
@@ -104,7 +103,7 @@ def test_muon_agrees_with_torch_optim_muon(mode, shape):
         ours.grad, theirs.grad = g.clone(), g.clone()
         opt_ours.step()
         opt_theirs.step()
-    atol = 0.0 if native_bf16_matmul(torch.device("cpu")) else 5 * adjust_lr(0.02, shape, mode) * 2**-6
+    atol = 0.0 if native_bf16_matmul(torch.device("cpu")) else 1.6e-2 * adjust_lr(0.02, shape, mode)
     assert (ours - theirs).abs().max().item() <= atol
     assert not torch.equal(ours, p0)
 
