@@ -54,6 +54,11 @@ def run(module: str, sample: int | None = None) -> tuple[int, int, list[str]]:
     shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv", "_build", "mutants", "__pycache__",
                                                               "*.ipynb", "node_modules"))
     (work / "mutate.toml").write_text(config(module, tests))
+    env0 = dict(__import__("os").environ, PYTHONPATH=str(work / "scripts"))
+    base = subprocess.run([str(BIN / "python"), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--noconftest",
+                           *tests.split()], cwd=work, env=env0, capture_output=True, text=True)
+    if base.returncode != 0:   # a failing baseline would count every mutant as killed
+        raise SystemExit(f"{module}: the tests fail without any mutant:\n{base.stdout[-3000:]}")
     session = work / "session.sqlite"
     env = dict(__import__("os").environ, PYTHONPATH=str(work / "scripts"), OMP_NUM_THREADS="1")
     subprocess.run([str(BIN / "cosmic-ray"), "init", "mutate.toml", str(session)], cwd=work, env=env, check=True)
@@ -74,12 +79,15 @@ def run(module: str, sample: int | None = None) -> tuple[int, int, list[str]]:
     subprocess.run([str(BIN / "cosmic-ray"), "exec", "mutate.toml", str(session)], cwd=work, env=env, check=True)
     rows = db.execute("select r.test_outcome, r.worker_outcome, r.diff, s.definition_name, s.operator_name "
                       "from work_results r join mutation_specs s using (job_id)").fetchall()
-    killed = sum(1 for outcome, worker, *_ in rows if outcome == "killed" or worker == "timeout")
+    # cosmic-ray 8 writes outcomes in capitals (KILLED/SURVIVED, NORMAL/TIMEOUT/...): a timeout counts as killed
+    killed = sum(1 for outcome, worker, *_ in rows if outcome.lower() == "killed" or worker.lower() == "timeout")
     survivors = [f"--- {fn} {op}\n{diff}" for outcome, worker, diff, fn, op in rows
-                 if outcome == "survived" and worker != "timeout"]
+                 if outcome.lower() == "survived" and worker.lower() != "timeout"]
     out = ROOT / "_build" / "mutate" / f"{module}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"{module}: killed {killed} of {len(rows)}\n\n" + "\n".join(survivors))
+    db.close()
+    shutil.copy(session, out.with_suffix(".sqlite"))   # every mutant's outcome and test output, kept
     shutil.rmtree(work, ignore_errors=True)
     return killed, len(rows), survivors
 
