@@ -22,7 +22,7 @@
 # that is meant to fail before starting. About 20 seconds on a 2-core laptop.
 # ```
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -33,16 +33,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = []
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -102,7 +103,7 @@ grid_run = last_json(run("inspect_grid.py --dp 2 --tp 4"))
 # The drawing below is made from those reported groups (not from the formula), and the cell
 # checks that they agree with the formula in `grid_layout`.
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch3-grid", "caption": "The 2 x 4 grid of the run above, drawn from the groups the processes reported: blue boxes are TP groups (one model replica each), orange lines are DP groups."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch3-grid", "caption": "The 2 x 4 grid of the run above, drawn from the groups the processes reported: blue boxes are TP groups (one model replica each), orange lines are DP groups."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
 from muongrid.lab.page import keep, listing, say, show
@@ -206,7 +207,7 @@ assert all(
 # split are held whole by every TP rank. The five matrices of Moonshot's proof of concept, on
 # TP rank 0 of this grid:
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab.notebook import table
 
 rank0 = ranks[0]

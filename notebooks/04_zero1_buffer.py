@@ -22,7 +22,7 @@
 # to check it. About 15 seconds on a 2-core laptop.
 # ```
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -33,16 +33,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = []
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -123,7 +124,7 @@ listing('plan.py', pyobject='split_into_buckets', caption='muongrid/plan.py')
 #
 # {numref}`fig-ch4-plan` draws it.
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch4-plan", "caption": "The virtual buffer of the five matrices for dp = 3, tp = 2 and buckets of at most 100,000 elements. Upper strip: each coloured band is a matrix at its `global_range`, hatched grey is padding; a matrix or padding too narrow to label inside is named above it, with an arrow. Thick black lines are bucket boundaries; dashed lines cut each bucket into the DP ranks' shards; the lower strip says which DP rank owns each element (the last bucket holds only `w4`, so its three shards are thin). The explorers below draw the same strips in the same order and colours."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch4-plan", "caption": "The virtual buffer of the five matrices for dp = 3, tp = 2 and buckets of at most 100,000 elements. Upper strip: each coloured band is a matrix at its `global_range`, hatched grey is padding; a matrix or padding too narrow to label inside is named above it, with an arrow. Thick black lines are bucket boundaries; dashed lines cut each bucket into the DP ranks' shards; the lower strip says which DP rank owns each element (the last bucket holds only `w4`, so its three shards are thin). The explorers below draw the same strips in the same order and colours."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
 
 from muongrid.lab import palette
@@ -225,7 +226,7 @@ needs all of it.
 # For every parameter each rank keeps a `DistMeta` (the proof of concept's `dist_meta`). Here are
 # DP rank 1's:
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 # One column per matrix (the fields as rows, so that the table fits the page).
 metas = plans[1].metas[0]
 fields = {
@@ -270,6 +271,7 @@ listing('sharding.py', pyobject='local_shard', caption='muongrid/sharding.py')
 # every matrix (the tests check it for thousands of random layouts):
 
 # %%
+coverage = []
 for i, spec in enumerate(specs[0]):
     pieces = sorted(
         p.metas[0][i].local_range for p in plans if p.metas[0][i].local_numel
@@ -285,7 +287,10 @@ for i, spec in enumerate(specs[0]):
         f"{spec.name}: owned by DP ranks {owners}; pieces cover it exactly once: "
         f"{covered}"
     )
-    assert covered
+    coverage.append(covered)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+assert all(coverage), "some matrix's owned pieces do not cover it exactly once"
 
 # %% [markdown]
 # ## The plan of a real run

@@ -23,7 +23,7 @@
 # on a 2-core laptop.
 # ```
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -34,16 +34,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = []
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -212,7 +213,7 @@ trace = last_json(run("trace_step.py --dp 2 --tp 2 --show w3", log="collapsed"))
 # Its printout is folded above. {numref}`fig-ch5-flow` draws, for every rank, which part of `w3`
 # it holds at each stage; {numref}`fig-ch5-stages` follows rank 0 with the shapes and dtypes.
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-flow", "caption": "One Distributed Muon step on a 2 x 2 grid, following the 676 x 876 matrix `w3` (split over TP by columns, dashed). Each row is a rank; the filled part is what the rank holds of `w3`, numbered as the stages of the list above: its DP shard of the momentum (2), the whole TP half after the DP gather (3), the whole matrix after the TP gather (4), orthogonalised (5), and the elements it keeps (6). Labels: shapes (or element counts of flat buffers, the whole bucket for 2 and 3) and dtypes from the run's trace."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-flow", "caption": "One Distributed Muon step on a 2 x 2 grid, following the 676 x 876 matrix `w3` (split over TP by columns, dashed). Each row is a rank; the filled part is what the rank holds of `w3`, numbered as the stages of the list above: its DP shard of the momentum (2), the whole TP half after the DP gather (3), the whole matrix after the TP gather (4), orthogonalised (5), and the elements it keeps (6). Labels: shapes (or element counts of flat buffers, the whole bucket for 2 and 3) and dtypes from the run's trace."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
 
 from muongrid.lab import palette
@@ -233,7 +234,7 @@ for r in trace["ranks"]:
 show(step_flow_diagram(trace, w3_metas))
 plt.close("all")
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-stages", "caption": "One step on rank 0 (dp 0, tp 0), following `w3`: the shape and dtype of what the optimizer holds at each stage, read from the trace (left column first), numbered as in the list above. Blue: as in AdamW's step; orange: what Muon adds."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-stages", "caption": "One step on rank 0 (dp 0, tp 0), following `w3`: the shape and dtype of what the optimizer holds at each stage, read from the trace (left column first), numbered as in the list above. Blue: as in AdamW's step; orange: what Muon adds."}} jupyter={"source_hidden": true}
 ORDER = ["grad_shard", "momentum_shard", "dp_gathered", "ns_input", "tp_gathered",
          "orthogonalised", "tp_shard", "dp_shard"]
 LABEL = {
@@ -352,7 +353,7 @@ for dp, tp, opt in [(2, 1, "muon"), (3, 1, "muon"), (2, 2, "muon"), (1, 4, "muon
               log="collapsed")
     checks.append(last_json(out))
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 table(["grid", "optimizer", "steps", "max abs. difference from one process",
        "bytes per rank per step"],
       [[f"{c['dp']} x {c['tp']}", c["optimizer"], c["steps"], c["max_abs_diff"],

@@ -22,7 +22,7 @@
 # processes, and the closed-form cost model. About 30 seconds on a 2-core laptop.
 # ```
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -33,16 +33,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = []
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -123,16 +124,17 @@ from muongrid.lab.costmodel import step_bytes
 from muongrid.lab.synthetic import build_problem
 
 groups = build_problem("muon", tp=2).groups
+agree = []
 for kind, measured in (("muon", muon), ("adamw", adamw)):
     formula = step_bytes(groups, 2, 2, bench["bucket_numel"], muon=kind == "muon")
+    agree.append(formula["total"] == measured["bytes"])
     print(
         f"{kind:<6} ledger {measured['bytes']:>10,}   closed form "
-        f"{formula['total']:>10,}   "
-        f"{'equal' if formula['total'] == measured['bytes'] else 'DIFFERENT'}"
+        f"{formula['total']:>10,}   {'equal' if agree[-1] else 'DIFFERENT'}"
     )
-    assert (
-        formula["total"] == measured["bytes"]
-    ), "the ledger and the closed form disagree"
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+assert all(agree), "the ledger and the closed form disagree"
 
 # %% [markdown]
 # ## The (1, 1.25] bound, worked out
@@ -254,7 +256,7 @@ for tp in (1, 2, 4):
 # The same benchmark timed each optimizer's collectives (wall time in the calls, slowest rank,
 # median over steps):
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab.verdicts import ratio_range
 
 table(

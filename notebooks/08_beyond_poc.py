@@ -47,7 +47,7 @@
 # A layout decides who holds which piece of the optimizer state, so a checkpoint must not depend on
 # it: {doc}`chapter 10 <10_checkpoints_failures>` saves a run on one grid and layout and resumes it, bit for bit, on another.
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -58,16 +58,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = []
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -101,7 +102,7 @@ elif (importlib.util.find_spec("muongrid") is None
 # and every shard travels padded to the largest. {numref}`fig-ch8-layouts` follows one matrix
 # through the three.
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch8-layouts", "caption": "One matrix (`w3`, 676 x 876, of the proof of concept's five) on three DP ranks under each layout, drawn from the plans `build_plan` makes: the piece of its momentum each rank holds (blue, left), who runs Newton-Schulz on the whole matrix (red, middle), and the orthogonalised pieces each rank keeps (right). Bucket: every rank gathers and orthogonalises everything. Owner: only the pieces travel, to one rank and back. Aligned: the cut falls between matrices, so nothing travels."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch8-layouts", "caption": "One matrix (`w3`, 676 x 876, of the proof of concept's five) on three DP ranks under each layout, drawn from the plans `build_plan` makes: the piece of its momentum each rank holds (blue, left), who runs Newton-Schulz on the whole matrix (red, middle), and the orthogonalised pieces each rank keeps (right). Bucket: every rank gathers and orthogonalises everything. Owner: only the pieces travel, to one rank and back. Aligned: the cut falls between matrices, so nothing travels."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
 from muongrid.lab.page import keep, listing, say, show
 
@@ -244,6 +245,7 @@ from muongrid.lab.synthetic import build_problem
 groups = build_problem("muon", n_groups=2, tp=2).groups
 colors = palette.PHASE  # AdamW's phases blue, what Muon adds orange and red
 fig, axes = plt.subplots(3, 1, figsize=(6.4, 7.2), sharex=True)
+agrees = {}  # layout -> every rank's ledger equals the closed form
 for ax, (name, res) in zip(axes, layouts.items()):
     bottom = [0] * 6
     for phase in PHASES:
@@ -256,7 +258,7 @@ for ax, (name, res) in zip(axes, layouts.items()):
                          rank=r)["total"] / 1e6 for r in range(6)]
     ax.plot(range(6), closed, "k_", markersize=14, mew=2, label="closed form")
     ax.set(title=f"{name} layout", ylabel="MB sent per step", xticks=range(6))
-    assert closed == [r["bytes_sent"] / 1e6 for r in res["ledger_per_rank"]], name
+    agrees[name] = closed == [r["bytes_sent"] / 1e6 for r in res["ledger_per_rank"]]
 axes[-1].set_xlabel("rank")
 handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
 fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=3, fontsize=8,
@@ -310,8 +312,8 @@ def layout_table(b):
             spread_text(v["step_seconds_all"]), f"{v['grid_efficiency']:.2f}",
             ratio_text(v["muon_overhead_ratio_all"])]
            for name, v in b["layouts"].items()], align="lrrrrr")
-    assert all(v["closed_form_matches"] for v in b["layouts"].values())
-    print("every rank's bytes equal the closed form, in every layout")
+    matches = all(v["closed_form_matches"] for v in b["layouts"].values())
+    print(f"every rank's bytes equal the closed form, in every layout: {matches}")
 
 
 recorded = {key: load_recorded(f"bench_layouts_{key}.json") for key in ("4x1", "2x2")}
@@ -322,6 +324,8 @@ L = dp4["layouts"]
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert all(agrees.values()), f"the ledger and the closed form differ: {agrees}"
+assert all(v["closed_form_matches"] for b in (dp4, tp2) for v in b["layouts"].values())
 assert (L["bucket"]["bytes_ratio"] == 1.25 and 1.0 <= L["aligned"]["bytes_ratio"]
         and L["owner"]["bytes_ratio"] < 1.25)
 
@@ -375,18 +379,18 @@ axes[0].legend(fontsize=8)
 fig.tight_layout()
 show(fig)
 plt.close(fig)
-for b in (dp4, tp2):
-    O, B = (b["layouts"][k]["muon_overhead_ratio_all"] for k in ("owner", "bucket"))
-    # the claim below: owner's median below half of bucket's, on both grids
-    assert spread(O)[1] < spread(B)[1] / 2, (
-        f"the recorded {b['dp']}x{b['tp']} run does not support the claim below (owner "
-        f"{spread(O)}, bucket {spread(B)}): recorded on a busy machine? make record")
 bucket_x = [b["layouts"]["bucket"]["step_seconds"] / b["single"]["muon"]
             for b in (dp4, tp2)]
 efficiency = [v["grid_efficiency"] for b in (dp4, tp2) for v in b["layouts"].values()]
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
+for b in (dp4, tp2):
+    O, B = (b["layouts"][k]["muon_overhead_ratio_all"] for k in ("owner", "bucket"))
+    # the claim below: owner's median below half of bucket's, on both grids
+    assert spread(O)[1] < spread(B)[1] / 2, (
+        f"the recorded {b['dp']}x{b['tp']} run does not support the claim below (owner "
+        f"{spread(O)}, bucket {spread(B)}): recorded on a busy machine? make record")
 assert tp2["layouts"]["owner"]["ns_calls"] * 4 == tp2["layouts"]["bucket"]["ns_calls"]
 keep("ch8-bucket-x", f"{min(bucket_x):.1f}-{max(bucket_x):.1f}")
 keep("ch8-efficiency", f"{min(efficiency):.2f}-{max(efficiency):.2f}")
@@ -472,6 +476,9 @@ table(["variant", "step", "in collectives"],
           spread_text(v["adamw"]["comm_seconds_all"])]], align="lrr")
 waits = {mode: v[name]["comm_seconds_all"] for mode, name in OVERLAPS.items()}
 steps = {mode: v[name]["step_seconds_all"] for mode, name in OVERLAPS.items()}
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# The verdicts, within the noise band or outside it (muongrid.lab.verdicts).
 print(f"in collectives: {fastest_text(waits)}\nstep: {fastest_text(steps)}")
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}

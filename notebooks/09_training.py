@@ -41,7 +41,7 @@
 # - judge an optimizer comparison: tuned learning rates, several seeds, equal tokens;
 # - say which of the paper's and the report's claims hold for a real model on this machine.
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -52,16 +52,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = []
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -124,7 +125,7 @@ output head stay whole on every TP rank: at this size they are a few percent of 
 whole head keeps the loss a plain cross-entropy.
 """)
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-tp-plan", "caption": "The four matrices of one block, drawn to scale, and what each of the two TP ranks holds, as the optimizer read it from the placements: the column-parallel `qkv` and `fc` are cut into rows, the row-parallel `proj` and `out` into columns."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-tp-plan", "caption": "The four matrices of one block, drawn to scale, and what each of the two TP ranks holds, as the optimizer read it from the placements: the column-parallel `qkv` and `fc` are cut into rows, the row-parallel `proj` and `out` into columns."}} jupyter={"source_hidden": true}
 from muongrid.lab import palette
 from muongrid.lab.charlm import TinyGPT
 
@@ -333,7 +334,7 @@ table(["learning rate", *(f"{o} final val loss" for o in ("AdamW", "hybrid Muon"
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert study["complete"]
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-study", "caption": "The recorded study. Left: final validation loss of each learning rate (seed 0). Right: validation loss against tokens at each optimizer's best learning rate, the mean of the seeds and a band of one standard deviation; the dotted lines mark AdamW's final loss and where the hybrid's mean first reaches it."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-study", "caption": "The recorded study. Left: final validation loss of each learning rate (seed 0). Right: validation loss against tokens at each optimizer's best learning rate, the mean of the seeds and a band of one standard deviation; the dotted lines mark AdamW's final loss and where the hybrid's mean first reaches it."}} jupyter={"source_hidden": true}
 NAMES = {"adamw": "AdamW", "hybrid": "hybrid Muon"}
 COLORS = {"adamw": palette.OPTIMIZER["adamw"], "hybrid": palette.OPTIMIZER["muon"]}
 fig, (left, right) = plt.subplots(1, 2, figsize=(7.2, 3.0), width_ratios=[1, 1.6])
@@ -461,7 +462,7 @@ model's sweep: on a new model, sweep again.
 live = last_json(run(f"convergence_study.py --lrs-adamw {a['lr']} "
                      f"--lrs-hybrid {h['lr']} --seeds 1 --steps 40 --eval-every 20"))
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-live", "caption": "The short comparison run while this page was built: one seed each, at the recorded best learning rates."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-live", "caption": "The short comparison run while this page was built: one seed each, at the recorded best learning rates."}} jupyter={"source_hidden": true}
 fig, ax = plt.subplots(figsize=(6.0, 2.8))
 for opt in ("adamw", "hybrid"):
     c = live["summary"]["curves"][opt]
@@ -497,7 +498,7 @@ in this live run.
 grids = last_json(run("profile_step.py --grids 4x1,1x4,2x2 --global-batch 64 "
                       "--steps 3 --warmup 1 --layout owner", log="collapsed"))
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-profile", "caption": "A training step of the tiny GPT on three 4-rank grids, Muon (owner layout) and AdamW, split by the profiler (each part: the mean over ranks of each rank's median over 3 steps)."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-profile", "caption": "A training step of the tiny GPT on three 4-rank grids, Muon (owner layout) and AdamW, split by the profiler (each part: the mean over ranks of each rank's median over 3 steps)."}} jupyter={"source_hidden": true}
 parts = ["forward_backward", "waiting", "communication", "newton_schulz",
          "optimizer_compute"]
 labels = ["forward + backward", "waiting", "communication", "Newton-Schulz",
@@ -556,7 +557,7 @@ assert all(values[0] == max(values) for _, values in bars), bars
 # in the study above; {doc}`the claims appendix <../book/claims>` shows what it found beside
 # {doc}`chapter 7 <07_profiling>`'s figures (the code that computes them is folded below).
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab import claims
 from muongrid.lab.verdicts import beats, fastest_text, spread_text, versus_claim
 
@@ -632,7 +633,7 @@ claims.glue_checks("09_training", claim_rows)   # shown in the claims appendix
 qk = last_json(run("qk_clip_demo.py --dp 2 --steps 60 --threshold 8",
                    log="collapsed"))
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-qk", "caption": "The largest attention logit over every head of the book's GPT at each step (what the step's forward saw, before the clip), watching only and clipping at 8 (dashed), while this page was built."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-qk", "caption": "The largest attention logit over every head of the book's GPT at each step (what the step's forward saw, before the clip), watching only and clipping at 8 (dashed), while this page was built."}} jupyter={"source_hidden": true}
 fig, ax = plt.subplots(figsize=(6.0, 2.6))
 for (name, r), color in zip(qk["runs"].items(), (COLORS["adamw"], COLORS["hybrid"])):
     ax.plot(range(1, len(r["max_logit"]) + 1), r["max_logit"], color=color, label=name)

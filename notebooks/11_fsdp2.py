@@ -37,7 +37,7 @@
 # - explain why `torch.optim.Muon` on FSDP2 parameters is correct but moves far more than it needs;
 # - read `train.py --compare-torch-muon`'s report, and pick a layout for a model of your own.
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -48,16 +48,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = []
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -91,7 +92,7 @@ elif (importlib.util.find_spec("muongrid") is None
 # first, each to the least-loaded rank). {numref}`fig-ch11-holders` draws who holds what on a 2 x 2
 # grid.
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch11-holders", "caption": "Two matrices, `w0` (64 x 64) and `w1` (192 x 64), both split by rows over TP (dashed line), on a 2 x 2 grid: what each rank holds of them. ZeRO-1 x TP (top, from `build_plan` with the owner layout) keeps every weight's whole TP shard on each DP rank, and cuts the optimizer state as one flat buffer: `w0` falls whole into DP rank 0's shard, only `w1` is cut. FSDP2 x TP (bottom, row blocks as `torch.chunk` cuts them; owners from `fsdp_routes.routes`, as `FSDPMuon` picks them) keeps only a block of rows of every weight at rest (it gathers the TP shard for forward and backward) and the state in the same blocks, so every matrix is cut over DP. Under both, one owner per matrix (red) runs Newton-Schulz on the whole matrix; every block not on the owner travels there and back."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch11-holders", "caption": "Two matrices, `w0` (64 x 64) and `w1` (192 x 64), both split by rows over TP (dashed line), on a 2 x 2 grid: what each rank holds of them. ZeRO-1 x TP (top, from `build_plan` with the owner layout) keeps every weight's whole TP shard on each DP rank, and cuts the optimizer state as one flat buffer: `w0` falls whole into DP rank 0's shard, only `w1` is cut. FSDP2 x TP (bottom, row blocks as `torch.chunk` cuts them; owners from `fsdp_routes.routes`, as `FSDPMuon` picks them) keeps only a block of rows of every weight at rest (it gathers the TP shard for forward and backward) and the state in the same blocks, so every matrix is cut over DP. Under both, one owner per matrix (red) runs Newton-Schulz on the whole matrix; every block not on the owner travels there and back."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
 from muongrid.lab.page import keep, listing, say, show
 

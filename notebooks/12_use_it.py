@@ -42,7 +42,7 @@
 # - start it with `torchrun` on one node or several;
 # - say what differs from `torch.optim.Muon` / `torch.optim.AdamW` and what to do about each difference.
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -53,16 +53,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = [('transformers', 'transformers==5.24.0')]
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -138,10 +139,12 @@ def halves(first, again, a, b):
           + [[f"validation, step {s}", f"{x:.6f}", f"{y:.6f}", f"{y - x:+.1e}"]
              for (s, x), (_, y) in zip(first["evals"][1:], again["evals"])],
           align="lrrr")
-    assert [s for s, _ in first["evals"]] == [10, 20] and again["first_step"] == 11
 
 
 halves(first, again, "2 x 2, uninterrupted", "4 x 1, resumed from step 10")
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+assert [s for s, _ in first["evals"]] == [10, 20] and again["first_step"] == 11
 
 # %% [markdown]
 # The resumed run continues the curve on another grid: the model, the optimizer state (fp32
@@ -174,6 +177,9 @@ again = last_json(run("loop_fsdp.py", "--dp", 2, "--tp", 1, *FLAGS,
                       "--resume", OUT / "fsdp" / "step10"))
 halves(first, again, "FSDP2 x TP 2 x 2, uninterrupted",
        "FSDP2 2 x 1, resumed from step 10")
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+assert [s for s, _ in first["evals"]] == [10, 20] and again["first_step"] == 11
 
 # %% [markdown]
 # ## Starting it

@@ -31,7 +31,7 @@
 # hold the ledger to (`muongrid.lab.costmodel`, `muongrid.lab.choice`), and a time model built on them
 # (`muongrid.lab.timemodel`).
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -42,16 +42,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = []
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -101,7 +102,7 @@ elif (importlib.util.find_spec("muongrid") is None
 # Newton-Schulz on each matrix; "busiest NS" is the Newton-Schulz work of the rank with the most;
 # "state" is the optimizer state a rank keeps (fp32 master and momentum, padding included).
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from IPython.display import Markdown, display
 from muongrid.lab.page import keep, listing, say, show
 
@@ -220,7 +221,7 @@ say(r"""
 #   machine's cores, so Newton-Schulz takes every rank's FLOPs at the machine's rate. The record
 #   names the machine it measured (printed below); run the script on yours to price your own.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab.timemodel import h100, layout_seconds, this_machine
 from muongrid.lab.wholestep import hardware_rows
 
@@ -341,7 +342,7 @@ say(r"""
 # and under FSDP2 with `FSDPMuon` (the routes `FSDPMuon` computes, on FSDP2's blocks of rows), on
 # DP-only grids.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab.choice import fsdp2_extra, zero1_owner_extra
 from muongrid.lab.costmodel import plans_for
 from muongrid.lab.timemodel import fsdp2_extra_seconds, step_seconds
@@ -411,7 +412,7 @@ takes `FSDPMuon`.
 # (`muongrid.lab.layout_explorer`). This machine's bars appear up to 8 ranks, the most the book
 # launches on one machine.
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch13-explorer", "caption": "Every layout against Distributed AdamW, for the matrices set by the menu and the grid (dp x tp) set by the slider: bytes each rank sends per step (mean over ranks), Newton-Schulz on the busiest rank, optimizer state per rank (fp32 master and moments, padding included) and the modelled optimizer step on the two profiles (log scale; hover for communication and Newton-Schulz apart). Axes keep their range while the slider moves."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch13-explorer", "caption": "Every layout against Distributed AdamW, for the matrices set by the menu and the grid (dp x tp) set by the slider: bytes each rank sends per step (mean over ranks), Newton-Schulz on the busiest rank, optimizer state per rank (fp32 master and moments, padding included) and the modelled optimizer step on the two profiles (log scale; hover for communication and Newton-Schulz apart). Axes keep their range while the slider moves."}} jupyter={"source_hidden": true}
 from muongrid.lab.explorers import Figure
 from muongrid.lab.layout_explorer import explorer_rows, layout_explorer
 
@@ -514,7 +515,7 @@ say(r"""
 # expert parallelism: 64 expert slices, each held by 4 ranks ([`scripts/plan_ep.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_ep.py)'s
 # plans, 16 Mi tokens a step).
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab import wholestep
 
 steps = [wholestep.whole_step(c) for c in wholestep.CONFIGS]

@@ -33,7 +33,7 @@
 # "group" layout (checked live below); the plans at 1,024 ranks are plans and projections, not
 # runs.
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -44,16 +44,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = []
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -129,7 +130,7 @@ of ranks when that finishes it sooner, counting the group's own traffic
 # owners), and the optimizer also splits $B$ among the members (below).
 # `muongrid.ns_group.zeropower_sharded` implements it.
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch14-group-steps", "caption": "One Newton-Schulz step of a matrix over a group of three ranks: the matrix is cut along its long side, each rank forms its block's Gram matrix, one all-reduce sums them, and each rank updates its own block with the same small $B$."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch14-group-steps", "caption": "One Newton-Schulz step of a matrix over a group of three ranks: the matrix is cut along its long side, each rank forms its block's Gram matrix, one all-reduce sums them, and each rank updates its own block with the same small $B$."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
@@ -337,6 +338,9 @@ for _ in range(5):                   # interleaved: both meet the same load
         times[form].append(time.perf_counter() - t0)
 for form, samples in times.items():
     print(f"{form:8} {spread_text(samples)}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# The verdict, within the noise band or outside it (muongrid.lab.verdicts).
 verdict = fastest_text(times)
 print(verdict)
 
@@ -385,7 +389,7 @@ table(["model", "grid", "owner", "FLOP, any ranks", "FLOP windows", "group (time
       [[name, f"{r['dp']} x {r['tp']}", *(f"{r[k + '_ns_ms']:.1f} ms" for k in RULES)]
        for name, r in projected], align="llrrrrr")
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch14-projection", "caption": "Newton-Schulz time per step on the busiest rank (log scale), group collectives included, projected from the plan with the assumed H100 figures: one owner per matrix, FLOP-sized groups on any ranks, FLOP-sized TP-local windows (the optimizer's rule without a profile), groups sized by time (`build_plan(..., hw=profile)`, the optimizer's rule with `hw=`), and an even split of the work (the ideal)."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch14-projection", "caption": "Newton-Schulz time per step on the busiest rank (log scale), group collectives included, projected from the plan with the assumed H100 figures: one owner per matrix, FLOP-sized groups on any ranks, FLOP-sized TP-local windows (the optimizer's rule without a profile), groups sized by time (`build_plan(..., hw=profile)`, the optimizer's rule with `hw=`), and an even split of the work (the ideal)."}} jupyter={"source_hidden": true}
 fig, ax = plt.subplots(figsize=(8, 3))
 labels = [f"{name}\n{r['dp']}x{r['tp']}" for name, r in projected]
 names = {"scattered": "FLOP, any ranks", "flops": "FLOP windows",
@@ -505,7 +509,7 @@ latency per hop.
 # %% [markdown]
 # {numref}`fig-ch14-scale-explorer` puts every plan of this section side by side.
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch14-scale-explorer", "caption": "The plans at scale, one slider position per model and grid (every number from `plan_at_scale.py`, run above): Newton-Schulz ms per step on the busiest rank under each group rule (left, log scale, the H100 figures), and what the group plan costs besides, as group / owner (right; the dotted line is the owner plan). The title gives both plans' NS load max/mean and build times."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch14-scale-explorer", "caption": "The plans at scale, one slider position per model and grid (every number from `plan_at_scale.py`, run above): Newton-Schulz ms per step on the busiest rank under each group rule (left, log scale, the H100 figures), and what the group plan costs besides, as group / owner (right; the dotted line is the owner plan). The title gives both plans' NS load max/mean and build times."}} jupyter={"source_hidden": true}
 from muongrid.lab.explorers import Figure
 from muongrid.lab.scale_explorer import scale_explorer
 

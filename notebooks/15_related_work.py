@@ -44,7 +44,7 @@
 #   a ledger of what moved;
 # - place muongrid's layouts (bucket, owner, aligned, group) and `FSDPMuon` among them.
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -55,16 +55,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = []
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -247,7 +248,7 @@ def ledger_mean(layout: str, phase: str) -> float:
     return sum(sent) / len(sent)
 
 
-rows = []
+rows, same = [], {}
 for layout in ("owner", "aligned"):
     plan = costmodel.plans_for(problem.groups, DP, 1, live["bucket_numel"], layout)[0]
     padded = DP * sum(b.shard_numel for buffer in plan.buckets for b in buffer)
@@ -256,7 +257,7 @@ for layout in ("owner", "aligned"):
     pieces = (ledger_mean(layout, "ns_to_owner")
               + ledger_mean(layout, "ns_from_owner")) / costmodel.NS_BYTES
     theirs = rivals.dmuon(padded, DP, "ddp")["total"]
-    assert math.isclose(zero1, theirs, rel_tol=1e-12), (layout, zero1, theirs)
+    same[layout] = math.isclose(zero1, theirs, rel_tol=1e-12)
     rows.append([layout, p_live, padded, round(zero1), round(theirs),
                  round(rivals.dmuon(p_live, DP, "ddp")["total"]), round(pieces)])
 table(["layout", "P_M", "in the shards", "ledger: RS + AG", "2(N-1)/N x shards",
@@ -266,6 +267,7 @@ live_pad = {r[0]: r[2] / r[1] for r in rows}
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert live["ok"]
+assert all(same.values()), f"the ledger's ZeRO-1 bytes differ from DMuon's formula: {same}"
 keep("ch15-live-owner-pad", f"{live_pad['owner']:.3f}")
 keep("ch15-live-aligned-pad", f"{live_pad['aligned']:.2f}")
 

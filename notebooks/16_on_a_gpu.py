@@ -36,7 +36,7 @@
 # - predict a step's GPU time from the bytes it moves, and say which figure on this page is
 #   measured, which is counted and which is modelled.
 
-# %% tags=["hide-cell"]
+# %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
@@ -47,16 +47,17 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(HOME) and subprocess.run(
             ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
         raise RuntimeError(
-            f"could not clone {REPOSITORY}: this book's repository is not public yet "
-            "(or this runtime cannot reach it). Run the book locally instead: in a copy "
-            "of the repository, `make setup`, then open this chapter from its notebooks/ "
-            "folder in Jupyter started from .venv (or `make book` to build all of it).")
+            f"could not clone {REPOSITORY}: this book's repository is not public "
+            "yet (or this runtime cannot reach it). Run the book on your machine: "
+            "in a copy of the repository, `make lab` sets up Python and opens the "
+            "chapters in JupyterLab (`make book` builds all of them).")
     os.chdir(os.path.join(HOME, "notebooks"))
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
     wanted = []
-    missing = [pip for module, pip in wanted if importlib.util.find_spec(module) is None]
+    missing = [pip for module, pip in wanted
+               if importlib.util.find_spec(module) is None]
     if missing:
         subprocess.run([*install, *missing], check=True)
     importlib.invalidate_caches()
@@ -76,7 +77,7 @@ elif (importlib.util.find_spec("muongrid") is None
 # parses its logs; the chapters read the JSON it wrote). The package was still called `dmuon`
 # then, and the commit is older than this book's: every figure of the record is that commit's.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from IPython.display import Markdown, display
 from muongrid.lab.page import keep, listing, say, show
 
@@ -93,7 +94,7 @@ display(Markdown(f"**Since then:** {gpurecord.CHANGED_SINCE}."))
 # meta device. What ran, in order, with each command's exit code and wall time (start-up,
 # compilation of CUDA kernels and the run itself, under `torchrun` where it says so):
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 table(["step", "command", "exit", "seconds"], gpurecord.command_rows(record),
       align="llrr")
 total_s = sum(s["seconds"] for s in record["steps"])
@@ -114,7 +115,7 @@ the training loop's progress lines, its resume from a checkpoint, and the FSDP2 
 loss):
 """)
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 print(gpurecord.printed(record))
 
 # %% [markdown]
@@ -127,7 +128,7 @@ print(gpurecord.printed(record))
 # matrices). {numref}`fig-ch16-roofline` puts them against NVIDIA's datasheet peak and the rate
 # the book's time model charges ({doc}`chapter 13 <13_what_to_pick>`, `muongrid.hardware`).
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch16-roofline", "caption": "bf16 throughput on one H100, from the GPU record: matmuls (grey) and Newton-Schulz (red), the fastest of several runs alone and the profiled time inside the optimizer step; dashed, NVIDIA's dense bf16 peak; dotted, the rate the book's time model charges Newton-Schulz (half the peak)."}}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch16-roofline", "caption": "bf16 throughput on one H100, from the GPU record: matmuls (grey) and Newton-Schulz (red), the fastest of several runs alone and the profiled time inside the optimizer step; dashed, NVIDIA's dense bf16 peak; dotted, the rate the book's time model charges Newton-Schulz (half the peak)."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
 
 from muongrid import hardware
@@ -188,7 +189,7 @@ Llama-3.2-1B's smaller matrices batched by shape, it ran at {{ch16-ns-step}} TFL
 # measured matmul ceiling plus one fused AdamW pass over every parameter. **These are commit
 # 7b306af's steps**, before this version rebuilt the step; they say where the time went then.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 table(["shapes", "optimizer", "GPU ms", "host ms", "syncs", "x torch Muon"],
       gpurecord.step_rows(record), align="llrrrr")
 llama = {k: v for m in record["bench"]["models"] if m["model"] == "llama-1b"
@@ -215,7 +216,7 @@ ceiling; the step around it was memory traffic, and two host syncs a step.
 # %% [markdown]
 # ## What the rebuilt step moves, counted now
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 SHAPES = ("gpt2-124m", "llama-1b", "llama-8b-4layers")
 counted = {m: gpurecord.count_step(m) for m in SHAPES}
 table(["shapes", "GiB ours", "GiB torch", "ratio", "ops ours", "ops torch",
@@ -289,7 +290,7 @@ Newton-Schulz runs as fast as torch's (the record found both at about the same t
 # provenance; this page then shows that record below, in place of this note.
 # ```
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab.provenance import ROOT, load_recorded, provenance_text
 
 if (ROOT / "book" / "data" / "step_bench_gpu.json").exists():
@@ -307,7 +308,7 @@ else:
 # `transformers` Llama built from Llama-3.2-1B's configuration (random weights, fp32 parameters
 # under bf16 autocast, median of 5 after 2 warm-up steps):
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 fb = record["fwd_bwd"]
 table(["tokens a step", "forward + backward", "model TFLOP/s", "of the 8192^3 matmul",
        "peak memory"],
@@ -336,7 +337,7 @@ figures of this record (one hardware table, `muongrid.hardware.H100_TABLE`); its
 this configuration, where the model can be held against the measurement:
 """)
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab import wholestep
 
 one = wholestep.whole_step(wholestep.CONFIGS[0])
