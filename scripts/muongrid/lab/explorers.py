@@ -45,12 +45,12 @@ class Figure:
 
 
 def show(fig: go.Figure):
-    """Display ``fig``: in Colab with Plotly's own renderer (it loads plotly.js), elsewhere as a
-    ``Figure`` bundle. Returns the bundle object so it can also be glued."""
-    from IPython.display import display
+    """Display ``fig``: in Colab as HTML that loads plotly.js itself (Colab renders no Plotly JSON, and
+    each output there is a frame of its own), elsewhere as a ``Figure`` bundle. Returns the bundle."""
+    from IPython.display import HTML, display
 
     if "google.colab" in sys.modules:
-        fig.show(renderer="colab", config=CONFIG)
+        display(HTML(fig.to_html(full_html=False, include_plotlyjs="cdn", config=CONFIG)))
         return None
     out = Figure(fig)
     display(out)
