@@ -10,12 +10,14 @@ with ``PYTHONPATH`` pointing at the copy's ``scripts/``. Each module has the fas
 its mutants (no multi-process launches: one launch per mutant would take hours). Mutants are restricted to
 the functions listed (the math, the plan's geometry, the routes) and to operators that make sense on
 numbers: a ``+`` turned into ``|``, ``<<`` or ``%`` is left out (cosmic-ray makes ten replacements per
-operator; those raise on floats or are killed by anything). Prints, per module, killed / total and every
+operator; those raise on floats or are killed by anything), nor is a ``|`` in a type annotation (``X | None``,
+never evaluated here: an equivalent mutant). ``--head`` mutates the last commit instead of the working tree. Prints, per module, killed / total and every
 surviving mutant's diff (also written to ``_build/mutate/<module>.txt``).
 """
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -47,12 +49,23 @@ name = "local"
 """
 
 
-def run(module: str, sample: int | None = None) -> tuple[int, int, list[str]]:
+def annotation(line: str) -> bool:
+    """Whether a ``|`` on this line is a type union (``X | None``): under ``from __future__ import annotations``
+    it is never evaluated, so replacing it makes an equivalent mutant."""
+    return re.search(r"[\w\]]\s*\|\s*None\b", line) is not None
+
+
+def run(module: str, sample: int | None = None, head: bool = False) -> tuple[int, int, list[str]]:
     tests, functions = MODULES[module]
     work = Path(f"/tmp/muongrid-mutate-{module}")
     shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv", "_build", "mutants", "__pycache__",
-                                                              "*.ipynb", "node_modules"))
+    if head:   # the committed tree (git archive HEAD), not the working tree
+        work.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    else:
+        shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv", "_build", "mutants", "__pycache__",
+                                                                  "*.ipynb", "node_modules"))
     (work / "mutate.toml").write_text(config(module, tests))
     env0 = dict(__import__("os").environ, PYTHONPATH=str(work / "scripts"))
     base = subprocess.run([str(BIN / "python"), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--noconftest",
@@ -63,10 +76,13 @@ def run(module: str, sample: int | None = None) -> tuple[int, int, list[str]]:
     env = dict(__import__("os").environ, PYTHONPATH=str(work / "scripts"), OMP_NUM_THREADS="1")
     subprocess.run([str(BIN / "cosmic-ray"), "init", "mutate.toml", str(session)], cwd=work, env=env, check=True)
     db = sqlite3.connect(session)
-    specs = db.execute("select job_id, operator_name, definition_name from mutation_specs").fetchall()
-    drop = [j for j, op, fn in specs
-            if (functions is not None and fn not in functions) or op.split("_")[-1] in SKIPPED_TARGETS]
+    specs = db.execute("select job_id, operator_name, definition_name, start_pos_row from mutation_specs").fetchall()
+    lines = (work / "scripts" / "muongrid" / f"{module}.py").read_text().splitlines()
+    drop = [j for j, op, fn, row in specs
+            if (functions is not None and fn not in functions) or op.split("_")[-1] in SKIPPED_TARGETS
+            or (op.startswith("core/ReplaceBinaryOperator_BitOr_") and annotation(lines[row - 1]))]
     kept = sorted({j for j, *_ in specs} - set(drop))
+    specs = [x[:3] for x in specs]
     if sample is not None and sample < len(kept):
         chosen = set(random.Random(41).sample(kept, sample))
         drop += [j for j in kept if j not in chosen]
@@ -97,10 +113,11 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("modules", nargs="*", choices=[*MODULES, []], default=list(MODULES))
     p.add_argument("--sample", type=int, default=None, help="mutants per module, drawn with a fixed seed (default all)")
+    p.add_argument("--head", action="store_true", help="mutate the last commit, not the working tree")
     args = p.parse_args(argv)
     scores = {}
     for name in args.modules or list(MODULES):
-        killed, total, survivors = run(name, args.sample)
+        killed, total, survivors = run(name, args.sample, args.head)
         scores[name] = (killed, total)
         print(f"{name}: killed {killed} of {total} ({100 * killed / max(total, 1):.0f}%); "
               f"{len(survivors)} survived (_build/mutate/{name}.txt)", flush=True)

@@ -88,6 +88,12 @@ def check_bucket(flows, b, dp, tp):
         for item in route.owned:
             k = item.k
             assert owner[k] == q
+            split = metas[k].tp_split_dim != -1 and tp > 1   # the bank row: TP blocks of the local shape, or whole
+            rows, cols = (metas[k].shape if split else metas[k].full_shape)[-2:]
+            assert (item.blocks, item.key) == ((tp, (tp, rows, cols, metas[k].tp_split_dim)) if split
+                                               else (1, (1, rows, cols, -1))), (q, k)
+            assert all(b_ > a for _, a, b_, _ in item.parts) and all(b_ > a for _, _, a, b_, _ in item.back)
+            assert (item.mine is not None) == (pieces[(k, q)][1] > pieces[(k, q)][0])   # only what I hold
             for blk, a, b_, off in item.parts:
                 if off is not None:
                     assert recv[off: off + b_ - a] == [(k, blk, i) for i in range(a, b_)], (q, k, blk)
