@@ -1,4 +1,4 @@
-"""Chapter 1 runs as Colab runs it: a bare runtime, the set-up cell cloning the repository and installing.
+"""A chapter runs as Colab runs it: a bare runtime, the set-up cell cloning the repository and installing.
 
 Colab opens a chapter's ``.ipynb`` in a runtime that has torch, numpy, matplotlib, plotly, ipywidgets,
 scikit-learn, pandas and ipykernel, imports ``google.colab`` at start, and has neither MyST-NB nor the
@@ -73,7 +73,12 @@ def colab_runtime(where: Path) -> Path:
     return python
 
 
-def test_chapter_1_runs_as_in_colab(tmp_path):
+# Chapter 1 in every run; others on request (e.g. MUONGRID_COLAB_CHAPTERS=00_start_here,04_zero1_buffer).
+CHAPTERS = os.environ.get("MUONGRID_COLAB_CHAPTERS", "01_muon").split(",")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_a_chapter_runs_as_in_colab(tmp_path, chapter):
     python = colab_runtime(tmp_path)
     probe = subprocess.run([str(python), "-c", "import importlib.util, json, sys; print(json.dumps("
                             "{m: importlib.util.find_spec(m) is not None for m in sys.argv[1:]}))",
@@ -89,7 +94,7 @@ def test_chapter_1_runs_as_in_colab(tmp_path):
         "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "Colab-like", "language": "python"}))
 
-    nb = nbformat.read(ROOT / "notebooks" / "01_muon.ipynb", as_version=4)
+    nb = nbformat.read(ROOT / "notebooks" / f"{chapter}.ipynb", as_version=4)
     setup = nb.cells[1]
     content = tmp_path / "content"
     content.mkdir()
@@ -111,14 +116,14 @@ def test_chapter_1_runs_as_in_colab(tmp_path):
         os.environ.update(old)
 
     clone = content / repository_url().rstrip("/").split("/")[-1]  # the folder the set-up cell names
-    assert (clone / "notebooks" / "01_muon.ipynb").is_file(), "the set-up cell did not clone the repository"
+    assert (clone / "notebooks" / f"{chapter}.ipynb").is_file(), "the set-up cell did not clone the repository"
     installed = subprocess.run([str(python), "-c", "import muongrid; print(muongrid.__file__)"],
                                capture_output=True, text=True, check=True).stdout
     assert str(tmp_path / "venv") in installed, f"muongrid was not installed into the runtime: {installed}"
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     figures = [c for c in nb.cells if c.cell_type == "code" and c.metadata.get("mystnb", {}).get("figure")]
-    assert len(figures) >= 3
+    assert chapter != "01_muon" or len(figures) >= 3  # (chapter 1 draws a spectrum and two explorers)
     for cell in figures:
         shown = [o for o in cell.outputs if o.get("output_type") in ("display_data", "execute_result")]
         kinds = {k for o in shown for k in o["data"]}
