@@ -1,9 +1,9 @@
 """``check_finite``'s three modes, on a CPU with real values (``muongrid/finite.py``).
 
 "raise" (the CPU default) stops a step with a NaN/Inf gradient before anything changes; "defer" (the GPU
-default, where reading the flag at once would cost a host sync) lets that step run and raises at the next
-``step()``, naming the parameter and the step it came from; False checks nothing. Each is held here for
-DistributedMuon and FSDPMuon's shared helper, one process (the same code runs on every rank).
+default, where reading the flag at once would cost a host sync) makes that step a no-op, masked on the device,
+and the next ``step()`` (or ``check_finite_now()``) warns, naming the parameter and the step; False checks
+nothing. One process here; ``tests/test_agree.py`` holds the same on grids, where every rank must agree.
 
     python -m pytest -q tests/test_finite_modes.py
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from muongrid import DistributedAdamW, DistributedMuon, Grid
-from muongrid.finite import resolve_mode
+from muongrid.finite import SkippedStep, resolve_mode
 
 
 def params():
@@ -48,32 +48,72 @@ def test_raise_stops_the_step_before_anything_changes():
     assert all(torch.equal(a, b) for a, b in zip(before, ps))
 
 
-def test_defer_raises_at_the_next_step_naming_the_parameter_and_the_step():
-    ps = params()
-    opt = DistributedMuon(groups(ps), Grid.single(), check_finite="defer")
-    for p in ps:
-        p.grad = torch.ones_like(p)
-    opt.step()                                   # step 1: finite
-    nan_grads(ps)
-    opt.step()                                   # step 2: taken (no host read), the check travels
-    assert torch.isnan(ps[0]).all()              # what "defer" trades for no sync: the bad step was applied
-    for p in ps:
-        p.grad = torch.ones_like(p)
-    with pytest.raises(FloatingPointError, match=r"parameter 'w' had NaN/Inf values .* step 2; .*reload"):
-        opt.step()
-    opt.step()                                   # reported once; the next step goes on
+def test_defer_skips_the_step_and_says_so_at_the_next_step():
+    """The bad step is a no-op (no host read: masked on the device); the next step warns, naming the parameter
+    and the step, takes back the step counts, and goes on: the end equals a run that never saw that batch."""
+    def run(bad: bool):
+        ps = params()
+        opt = DistributedMuon(groups(ps), Grid.single(), check_finite="defer")
+        for step in (1, 2, 3, 4):
+            if step == 2 and not bad:
+                continue
+            if step == 2:
+                nan_grads(ps)
+                before = [p.detach().clone() for p in ps] + [t.clone() for p in ps for t in opt.state[p].values()]
+                opt.step()   # skipped, with nothing read back
+                after = [p.detach().clone() for p in ps] + [t.clone() for p in ps for t in opt.state[p].values()]
+                assert all(torch.equal(a, b) for a, b in zip(before[:2], after[:2]))   # parameters as they were
+                assert all(torch.equal(a, b) for a, b in zip(before, after) if a.dim())   # state too
+                assert all(not torch.isnan(t).any() for t in after)
+                continue
+            for i, p in enumerate(ps):
+                p.grad = torch.full_like(p, 0.5 * step + i)
+            if step == 3 and bad:
+                with pytest.warns(SkippedStep, match=r"step 2 was skipped on every rank: gradient of parameter 'w' "
+                                                     r"had NaN/Inf values on rank 0 \(dp 0, tp 0\)"):
+                    opt.step()
+            else:
+                opt.step()
+        return ps, opt
+    bad, opt = run(True)
+    clean, clean_opt = run(False)
+    assert opt.skipped_steps == [2] and clean_opt.skipped_steps == []
+    assert all(torch.equal(a, b) for a, b in zip(bad, clean))
+    assert all(torch.equal(opt.state[a][k], clean_opt.state[b][k]) for a, b in zip(bad, clean) for k in opt.state[a])
+    assert opt.steps_taken == clean_opt.steps_taken == 3
 
 
 def test_defer_is_read_by_check_finite_now_and_off_means_off():
     ps = params()
     opt = DistributedAdamW(groups(ps), Grid.single(), check_finite="defer")
+    before = [p.detach().clone() for p in ps]
     ps[1].grad = torch.full_like(ps[1], float("inf"))
     ps[0].grad = torch.ones_like(ps[0])
     opt.step()
-    with pytest.raises(FloatingPointError, match="parameter 'b'"):
-        opt.check_finite_now()
+    with pytest.warns(SkippedStep, match="parameter 'b'"):
+        assert opt.check_finite_now() == 1
+    assert opt.check_finite_now() is None   # reported once
+    assert all(torch.equal(a, b) for a, b in zip(before, ps)) and float(opt.state[ps[0]]["step"]) == 0
     ps = params()
     opt = DistributedMuon(groups(ps), Grid.single(), check_finite=False)
     nan_grads(ps)
-    opt.step()
-    opt.step()   # nothing checks
+    opt.step()   # nothing checks: the NaN reaches the parameters, as with torch's optimizers
+    assert torch.isnan(ps[0]).all() and opt.skipped_steps == []
+
+
+def test_defer_steps_equal_raise_steps_bit_for_bit_when_every_gradient_is_finite():
+    """The masked step ("defer") takes the same numbers as the plain one when nothing is skipped: Muon with and
+    without Nesterov, weight decay, AdamW, a bf16 parameter with its fp32 master."""
+    def run(mode):
+        gen = torch.Generator().manual_seed(3)
+        w = torch.nn.Parameter(torch.randn(12, 8, generator=gen))
+        v = torch.nn.Parameter(torch.randn(8, 6, generator=gen).bfloat16())
+        b = torch.nn.Parameter(torch.randn(8, generator=gen))
+        opt = DistributedMuon([dict(params=[w], weight_decay=0.1), dict(params=[v], nesterov=False, weight_decay=0.05),
+                               dict(params=[b], use_muon=False, weight_decay=0.1)], Grid.single(), check_finite=mode)
+        for _ in range(3):
+            for p in (w, v, b):
+                p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
+            opt.step()
+        return [w, v, b] + [t for p in (w, v, b) for t in opt.state[p].values()]
+    assert all(torch.equal(a, b) for a, b in zip(run("raise"), run("defer")))

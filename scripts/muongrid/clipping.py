@@ -115,9 +115,10 @@ def clip_together_(opts: list, max_norm: float, norm_type: float = 2.0, error_if
     norm_type = _check(max_norm, norm_type)
     if getattr(opts[0].grid, "ep", 1) != 1:
         raise ValueError("clip_together_: the first optimizer must run on the job's grid (not grid.expert(ep))")
+    from .contract import prepare_together
+    prepare_together(opts)   # every optimizer votes before anything changes; "defer": one verdict for all
     rows, counted = [], []
     for opt in opts:
-        opt._prepare()
         for g in range(len(opt.param_groups)):
             for bucket in opt.plan.buckets[g]:
                 grads = opt._grad_pieces(g, bucket)

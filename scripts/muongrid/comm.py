@@ -272,9 +272,15 @@ class Comm:
             names.append(name)
             if name in self.subgroups:
                 continue
-            timeout = {} if not self.timeout_s else dict(timeout=datetime.timedelta(seconds=self.timeout_s))
-            self.subgroups[name] = (dist.new_group(list(ranks), **timeout), ranks)
+            self.subgroups[name] = (dist.new_group(list(ranks), **self._timeout()), ranks)
         return names
+
+    def _timeout(self) -> dict:
+        """``new_group``'s timeout for a group made here: this Comm's, else the grid's (``Grid.build``'s)."""
+        if self.timeout_s:
+            return dict(timeout=datetime.timedelta(seconds=self.timeout_s))
+        timeout = getattr(self.grid, "timeout", None)
+        return {} if timeout is None else dict(timeout=timeout)
 
     def _group(self, name: str):
         if name in self.subgroups:
@@ -282,6 +288,9 @@ class Comm:
             return pg, len(ranks)
         if name == "world":
             return getattr(self.grid, "world_group", None), self.grid.dp * self.grid.tp
+        if name == "job":   # every rank of the job: an expert grid's slices together (the default group)
+            ep = getattr(self.grid, "ep", 1)
+            return (getattr(self.grid, "world_group", None) if ep == 1 else None), self.grid.dp * self.grid.tp * ep
         if name == "dp":
             return self.grid.dp_group, self.grid.dp
         if name == "tp":
@@ -375,16 +384,18 @@ class Comm:
             self._host_pg = self.grid.host_group   # an expert grid made its own (collectively, with the others')
         if not hasattr(self, "_host_pg"):
             backend = dist.get_backend() if dist.is_initialized() else "gloo"
-            timeout = {} if not self.timeout_s else dict(timeout=datetime.timedelta(seconds=self.timeout_s))
-            self._host_pg = dist.new_group(backend="gloo", **timeout) if backend == "nccl" else None
+            self._host_pg = dist.new_group(backend="gloo", **self._timeout()) if backend == "nccl" else None
         return self._host_pg
 
-    def all_reduce_host(self, tensor: torch.Tensor, phase: str, op=dist.ReduceOp.MAX) -> torch.Tensor:
-        """All-reduce a host (CPU) tensor in place over the whole world through ``host_group``."""
-        world = self.grid.dp * self.grid.tp
-        rec = self._record("all_reduce", "world", world, -(-tensor.numel() // world), tensor.dtype, phase)
+    def all_reduce_host(self, tensor: torch.Tensor, phase: str, op=dist.ReduceOp.MAX, job: bool = False) -> torch.Tensor:
+        """All-reduce a host (CPU) tensor in place over the grid's world through ``host_group`` (``job``: over
+        every rank of the job, through an expert grid's ``job_host_group``)."""
+        ep = getattr(self.grid, "ep", 1) if job else 1
+        world = self.grid.dp * self.grid.tp * ep
+        rec = self._record("all_reduce", "job" if job else "world", world, -(-tensor.numel() // world), tensor.dtype,
+                           phase)
         if world > 1:
-            pg = self.host_group()
+            pg = self.grid.job_host_group if ep > 1 else self.host_group()
             with on_host():
                 self._collective(rec, lambda a: dist.all_reduce(tensor, op=op, group=pg, async_op=a))
         return tensor

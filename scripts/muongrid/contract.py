@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from .finite import grad_norms, local_codes, raise_agreed, spread
 from .newton_schulz import NS_EPS
 
 ADAMW_EPS = 1e-8
@@ -159,21 +160,149 @@ class MomentumSync:
         self.reset(param_groups)
 
 
-def grads_present(params: list[torch.Tensor], comm, finite: torch.Tensor | None = None):
-    """For each parameter: whether any rank has a gradient for it. The host knows its own (``p.grad is not
-    None``); with several ranks one all-reduce (MAX) of one int per parameter over ``comm.host_group`` (gloo
-    beside NCCL) makes every rank take the same decision, with no device read and no GPU sync. Through
-    ``comm`` (its timeout watchdog names a peer that never comes), under the phase "contract", which the
-    ledger's summaries leave out: their bytes are the algorithm's.
+def job_place(grid) -> tuple[int, int, int, int]:
+    """(job rank, job world, expert slice, ep) of this rank: an expert grid (``grid.expert(ep)``) is one slice
+    of the job; any other grid is the whole job."""
+    ep, ranks = getattr(grid, "ep", 1), getattr(grid, "global_ranks", ()) or ()
+    if ep == 1 or not ranks:
+        return grid.rank, grid.dp * grid.tp, 0, 1
+    return ranks[grid.rank], grid.dp * grid.tp * ep, ranks[0] // grid.tp, ep
 
-    ``finite`` (this rank's on-device "all gradients finite" flag, ``finite.finite_flag``), when given, is
-    read here: the step's one host sync (``check_finite="raise"``). Returns (present, finite as a bool or None)."""
+
+def where_of(grid, step: int) -> str:
+    """"rank R (dp D, tp T), step S" in the job's numbering (an expert grid's slice numbers its ranks anew)."""
+    rank, tp = job_place(grid)[0], grid.tp
+    return f"rank {rank} (dp {rank // tp}, tp {rank % tp}), step {step}"
+
+
+def grads_present(params: list[torch.Tensor], comm, codes: list[int] | None = None):
+    """For each parameter: whether any rank of the grid has a gradient for it. The host knows its own
+    (``p.grad is not None``); with several ranks one all-reduce (MAX) of one int per parameter over
+    ``comm.host_group`` (gloo beside NCCL) makes every rank take the same decision, with no device read and no
+    GPU sync. Through ``comm`` (its timeout watchdog names a peer that never comes), under the phase "contract",
+    which the ledger's summaries leave out: their bytes are the algorithm's.
+
+    ``codes`` (``check_finite="raise"``: this rank's NaN/Inf vote per parameter, ``finite.local_codes``, read
+    on the host) ride the same all-reduce, so every rank learns every rank's verdict at once. On an expert grid
+    the vote spans the whole job (each slice's presence in its own part of the vector), so a bad gradient in
+    one slice stops every rank. Returns (present, the agreed codes or None)."""
     mine = [p.grad is not None for p in params]
-    if comm.grid.dp * comm.grid.tp > 1 and params:
-        import torch.distributed as dist
-        flags = comm.all_reduce_host(torch.tensor(mine, dtype=torch.int32), "contract", op=dist.ReduceOp.MAX)
-        mine = [bool(x) for x in flags.tolist()]
-    return mine, (None if finite is None else bool(finite))
+    n, (_, world, slot, ep) = len(params), job_place(comm.grid)
+    if world == 1 or not params:
+        return mine, codes
+    import torch.distributed as dist
+    vote = torch.zeros(ep * n + (n if codes is not None else 0), dtype=torch.int32)
+    vote[slot * n: (slot + 1) * n] = torch.tensor(mine, dtype=torch.int32)
+    if codes is not None:
+        vote[ep * n:] = torch.tensor(codes, dtype=torch.int32)
+    flags = comm.all_reduce_host(vote, "contract", op=dist.ReduceOp.MAX, job=ep > 1).tolist()
+    return [bool(x) for x in flags[slot * n: (slot + 1) * n]], (flags[ep * n:] if codes is not None else None)
+
+
+def vote(opt, params: list, named: list, index: list[int], where: str):
+    """The step's one decision, the same on every rank (``finite.py``): which parameters have a gradient
+    somewhere, and whether the step goes on. ``named``: this rank's (name, local gradient) pairs, at places
+    ``index`` of ``params``. Returns (present, keep, agreed): ``keep`` and ``agreed`` are the device verdict and
+    vote of ``check_finite="defer"`` (None otherwise); with "raise" a bad gradient anywhere raises here, on every
+    rank, before any collective that moves gradients."""
+    job_rank, job_world, _, _ = job_place(opt.grid)
+    names, n = [name for g in opt.param_groups for name in g["names"]], len(params)
+    if opt.check_finite == "raise":
+        norms = grad_norms(named)
+        finite = [] if norms is None else norms.isfinite().tolist()   # the step's one host read
+        codes = [0] * n
+        for i, ok in zip(index, finite):
+            codes[i] = 0 if ok else job_world - job_rank
+        present, agreed = grads_present(params, opt.comm, codes)
+        raise_agreed(agreed, names, named, where, job_rank, job_world, opt.grid.tp, opt.steps_taken + 1)
+        return present, None, None
+    present, _ = grads_present(params, opt.comm)
+    if opt.check_finite != "defer":
+        return present, None, None
+    norms = grad_norms(named)
+    mine = spread(None if norms is None else local_codes(norms, job_rank, job_world), index, n, opt.grid.device)
+    agreed = vote_on_device(mine, opt.comm) if job_world > 1 else mine
+    return present, (agreed == 0).all(), agreed
+
+
+def vote_on_device(codes: torch.Tensor, comm) -> torch.Tensor:
+    """``check_finite="defer"``: the codes all-reduced (MAX) over the job on the device, no host read (one small
+    collective per step, phase "contract"). Returns the agreed vector."""
+    import torch.distributed as dist
+    return comm.all_reduce(codes, "job", "contract", op=dist.ReduceOp.MAX)
+
+
+def prepare_together(opts: list) -> None:
+    """Decide one step for the optimizers of one model (a dense one on the job's grid and expert ones on
+    ``grid.expert(ep)``) before any of them changes anything: each votes on its gradients, so with
+    ``check_finite="raise"`` a NaN anywhere raises on every rank here; with ``"defer"`` the step is kept only
+    if every optimizer's gradients were finite, and skipped by all of them otherwise. Call it after
+    ``backward()`` and before the ``step()`` calls (``clipping.clip_together_`` calls it)."""
+    for opt in opts:
+        opt._prepare()
+    keeps = [opt._prepared.get("keep") for opt in opts]
+    if any(k is None for k in keeps) or len(keeps) < 2:
+        return
+    keep = torch.stack(keeps).all()
+    for opt in opts:
+        opt._prepared["keep"] = keep
+        opt._deferred.keep_with(keep)
+
+
+def no_autocast(device: torch.device):
+    """A context in which a caller's ``torch.autocast`` does not reach: the step runs in the dtypes it chose
+    (under an enclosing CPU bf16 autocast, the Gram form's fp32 products would otherwise run in bf16)."""
+    import contextlib
+    stack = contextlib.ExitStack()
+    for kind in dict.fromkeys(("cpu", torch.device(device).type)):
+        if torch.amp.is_autocast_available(kind):
+            stack.enter_context(torch.autocast(kind, enabled=False))
+    return stack
+
+
+def refuse_grad_scaler(opt) -> None:
+    """``torch.amp.GradScaler.step`` hands an optimizer that sets ``_step_supports_amp_scaling`` its scale and
+    a found-inf flag computed from this rank's own, unreduced gradients; its ``update()`` then moves each
+    rank's scale by that rank's flag alone. One rank's overflow would skip the step there only and split the
+    scales. Refused at the first ``scaler.step(opt)``, on every rank alike, before anything changes."""
+    if hasattr(opt, "found_inf") or hasattr(opt, "grad_scale"):
+        raise RuntimeError(
+            f"torch.amp.GradScaler cannot drive {type(opt).__name__}: its inf/NaN check reads each rank's own "
+            "gradient before the optimizer averages them, so one rank's overflow would skip the step on that rank "
+            "only and the ranks' loss scales would drift apart. Train in bfloat16 instead (torch.autocast(device, "
+            "dtype=torch.bfloat16): fp32's exponent range, no loss scaling needed) and call opt.step() directly; "
+            "check_finite='raise' or 'defer' skips a step with NaN/Inf gradients on every rank together")
+
+
+def refuse_ddp(params: list[torch.Tensor]) -> None:
+    """Refuse parameters that a ``DistributedDataParallel`` module holds: DDP all-reduces their gradients and
+    then the optimizer reduce-scatters them again (twice the traffic, silently). Looked up once, at the first
+    step and only in a job of several ranks: every live DDP module is found through its class (``gc``)."""
+    import gc
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    classes, todo = set(), [DDP]
+    while todo:
+        cls = todo.pop()
+        classes.add(cls)
+        todo += cls.__subclasses__()
+    ours = {id(p) for p in params}
+
+    def wrapping():
+        return next((m for m in gc.get_referrers(*classes) if isinstance(m, DDP)
+                     and any(id(p) in ours for p in m.module.parameters())), None)
+    if wrapping() is not None:
+        gc.collect()   # a wrapper dropped but not yet collected (it sits in a reference cycle) does not count
+        ddp = wrapping()
+        if ddp is not None:
+            raise RuntimeError(
+                f"these parameters belong to a model wrapped in {type(ddp).__name__}: DDP all-reduces every "
+                "gradient and then this optimizer reduce-scatters it again (twice the gradient traffic). Unwrap the "
+                "model (use ddp.module, or do not wrap it): the optimizer averages the gradients over the "
+                "data-parallel ranks itself, inside step()")
 
 
 def refuse_pickle(opt) -> None:

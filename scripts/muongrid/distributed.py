@@ -63,8 +63,9 @@ from torch.profiler import record_function
 
 from .buffers import Buffers
 from .comm import Comm
-from .contract import MomentumSync, deepcopy_sharing, grads_present, lr_of, refuse_pickle
-from .finite import Deferred, check_finite, finite_flag, resolve_mode
+from .contract import (MomentumSync, deepcopy_sharing, job_place, lr_of, no_autocast, refuse_ddp, refuse_grad_scaler,
+                       refuse_pickle, vote, where_of)
+from .finite import Deferred, resolve_mode
 from .flows import BucketFlow
 from .group_flow import GroupFlow
 from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names
@@ -90,6 +91,8 @@ MUON_STATE, ADAMW_STATE = ("master", "momentum"), ("master", "exp_avg", "exp_avg
 
 class ZeroOneOptimizer(torch.optim.Optimizer):
     """The engine: ZeRO-1 sharded state, Muon or AdamW per group. Use the two classes below."""
+
+    _step_supports_amp_scaling = True   # so torch.amp.GradScaler hands us its step, and we refuse it (contract.py)
 
     def __init__(self, params, grid, comm: Comm | None = None, layout: str = "bucket",
                  bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
@@ -156,7 +159,12 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     def _check_ranks_agree(self, key: dict) -> None:
         """One small all-gather when the optimizer is built: every rank must plan the same parameters
-        (a rank with another model would hang or corrupt the first collective instead)."""
+        (a rank with another model would hang or corrupt the first collective instead). What travels is a
+        hash of the plan's key; the whole keys only when the hashes differ, to say where."""
+        import hashlib
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()
+        if len(set(self.comm.gather_objects(digest, "setup"))) == 1:
+            return
         problem = disagreement(self.comm.gather_objects(key, "setup"))
         if problem and problem.startswith("the hardware profile"):
             raise ValueError(problem)
@@ -260,9 +268,10 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = call_closure(closure)
+        refuse_grad_scaler(self)
         try:
-            # the contract's checks (_prepare) belong to the step
-            with record_function("optimizer.step"):
+            # the contract's checks (_prepare) belong to the step; a caller's autocast stays outside it
+            with record_function("optimizer.step"), no_autocast(self.grid.device):
                 self._prepare()
                 self._count_steps()
                 self.steps_taken += 1
@@ -285,6 +294,14 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             elif any(present):
                 steps.add_(torch.tensor(present, dtype=steps.dtype))
 
+    def _uncount_steps(self, present: list, steps_taken: int):
+        """What ``_count_steps`` did for a step that turned out skipped ("defer": known at the next host read)."""
+        def undo():
+            for steps, flags in zip(self._steps, present):
+                steps.sub_(torch.tensor(flags, dtype=steps.dtype))
+            self.steps_taken = min(self.steps_taken, steps_taken - 1)
+        return undo
+
     def _prepare(self) -> None:
         """Once per step, before anything changes: sync a scheduler's momentum, check the gradients and
         decide, the same on every rank, which parameters have a gradient somewhere (the others are skipped)."""
@@ -293,22 +310,31 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         self.check_finite_now()   # the last step's deferred NaN/Inf check (check_finite="defer")
         self.comm.ledger.begin_step(self.steps_taken + 1)  # clip_grad_norm_'s reduce-scatter belongs to this step
         MomentumSync.of(self)(self.param_groups)
-        grads, where = self._check_grads()
-        flag = finite_flag(grads) if self.check_finite == "raise" else None
-        flat, finite = grads_present([p for g in self.param_groups for p in g["params"]], self.comm, flag)
-        if flag is not None:
-            check_finite(grads, where, known_finite=finite)
-        if self.check_finite == "defer":
-            self._deferred.launch(grads, where)
+        if self.steps_taken == 0 and not getattr(self, "_ddp_checked", False):
+            refuse_ddp([p for g in self.param_groups for p in g["params"]])
+            self._ddp_checked = True
+        grads, index, where = self._check_grads()
+        params = [p for g in self.param_groups for p in g["params"]]
+        flat, keep, agreed = vote(self, params, grads, index, where)
         present, i = [], 0
         for group in self.param_groups:
             present.append(flat[i: i + len(group["params"])])
             i += len(group["params"])
-        self._prepared = dict(present=present, grads={})
+        self._prepared = dict(present=present, grads={}, keep=keep)
+        if keep is not None:   # "defer": reported at the next host read, where the step counts are taken back
+            self._deferred.launch(agreed, keep, [n for g in self.param_groups for n in g["names"]],
+                                  self.steps_taken + 1, self.grid.tp, job_place(self.grid)[1],
+                                  self._uncount_steps(present, self.steps_taken + 1))
 
-    def check_finite_now(self) -> None:
-        """With ``check_finite="defer"``: raise now if the last step's gradients held NaN/Inf (``finite.py``)."""
-        self._deferred.check()
+    def check_finite_now(self) -> int | None:
+        """With ``check_finite="defer"``: if the last step was skipped for a NaN/Inf gradient on some rank, say
+        so now (a ``finite.SkippedStep`` warning), take back its step counts and return its number."""
+        return self._deferred.check()
+
+    @property
+    def skipped_steps(self) -> list[int]:
+        """The steps that ``check_finite="defer"`` skipped on every rank, as reported so far."""
+        return self._deferred.skipped
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
         """Clip the DP-mean gradient by its global norm (every rank's shards, TP shards and replicated
@@ -316,7 +342,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         between ``backward()`` and ``step()``: it runs the step's gradient reduce-scatter early and the
         step uses the clipped shards; ``p.grad`` is left as it is (this rank's own gradient)."""
         from .clipping import clip_zero1_
-        return clip_zero1_(self, max_norm, norm_type, error_if_nonfinite)
+        with no_autocast(self.grid.device):
+            return clip_zero1_(self, max_norm, norm_type, error_if_nonfinite)
 
     def _grad_pieces(self, g: int, bucket) -> list:
         """This rank's DP-mean gradient of each parameter of the bucket, flat (None: skipped), made once per
@@ -357,7 +384,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                          if grads[k] is not None and grads[k].numel()]
             adamw_foreach_([v["master"][k] for v, _, k, _ in todo], [gr[k] for _, gr, k, _ in todo],
                            [v["exp_avg"][k] for v, _, k, _ in todo], [v["exp_avg_sq"][k] for v, _, k, _ in todo],
-                           [steps[i] for _, _, _, i in todo], lr, group["betas"], group["eps"], group["weight_decay"])
+                           [steps[i] for _, _, _, i in todo], lr, group["betas"], group["eps"], group["weight_decay"],
+                           keep=self._prepared["keep"])
 
     def _guard(self, g: int, updated: set) -> None:
         """After a Muon group's step: every matrix the plan gives this rank ran Newton-Schulz here, nothing else
@@ -383,7 +411,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             todo = [(n, k) for n, row in enumerate(rows) for k, grad in enumerate(row)
                     if grad is not None and grad.numel()]
             out = muon_momentum_foreach_([self.views[(g, buckets[n].bucket_idx)]["momentum"][k] for n, k in todo],
-                                         [rows[n][k] for n, k in todo], group["momentum"], group["nesterov"])
+                                         [rows[n][k] for n, k in todo], group["momentum"], group["nesterov"],
+                                         self._prepared["keep"])
             for (n, k), piece in zip(todo, out):
                 rows[n][k] = piece
             return list(zip(buckets, rows))
@@ -410,14 +439,15 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     def _check_grads(self):
         """Fail on this rank, before any collective, with a message naming the parameter. Returns the
-        local gradients and where we are, for the NaN/Inf check (``finite.py``)."""
-        where = f"rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank}), step {self.steps_taken + 1}"
-        grads = []
+        local gradients, their places among all parameters and where we are, for the NaN/Inf vote (``finite.py``)."""
+        where = where_of(self.grid, self.steps_taken + 1)
+        grads, index, i = [], [], -1
         for g, group in enumerate(self.param_groups):
             if bool(group["use_muon"]) != self.muon_groups[g]:
                 raise ValueError(f"group {g}: use_muon changed after the optimizer was built; its state is "
                                  f"{'Muon' if self.muon_groups[g] else 'AdamW'}'s")
             for name, p in zip(group["names"], group["params"]):
+                i += 1
                 if p.grad is None:  # skipped if no rank has one, zeros here if another rank has one
                     continue
                 if p.grad.shape != p.shape:
@@ -432,7 +462,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                                      f"{getattr(p.grad, 'placements', 'a plain tensor')} on {where}; the optimizer "
                                      "reduces gradients over DP only, so a gradient must be placed as its parameter")
                 grads.append((name, local(p.grad)))
-        return grads, where
+                index.append(i)
+        return grads, index, where
 
     def state_bytes(self) -> dict:
         """Bytes of optimizer state on this rank, by kind. ``master`` counts only master shards kept apart
@@ -473,8 +504,9 @@ class Applier:
                 pieces.append(part)
 
     def flush(self) -> None:
+        keep = self.opt._prepared["keep"]   # a "defer" step that may be skipped (finite.py)
         for scaled, (masters, pieces) in self.todo.items():
-            apply_update_foreach_(masters, pieces, self.lr, self.group["weight_decay"], scaled)
+            apply_update_foreach_(masters, pieces, self.lr, self.group["weight_decay"], scaled, keep)
         self.todo = {}
 
 

@@ -1,28 +1,39 @@
-"""The NaN/Inf check of a step's gradients: one device reduction, read when it costs the GPU nothing.
+"""The NaN/Inf check of a step's gradients, decided by every rank together.
 
-Every gradient's norm comes from one ``torch._foreach_norm`` (it reads each gradient once); a NaN or Inf
-anywhere makes its norm non-finite. What happens next is ``check_finite=``:
+Each rank finds its own non-finite gradients with one ``torch._foreach_norm`` (the max-abs norm: it reads each
+gradient once, is NaN or Inf exactly when the gradient holds a NaN or an Inf, and never overflows). What every
+rank then does must be the same, or a rank that skips a step leaves its peers waiting in a collective (on gloo
+the next mismatched collective aborts; NCCL hangs until its timeout). So the verdict is voted: each rank puts,
+for every parameter, a code into a vector (``world - job rank`` where its gradient is not finite, 0 where it is)
+and a MAX all-reduce gives every rank the same vector: which parameters were bad, and the lowest rank that saw it.
+``check_finite=`` says where that vote travels and what follows:
 
-* ``"raise"`` (the default on a CPU, where reading a value costs nothing): the flag is read at once, with
-  the step's other host read, and a non-finite gradient stops the step before anything changes, with an
-  error naming the parameter (``FloatingPointError``). On a GPU that read is one host sync per step.
-* ``"defer"`` (the default on a GPU): the norms travel to the host without blocking (a non-blocking copy into
-  pinned memory, and a CUDA event); the step goes on. The next ``step()`` (or ``state_dict()``, or
-  ``opt.check_finite_now()``) reads them, by then long arrived, and raises the same error naming the
-  parameter and the step it came from. That step was taken: its parameters and optimizer state may hold
-  NaN/Inf, so reload a checkpoint (or use ``"raise"`` where a bad batch must not touch the state). No host sync.
-* ``False``: no check (as torch's optimizers).
+* ``"raise"`` (the default on a CPU, where reading a value costs nothing): the codes are read on the host (the
+  step's one host sync) and ride the presence vote the step already makes (``contract.grads_present``). A bad
+  gradient anywhere makes every rank raise the same ``FloatingPointError`` at the same step, before the first
+  collective that moves gradients, with nothing changed: a loop may catch it, zero the gradients and go on.
+* ``"defer"`` (the default on a GPU): no host read. The codes are all-reduced on the device, and the step runs
+  masked by the result: a step with a bad gradient anywhere is a no-op on every rank (parameters, optimizer
+  state and step counts as they were; ``updates.py``'s ``keep=``). The vector travels to the host without
+  blocking; the next ``step()``, ``state_dict()`` or ``opt.check_finite_now()`` reads it and reports the skipped
+  step (a ``SkippedStep`` warning naming the parameter, the rank and the step; ``opt.skipped_steps`` lists them)
+  and takes back the step counts the host had already advanced.
+* ``False``: no check (as torch's optimizers): a NaN spreads through the reduce-scatter to every rank alike.
 
-A finite gradient whose squares overflow fp32 (values above ~1e19) also has an infinite norm; ``"raise"``
-then counts the NaN/Inf values one by one and goes on if there are none, ``"defer"`` says so in its error.
-
-    check_finite([("w0", g0), ("w1", g1)], where="rank 0, step 3")   # raises FloatingPointError naming w0
+    named = [("w0", g0), ("w1", g1)]
+    check_finite(named, where="rank 0, step 3")   # one rank's own check: FloatingPointError naming w0
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 
 MODES = ("raise", "defer")
+
+
+class SkippedStep(RuntimeWarning):
+    """A ``check_finite="defer"`` step found a NaN/Inf gradient on some rank and was skipped by every rank."""
 
 
 def resolve_mode(check, device: torch.device):
@@ -40,15 +51,17 @@ def resolve_mode(check, device: torch.device):
 
 
 def grad_norms(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor | None:
-    """Every gradient's norm, stacked into one tensor on the device (None when there is none). No host sync."""
+    """Every tensor's max-abs norm, stacked on the device (None when there is none; 0 for an empty one). No sync."""
     if not named:
         return None
-    return torch.stack(torch._foreach_norm([t for _, t in named]))
+    full = [t for _, t in named if t.numel()]
+    norms = iter(torch._foreach_norm(full, float("inf")) if full else [])
+    zero = torch.zeros((), dtype=named[0][1].dtype, device=named[0][1].device)
+    return torch.stack([next(norms) if t.numel() else zero for _, t in named]).float()
 
 
 def finite_flag(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor | None:
-    """One on-device bool: every tensor in ``named`` is finite (None when there is none). No host sync:
-    the caller reads it together with whatever else the step reads."""
+    """One on-device bool: every tensor in ``named`` is finite (None when there is none). No host sync."""
     norms = grad_norms(named)
     return None if norms is None else norms.isfinite().all()
 
@@ -64,53 +77,118 @@ def nonfinite(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, int]]:
 
 
 def check_finite(named: list[tuple[str, torch.Tensor]], where: str,
-                 note: str = "the step was not taken and nothing was changed", known_finite: bool | None = None) -> None:
+                 note: str = "the step was not taken and nothing was changed", known_finite: bool | None = None,
+                 found_on: int | None = None) -> None:
     """Raise ``FloatingPointError`` naming the first gradient with NaN/Inf values (and listing the others).
-    ``known_finite``: the flag already read (``finite_flag``); True skips the check, False names the culprits."""
+    ``known_finite``: the flag already read; True skips the check. ``found_on``: the job rank the error
+    names as where it was found (the launcher waits for that rank's report: ``launch.py``)."""
     if known_finite:
         return
-    bad = nonfinite(named) if known_finite is None else [(n, c) for n, c in
-                                                        ((n, int((~t.isfinite()).sum())) for n, t in named) if c]
+    bad = nonfinite(named)
     if bad:
         (name, count), rest = bad[0], bad[1:]
         also = f"; also non-finite: {', '.join(f'{n!r} ({c})' for n, c in rest)}" if rest else ""
-        raise FloatingPointError(f"gradient of parameter {name!r} has {count} NaN/Inf value(s) on {where}; {note}{also}")
+        error = FloatingPointError(f"gradient of parameter {name!r} has {count} NaN/Inf value(s) on {where}; {note}{also}")
+        error.found_on = found_on
+        raise error
+
+
+# ---- the vote ----------------------------------------------------------------------------------------------
+
+def local_codes(norms: torch.Tensor, job_rank: int, job_world: int) -> torch.Tensor:
+    """This rank's vote, on the device: ``job_world - job_rank`` where a norm is not finite, else 0."""
+    return (~norms.isfinite()).to(torch.int32) * (job_world - job_rank)
+
+
+def spread(codes: torch.Tensor | None, index: list[int], n: int, device) -> torch.Tensor:
+    """The codes of the parameters that have a gradient here (``index``: their places) in a vector of all ``n``,
+    on the device, made with no host-to-device copy."""
+    if not n:
+        return torch.zeros(0, dtype=torch.int32, device=device)
+    zero = torch.zeros((), dtype=torch.int32, device=device)
+    at = dict(zip(index, range(len(index))))
+    return torch.stack([codes[at[i]] if i in at else zero for i in range(n)])
+
+
+def raise_agreed(agreed: list[int], names: list[str], named: list[tuple[str, torch.Tensor]], where: str,
+                 job_rank: int, job_world: int, tp: int, step: int) -> None:
+    """Every rank, after the vote: raise the same ``FloatingPointError`` if any rank voted a parameter bad. The
+    rank that found it names the values (its own check); the others name that rank and parameter."""
+    bad = [(n, job_world - c) for n, c in zip(names, agreed) if c]
+    if not bad:
+        return
+    first = min(r for _, r in bad)
+    if first == job_rank:
+        check_finite(named, where, found_on=job_rank)
+    name = next(n for n, r in bad if r == first)
+    also = [n for n, _ in bad if n != name]
+    error = FloatingPointError(
+        f"gradient of parameter {name!r} has NaN/Inf values on rank {first} (dp {first // tp}, tp {first % tp}), "
+        f"step {step}; every rank stops at this step: the step was not taken and nothing was changed"
+        + (f"; also non-finite: {', '.join(map(repr, also))}" if also else ""))
+    error.found_on = first
+    raise error
 
 
 class Deferred:
-    """``check_finite="defer"``: one step's gradient norms on their way to the host, read later."""
+    """``check_finite="defer"``: one step's agreed vote on its way to the host, read later.
+
+    ``launch`` keeps the voted vector and whether the step was kept (device tensors, copied without blocking) and
+    an ``undo`` for what the host advanced (step counts); ``check`` reads them when the next host read comes."""
 
     def __init__(self):
-        self.pending = None   # (names, where, host norms, event or None)
-
-    def launch(self, named: list[tuple[str, torch.Tensor]], where: str) -> None:
-        """Start the norms' copy to the host (non-blocking; nothing waits for it here)."""
-        norms = grad_norms(named)
-        if norms is None:
-            return
-        pinned = norms.device.type == "cuda"
-        host = torch.zeros(norms.shape, dtype=norms.dtype, pin_memory=pinned)
-        host.copy_(norms, non_blocking=True)
-        event = None
-        if pinned:
-            event = torch.cuda.Event()
-            event.record()
-        self.pending = ([n for n, _ in named], where, host, event)
-
-    def check(self) -> None:
-        """Raise for the launched step if one of its gradients was not finite (waits for the copy, which has
-        long finished by the time the next step or a checkpoint asks)."""
-        if self.pending is None:
-            return
-        names, where, host, event = self.pending
         self.pending = None
-        if event is not None and not event.query():
-            event.synchronize()
-        bad = [n for n, ok in zip(names, host.isfinite().tolist()) if not ok]
+        self.skipped: list[int] = []   # the steps skipped so far (their numbers as they were reported)
+
+    def launch(self, agreed: torch.Tensor, keep: torch.Tensor, names: list[str], step: int, tp: int, job_world: int,
+               undo) -> None:
+        self.pending = dict(agreed=_to_host(agreed), keep=_to_host(keep), names=names, step=step, tp=tp,
+                            world=job_world, undo=undo)
+
+    def keep_with(self, keep: torch.Tensor) -> None:
+        """The step's verdict became ``keep`` (the optimizers of one model decide together: ``prepare_together``)."""
+        if self.pending is not None:
+            self.pending["keep"] = _to_host(keep)
+
+    def check(self) -> int | None:
+        """If the launched step was skipped: take back what the host advanced, warn on every rank alike, and
+        return its step number (None if it was kept or nothing was pending)."""
+        if self.pending is None:
+            return None
+        p, self.pending = self.pending, None
+        keep, agreed = _read(p["keep"]), _read(p["agreed"])
+        if bool(keep.all()):
+            return None
+        p["undo"]()
+        bad = [(n, p["world"] - int(c)) for n, c in zip(p["names"], agreed.tolist()) if c]
         if bad:
-            also = f"; also: {', '.join(repr(n) for n in bad[1:])}" if bad[1:] else ""
-            raise FloatingPointError(
-                f"gradient of parameter {bad[0]!r} had NaN/Inf values (or values whose squares overflow) on {where}; "
-                "with check_finite='defer' (the default on a GPU) that step was taken, so parameters and optimizer "
-                "state may now hold NaN/Inf: reload the last checkpoint. check_finite='raise' stops before such a "
-                f"step at one host sync per step{also}")
+            first = min(r for _, r in bad)
+            name = next(n for n, r in bad if r == first)
+            what = (f"gradient of parameter {name!r} had NaN/Inf values on rank {first} (dp {first // p['tp']}, "
+                    f"tp {first % p['tp']})")
+        else:
+            what = "another optimizer of this model had a NaN/Inf gradient (the optimizers decided together)"
+        self.skipped.append(p["step"])
+        warnings.warn(f"step {p['step']} was skipped on every rank: {what}; parameters, optimizer state and step "
+                      "counts are as they were before it (check_finite='defer')", SkippedStep, stacklevel=3)
+        return p["step"]
+
+
+def _to_host(t: torch.Tensor):
+    """A non-blocking copy to the host (into pinned memory, with an event, from a GPU), read by ``_read``. The
+    host side starts as "all is well" (True, or 0), which is what a tensor on ``meta`` leaves it as."""
+    pinned, t = t.device.type == "cuda", t.reshape(-1)
+    host = (torch.ones if t.dtype == torch.bool else torch.zeros)(t.shape, dtype=t.dtype, pin_memory=pinned)
+    host.copy_(t, non_blocking=True)
+    event = None
+    if pinned:
+        event = torch.cuda.Event()
+        event.record()
+    return host, event
+
+
+def _read(pair) -> torch.Tensor:
+    host, event = pair
+    if event is not None and not event.query():
+        event.synchronize()
+    return host

@@ -47,11 +47,12 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from .finite import Deferred, check_finite, finite_flag, resolve_mode
+from .finite import Deferred, resolve_mode
 from .comm import Comm, Phase
 from .fsdp_routes import Piece, routes
 from .newton_schulz import NS_FORM, ns_flops, zeropower_ns5
-from .contract import MomentumSync, grads_present, lr_of, refuse_pickle
+from .contract import (MomentumSync, job_place, lr_of, no_autocast, refuse_ddp, refuse_grad_scaler, refuse_pickle,
+                       vote, where_of)
 from .optim import call_closure, check_group, check_hyper, param_names
 from .placements import is_dtensor
 from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
@@ -110,6 +111,8 @@ class FSDPMuon(torch.optim.Optimizer):
     Clip FSDP2's mean gradients with ``opt.clip_grad_norm_(max_norm)`` (global norm, TP counted once).
     """
 
+    _step_supports_amp_scaling = True   # so torch.amp.GradScaler hands us its step, and we refuse it (contract.py)
+
     def __init__(self, params, grid, comm: Comm | None = None, use_muon: bool = True,
                  check_finite: bool | str | None = None, qk_clip=None, **hyper):
         from .optim import DEFAULTS
@@ -167,40 +170,63 @@ class FSDPMuon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = call_closure(closure)
-        with record_function("optimizer.step"):  # the contract's checks belong to the step
+        refuse_grad_scaler(self)
+        # the contract's checks belong to the step; a caller's autocast stays outside it
+        with record_function("optimizer.step"), no_autocast(self.grid.device):
             self.check_finite_now()
             MomentumSync.of(self)(self.param_groups)
-            grads, where = self._check_grads()
-            flag = finite_flag(grads) if self.check_finite == "raise" else None
-            flags, finite = grads_present(self._all_params(), self.comm, flag)
-            if flag is not None:
-                check_finite(grads, where, known_finite=finite)
-            if self.check_finite == "defer":
-                self._deferred.launch(grads, where)
+            if self.steps_taken == 0 and not getattr(self, "_ddp_checked", False):
+                refuse_ddp(self._all_params())
+                self._ddp_checked = True
+            grads, index, where = self._check_grads()
+            flags, keep, agreed = vote(self, self._all_params(), grads, index, where)
             present = dict(zip(map(id, self._all_params()), flags))
             self.steps_taken += 1
             self.comm.ledger.begin_step(self.steps_taken)
-            for group in self.param_groups:
-                if not group["use_muon"]:
-                    for p in group["params"]:
-                        if not present[id(p)]:
-                            continue
-                        st = self.state[p]
-                        st["step"] += 1
-                        adamw_step_(p.to_local(), local_grad(p), st["exp_avg"].to_local(),
-                                    st["exp_avg_sq"].to_local(), int(st["step"]), lr_of(group), group["betas"],
-                                    group["eps"], group["weight_decay"])
-            if self.muon_params:
-                self._muon_step(present)
-            if self.banks:
-                self._bank_step(present)
-            if self.qk_clip is not None:
-                self.qk_clip.apply_fsdp(self)
+            self._prepared = dict(keep=keep)   # qk_clip reads it
+            counted = []
+            try:
+                for group in self.param_groups:
+                    if not group["use_muon"]:
+                        for p in group["params"]:
+                            if not present[id(p)]:
+                                continue
+                            st = self.state[p]
+                            st["step"] += 1
+                            counted.append(st["step"])
+                            adamw_step_(p.to_local(), local_grad(p), st["exp_avg"].to_local(),
+                                        st["exp_avg_sq"].to_local(), int(st["step"]), lr_of(group), group["betas"],
+                                        group["eps"], group["weight_decay"], keep)
+                if self.muon_params:
+                    self._muon_step(present, keep)
+                if self.banks:
+                    self._bank_step(present, keep)
+                if self.qk_clip is not None:
+                    self.qk_clip.apply_fsdp(self)
+            finally:
+                self._prepared = None
+            if keep is not None:   # "defer": reported at the next host read, where the counts are taken back
+                self._deferred.launch(agreed, keep, [n for g in self.param_groups for n in g["names"]],
+                                      self.steps_taken, self.grid.tp, job_place(self.grid)[1],
+                                      self._uncount(counted, self.steps_taken))
         return loss
 
-    def check_finite_now(self) -> None:
-        """With ``check_finite="defer"``: raise now if the last step's gradients held NaN/Inf (``finite.py``)."""
-        self._deferred.check()
+    def _uncount(self, counted: list, step: int):
+        def undo():
+            for t in counted:
+                t -= 1
+            self.steps_taken = min(self.steps_taken, step - 1)
+        return undo
+
+    def check_finite_now(self) -> int | None:
+        """With ``check_finite="defer"``: if the last step was skipped for a NaN/Inf gradient on some rank, say
+        so now (a ``finite.SkippedStep`` warning), take back its step counts and return its number."""
+        return self._deferred.check()
+
+    @property
+    def skipped_steps(self) -> list[int]:
+        """The steps that ``check_finite="defer"`` skipped on every rank, as reported so far."""
+        return self._deferred.skipped
 
     def _all_params(self) -> list:
         return [p for group in self.param_groups for p in group["params"]]
@@ -209,7 +235,12 @@ class FSDPMuon(torch.optim.Optimizer):
         """Clip FSDP2's DP-mean gradients in place by their global norm (blocks of every rank, TP-replicated
         parameters counted once); returns the total norm, as ``torch.nn.utils.clip_grad_norm_``."""
         from .clipping import clip_fsdp_
-        return clip_fsdp_(self, max_norm, norm_type, error_if_nonfinite)
+        with no_autocast(self.grid.device):
+            return clip_fsdp_(self, max_norm, norm_type, error_if_nonfinite)
+
+    def state_dict(self) -> dict:
+        self.check_finite_now()   # a skipped "defer" step's counts are taken back before anything is handed out
+        return super().state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
@@ -222,7 +253,7 @@ class FSDPMuon(torch.optim.Optimizer):
         raise TypeError("FSDPMuon cannot be deep-copied: its parameters are FSDP2 DTensors that belong to the "
                         "model; copy the model and build a new FSDPMuon on it, then load_state_dict(opt.state_dict())")
 
-    def _muon_step(self, present: dict) -> None:
+    def _muon_step(self, present: dict, keep=None) -> None:
         groups = {id(p): g for g in self.param_groups if g["use_muon"] for p in g["params"]}
         updates = []
         for p in self.muon_params:
@@ -231,7 +262,7 @@ class FSDPMuon(torch.optim.Optimizer):
                 updates.append(torch.zeros_like(p.to_local()))
                 continue
             updates.append(muon_momentum_(self.state[p]["momentum_buffer"].to_local(), local_grad(p),
-                                          g["momentum"], g["nesterov"]))
+                                          g["momentum"], g["nesterov"], keep))
         r, me = self.routes, self.grid.rank
         out = [updates[m].reshape(-1) for ms in r.outgoing(me) for m in ms]
         send = torch.cat(out).to(torch.bfloat16) if out else torch.zeros(0, dtype=torch.bfloat16, device=self.grid.device)
@@ -261,10 +292,10 @@ class FSDPMuon(torch.optim.Optimizer):
                 g, lr = groups[id(p)], lr_of(groups[id(p)])
                 if present[id(p)]:
                     apply_update_(p.to_local(), got[offset: offset + piece.numel].view(piece.shape), lr,
-                                  g["weight_decay"], adjust_lr(lr, r.shapes[m], g["adjust_lr"]))
+                                  g["weight_decay"], adjust_lr(lr, r.shapes[m], g["adjust_lr"]), keep)
                 offset += piece.numel
 
-    def _bank_step(self, present: dict) -> None:
+    def _bank_step(self, present: dict, keep=None) -> None:
         """Each bank's local experts: momentum, Newton-Schulz expert by expert (one batch), the update, all here."""
         groups = {id(p): g for g in self.param_groups if g["use_muon"] for p in g["params"]}
         for p in self.banks:
@@ -272,22 +303,23 @@ class FSDPMuon(torch.optim.Optimizer):
             if not present[id(p)] or not block.numel():
                 continue
             update = muon_momentum_(self.state[p]["momentum_buffer"].to_local(), local_grad(p), g["momentum"],
-                                    g["nesterov"])
+                                    g["nesterov"], keep)
             form, lr = g.get("ns_form", NS_FORM), lr_of(g)
             self.comm.ledger.count_ns(block.shape[0] * ns_flops(*block.shape[-2:], g["ns_steps"], form))
             with record_function("muon:newton_schulz"):
                 ortho = zeropower_ns5(update, g["ns_steps"], g["ns_coefficients"], g["eps"], form=form)
-            apply_update_(block, ortho, lr, g["weight_decay"], adjust_lr(lr, tuple(p.shape[-2:]), g["adjust_lr"]))
+            apply_update_(block, ortho, lr, g["weight_decay"], adjust_lr(lr, tuple(p.shape[-2:]), g["adjust_lr"]), keep)
 
     def _check_grads(self):
         """Fail on this rank, before any collective, with a message naming the parameter. Returns the
         local gradients and where we are, for the NaN/Inf check read with the step's one host sync."""
-        where = f"rank {self.grid.rank} (dp {self.grid.dp_rank}, tp {self.grid.tp_rank}), step {self.steps_taken + 1}"
-        grads = []  # checked for NaN/Inf together after the loop: one host sync (finite.py)
+        where = where_of(self.grid, self.steps_taken + 1)
+        grads, index, i = [], [], -1  # voted on together after the loop: one host sync at most (finite.py)
         for g, group in enumerate(self.param_groups):
             if bool(group["use_muon"]) != self.muon_groups[g]:
                 raise ValueError(f"group {g}: use_muon changed after the optimizer was built")
             for name, p in zip(group["names"], group["params"]):
+                i += 1
                 if p.grad is None:  # skipped if no rank has one, zeros here if another rank has one
                     continue
                 if not is_dtensor(p.grad) or p.grad.placements != p.placements or p.grad.shape != p.shape:
@@ -298,7 +330,8 @@ class FSDPMuon(torch.optim.Optimizer):
                     raise ValueError(f"parameter {name!r}: local gradient block {tuple(p.grad.to_local().shape)} "
                                      f"differs from the parameter's {tuple(p.to_local().shape)} on {where}")
                 grads.append((name, p.grad.to_local()))
-        return grads, where
+                index.append(i)
+        return grads, index, where
 
 
 # ---- checkpoints: muongrid.checkpoint's, for callers of these two -----------------------------------------

@@ -83,6 +83,8 @@ class Grid:
     global_ranks: tuple = ()     # the job's rank of each grid rank (empty: the same numbers)
     host_group: object = None    # a group for host values over the grid's ranks (None: Comm makes one)
     ep: int = 1                  # expert-parallel ranks this grid was cut into (1: not an expert grid)
+    timeout: datetime.timedelta | None = None   # every collective's limit on the groups made for this grid
+    job_host_group: object = None   # an expert grid: a group for host values over the whole job (None: the default)
 
     @classmethod
     def build(cls, dp: int, tp: int, device: torch.device | str = "cpu", timeout: datetime.timedelta | None = None
@@ -107,7 +109,7 @@ class Grid:
         rank = dist.get_rank()
         me = grid_layout(dp, tp)[rank]
         grid = cls(dp, tp, rank, me["dp_rank"], me["tp_rank"], mesh.get_group("dp"),
-                   mesh.get_group("tp"), device, mesh)
+                   mesh.get_group("tp"), device, mesh, timeout=timeout)
         # The mesh must agree with our layout; if a future torch changed it, fail loudly here.
         got = (dist.get_process_group_ranks(grid.dp_group), dist.get_process_group_ranks(grid.tp_group))
         if got != (me["dp_group"], me["tp_group"]):
@@ -133,14 +135,18 @@ class Grid:
                         ep=ep)
         backend = dist.get_backend()
         world_groups, dp_groups, hosts = [], {}, []
+        limit = {} if self.timeout is None else dict(timeout=self.timeout)   # as the job grid's groups
         for e in range(ep):   # every rank makes every group, in the same order
-            world_groups.append(dist.new_group(worlds[e]))
-            hosts.append(dist.new_group(worlds[e], backend="gloo") if backend == "nccl" else world_groups[-1])
+            world_groups.append(dist.new_group(worlds[e], **limit))
+            hosts.append(dist.new_group(worlds[e], backend="gloo", **limit) if backend == "nccl" else world_groups[-1])
             for t in range(tp):
-                dp_groups[(e, t)] = dist.new_group([d * tp + t for d in range(self.dp) if d % ep == e])
+                dp_groups[(e, t)] = dist.new_group([d * tp + t for d in range(self.dp) if d % ep == e], **limit)
+        # the NaN/Inf vote spans the job (contract.grads_present): a gloo group over every rank beside NCCL
+        job_host = dist.new_group(backend="gloo", **limit) if backend == "nccl" else None
         sub_rank = worlds[mine].index(self.rank)
         return Grid(self.dp // ep, tp, sub_rank, self.dp_rank // ep, self.tp_rank, dp_groups[(mine, self.tp_rank)],
-                    self.tp_group, self.device, None, world_groups[mine], tuple(worlds[mine]), hosts[mine], ep)
+                    self.tp_group, self.device, None, world_groups[mine], tuple(worlds[mine]), hosts[mine], ep,
+                    self.timeout, job_host)
 
     def describe(self) -> dict:
         """What this rank is, from the real process groups (used by the book's grid chapter)."""

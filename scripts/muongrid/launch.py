@@ -172,6 +172,16 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _await_report(err_dir, found_on: int | None, rank: int, limit_s: float = 5.0) -> None:
+    """An error every rank raises alike (a NaN gradient voted on by all: ``finite.raise_agreed``) names the rank
+    that found it; the others wait briefly for that rank's report, so the launcher names it first."""
+    if found_on is None or found_on == rank:
+        return
+    deadline = time.monotonic() + limit_s
+    while not Path(err_dir, f"rank{found_on}.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _child(rank, world, port_pipe, worker, args, threads, err_dir, launcher) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked rank inherits the launcher's handler
     _die_with_launcher(launcher)
@@ -189,6 +199,7 @@ def _child(rank, world, port_pipe, worker, args, threads, err_dir, launcher) -> 
     except BaseException as e:  # noqa: BLE001 - report everything, including SystemExit
         if isinstance(e, SystemExit) and not e.code:
             sys.exit(0)
+        _await_report(err_dir, getattr(e, "found_on", None), rank)
         report_fatal(traceback.format_exc())
         # Leave at once: a normal interpreter exit would tear down process groups whose peers may
         # still be mid-collective, which can hang or abort instead of reporting this failure.

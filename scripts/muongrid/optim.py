@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .contract import MomentumSync, check_group_contract, fill_group, lr_of, normalize_hyper
+from .contract import MomentumSync, check_group_contract, fill_group, lr_of, no_autocast, normalize_hyper
 from .newton_schulz import NS_COEFFICIENTS, NS_FORM, NS_STEPS, zeropower_ns5
 from .ns_variants import check_ns_options
 from .routing import Route, RoutingTable, routes_to_muon, routing_table  # noqa: F401 (re-exported)
@@ -132,14 +132,16 @@ class MuonW(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = call_closure(closure)
         MomentumSync.of(self)(self.param_groups)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if group["use_muon"]:
-                    self._muon(p, group)
-                else:
-                    self._adamw(p, group)
+        devices = {p.device.type for group in self.param_groups for p in group["params"]}
+        with no_autocast(next(iter(devices), "cpu")):   # a caller's autocast does not reach the update
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    if group["use_muon"]:
+                        self._muon(p, group)
+                    else:
+                        self._adamw(p, group)
         return loss
 
     def _muon(self, p: torch.Tensor, group: dict) -> None:

@@ -64,6 +64,12 @@ def factors(maxima: torch.Tensor, threshold: float) -> torch.Tensor:
     return gamma.sqrt()
 
 
+def kept(opt, factor: torch.Tensor) -> torch.Tensor:
+    """The factors, or 1 for a step that ``check_finite="defer"`` skips (``finite.py``: no host read)."""
+    keep = (getattr(opt, "_prepared", None) or {}).get("keep")
+    return factor if keep is None else torch.where(keep, factor, 1.0)
+
+
 def clip_rows_(weight: torch.Tensor, layer: QKLayer, factor: torch.Tensor, which: str) -> None:
     """The single-process reference: multiply ``which`` ("q" or "k") rows of every head of the whole ``weight``."""
     for h, (a, b) in enumerate(layer.q_rows if which == "q" else layer.k_rows):
@@ -164,7 +170,7 @@ class QKClip:
         maxima = self.reduce(opt.comm)
         if self.threshold is None:
             return
-        factor = torch.cat([factors(maxima, self.threshold), torch.ones(1, device=opt.grid.device)])
+        factor = kept(opt, torch.cat([factors(maxima, self.threshold), torch.ones(1, device=opt.grid.device)]))
         for p, index, start, cols in self.pieces:
             _scale_flat_rows_(opt.state[p]["master"], factor[index], start, cols)
 
@@ -184,7 +190,7 @@ class QKClip:
         maxima = self.reduce(opt.comm)
         if self.threshold is None:
             return
-        factor = torch.cat([factors(maxima, self.threshold), torch.ones(1, device=opt.grid.device)])
+        factor = kept(opt, torch.cat([factors(maxima, self.threshold), torch.ones(1, device=opt.grid.device)]))
         for p, index in self.blocks:
             block = local(p.data)
             block.mul_(factor[index].view(-1, *[1] * (block.dim() - 1)))

@@ -17,7 +17,13 @@ Conventions (they match ``torch.optim.Muon`` and ``torch.optim.AdamW`` in torch 
 Each function has a ``_foreach_`` twin over lists of tensors (pieces of many parameters at once): one
 dispatched op per pass instead of one per tensor, which is what a GPU step is made of (``lab/stepcost.py``).
 On a CPU torch runs a foreach op tensor by tensor with the single-tensor kernel, so the twins give the same
-bits as the loop they replace. AdamW's twin runs torch's fused kernel (``_fused_adamw_``: one pass that
+bits as the loop they replace.
+
+``keep`` (a 0-dim bool on the device, or None) makes a step that may have to be skipped with no host read
+(``finite.py``'s "defer"): where it is False nothing changes. Muon's momentum takes the buffer itself as its
+gradient (a lerp towards itself), the update is zeroed by ``torch.where`` (NaN-proof) and the decay factor becomes
+1 (a device scalar of the value's precision: the same bits as the Python number when True); AdamW keeps its
+tensors' old values (``torch.where``; in the fused kernel its ``found_inf``). AdamW's twin runs torch's fused kernel (``_fused_adamw_``: one pass that
 reads the parameter, gradient and moments once) everywhere but on a CPU, where torch's fused kernel rounds
 one ulp away from ``torch.optim.AdamW``'s default path; there it loops ``adamw_step_``.
 """
@@ -46,49 +52,76 @@ def adjust_lr(lr: float, shape: tuple[int, ...], mode: str = "match_rms_adamw") 
     raise ValueError(f"unknown lr adjustment {mode!r}; choose one of {LR_ADJUSTMENTS}")
 
 
-def muon_momentum_(buf: torch.Tensor, grad: torch.Tensor, momentum: float, nesterov: bool) -> torch.Tensor:
+def _decay(keep: torch.Tensor, lr_wd: float, like: torch.Tensor) -> torch.Tensor:
+    """``1 - lr*wd`` where ``keep``, else 1: a device scalar in at least fp32 (as a Python number is applied)."""
+    dtype = torch.promote_types(like.dtype, torch.float32)
+    return torch.where(keep, torch.full((), 1 - lr_wd, dtype=dtype, device=keep.device), 1.0)
+
+
+def _kept(keep: torch.Tensor | None, grad: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+    return grad if keep is None else torch.where(keep, grad, buf)
+
+
+def muon_momentum_(buf: torch.Tensor, grad: torch.Tensor, momentum: float, nesterov: bool,
+                   keep: torch.Tensor | None = None) -> torch.Tensor:
     """Update the momentum buffer in place and return the matrix to orthogonalise.
 
     Elementwise, so it runs unchanged on a whole matrix or on any flat shard of it.
     """
+    grad = _kept(keep, grad, buf)
     buf.lerp_(grad, 1 - momentum)
     return grad.lerp(buf, momentum) if nesterov else buf
 
 
 def muon_momentum_foreach_(bufs: list, grads: list, momentum: float,
-                           nesterov: bool) -> list:
+                           nesterov: bool, keep: torch.Tensor | None = None) -> list:
     """``muon_momentum_`` on lists of tensors (each buffer with its gradient);
     returns the matrices (or pieces) to orthogonalise: new tensors with Nesterov,
     the buffers themselves without."""
     if not bufs:
         return []
+    grads = [_kept(keep, g, b) for g, b in zip(grads, bufs)]
     torch._foreach_lerp_(bufs, grads, 1 - momentum)
     return torch._foreach_lerp(grads, bufs, momentum) if nesterov else list(bufs)
 
 
 def apply_update_(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float,
-                  scaled_lr: float) -> None:
+                  scaled_lr: float, keep: torch.Tensor | None = None) -> None:
     """Decoupled weight decay with ``lr``, then ``param -= scaled_lr * update`` (in place)."""
+    if keep is not None:
+        param.mul_(_decay(keep, lr * weight_decay, param))
+        param.add_(torch.where(keep, update, 0), alpha=-scaled_lr)
+        return
     param.mul_(1 - lr * weight_decay)
     param.add_(update, alpha=-scaled_lr)
 
 
 def apply_update_foreach_(params: list, updates: list, lr: float, weight_decay: float,
-                          scaled_lr: float) -> None:
+                          scaled_lr: float, keep: torch.Tensor | None = None) -> None:
     """``apply_update_`` on lists (one ``scaled_lr`` for all: the pieces of matrices
     of one shape). Without weight decay the multiplication by 1 is left out (it
     changes no bit)."""
     if not params:
         return
+    if keep is not None:
+        updates = [torch.where(keep, u, 0) for u in updates]
     if lr * weight_decay != 0:
-        torch._foreach_mul_(params, 1 - lr * weight_decay)
+        torch._foreach_mul_(params, 1 - lr * weight_decay if keep is None else
+                            _decay(keep, lr * weight_decay, params[0]))
     torch._foreach_add_(params, updates, alpha=-scaled_lr)
 
 
 def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                 exp_avg_sq: torch.Tensor, step: int, lr: float, betas: tuple[float, float],
-                eps: float, weight_decay: float) -> None:
+                eps: float, weight_decay: float, keep: torch.Tensor | None = None) -> None:
     """One AdamW step (``step`` counts from 1), in place, elementwise: whole tensor or shard."""
+    if keep is not None:   # run it, then put back the old values where the step is not kept
+        tensors = (param, exp_avg, exp_avg_sq)
+        old = [t.clone() for t in tensors]
+        adamw_step_(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay)
+        for t, o in zip(tensors, old):
+            t.copy_(torch.where(keep, t, o))
+        return
     beta1, beta2 = betas
     param.mul_(1 - lr * weight_decay)
     exp_avg.lerp_(grad, 1 - beta1)
@@ -100,7 +133,8 @@ def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
 
 
 def adamw_foreach_(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, lr: float,
-                   betas: tuple[float, float], eps: float, weight_decay: float, fused: bool | None = None) -> None:
+                   betas: tuple[float, float], eps: float, weight_decay: float, fused: bool | None = None,
+                   keep: torch.Tensor | None = None) -> None:
     """``adamw_step_`` on lists; ``steps`` holds each tensor's step (Python numbers). Off the CPU, one fused
     kernel, with the step handed over as a device scalar made by a fill (no host-to-device copy, no sync).
     ``fused`` forces either path (None: fused off the CPU); torch's fused kernel runs on a CPU too, which is how
@@ -110,9 +144,10 @@ def adamw_foreach_(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
     device = params[0].device
     if not (device.type != "cpu" if fused is None else fused):
         for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
-            adamw_step_(p, g, m, v, s, lr, betas, eps, weight_decay)
+            adamw_step_(p, g, m, v, s, lr, betas, eps, weight_decay, keep)
         return
     made: dict = {}
     device_steps = [made.setdefault(s, torch.full((), float(s), device=device)) for s in steps]
     torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], device_steps, lr=lr, beta1=betas[0],
-                        beta2=betas[1], weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+                        beta2=betas[1], weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False,
+                        found_inf=None if keep is None else (~keep).float())   # 1: the kernel changes nothing
