@@ -33,19 +33,9 @@ import sys
 from pathlib import Path
 
 from . import warmstart
+from .provenance import repository_root
 
-
-def _repository_root() -> Path:
-    """The checkout the chapters run from: the nearest folder above the working directory that has
-    ``scripts/verify.py`` (a notebook runs in ``notebooks/``), else the one this file sits in (an
-    editable install)."""
-    for folder in (Path.cwd(), *Path.cwd().parents):
-        if (folder / "scripts" / "verify.py").is_file():
-            return folder
-    return Path(__file__).resolve().parents[3]
-
-
-ROOT = _repository_root()
+ROOT = repository_root()
 SCRIPTS = ROOT / "scripts"
 NOTEBOOKS = ROOT / "notebooks"
 

@@ -15,7 +15,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+
+
+def repository_root() -> Path:
+    """The checkout the book runs from: the nearest folder at or above the working directory that has
+    ``scripts/verify.py`` (a chapter runs in ``notebooks/``, a script in the root), else the one this
+    file sits in (an editable install). Colab installs the package from its clone as a copy, so only
+    the working directory leads back to the clone there."""
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / "scripts" / "verify.py").is_file():
+            return folder
+    return Path(__file__).resolve().parents[3]
+
+
+ROOT = repository_root()
 
 
 def _git(*args: str) -> str | None:
