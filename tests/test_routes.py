@@ -156,3 +156,79 @@ def test_owner_routes_agree_with_an_enumeration_over_random_plans():
             several += check_bucket(flows, b, dp, tp)
         cases += 1
     assert cases == 120 and several > 0, several
+
+
+# ---- the plan's geometry, by enumeration ------------------------------------------------------------------
+
+def random_specs(rng, tp):
+    specs = []
+    for i in range(rng.randint(1, 7)):
+        d = rng.choice([-1, 0, 1]) if tp > 1 else -1
+        shape = [rng.randint(1, 9), rng.randint(1, 9)]
+        if d != -1:
+            shape[d] *= tp
+        specs.append(ParamSpec(f"m{i}", tuple(shape), d))
+    return specs
+
+
+def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
+    """For 150 random plans and every DP rank: buckets are consecutive, never empty, within ``bucket_numel``
+    unless one parameter alone exceeds it, and filled greedily; each shard is [cuts[r], cuts[r+1]) and pads to
+    ``shard_numel``; a matrix's local range is its part of this rank's shard (empty: anchored at the shard's
+    start); ``segments`` are the maximal runs of the element -> flat position map; ``piece_slice`` is what the
+    element loop finds; and the owners' ``HeldRuns`` list every DP rank's count (times its TP ranks)."""
+    from muongrid.plan import _owner_candidates, _piece_runs, split_into_buckets
+    rng = random.Random(7)
+    for case in range(150):
+        dp, tp = rng.choice([(1, 1), (2, 1), (3, 1), (4, 1), (2, 2), (3, 2), (1, 3), (5, 1), (7, 1)])
+        specs, bucket_numel = random_specs(rng, tp), rng.choice([None, 1, 8, 30, 100])
+        layout = rng.choice(["bucket", "owner", "aligned"])
+        numels = [s.full_shape[0] * s.full_shape[1] // (tp if s.tp_split_dim != -1 else 1) for s in specs]
+        groups = split_into_buckets(numels, bucket_numel)
+        assert [i for g in groups for i in g] == list(range(len(numels))) and all(groups)
+        for a, b in zip(groups, groups[1:]):
+            assert bucket_numel is not None and sum(numels[i] for i in a) + numels[b[0]] > bucket_numel
+        for g in groups:
+            assert bucket_numel is None or len(g) == 1 or sum(numels[i] for i in g) <= bucket_numel
+        for d in range(dp):
+            plan = build_plan([specs], dp, d, tp, bucket_numel, layout)
+            limit = bucket_numel * dp if layout == "aligned" and bucket_numel is not None else bucket_numel
+            assert [list(b.param_indices) for b in plan.buckets[0]] == split_into_buckets(numels, limit)
+            for bucket in plan.buckets[0]:
+                cuts = list(bucket.cuts)
+                assert cuts[0] == 0 and cuts[-1] == bucket.numel and cuts == sorted(cuts) and len(cuts) == dp + 1
+                assert bucket.shard_numel == max(b - a for a, b in zip(cuts, cuts[1:])) and bucket.padded_numel == dp * bucket.shard_numel
+                assert bucket.shard_range(d) == (bucket.start + cuts[d], bucket.start + cuts[d + 1])
+                position = {}
+                for r in range(dp):
+                    for i in range(cuts[r], cuts[r + 1]):
+                        position[i] = r * bucket.shard_numel + i - cuts[r]
+                for i in bucket.param_indices:
+                    meta = plan.metas[0][i]
+                    lo, hi = meta.global_range[0] - bucket.start, meta.global_range[1] - bucket.start
+                    runs = []
+                    for x in range(lo, hi):
+                        if runs and runs[-1][2] + runs[-1][1] == position[x]:
+                            runs[-1][1] += 1
+                        else:
+                            runs.append([x - lo, 1, position[x]])
+                    assert bucket.segments(lo, hi) == [tuple(r) for r in runs], (case, d, i)
+                    mine = [x for x in range(lo, hi) if cuts[d] <= x < cuts[d + 1]]
+                    s_lo = bucket.start + cuts[d]
+                    assert meta.local_range == ((bucket.start + mine[0], bucket.start + mine[-1] + 1) if mine
+                                                else (s_lo, s_lo)), (case, d, i)
+                    for r in range(dp):
+                        a, b = held(plan, meta, r)
+                        piece = plan.piece_slice(meta, r)
+                        assert (piece.start, piece.stop) == ((a, b) if b > a else (0, 0))
+                    counts = [b - a for a, b in (held(plan, meta, r) for r in range(dp))]
+                    expanded = [0] * dp
+                    for first, end, n in _piece_runs(bucket, meta, even=layout != "aligned"):
+                        for r in range(first, end):
+                            expanded[r] = n
+                    assert expanded == counts, (case, d, i, _piece_runs(bucket, meta, layout != "aligned"), counts)
+            if layout != "bucket" and d == 0:
+                for m in _owner_candidates(plan, [True]):
+                    meta = plan.metas[0][m.key[1]]
+                    want = [held(plan, meta, r // tp)[1] - held(plan, meta, r // tp)[0] for r in range(dp * tp)]
+                    assert list(m.held) == want, (case, m.key)
