@@ -26,10 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-TESTS_FAST = "tests/test_oracle.py tests/test_precision.py tests/test_routes.py"
+TESTS_FAST = "tests/test_oracle.py tests/test_precision.py tests/test_routes.py"   # fastest killers first (-x)
 MODULES = {   # module: (test files, functions to mutate; None = all)
     "updates": (f"{TESTS_FAST} tests/test_math.py", None),
-    "plan": (f"{TESTS_FAST} tests/test_plan.py",
+    "plan": ("tests/test_routes.py tests/test_plan.py tests/test_fast_plan.py tests/test_oracle.py",
              {"numel", "local_numel", "param_slice", "shard_numel", "shard_range", "segments", "shard_slice",
               "piece_slice", "piece_numel", "tp_local_shape", "split_into_buckets", "build_plan", "_piece_runs"}),
     "owner_flow": (TESTS_FAST, {"_sends", "_piece", "route", "_build_route"}),
