@@ -41,7 +41,7 @@ if "google.colab" in sys.modules:
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
-    wanted = []
+    wanted = [('yaml', 'PyYAML')]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     if missing:

@@ -25,27 +25,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 from .nbexec import Report, execute_chapter
 from .notebook import ROOT
+from .roadmap import toc_chapters, toc_files  # noqa: F401  (the build's pages; read by tests too)
 
 BUILD = ROOT / "_build"
 EXECUTED = BUILD / "executed"
-
-
-def toc_files(toc_text: str | None = None) -> list[str]:
-    """Every page of ``_toc.yml`` (or of ``toc_text``), in order: its root, then each part's chapters."""
-    toc = yaml.safe_load(toc_text or (ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-    for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
-        files += [c["file"] for c in part["chapters"]]
-    return files
-
-
-def toc_chapters(toc_text: str | None = None) -> list[str]:
-    """The stems of the chapters (``notebooks/NN_*``) listed in ``_toc.yml``, in order."""
-    return [f.split("/", 1)[1] for f in toc_files(toc_text) if f.startswith("notebooks/")]
 
 
 def _digest(paths) -> str:

@@ -215,15 +215,24 @@ elif (importlib.util.find_spec("muongrid") is None
 
 
 def _imports(path: Path) -> set[str]:
-    """Top-level module names ``path`` imports anywhere (a chapter's py:percent source or a module)."""
+    """Module names ``path`` imports anywhere (a chapter's py:percent source or a module), relative
+    imports of the package made absolute (``from .bookbuild import x`` -> ``muongrid.lab.bookbuild``,
+    ``from . import y`` -> ``muongrid.lab.y``)."""
     import ast
 
+    here = path.resolve().relative_to(SCRIPTS.resolve()).with_suffix("").parts if path.resolve().is_relative_to(
+        SCRIPTS.resolve()) else ()
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                package = here[:len(here) - node.level]  # a module's package is its folder
+                base = ".".join([*package, *([node.module] if node.module else [])])
+                names |= {base} if node.module else {f"{base}.{a.name}" for a in node.names}
+            elif node.module:
+                names.add(node.module)
     return names
 
 

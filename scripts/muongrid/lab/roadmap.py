@@ -1,7 +1,7 @@
 """The book's road map: one table of every page in ``_toc.yml``, which chapter 0 displays from a cell
 (``table_markdown()``); the index page routes readers by goal instead, and links chapter 0 for the rest.
 
-Pages come from the table of contents (``bookbuild.toc_files``, the one reader of ``_toc.yml``), each
+Pages come from the table of contents (``toc_files``, the one reader of ``_toc.yml``), each
 page's title from its own first heading, and the question it answers from ``QUESTIONS`` below, so a
 chapter added to the toc appears in the table, and a chapter without a question is an error
 instead of a silent gap.
@@ -13,8 +13,24 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .bookbuild import toc_files
+import yaml
+
 from .notebook import ROOT
+
+def toc_files(toc_text: str | None = None) -> list[str]:
+    """Every page of ``_toc.yml`` (or of ``toc_text``), in order: its root, then each part's chapters."""
+    toc = yaml.safe_load(toc_text or (ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
+        files += [c["file"] for c in part["chapters"]]
+    return files
+
+
+def toc_chapters(toc_text: str | None = None) -> list[str]:
+    """The stems of the chapters (``notebooks/NN_*``) listed in ``_toc.yml``, in order."""
+    return [f.split("/", 1)[1] for f in toc_files(toc_text) if f.startswith("notebooks/")]
+
+
 
 QUESTIONS = {
     "notebooks/00_start_here": "What is in this book, and how do I run it and check a distributed run myself?",
