@@ -70,7 +70,8 @@ def test_bf16_parameters_match_fp32_masters_rounded_each_step(kind, device):
     if kind == "adamw":
         hyper = dict(lr=2e-4, weight_decay=0.1, betas=(0.9, 0.95))
         opt = DistributedAdamW(ours, Grid.single(device), **hyper)
-        ref_opt = torch.optim.AdamW(ref, foreach=False, **hyper)
+        # the same kernel as the engine's: the per-tensor loop on a CPU, the fused kernel on a GPU
+        ref_opt = torch.optim.AdamW(ref, **({"fused": True} if device == "cuda" else {"foreach": False}), **hyper)
     else:
         hyper = dict(lr=1e-3, weight_decay=0.1, momentum=0.9)
         opt = DistributedMuon(ours, Grid.single(device), layout=kind.split("-")[1], **hyper)
