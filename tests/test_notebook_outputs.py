@@ -128,3 +128,33 @@ def test_each_page_shows_the_figures_its_notebook_makes(built_book):
             if "<img" not in body and "plotly-graph-div" not in body:
                 problems.append(f"{name}: figure {fid} has no image or Plotly figure on the page")
     assert not problems, "\n".join(problems)
+
+
+def test_every_page_says_when_the_colab_button_cannot_work(built_book):
+    """While ``repository.url`` is the placeholder, every page says, above its Colab button, that the
+    repository is not public (book/_ext/offline_assets.py); once it is published, no page says so."""
+    from muongrid.lab.notebook import repository_is_public
+
+    for page in ("index.html", "notebooks/01_muon.html"):
+        html = (built_book / page).read_text()
+        assert ("repository is not public yet" in html) == (not repository_is_public()), page
+
+
+def test_a_downloaded_chapter_stops_in_its_first_cell_and_says_what_to_do(tmp_path):
+    """A chapter's .ipynb opened outside a checkout (downloaded from the page) stops in its set-up cell
+    with what to do, before any cell that would fail obscurely."""
+    import shutil
+
+    from nbclient.exceptions import CellExecutionError
+
+    from conftest import ROOT
+    from muongrid.lab.nbexec import GuardedClient
+
+    nb = nbformat.read(ROOT / "notebooks" / "01_muon.ipynb", as_version=4)
+    nb.cells = nb.cells[:2] + [nbformat.v4.new_code_cell('print("the chapter went on")')]
+    shutil.copy(ROOT / "notebooks" / "01_muon.ipynb", tmp_path)
+
+    with pytest.raises(CellExecutionError, match="make lab"):
+        GuardedClient(nb, label="downloaded chapter", timeout=120,
+                      resources={"metadata": {"path": str(tmp_path)}}).execute()
+    assert nb.cells[1].outputs and not nb.cells[2].get("outputs")

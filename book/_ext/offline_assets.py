@@ -113,8 +113,16 @@ def warn_placeholder(config) -> None:
               f"!! (README, 'Publish the book').\n{bar}\n", file=sys.stderr, flush=True)
 
 
+# Shown on every page, above the launch buttons, while the repository is the placeholder.
+NOT_PUBLIC = ("This book's repository is not public yet, so the Colab button cannot fetch its code "
+              "(the first cell stops and says so). Run the chapters on your machine: chapter 0 says how.")
+
+
 def configure(app, config) -> None:
     warn_placeholder(config)
+    options = getattr(config, "html_theme_options", None)
+    if options is not None and options.get("repository_url", "").rstrip("/") == PLACEHOLDER_URL:
+        options.setdefault("announcement", NOT_PUBLIC)
     # An explicit colour mode: without one the theme logs "Got invalid theme mode" as a console error.
     config.html_context = dict(config.html_context or {}, default_mode="light")
     root = Path(app.srcdir) / "book" / "_offline"
