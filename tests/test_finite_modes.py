@@ -117,3 +117,25 @@ def test_defer_steps_equal_raise_steps_bit_for_bit_when_every_gradient_is_finite
             opt.step()
         return [w, v, b] + [t for p in (w, v, b) for t in opt.state[p].values()]
     assert all(torch.equal(a, b) for a, b in zip(run("raise"), run("defer")))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_adamw_keep_leaves_everything_or_changes_nothing(fused):
+    """``keep`` in AdamW's two paths: the loop (where-restored) and torch's fused kernel (its found_inf), reached
+    on the CPU: kept, the same bits as without ``keep``; not kept (a NaN gradient), everything as it was."""
+    from muongrid.updates import adamw_foreach_
+
+    def start():
+        gen = torch.Generator().manual_seed(5)
+        return [torch.randn(7, generator=gen), torch.randn(7, generator=gen), torch.randn(7, generator=gen).abs()]
+
+    def run(keep, grad):
+        p, m, v = start()
+        adamw_foreach_([p], [grad], [m], [v], [4], 0.01, (0.9, 0.95), 1e-8, 0.1, fused=fused, keep=keep)
+        return p, m, v
+    grad = torch.linspace(-1, 1, 7)
+    plain, kept = run(None, grad), run(torch.tensor(True), grad)
+    assert all(torch.equal(a, b) for a, b in zip(plain, kept))
+    assert not torch.equal(plain[0], start()[0])
+    skipped = run(torch.tensor(False), torch.full((7,), float("nan")))
+    assert all(torch.equal(a, b) for a, b in zip(skipped, start()))

@@ -18,6 +18,16 @@ and ``torch.optim.AdamW``):
   values per step decides it on every rank alike (``grads_present``), so no rank waits for a gradient that
   never comes, and no GPU waits for the host;
 * pickling an optimizer that holds process groups is refused with the fix (``refuse_pickle``).
+
+Ranks decide together (issue 40): whether a step is taken, skipped or refused is the same on every rank, decided
+before the first collective that moves gradients, so a loop that skips a bad batch keeps every rank in step:
+
+* the NaN/Inf verdict rides the presence vote (``vote``; ``finite.py`` says what "raise" and "defer" do with it);
+  on an expert grid the vote spans the job, and ``prepare_together`` decides a model's optimizers as one;
+* ``torch.amp.GradScaler`` is refused at its first ``scaler.step(opt)`` (``refuse_grad_scaler`` says why: its
+  overflow flag is each rank's own); bf16 autocast needs no scaler;
+* a caller's ``torch.autocast`` does not reach inside ``step()`` (``no_autocast``);
+* parameters of a ``DistributedDataParallel`` model are refused at the first step (``refuse_ddp``).
 """
 from __future__ import annotations
 
@@ -246,7 +256,6 @@ def prepare_together(opts: list) -> None:
     keep = torch.stack(keeps).all()
     for opt in opts:
         opt._prepared["keep"] = keep
-        opt._deferred.keep_with(keep)
 
 
 def no_autocast(device: torch.device):

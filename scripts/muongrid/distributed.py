@@ -287,12 +287,18 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         return loss
 
     def _count_steps(self) -> None:
-        """Every parameter with a gradient somewhere counts a step (one op per group on the host)."""
+        """Every parameter with a gradient somewhere counts a step (one op per group on the host). A step that
+        "defer" may skip is reported at the next host read, where these counts are taken back (``finite.py``)."""
         for steps, present in zip(self._steps, self._prepared["present"]):
             if all(present):
                 steps.add_(1)
             elif any(present):
                 steps.add_(torch.tensor(present, dtype=steps.dtype))
+        if self._prepared["keep"] is not None:
+            self._deferred.launch(self._prepared["agreed"], self._prepared["keep"],
+                                  [n for g in self.param_groups for n in g["names"]], self.steps_taken + 1,
+                                  self.grid.tp, job_place(self.grid)[1],
+                                  self._uncount_steps(self._prepared["present"], self.steps_taken + 1))
 
     def _uncount_steps(self, present: list, steps_taken: int):
         """What ``_count_steps`` did for a step that turned out skipped ("defer": known at the next host read)."""
@@ -320,11 +326,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             present.append(flat[i: i + len(group["params"])])
             i += len(group["params"])
-        self._prepared = dict(present=present, grads={}, keep=keep)
-        if keep is not None:   # "defer": reported at the next host read, where the step counts are taken back
-            self._deferred.launch(agreed, keep, [n for g in self.param_groups for n in g["names"]],
-                                  self.steps_taken + 1, self.grid.tp, job_place(self.grid)[1],
-                                  self._uncount_steps(present, self.steps_taken + 1))
+        self._prepared = dict(present=present, grads={}, keep=keep, agreed=agreed)
 
     def check_finite_now(self) -> int | None:
         """With ``check_finite="defer"``: if the last step was skipped for a NaN/Inf gradient on some rank, say

@@ -145,11 +145,6 @@ class Deferred:
         self.pending = dict(agreed=_to_host(agreed), keep=_to_host(keep), names=names, step=step, tp=tp,
                             world=job_world, undo=undo)
 
-    def keep_with(self, keep: torch.Tensor) -> None:
-        """The step's verdict became ``keep`` (the optimizers of one model decide together: ``prepare_together``)."""
-        if self.pending is not None:
-            self.pending["keep"] = _to_host(keep)
-
     def check(self) -> int | None:
         """If the launched step was skipped: take back what the host advanced, warn on every rank alike, and
         return its step number (None if it was kept or nothing was pending)."""
