@@ -171,7 +171,7 @@ per_bucket = {
     calls[k] for k in ("grad_reduce_scatter", "ns_gather_dp", "param_all_gather")
 }
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert len(per_bucket) == 1
 keep("ch0-collectives", sum(calls.values()))
@@ -183,7 +183,7 @@ keep("ch0-tp-gathers", calls["ns_gather_tp"])
 # on the same numbers as the single process, just on a different slice of it. Chapter 5 explains
 # why that holds, and shows what happens when it does not.
 
-# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
 The {{ch0-collectives}} collectives are, per bucket of parameters, one gradient
 reduce-scatter, one gather of the momentum for Newton-Schulz and one parameter all-gather
@@ -205,7 +205,7 @@ collectives; it goes through each of these stages.
 # cores, the same as the machine these pages were built on. Every figure, explorer and number
 # appears under the cell that makes it, as on this page.
 
-# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-input"]
 from muongrid.lab.notebook import repository_is_public, repository_url
 
 url = repository_url()
@@ -224,7 +224,7 @@ a message that says so. Until it is, run the chapters on your machine, as below.
 # environment and opens the chapters in JupyterLab; "Run all" in a chapter shows what this page
 # shows:
 
-# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(f"""```bash
 git clone {url}
 cd {folder}
@@ -272,7 +272,7 @@ Markdown(gpurecord.provenance_text(record).replace("\n  ", "  \n") + "\n\n"
 # Every page of the book, in order, with the question it answers (generated from the book's table
 # of contents, so it lists every chapter there is):
 
-# %% tags=["remove-input"]
+# %% jupyter={"source_hidden": true} tags=["remove-input"]
 from muongrid.lab.roadmap import table_markdown
 
 Markdown(table_markdown())

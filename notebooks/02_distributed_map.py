@@ -127,7 +127,7 @@ table(
 # ZeRO-1 data parallelism across replicas. Here is what one rank stores for a 7B model on 8
 # devices under a few layouts (mixed precision), in GB per rank:
 
-# %% mystnb={"figure": {"name": "fig-ch2-memory", "caption": "Training state per rank of a 7B-parameter model on 8 devices, by layout and optimizer (mixed precision, no activations): the table above, drawn. The dotted line is an 80 GB accelerator."}}
+# %%
 import matplotlib.pyplot as plt
 from muongrid.lab.page import keep, listing, say, show
 
@@ -159,6 +159,7 @@ table(
     align="llrrrrr",
 )
 
+# %% mystnb={"figure": {"caption": "Training state per rank of a 7B-parameter model on 8 devices, by layout and optimizer (mixed precision, no activations): the table above, drawn. The dotted line is an 80 GB accelerator.", "name": "fig-ch2-memory"}}
 from muongrid.lab import palette
 
 DEVICE_GB = 80
@@ -199,15 +200,17 @@ plt.close(fig)
 # on 4 processes over gloo. Rank $r$'s values are $100r + i$, so you can see where every number
 # came from; its full printout is folded below, and {numref}`fig-ch2-collectives` draws it.
 
-# %% mystnb={"figure": {"name": "fig-ch2-collectives", "caption": "The four collectives as they ran on 4 gloo processes: each rank's tensor before (left) and after (right). Colours say which rank an element came from; grey elements are sums over all ranks. The script also checked that the all-reduce equals a reduce-scatter followed by an all-gather."}}
+# %%
 from muongrid.lab.diagrams import collectives_diagram
 from muongrid.lab.notebook import last_json, run
 
 demo = last_json(run("collectives.py --dp 4 --numel 8", log="collapsed"))
+
+# %% mystnb={"figure": {"caption": "The four collectives as they ran on 4 gloo processes: each rank's tensor before (left) and after (right). Colours say which rank an element came from; grey elements are sums over all ranks. The script also checked that the all-reduce equals a reduce-scatter followed by an all-gather.", "name": "fig-ch2-collectives"}}
 show(collectives_diagram(demo))
 plt.close("all")
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert demo["allreduce_is_rs_plus_ag"]
 
@@ -246,7 +249,7 @@ for op, rec in demo["ledger"].items():
 # Move the slider of {numref}`fig-ch2-explorer` to change the model size (it moves in this page;
 # every position was computed with `per_rank_bytes` when the page was built).
 
-# %% mystnb={"figure": {"name": "fig-ch2-explorer", "caption": "GB per rank on 8 devices for each layout of the table above, as the model grows; the dotted line is an 80 GB accelerator. The title counts the rows that fit. The axis stays at 0-240 GB for every size, so the line keeps its place; a longer bar stops at the edge, its total written inside (\u25b6)."}}
+# %% mystnb={"figure": {"caption": "GB per rank on 8 devices for each layout of the table above, as the model grows; the dotted line is an 80 GB accelerator. The title counts the rows that fit. The axis stays at 0-240 GB for every size, so the line keeps its place; a longer bar stops at the edge, its total written inside (\u25b6).", "name": "fig-ch2-explorer"}}
 from muongrid.lab.explorers import Figure, memory_explorer
 
 show(Figure(memory_explorer()))
@@ -256,7 +259,7 @@ show(Figure(memory_explorer()))
 # TP sizes, under each ZeRO stage (mixed precision). It moves in the static page; in Jupyter,
 # `per_rank_bytes(n, optimizer, zero=..., dp=..., tp=..., mixed_precision=...)` gives any other point.
 
-# %% mystnb={"figure": {"name": "fig-ch2-grid", "caption": "GB per rank for a 7B model under each ZeRO stage, AdamW and Muon, on the grid (dp x tp) set by the slider; the dotted line is an 80 GB accelerator, on the same fixed 0-240 GB axis."}}
+# %% mystnb={"figure": {"caption": "GB per rank for a 7B model under each ZeRO stage, AdamW and Muon, on the grid (dp x tp) set by the slider; the dotted line is an 80 GB accelerator, on the same fixed 0-240 GB axis.", "name": "fig-ch2-grid"}}
 from muongrid.lab.explorers import grid_memory_explorer
 
 show(Figure(grid_memory_explorer(billions=7)))

@@ -106,12 +106,12 @@ table(["parameter", "placement the plan read", "TP split dim"],
         dim]
        for name, dim in first["tp_split_dims"].items() if name.startswith("blocks.0.")])
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 keep("ch9-model", f"{first['layers']} transformer blocks, width {first['width']}, "
      f"{first['heads']} heads, {first['n_params']:,} parameters")
 
-# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
 The model is {doc}`chapter 1 <01_muon>`'s character-level GPT ({{ch9-model}}, trained on Python's own
 documentation), made tensor-parallel by [`muongrid/lab/tpgpt.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/tpgpt.py) with
@@ -125,7 +125,7 @@ output head stay whole on every TP rank: at this size they are a few percent of 
 whole head keeps the loss a plain cross-entropy.
 """)
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-tp-plan", "caption": "The four matrices of one block, drawn to scale, and what each of the two TP ranks holds, as the optimizer read it from the placements: the column-parallel `qkv` and `fc` are cut into rows, the row-parallel `proj` and `out` into columns."}} jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} mystnb={"figure": {"caption": "The four matrices of one block, drawn to scale, and what each of the two TP ranks holds, as the optimizer read it from the placements: the column-parallel `qkv` and `fc` are cut into rows, the row-parallel `proj` and `out` into columns.", "name": "fig-ch9-tp-plan"}} tags=["hide-input"]
 from muongrid.lab import palette
 from muongrid.lab.charlm import TinyGPT
 
@@ -170,7 +170,7 @@ for dp, tp_ in [(1, 1), (2, 1), (1, 2)]:
     runs[(dp, tp_)] = last_json(run(f"train.py --dp {dp} --tp {tp_} --layout owner "
                                     f"{COMMON} --metrics-every 0", log="collapsed"))
 
-# %% mystnb={"figure": {"name": "fig-ch9-grids", "caption": "Training loss per step of the same run on four grids (top) and each grid's distance from the one-process run (bottom, log scale)."}}
+# %% mystnb={"figure": {"caption": "Training loss per step of the same run on four grids (top) and each grid's distance from the one-process run (bottom, log scale).", "name": "fig-ch9-grids"}}
 ref = runs[(1, 1)]["step_loss"]
 fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 4.4), sharex=True,
                                   height_ratios=[2, 1])
@@ -189,17 +189,19 @@ bottom.set(xlabel="step", ylabel="|loss - 1 x 1|")
 fig.tight_layout()
 show(fig)
 plt.close(fig)
+
+# %%
 worst = max(drift.values())
 table(["grid", "largest |loss - 1 x 1| over 20 steps"],
       [[g, f"{d:.1e}"] for g, d in drift.items()])
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert worst < 2e-3, drift  # tests/test_train.py's tolerance, justified there
 keep("ch9-grid-drift", f"{worst:.0e}")
 keep("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}")
 
-# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
 The curves lie on top of each other (the loss falls from {{ch9-loss-fall}} nats in 20
 steps) and differ by at most {{ch9-grid-drift}} nats. They are not bit for bit the
@@ -223,7 +225,7 @@ watch the curves part.
 # directions that carry weight, equal to the rank when all singular values are equal and 1 when
 # one dominates. **Largest / median** says how lopsided the spectrum is.
 
-# %% mystnb={"figure": {"name": "fig-ch9-spectra", "caption": "Every Muon matrix of the 2 x 2 run, measured every 10 steps: the effective rank (left) and the largest over the median singular value (right, log scale) of the momentum that enters Newton-Schulz (dashed) and of the update that leaves it (solid)."}}
+# %%
 measured = first["state_metrics"]
 last = measured[-1]
 rows = []
@@ -237,6 +239,7 @@ print(f"step {last['step']}, block 0 (the 2 x 2 run; Newton-Schulz input -> outp
 table(["matrix", "momentum norm", "update RMS", "effective rank", "largest / median"],
       rows)
 
+# %% mystnb={"figure": {"caption": "Every Muon matrix of the 2 x 2 run, measured every 10 steps: the effective rank (left) and the largest over the median singular value (right, log scale) of the momentum that enters Newton-Schulz (dashed) and of the update that leaves it (solid).", "name": "fig-ch9-spectra"}}
 fig, axes = plt.subplots(1, 2, figsize=(7.0, 3.4), sharex=True)
 kinds = sorted({name.split(".")[-2] for name in last["matrices"]})  # qkv, proj, ...
 for name in sorted(last["matrices"]):
@@ -269,14 +272,14 @@ rms = [m["update_rms"] for m in last["matrices"].values()]
 gain = min(m["out_effective_rank"] / m["in_effective_rank"]
            for m in last["matrices"].values())
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 keep("ch9-update-rms", f"{min(rms):.2f} to {max(rms):.2f}")
 keep("ch9-rank-gain", f"{gain:.1f}")
 # the text says Newton-Schulz raises every matrix's effective rank several-fold
 assert gain > 1.5, gain
 
-# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
 The momentum is lopsided: a few directions carry most of it, as {doc}`chapter 1 <01_muon>` showed for gradients.
 Newton-Schulz multiplies every matrix's effective rank by at least {{ch9-rank-gain}}
@@ -330,11 +333,11 @@ table(["learning rate", *(f"{o} final val loss" for o in ("AdamW", "hybrid Muon"
                      for o in ("adamw", "hybrid"))]
        for lr in sorted({r["lr"] for o in ("adamw", "hybrid") for r in s["sweep"][o]})])
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert study["complete"]
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-study", "caption": "The recorded study. Left: final validation loss of each learning rate (seed 0). Right: validation loss against tokens at each optimizer's best learning rate, the mean of the seeds and a band of one standard deviation; the dotted lines mark AdamW's final loss and where the hybrid's mean first reaches it."}} jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} mystnb={"figure": {"caption": "The recorded study. Left: final validation loss of each learning rate (seed 0). Right: validation loss against tokens at each optimizer's best learning rate, the mean of the seeds and a band of one standard deviation; the dotted lines mark AdamW's final loss and where the hybrid's mean first reaches it.", "name": "fig-ch9-study"}} tags=["hide-input"]
 NAMES = {"adamw": "AdamW", "hybrid": "hybrid Muon"}
 COLORS = {"adamw": palette.OPTIMIZER["adamw"], "hybrid": palette.OPTIMIZER["muon"]}
 fig, (left, right) = plt.subplots(1, 2, figsize=(7.2, 3.0), width_ratios=[1, 1.6])
@@ -374,6 +377,7 @@ fig.tight_layout()
 show(fig)
 plt.close(fig)
 
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 a, h = s["curves"]["adamw"], s["curves"]["hybrid"]
 gap, frac = s["final_gap"], s["hybrid_fraction_of_adamw_tokens"]
 table(["", "AdamW", "hybrid Muon"],
@@ -393,7 +397,7 @@ gpt = TinyGPT(vocab_size=load_corpus()["vocab_size"], d=cfg["width"],
 routed = sum(p.numel() for g in hybrid_param_groups(gpt.named_parameters())
              if g["use_muon"] for p in g["params"])
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 # a best at the edge would need a wider sweep
 assert not any(s["best_at_edge"].values()), s["best_at_edge"]
@@ -411,7 +415,7 @@ keep("ch9-separated", "every hybrid seed ended below every AdamW seed"
            if max(a["final"]) < min(h["final"])
            else "the seeds' final losses overlap"))
 
-# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
 At equal tokens ({{ch9-tokens}}), AdamW's final validation loss minus the hybrid's is
 {{ch9-gap}} nats ({{ch9-gap-rel}} of AdamW's loss), and
@@ -429,7 +433,7 @@ optimizers got the same sweep, and the best of each is inside its sweep, not at 
 # %% [markdown]
 # ## What it means for porting a run from AdamW
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # The porting rule's evidence, quoted above: the seed-0 sweep at AdamW's best lr,
 # and the hybrid's best lr (both groups of the hybrid took one lr in the study).
 sweep0 = {o: {r["lr"]: r["final_val_loss"] for r in s["sweep"][o]} for o in s["sweep"]}
@@ -440,7 +444,7 @@ keep("ch9-port-adamw", f"{sweep0['adamw'][a['lr']]:.3f}")
 keep("ch9-port-best", f"{h['lr']:g}")
 keep("ch9-port-ratio", f"{h['lr'] / a['lr']:g}")
 
-# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
 {doc}`Chapter 12 <12_use_it>` states the recipe once, in its porting table; this study is what
 its learning-rate rule rests on. With one learning rate for both groups, the hybrid at AdamW's
@@ -462,7 +466,7 @@ model's sweep: on a new model, sweep again.
 live = last_json(run(f"convergence_study.py --lrs-adamw {a['lr']} "
                      f"--lrs-hybrid {h['lr']} --seeds 1 --steps 40 --eval-every 20"))
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-live", "caption": "The short comparison run while this page was built: one seed each, at the recorded best learning rates."}} jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} mystnb={"figure": {"caption": "The short comparison run while this page was built: one seed each, at the recorded best learning rates.", "name": "fig-ch9-live"}} tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.0, 2.8))
 for opt in ("adamw", "hybrid"):
     c = live["summary"]["curves"][opt]
@@ -474,11 +478,11 @@ fig.tight_layout()
 show(fig)
 plt.close(fig)
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 keep("ch9-live-gap", f"{live['summary']['final_gap']:+.3f}")
 
-# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
 After 40 steps, AdamW's validation loss minus the hybrid's is {{ch9-live-gap}} nats
 in this live run.
@@ -498,7 +502,7 @@ in this live run.
 grids = last_json(run("profile_step.py --grids 4x1,1x4,2x2 --global-batch 64 "
                       "--steps 3 --warmup 1 --layout owner", log="collapsed"))
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-profile", "caption": "A training step of the tiny GPT on three 4-rank grids, Muon (owner layout) and AdamW, split by the profiler (each part: the mean over ranks of each rank's median over 3 steps)."}} jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 parts = ["forward_backward", "waiting", "communication", "newton_schulz",
          "optimizer_compute"]
 labels = ["forward + backward", "waiting", "communication", "Newton-Schulz",
@@ -523,6 +527,8 @@ for g in grids["grids"]:
                      [sum(shown(r[kind], p) for r in g["ranks"]) / n for p in parts]))
 table(["grid", "Muon step (ms)", "AdamW step (ms)", "Muon / AdamW, same fwd-bwd",
        "Muon's optimizer share"], rows)
+
+# %% jupyter={"source_hidden": true} mystnb={"figure": {"caption": "A training step of the tiny GPT on three 4-rank grids, Muon (owner layout) and AdamW, split by the profiler (each part: the mean over ranks of each rank's median over 3 steps).", "name": "fig-ch9-profile"}} tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.4, 3.2))
 for i, (label, values) in enumerate(bars):
     left = 0.0
@@ -539,7 +545,7 @@ fig.tight_layout()
 show(fig)
 plt.close(fig)
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 # the text below says forward + backward is the largest part of every step: check it
 assert all(values[0] == max(values) for _, values in bars), bars
@@ -557,7 +563,7 @@ assert all(values[0] == max(values) for _, values in bars), bars
 # in the study above; {doc}`the claims appendix <../book/claims>` shows what it found beside
 # {doc}`chapter 7 <07_profiling>`'s figures (the code that computes them is folded below).
 
-# %% tags=["hide-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["hide-input"]
 from muongrid.lab import claims
 from muongrid.lab.verdicts import beats, fastest_text, spread_text, versus_claim
 
@@ -600,7 +606,7 @@ claim_rows = {
      f"with {len(a['seeds'])} seeds."),
 }
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 claims.glue_checks("09_training", claim_rows)   # shown in the claims appendix
 
@@ -633,7 +639,7 @@ claims.glue_checks("09_training", claim_rows)   # shown in the claims appendix
 qk = last_json(run("qk_clip_demo.py --dp 2 --steps 60 --threshold 8",
                    log="collapsed"))
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch9-qk", "caption": "The largest attention logit over every head of the book's GPT at each step (what the step's forward saw, before the clip), watching only and clipping at 8 (dashed), while this page was built."}} jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} mystnb={"figure": {"caption": "The largest attention logit over every head of the book's GPT at each step (what the step's forward saw, before the clip), watching only and clipping at 8 (dashed), while this page was built.", "name": "fig-ch9-qk"}} tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.0, 2.6))
 for (name, r), color in zip(qk["runs"].items(), (COLORS["adamw"], COLORS["hybrid"])):
     ax.plot(range(1, len(r["max_logit"]) + 1), r["max_logit"], color=color, label=name)
@@ -645,12 +651,12 @@ show(fig)
 plt.close(fig)
 watch, clipped = qk["runs"].values()
 
-# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-cell"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 keep("ch9-qk-watch", f"{max(watch['max_logit']):.0f}")
 keep("ch9-qk-clip", f"{max(clipped['max_logit'][20:]):.1f}")
 
-# %% tags=["remove-input"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
 Left alone, the largest logit reached {{ch9-qk-watch}}; clipped, it stayed near the
 threshold after step 20 (at most {{ch9-qk-clip}}: a step's update can push a head a little
