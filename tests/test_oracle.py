@@ -147,6 +147,17 @@ def test_the_bound_is_sharp(perturb, form, monkeypatch):
     assert worst > 1.0, worst
 
 
+def test_adjusted_lr_is_the_hand_formula_and_unknown_modes_are_refused():
+    from muongrid.updates import adjust_lr
+    from oracle import adjusted
+    for shape in [(1, 1), (3, 7), (7, 3), (64, 64), (1000, 10)]:
+        for mode in ("match_rms_adamw", "original", "none"):
+            assert adjust_lr(0.03, shape, mode) == pytest.approx(adjusted(0.03, shape, mode), rel=1e-15)
+    for bad in ("bogus", "zzz", "original2", "None", ""):   # above and below the known names alphabetically
+        with pytest.raises(ValueError, match="unknown lr adjustment"):
+            adjust_lr(0.1, (2, 2), bad)
+
+
 # ---- Newton-Schulz against the oracle's own NS5 ------------------------------------------------------------
 
 SHAPES = [(12, 20), (20, 44), (16, 8), (9, 10), (33, 17), (100, 100)]

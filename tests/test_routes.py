@@ -11,6 +11,7 @@ its own piece. Exact: these are integers. A sender with several matrices of one 
 """
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -132,6 +133,22 @@ def check_bucket(flows, b, dp, tp):
     return several
 
 
+def random_specs(rng, tp):
+    """Matrices split over TP by rows or columns or not at all (a split declared on a 1-wide TP grid too: no
+    split), and now and then a 3-D bank of matrices (whole on every TP rank)."""
+    specs = []
+    for i in range(rng.randint(1, 7)):
+        if rng.random() < 0.15:
+            specs.append(ParamSpec(f"m{i}", (rng.randint(2, 3), rng.randint(1, 5), rng.randint(1, 5)), -1))
+            continue
+        d = rng.choice([-1, 0, 1])
+        shape = [rng.randint(1, 9), rng.randint(1, 9)]
+        if d != -1:
+            shape[d] *= tp
+        specs.append(ParamSpec(f"m{i}", tuple(shape), d))
+    return specs
+
+
 def covered_all(covered, k, blocks, numel):
     return all(covered.get((k, blk, i), 0) == 1 for blk in range(blocks) for i in range(numel))
 
@@ -141,14 +158,7 @@ def test_owner_routes_agree_with_an_enumeration_over_random_plans():
     several = cases = 0
     for case in range(120):
         dp, tp = rng.choice([(1, 1), (2, 1), (3, 1), (4, 1), (1, 2), (2, 2), (3, 2), (1, 3), (2, 3), (5, 1)])
-        n = rng.randint(1, 7)
-        specs = []
-        for i in range(n):
-            d = rng.choice([-1, 0, 1]) if tp > 1 else -1
-            shape = [rng.randint(1, 9), rng.randint(1, 9)]
-            if d != -1:
-                shape[d] *= tp
-            specs.append(ParamSpec(f"m{i}", tuple(shape), d))
+        specs = random_specs(rng, tp)
         bucket_numel = rng.choice([None, 8, 30, 100])
         layout = rng.choice(["owner", "aligned"])
         flows = flows_for(specs, dp, tp, bucket_numel, layout)
@@ -160,15 +170,6 @@ def test_owner_routes_agree_with_an_enumeration_over_random_plans():
 
 # ---- the plan's geometry, by enumeration ------------------------------------------------------------------
 
-def random_specs(rng, tp):
-    specs = []
-    for i in range(rng.randint(1, 7)):
-        d = rng.choice([-1, 0, 1]) if tp > 1 else -1
-        shape = [rng.randint(1, 9), rng.randint(1, 9)]
-        if d != -1:
-            shape[d] *= tp
-        specs.append(ParamSpec(f"m{i}", tuple(shape), d))
-    return specs
 
 
 def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
@@ -183,7 +184,7 @@ def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
         dp, tp = rng.choice([(1, 1), (2, 1), (3, 1), (4, 1), (2, 2), (3, 2), (1, 3), (5, 1), (7, 1)])
         specs, bucket_numel = random_specs(rng, tp), rng.choice([None, 1, 8, 30, 100])
         layout = rng.choice(["bucket", "owner", "aligned"])
-        numels = [s.full_shape[0] * s.full_shape[1] // (tp if s.tp_split_dim != -1 else 1) for s in specs]
+        numels = [math.prod(s.full_shape) // (tp if s.tp_split_dim != -1 else 1) for s in specs]
         groups = split_into_buckets(numels, bucket_numel)
         assert [i for g in groups for i in g] == list(range(len(numels))) and all(groups)
         for a, b in zip(groups, groups[1:]):
@@ -232,3 +233,14 @@ def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
                     meta = plan.metas[0][m.key[1]]
                     want = [held(plan, meta, r // tp)[1] - held(plan, meta, r // tp)[0] for r in range(dp * tp)]
                     assert list(m.held) == want, (case, m.key)
+
+
+def test_a_dp_rank_outside_the_grid_is_refused_with_the_range():
+    for dp in (1, 3):
+        for bad in (-1, dp):
+            try:
+                build_plan([[ParamSpec("w", (4, 4))]], dp, bad)
+            except ValueError as e:
+                assert str(e) == f"dp_rank {bad} outside 0..{dp - 1}"
+            else:
+                raise AssertionError("accepted")
