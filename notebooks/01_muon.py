@@ -120,7 +120,7 @@ show(fig)
 plt.close(fig)
 
 # %% [markdown]
-# {numref}`fig-ch1-spectrum` shows the skew: # a plain gradient step moves the weights mostly along a handful of directions; the many
+# {numref}`fig-ch1-spectrum` shows the skew: a plain gradient step moves the weights mostly along a handful of directions; the many
 # directions with small singular values barely move. Adam's per-element scaling does not fix
 # this, because it knows nothing about the matrix structure. Muon's move is to keep the
 # directions and **equalise their sizes**.

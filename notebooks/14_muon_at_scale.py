@@ -535,8 +535,11 @@ print(f"largest |parameter - reference|: owner {owner_live['max_abs_diff']:.1e},
       f"group {group_live['max_abs_diff']:.1e}")
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
+from muongrid.verify import VARIED_MUON  # verify.py gives every group its own hyperparameters
+
+steps = VARIED_MUON[0]["ns_steps"]  # Newton-Schulz steps of its one Muon group here
 problem_groups = [dict(shapes=[(96, 230), (20, 36), (36, 20), (24, 24)],
-                       tp_split_dims=[0, 1, 0, -1], use_muon=True)]
+                       tp_split_dims=[0, 1, 0, -1], use_muon=True, ns_steps=steps)]
 assert owner_live["max_abs_diff"] == 0.0 and live["ok"]
 assert group_live["groups"] == {"0.0": [0, 1, 2, 3]} and group_live["groups_agree"]
 assert group_live["max_abs_diff"] <= 1e-3 and group_live["state_dict_roundtrip"]
@@ -548,9 +551,9 @@ for rank, ledger in enumerate(group_live["ledger_per_rank"]):
         sent = ledger["phases"].get(phase, {}).get("bytes_sent", 0)
         assert sent == expected[phase], phase
     gram.append(ledger["phases"]["ns_group_gram"]["bytes_sent"])
-assert len(set(gram)) == 1 and gram[0] == costmodel.group_bytes(96, 230, 4)
-row_form = costmodel.group_row_bytes(96, 230, 4)
-assert gram[0] == row_form < costmodel.group_gram_bytes(96, 230, 4)   # fewer than Gram
+assert len(set(gram)) == 1 and gram[0] == costmodel.group_bytes(96, 230, 4, steps)
+row_form = costmodel.group_row_bytes(96, 230, 4, steps)
+assert gram[0] == row_form < costmodel.group_gram_bytes(96, 230, 4, steps)  # < Gram
 assert group_live["ns_calls"] == 4 + 3   # four members of one group, three owners
 live_diff = group_live["max_abs_diff"]
 keep("ch14-live-group-diff", "matches it bit for bit in this run" if live_diff == 0 else
