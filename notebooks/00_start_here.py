@@ -228,7 +228,7 @@ a message that says so. Until it is, run the chapters on your machine, as below.
 say(f"""```bash
 git clone {url}
 cd {folder}
-make lab     # .venv: torch (CPU), the Jupyter kernel, muongrid, JupyterLab; opens notebooks/
+make lab     # .venv with torch (CPU), muongrid, JupyterLab; opens notebooks/
 ```""")
 
 # %% [markdown]

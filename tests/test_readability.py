@@ -23,6 +23,7 @@ import pytest
 import quoted
 from conftest import ROOT
 from muongrid.lab.notebook import chapters, command_line
+from muongrid.lab.page import listings_of, shown_markdown
 
 COLUMNS = 88
 MAX_ONE_ARGUMENT_LINES = 8
@@ -53,7 +54,7 @@ def per_page(paths) -> list:
 def markdown_of(path: Path) -> str:
     if path.suffix == ".md":
         return path.read_text()
-    return "\n\n".join(c.source for c in jupytext.read(path).cells if c.cell_type == "markdown")
+    return shown_markdown(jupytext.read(path).cells)
 
 
 def code_cells(path: Path) -> list[str]:
@@ -139,6 +140,11 @@ def listings(path: Path) -> list[tuple[str, list[str]]]:
     text, out = markdown_of(path), []
     for m in INCLUDE.finditer(text):
         out.append((m.group(1) + " " + m.group(2).split("\n")[0], included_lines(*m.groups())))
+    if path.suffix == ".py":  # a chapter shows the package's code with listing(...), read as it runs
+        for args, code in listings_of(jupytext.read(path).cells):
+            key = next((k for k in ("pyobject", "start_after") if k in args), None)
+            where = f" :{key.replace('_', '-')}: {args[key]}" if key else ""
+            out.append((f"../scripts/muongrid/{args['path']}{where}", code.splitlines()))
     for tok in MarkdownIt("commonmark").parse(text):
         if tok.type == "fence" and not tok.info.startswith("{"):   # a directive is not a listing
             out.append((f"```{tok.info} block", tok.content.splitlines()))

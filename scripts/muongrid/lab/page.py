@@ -136,3 +136,36 @@ def say_raw(text: str) -> None:
     from IPython.display import Markdown, display
 
     display(Markdown(text))
+
+
+# ---- what a chapter shows, read from its source without running it (for the tests) ----------------
+
+SAY_CALL = re.compile(r'^say\(r?f?"""\n?(.*?)"""\)\s*$', re.S)
+
+
+def shown_markdown(cells) -> str:
+    """A chapter's prose as a reader sees it: its Markdown cells and the paragraphs its ``say`` cells
+    display (placeholders unfilled), in order. ``cells``: a notebook's cells (jupytext or nbformat)."""
+    parts = []
+    for cell in cells:
+        if cell.cell_type == "markdown":
+            parts.append(cell.source)
+        elif cell.cell_type == "code" and (m := SAY_CALL.match(cell.source.strip())):
+            parts.append(textwrap.dedent(m.group(1)).strip("\n"))
+    return "\n\n".join(parts)
+
+
+def listings_of(cells) -> list[tuple[dict, str]]:
+    """Every ``listing(...)`` a chapter's code cells call: (its arguments, the code it shows). Raises
+    ``LookupError`` for one that names no function, class or marker of the package."""
+    found = []
+    for cell in cells:
+        if cell.cell_type != "code" or "listing(" not in cell.source:
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "listing":
+                args = dict(path=ast.literal_eval(node.args[0]),
+                            **{k.arg: ast.literal_eval(k.value) for k in node.keywords})
+                where = {k: v for k, v in args.items() if k != "caption"}
+                found.append((args, source_of(**where)))
+    return found
