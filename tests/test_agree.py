@@ -65,6 +65,7 @@ def test_defer_skips_the_step_on_every_rank_and_says_so_at_the_next_read(case):
         assert r["warned"] and all(step == STEPS_BAD + 1 and f"step {STEPS_BAD} was skipped on every rank" in m
                                    for step, m in r["warned"]), (rank, r["warned"])
         assert r["equal"] and r["moved"], (rank, "the skipped step left a trace")
+        assert r["same_as_raise"], (rank, "a masked step differs from a plain one")
 
 
 def test_the_expert_grid_groups_carry_the_job_timeout():

@@ -1,9 +1,9 @@
 """``check_finite``'s three modes, on a CPU with real values (``muongrid/finite.py``).
 
 "raise" (the CPU default) stops a step with a NaN/Inf gradient before anything changes; "defer" (the GPU
-default, where reading the flag at once would cost a host sync) makes that step a no-op, masked on the device,
-and the next ``step()`` (or ``check_finite_now()``) warns, naming the parameter and the step; False checks
-nothing. One process here; ``tests/test_agree.py`` holds the same on grids, where every rank must agree.
+default, where reading the flag at once would cost a host sync) skips that step on every rank of a job, masked on
+the device, and warns at the next read (``tests/test_agree.py``, on grids); on one process the step is taken and
+the next ``step()`` (or ``check_finite_now()``) raises, naming the parameter and the step; False checks nothing.
 
     python -m pytest -q tests/test_finite_modes.py
 """
@@ -48,75 +48,65 @@ def test_raise_stops_the_step_before_anything_changes():
     assert all(torch.equal(a, b) for a, b in zip(before, ps))
 
 
-def test_defer_skips_the_step_and_says_so_at_the_next_step():
-    """The bad step is a no-op (no host read: masked on the device); the next step warns, naming the parameter
-    and the step, takes back the step counts, and goes on: the end equals a run that never saw that batch."""
-    def run(bad: bool):
-        ps = params()
-        opt = DistributedMuon(groups(ps), Grid.single(), check_finite="defer")
-        for step in (1, 2, 3, 4):
-            if step == 2 and not bad:
-                continue
-            if step == 2:
-                nan_grads(ps)
-                before = [p.detach().clone() for p in ps] + [t.clone() for p in ps for t in opt.state[p].values()]
-                opt.step()   # skipped, with nothing read back
-                after = [p.detach().clone() for p in ps] + [t.clone() for p in ps for t in opt.state[p].values()]
-                assert all(torch.equal(a, b) for a, b in zip(before[:2], after[:2]))   # parameters as they were
-                assert all(torch.equal(a, b) for a, b in zip(before, after) if a.dim())   # state too
-                assert all(not torch.isnan(t).any() for t in after)
-                continue
-            for i, p in enumerate(ps):
-                p.grad = torch.full_like(p, 0.5 * step + i)
-            if step == 3 and bad:
-                with pytest.warns(SkippedStep, match=r"step 2 was skipped on every rank: gradient of parameter 'w' "
-                                                     r"had NaN/Inf values on rank 0 \(dp 0, tp 0\)"):
-                    opt.step()
-            else:
-                opt.step()
-        return ps, opt
-    bad, opt = run(True)
-    clean, clean_opt = run(False)
-    assert opt.skipped_steps == [2] and clean_opt.skipped_steps == []
-    assert all(torch.equal(a, b) for a, b in zip(bad, clean))
-    assert all(torch.equal(opt.state[a][k], clean_opt.state[b][k]) for a, b in zip(bad, clean) for k in opt.state[a])
-    assert opt.steps_taken == clean_opt.steps_taken == 3
+def test_defer_on_one_process_takes_the_step_and_raises_at_the_next():
+    """One process has no one to disagree with: its bad step runs unmasked (no extra pass over the gradients)
+    and the next step raises, naming the parameter and the step, before it changes anything; reported once.
+    Several ranks skip the step together instead (tests/test_agree.py)."""
+    ps = params()
+    opt = DistributedMuon(groups(ps), Grid.single(), check_finite="defer")
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    opt.step()                                   # step 1: finite
+    nan_grads(ps)
+    opt.step()                                   # step 2: taken (no host read)
+    assert torch.isnan(ps[0]).all()
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    held = [p.detach().clone() for p in ps]
+    with pytest.raises(FloatingPointError, match=r"parameter 'w' had NaN/Inf values on rank 0, step 2; .*reload"):
+        opt.step()
+    assert torch.equal(held[1], ps[1]) and opt.steps_taken == 2   # the raising step changed nothing
+    assert opt.check_finite_now() is None        # reported once
+    opt.step()
+    assert opt.steps_taken == 3
 
 
 def test_defer_is_read_by_check_finite_now_and_off_means_off():
     ps = params()
     opt = DistributedAdamW(groups(ps), Grid.single(), check_finite="defer")
-    before = [p.detach().clone() for p in ps]
     ps[1].grad = torch.full_like(ps[1], float("inf"))
     ps[0].grad = torch.ones_like(ps[0])
     opt.step()
-    with pytest.warns(SkippedStep, match="parameter 'b'"):
-        assert opt.check_finite_now() == 1
-    assert opt.check_finite_now() is None   # reported once
-    assert all(torch.equal(a, b) for a, b in zip(before, ps)) and float(opt.state[ps[0]]["step"]) == 0
+    with pytest.raises(FloatingPointError, match="parameter 'b'"):
+        opt.check_finite_now()
+    assert opt.check_finite_now() is None
     ps = params()
     opt = DistributedMuon(groups(ps), Grid.single(), check_finite=False)
     nan_grads(ps)
     opt.step()   # nothing checks: the NaN reaches the parameters, as with torch's optimizers
-    assert torch.isnan(ps[0]).all() and opt.skipped_steps == []
+    assert torch.isnan(ps[0]).all() and opt.check_finite_now() is None
 
 
-def test_defer_steps_equal_raise_steps_bit_for_bit_when_every_gradient_is_finite():
-    """The masked step ("defer") takes the same numbers as the plain one when nothing is skipped: Muon with and
-    without Nesterov, weight decay, AdamW, a bf16 parameter with its fp32 master."""
-    def run(mode):
-        gen = torch.Generator().manual_seed(3)
-        w = torch.nn.Parameter(torch.randn(12, 8, generator=gen))
-        v = torch.nn.Parameter(torch.randn(8, 6, generator=gen).bfloat16())
-        b = torch.nn.Parameter(torch.randn(8, generator=gen))
-        opt = DistributedMuon([dict(params=[w], weight_decay=0.1), dict(params=[v], nesterov=False, weight_decay=0.05),
-                               dict(params=[b], use_muon=False, weight_decay=0.1)], Grid.single(), check_finite=mode)
-        for _ in range(3):
-            for p in (w, v, b):
-                p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
-            opt.step()
-        return [w, v, b] + [t for p in (w, v, b) for t in opt.state[p].values()]
-    assert all(torch.equal(a, b) for a, b in zip(run("raise"), run("defer")))
+def test_muon_keep_changes_nothing_when_false_and_nothing_else_when_true():
+    """The masked Muon pieces (``updates.py``'s ``keep``): kept, the same bits as the plain functions; not kept
+    (a NaN gradient), the momentum and the master as they were. Grids run them in tests/test_agree.py."""
+    from muongrid.updates import apply_update_foreach_, muon_momentum_foreach_
+
+    def run(keep, grad, nesterov):
+        gen = torch.Generator().manual_seed(7)
+        buf, master = torch.randn(5, 4, generator=gen), torch.randn(5, 4, generator=gen)
+        out = muon_momentum_foreach_([buf], [grad], 0.9, nesterov, keep)
+        apply_update_foreach_([master], [o.clone() for o in out], 0.02, 0.1, 0.05, keep)
+        return buf, master
+    grad = torch.linspace(-2, 2, 20).view(5, 4)
+    for nesterov in (True, False):
+        plain, kept = run(None, grad, nesterov), run(torch.tensor(True), grad, nesterov)
+        assert all(torch.equal(a, b) for a, b in zip(plain, kept))
+        before = run(torch.tensor(False), torch.zeros(5, 4), nesterov)   # momentum toward itself: nothing moves
+        skipped = run(torch.tensor(False), torch.full((5, 4), float("nan")), nesterov)
+        gen = torch.Generator().manual_seed(7)
+        start = (torch.randn(5, 4, generator=gen), torch.randn(5, 4, generator=gen))
+        assert all(torch.equal(a, b) for a, b in zip(skipped, start)) and all(torch.equal(a, b) for a, b in zip(before, start))
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -13,7 +13,8 @@ guards the GPU step in CI. Targets (issue 31), for ``DistributedMuon(layout="own
   issue's target; held here at half of them, what the owner flow's bf16 casts take) when backward writes into
   the optimizer's gradient buffers (``zero_grad(set_to_none=False)``); with fresh gradients every step
   (torch's default ``zero_grad()``) the gradients' copy into the reduce-scatter buffer adds one parameter's
-  worth, which a ZeRO-1 step cannot avoid (it needs them in one flat tensor), and the bound is that plus 0.5.
+  worth, which a ZeRO-1 step cannot avoid (it needs them in one flat tensor), and the bound is that plus 0.5;
+  the select that lets every rank skip a NaN step together (``check_finite="defer"``, issue 40) is counted apart.
 
 These are counts, not timings: exact for given shapes, the same on every machine.
 
@@ -57,7 +58,13 @@ def test_the_op_count_does_not_grow_with_layers():
 @pytest.mark.parametrize("fresh, bound", [(False, 0.5), (True, 1.5)])
 def test_two_ranks_copy_at_most_their_parameter_bytes(fresh, bound):
     costs = measure_grid("gpt2-124m", 2, fresh_grads=fresh)
-    ratios = [c.summary()["copy_written_gib"] * GiB / param_bytes("gpt2-124m") for c in costs.values()]
+    # check_finite="defer" (the default off the CPU) masks a step that every rank may have to skip (issue 40): one
+    # select per bucket writes this rank's fp32 gradient shard (at most half the fp32 parameters on two ranks),
+    # counted apart so the bound on every other copy stays as it was
+    select = [sum(o.written for o in c.ops if o.name == "where") for c in costs.values()]
+    assert all(0 < s <= param_bytes("gpt2-124m") / 2 for s in select), select
+    ratios = [(c.summary()["copy_written_gib"] * GiB - s) / param_bytes("gpt2-124m")
+              for c, s in zip(costs.values(), select)]
     assert len(ratios) == 2 and max(ratios) <= bound, ratios
     assert all(c.summary()["syncs"] == 0 for c in costs.values())
 

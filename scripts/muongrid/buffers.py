@@ -155,15 +155,19 @@ class Buffers:
 
     # ---- gradients --------------------------------------------------------------------------------
 
-    def grad_pieces(self, g: int, bucket, present: list[bool]) -> list:
+    def grad_pieces(self, g: int, bucket, present: list[bool], keep=None, toward=None) -> list:
         """This rank's DP-mean gradient of every parameter of the bucket, as flat pieces in master dtype
-        (aligned with ``bucket.param_indices``; None for a parameter no rank has a gradient for)."""
+        (aligned with ``bucket.param_indices``; None for a parameter no rank has a gradient for). With several
+        DP ranks and ``keep`` (a step "defer" may skip: ``finite.py``), the shard is ``toward`` (the momentum
+        shard, laid out alike) where ``keep`` is False: one NaN-proof pass per bucket."""
         params, metas, dtype = self.opt.param_groups[g]["params"], self.plan.metas[g], self.opt.master_dtypes[g]
         if self.grid.dp == 1:
             return [None if not present[i] else _flat(local(params[i].grad), dtype) if params[i].grad is not None
                     else torch.zeros(metas[i].local_numel, dtype=dtype, device=self.grid.device)
                     for i in bucket.param_indices]
         shard = self.reduce_scatter(g, bucket)
+        if keep is not None:
+            shard = torch.where(keep, shard, toward)
         return [local_shard(shard, self.plan, metas[i]) if present[i] else None for i in bucket.param_indices]
 
     def reduce_scatter(self, g: int, bucket) -> torch.Tensor:

@@ -292,7 +292,8 @@ def save(opt, path, step: int, scheduler=None, extra: dict | None = None) -> Non
     _check_expert_grid(opt)
     import torch.distributed.checkpoint as dcp
 
-    opt.check_finite_now()   # a skipped "defer" step's step counts are taken back before they are written
+    if hasattr(opt, "check_finite_now"):   # a skipped "defer" step's step counts are taken back first
+        opt.check_finite_now()
     marker = dict(describe(opt, step), scheduler=_scheduler_record(scheduler), extra=extra or {})
     try:
         text = json.dumps(marker, indent=1)

@@ -27,9 +27,12 @@ before the first collective that moves gradients, so a loop that skips a bad bat
 * ``torch.amp.GradScaler`` is refused at its first ``scaler.step(opt)`` (``refuse_grad_scaler`` says why: its
   overflow flag is each rank's own); bf16 autocast needs no scaler;
 * a caller's ``torch.autocast`` does not reach inside ``step()`` (``no_autocast``);
-* parameters of a ``DistributedDataParallel`` model are refused at the first step (``refuse_ddp``).
+* parameters of a ``DistributedDataParallel`` model are refused at the first step (``refuse_ddp``; a global
+  module-registration hook notes every DDP wrapper built after muongrid is imported).
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -213,8 +216,8 @@ def vote(opt, params: list, named: list, index: list[int], where: str):
     """The step's one decision, the same on every rank (``finite.py``): which parameters have a gradient
     somewhere, and whether the step goes on. ``named``: this rank's (name, local gradient) pairs, at places
     ``index`` of ``params``. Returns (present, keep, agreed): ``keep`` and ``agreed`` are the device verdict and
-    vote of ``check_finite="defer"`` (None otherwise); with "raise" a bad gradient anywhere raises here, on every
-    rank, before any collective that moves gradients."""
+    vote of ``check_finite="defer"`` (None otherwise; a one-rank job gets its vote and no ``keep``); with "raise"
+    a bad gradient anywhere raises here, on every rank, before any collective that moves gradients."""
     job_rank, job_world, _, _ = job_place(opt.grid)
     names, n = [name for g in opt.param_groups for name in g["names"]], len(params)
     if opt.check_finite == "raise":
@@ -231,7 +234,9 @@ def vote(opt, params: list, named: list, index: list[int], where: str):
         return present, None, None
     norms = grad_norms(named)
     mine = spread(None if norms is None else local_codes(norms, job_rank, job_world), index, n, opt.grid.device)
-    agreed = vote_on_device(mine, opt.comm) if job_world > 1 else mine
+    if job_world == 1:   # no one to disagree with: the step is not masked (no extra pass), the next read raises
+        return present, None, mine
+    agreed = vote_on_device(mine, opt.comm)
     return present, (agreed == 0).all(), agreed
 
 
@@ -283,34 +288,36 @@ def refuse_grad_scaler(opt) -> None:
             "check_finite='raise' or 'defer' skips a step with NaN/Inf gradients on every rank together")
 
 
+_DDP_MODULES: "weakref.WeakSet" = weakref.WeakSet()   # every DistributedDataParallel built since import
+
+
+def _note_ddp(module, name: str, submodule):
+    """A global module-registration hook (``torch.nn.modules.module``): DDP's ``__init__`` registers the model it
+    wraps as its ``module``; remember the wrapper (weakly). One isinstance check per submodule registration."""
+    if name == "module" and isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        _DDP_MODULES.add(module)
+
+
+torch.nn.modules.module.register_module_module_registration_hook(_note_ddp)
+
+
 def refuse_ddp(params: list[torch.Tensor]) -> None:
     """Refuse parameters that a ``DistributedDataParallel`` module holds: DDP all-reduces their gradients and
-    then the optimizer reduce-scatters them again (twice the traffic, silently). Looked up once, at the first
-    step and only in a job of several ranks: every live DDP module is found through its class (``gc``)."""
-    import gc
-
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return
-    classes, todo = set(), [DDP]
-    while todo:
-        cls = todo.pop()
-        classes.add(cls)
-        todo += cls.__subclasses__()
+    then the optimizer reduce-scatters them again (twice the traffic, silently). Checked at the first step
+    against every DDP wrapper built since muongrid was imported (``_note_ddp``), with no scan of the heap."""
     ours = {id(p) for p in params}
 
-    def wrapping():
-        return next((m for m in gc.get_referrers(*classes) if isinstance(m, DDP)
-                     and any(id(p) in ours for p in m.module.parameters())), None)
-    if wrapping() is not None:
-        gc.collect()   # a wrapper dropped but not yet collected (it sits in a reference cycle) does not count
-        ddp = wrapping()
+    def wrapper():
+        return next((d for d in list(_DDP_MODULES) if any(id(p) in ours for p in d.module.parameters())), None)
+    if wrapper() is not None:
+        import gc
+        gc.collect()   # a wrapper the caller dropped may wait in a reference cycle: it does not count
+        ddp = wrapper()
         if ddp is not None:
             raise RuntimeError(
                 f"these parameters belong to a model wrapped in {type(ddp).__name__}: DDP all-reduces every "
-                "gradient and then this optimizer reduce-scatters it again (twice the gradient traffic). Unwrap the "
-                "model (use ddp.module, or do not wrap it): the optimizer averages the gradients over the "
+                "gradient and then this optimizer reduce-scatters it again (twice the gradient traffic). Unwrap "
+                "the model (use ddp.module, or do not wrap it): the optimizer averages the gradients over the "
                 "data-parallel ranks itself, inside step()")
 
 

@@ -294,7 +294,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 steps.add_(1)
             elif any(present):
                 steps.add_(torch.tensor(present, dtype=steps.dtype))
-        if self._prepared["keep"] is not None:
+        if self._prepared["agreed"] is not None:
             self._deferred.launch(self._prepared["agreed"], self._prepared["keep"],
                                   [n for g in self.param_groups for n in g["names"]], self.steps_taken + 1,
                                   self.grid.tp, job_place(self.grid)[1],
@@ -353,7 +353,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         self._prepare()
         cache, key = self._prepared["grads"], (g, bucket.bucket_idx)
         if key not in cache:
-            cache[key] = self.buffers.grad_pieces(g, bucket, self._prepared["present"][g])
+            keep = self._prepared["keep"] if self.muon_groups[g] else None   # "defer": a NaN-free shard
+            toward = None if keep is None else self.shards[g][bucket.bucket_idx]["momentum"]
+            cache[key] = self.buffers.grad_pieces(g, bucket, self._prepared["present"][g], keep, toward)
             if self.trace is not None and self.grid.dp > 1:
                 self._trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}",
                             torch.cat([x for x in cache[key] if x is not None] or [torch.zeros(0)]))
@@ -414,7 +416,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                     if grad is not None and grad.numel()]
             out = muon_momentum_foreach_([self.views[(g, buckets[n].bucket_idx)]["momentum"][k] for n, k in todo],
                                          [rows[n][k] for n, k in todo], group["momentum"], group["nesterov"],
-                                         self._prepared["keep"])
+                                         self._prepared["keep"] if self.grid.dp == 1 else None)
             for (n, k), piece in zip(todo, out):
                 rows[n][k] = piece
             return list(zip(buckets, rows))

@@ -17,7 +17,9 @@ and a MAX all-reduce gives every rank the same vector: which parameters were bad
   state and step counts as they were; ``updates.py``'s ``keep=``). The vector travels to the host without
   blocking; the next ``step()``, ``state_dict()`` or ``opt.check_finite_now()`` reads it and reports the skipped
   step (a ``SkippedStep`` warning naming the parameter, the rank and the step; ``opt.skipped_steps`` lists them)
-  and takes back the step counts the host had already advanced.
+  and takes back the step counts the host had already advanced. The mask costs one select over each bucket's
+  gradient shard (a job of one rank, with no one to disagree with, skips it: its bad step is taken and the next
+  read raises ``FloatingPointError``, as before).
 * ``False``: no check (as torch's optimizers): a NaN spreads through the reduce-scatter to every rank alike.
 
     named = [("w0", g0), ("w1", g1)]
@@ -142,7 +144,8 @@ class Deferred:
 
     def launch(self, agreed: torch.Tensor, keep: torch.Tensor, names: list[str], step: int, tp: int, job_world: int,
                undo) -> None:
-        self.pending = dict(agreed=_to_host(agreed), keep=_to_host(keep), names=names, step=step, tp=tp,
+        self.pending = dict(agreed=_to_host(agreed), keep=None if keep is None else _to_host(keep), names=names,
+                            step=step, tp=tp,
                             world=job_world, undo=undo)
 
     def check(self) -> int | None:
@@ -151,11 +154,19 @@ class Deferred:
         if self.pending is None:
             return None
         p, self.pending = self.pending, None
-        keep, agreed = _read(p["keep"]), _read(p["agreed"])
-        if bool(keep.all()):
+        agreed = _read(p["agreed"])
+        bad = [(n, p["world"] - int(c)) for n, c in zip(p["names"], agreed.tolist()) if c]
+        if p["keep"] is None:   # one rank: the step was taken, not masked
+            if bad:
+                raise FloatingPointError(
+                    f"gradient of parameter {bad[0][0]!r} had NaN/Inf values on rank 0, step {p['step']}; with "
+                    "check_finite='defer' on one process that step was taken (a job of several ranks skips it on "
+                    "every rank), so parameters and optimizer state may now hold NaN/Inf: reload the last "
+                    "checkpoint, or use check_finite='raise' (one host read per step)")
+            return None
+        if bool(_read(p["keep"]).all()):
             return None
         p["undo"]()
-        bad = [(n, p["world"] - int(c)) for n, c in zip(p["names"], agreed.tolist()) if c]
         if bad:
             first = min(r for _, r in bad)
             name = next(n for n, r in bad if r == first)

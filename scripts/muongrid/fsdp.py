@@ -205,7 +205,7 @@ class FSDPMuon(torch.optim.Optimizer):
                     self.qk_clip.apply_fsdp(self)
             finally:
                 self._prepared = None
-            if keep is not None:   # "defer": reported at the next host read, where the counts are taken back
+            if agreed is not None:   # "defer": reported at the next host read (where a skip's counts are taken back)
                 self._deferred.launch(agreed, keep, [n for g in self.param_groups for n in g["names"]],
                                       self.steps_taken, self.grid.tp, job_place(self.grid)[1],
                                       self._uncount(counted, self.steps_taken))
