@@ -19,13 +19,11 @@ Prints one JSON line (rank 0): every rank's results.
     python tests/agree_run.py --dp 2 --tp 2 --cases zero1,expert
 """
 import argparse
-import datetime
 import json
 import sys
 import warnings
 
 import torch
-import torch.distributed as dist
 
 from muongrid import DistributedMuon
 from muongrid.contract import prepare_together
@@ -206,7 +204,10 @@ def scaler(grid, comm) -> dict:
         scale.step(opt)
         return dict(refused=None)
     except RuntimeError as e:
-        return dict(refused=str(e), unchanged=torch.equal(before, w.detach()))
+        refused, unchanged = str(e), torch.equal(before, w.detach())
+    w.grad = torch.ones_like(w)
+    opt.step()   # the same optimizer stepped directly afterwards: not refused
+    return dict(refused=refused, unchanged=unchanged, stepped=not torch.equal(before, w.detach()))
 
 
 def ddp(grid, comm) -> dict:

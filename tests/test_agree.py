@@ -77,7 +77,7 @@ def test_grad_scaler_is_refused_on_every_rank_before_anything_changes():
     for r in two():
         refused = r["scaler"]["refused"]
         assert refused and "torch.amp.GradScaler" in refused and "bfloat16" in refused, refused
-        assert r["scaler"]["unchanged"]
+        assert r["scaler"]["unchanged"] and r["scaler"]["stepped"]
 
 
 def test_a_ddp_wrapped_model_is_refused_with_the_fix():

@@ -280,6 +280,8 @@ def refuse_grad_scaler(opt) -> None:
     rank's scale by that rank's flag alone. One rank's overflow would skip the step there only and split the
     scales. Refused at the first ``scaler.step(opt)``, on every rank alike, before anything changes."""
     if hasattr(opt, "found_inf") or hasattr(opt, "grad_scale"):
+        for name in ("found_inf", "grad_scale"):   # the scaler deletes them after a step that returns; this one raises
+            opt.__dict__.pop(name, None)
         raise RuntimeError(
             f"torch.amp.GradScaler cannot drive {type(opt).__name__}: its inf/NaN check reads each rank's own "
             "gradient before the optimizer averages them, so one rank's overflow would skip the step on that rank "

@@ -270,7 +270,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         loss = call_closure(closure)
         refuse_grad_scaler(self)
         try:
-            # the contract's checks (_prepare) belong to the step; a caller's autocast stays outside it
+            # the contract's checks (_prepare) belong to the step; no caller's autocast
             with record_function("optimizer.step"), no_autocast(self.grid.device):
                 self._prepare()
                 self._count_steps()

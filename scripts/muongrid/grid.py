@@ -20,6 +20,9 @@ Newton-Schulz is placed. An optimizer built on it is an ordinary ``DistributedMu
 
     dense = DistributedMuon(dense_groups, grid)                 # attention, shared experts, embeddings...
     experts = DistributedMuon(expert_groups, grid.expert(2))    # this rank's routed experts
+    prepare_together([dense, experts]); dense.step(); experts.step()   # one NaN/Inf verdict for both (contract.py)
+
+Every group made here carries the job grid's ``timeout`` (``Grid.build``), as the dp and tp groups do.
 """
 from __future__ import annotations
 

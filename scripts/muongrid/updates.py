@@ -103,11 +103,12 @@ def apply_update_foreach_(params: list, updates: list, lr: float, weight_decay: 
     changes no bit)."""
     if not params:
         return
-    if keep is not None:   # finite here (the gradients were, or were replaced by the momentum): x * 0 is 0
+    decay = 1 - lr * weight_decay
+    if keep is not None:   # a step that may be skipped: finite updates, x * 0 is 0
         updates = torch._foreach_mul(updates, keep.to(updates[0].dtype))
+        decay = _decay(keep, lr * weight_decay, params[0])
     if lr * weight_decay != 0:
-        torch._foreach_mul_(params, 1 - lr * weight_decay if keep is None else
-                            _decay(keep, lr * weight_decay, params[0]))
+        torch._foreach_mul_(params, decay)
     torch._foreach_add_(params, updates, alpha=-scaled_lr)
 
 
