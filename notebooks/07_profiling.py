@@ -343,8 +343,11 @@ rows = {
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
-# Muon's optimizer does AdamW's work and more
-assert step_ratio >= 1 and step_ratio_big >= 1
+# Muon's optimizer does AdamW's work and more; timed on shared cores, a ratio within the noise band
+# of 1 is a tie (muongrid.lab.verdicts), and only one clearly below 1 means the profile met a load
+from muongrid.lab.verdicts import NOISE_BAND
+
+assert min(step_ratio, step_ratio_big) >= 1 - NOISE_BAND, (step_ratio, step_ratio_big)
 # the summary below says bytes and memory agree exactly
 assert grids["4x1"]["bytes_ratio"] == 1.25 and g22["state_bytes_ratio"] == 0.5
 claims.glue_checks("07_profiling", rows)   # shown in the claims appendix
