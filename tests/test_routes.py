@@ -183,7 +183,7 @@ def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
     for case in range(150):
         dp, tp = rng.choice([(1, 1), (2, 1), (3, 1), (4, 1), (2, 2), (3, 2), (1, 3), (5, 1), (7, 1)])
         specs, bucket_numel = random_specs(rng, tp), rng.choice([None, 1, 8, 30, 100])
-        layout = rng.choice(["bucket", "owner", "aligned"])
+        layout = "".join(list(rng.choice(["bucket", "owner", "aligned"])))   # not interned, as argv's are
         numels = [math.prod(s.full_shape) // (tp if s.tp_split_dim != -1 else 1) for s in specs]
         groups = split_into_buckets(numels, bucket_numel)
         assert [i for g in groups for i in g] == list(range(len(numels))) and all(groups)
@@ -237,10 +237,24 @@ def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
 
 def test_a_dp_rank_outside_the_grid_is_refused_with_the_range():
     for dp in (1, 3):
-        for bad in (-1, dp):
+        for bad in (-1, dp, dp + 1):
             try:
                 build_plan([[ParamSpec("w", (4, 4))]], dp, bad)
             except ValueError as e:
                 assert str(e) == f"dp_rank {bad} outside 0..{dp - 1}"
             else:
                 raise AssertionError("accepted")
+
+
+def test_plan_defaults_and_bad_split_dims():
+    """tp defaults to 1 (a split dim then splits nothing); a split dim that is not a dimension is a ValueError
+    naming it, whichever side it is off."""
+    plan = build_plan([[ParamSpec("w", (4, 6), 0)]], 1, 0)
+    assert plan.tp == 1 and plan.metas[0][0].shape == (4, 6)
+    for dim in (2, 3, 7):
+        try:
+            build_plan([[ParamSpec("w", (4, 6), dim)]], 1, 0, 2)
+        except ValueError as e:
+            assert f"tp_split_dim {dim} is not a dimension" in str(e)
+        else:
+            raise AssertionError(dim)
