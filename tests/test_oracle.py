@@ -156,6 +156,23 @@ def test_adjusted_lr_is_the_hand_formula_and_unknown_modes_are_refused():
     for bad in ("bogus", "zzz", "original2", "None", ""):   # above and below the known names alphabetically
         with pytest.raises(ValueError, match="unknown lr adjustment"):
             adjust_lr(0.1, (2, 2), bad)
+    for mode in ("match_rms_adamw", "original", "none"):   # a name read from a config is not an interned literal
+        built = "".join(list(mode))
+        assert adjust_lr(0.03, (7, 3), built) == pytest.approx(adjusted(0.03, (7, 3), mode), rel=1e-15)
+
+
+@pytest.mark.parametrize("lr,wd", [(0.1, 0.1), (2.0, 0.5), (0.5, 0.0), (0.0, 0.3), (0.02, 0.1)])
+def test_decay_and_update_are_the_hand_formula_for_any_lr_and_decay(lr, wd):
+    """``apply_update_foreach_`` against p*(1 - lr*wd) - s*u in float64 (fp32 result: within 2 fp32 roundings),
+    including lr == wd and lr*wd == 1 (the decay zeroes the parameter), where a wrong shortcut would skip it."""
+    from muongrid.updates import apply_update_foreach_
+    gen = torch.Generator().manual_seed(5)
+    ps = [torch.randn(4, 5, generator=gen), torch.randn(3, generator=gen)]
+    us = [torch.randn(p.shape, generator=gen) for p in ps]
+    want = [p.double() * (1 - lr * wd) - 0.37 * u.double() for p, u in zip(ps, us)]
+    apply_update_foreach_(ps, us, lr, wd, 0.37)
+    for p, w in zip(ps, want):
+        assert ((p.double() - w).abs() <= 2**-22 * (w.abs() + 0.37 * 4)).all(), (lr, wd)
 
 
 # ---- Newton-Schulz against the oracle's own NS5 ------------------------------------------------------------

@@ -39,6 +39,20 @@ def adamw_run(fused, betas=(0.8, 0.95), steps=10, lr=1e-3, swap_in_kernel=False)
     return ps
 
 
+def test_the_fused_kernel_runs_off_the_cpu_and_when_asked(monkeypatch):
+    """Which path ``adamw_foreach_`` takes: the loop on a CPU, the fused kernel elsewhere (the meta device here:
+    torch has a meta kernel for it) or when ``fused=True``; counted by wrapping ``torch._fused_adamw_``."""
+    calls = []
+    real = torch._fused_adamw_
+    monkeypatch.setattr(torch, "_fused_adamw_", lambda *a, **k: (calls.append(a[0][0].device.type), real(*a, **k)))
+    for device, fused, want in (("cpu", None, []), ("cpu", False, []), ("cpu", True, ["cpu"]), ("meta", None, ["meta"])):
+        calls.clear()
+        ps = [torch.zeros(3, 4, device=device), torch.zeros(5, device=device)]
+        adamw_foreach_(ps, [torch.ones_like(p) for p in ps], [torch.zeros_like(p) for p in ps],
+                       [torch.zeros_like(p) for p in ps], [1, 1], 1e-3, (0.9, 0.99), 1e-8, 0.1, fused=fused)
+        assert calls == want, (device, fused, calls)
+
+
 @pytest.mark.parametrize("betas", [(0.8, 0.95), (0.9, 0.999), (0.5, 0.6)])
 def test_fused_adamw_call_equals_the_loop_on_the_cpu(betas):
     loop, fused = adamw_run(False, betas), adamw_run(True, betas)
