@@ -258,3 +258,13 @@ def test_plan_defaults_and_bad_split_dims():
             assert f"tp_split_dim {dim} is not a dimension" in str(e)
         else:
             raise AssertionError(dim)
+
+
+def test_owner_routes_on_a_grid_past_260_ranks():
+    """260 ranks (130 x 2), 300 small matrices, so ranks above 256 own, hold and send: rank numbers there
+    are not CPython's cached small ints, so a comparison by identity (``r is me``) instead of value would fail."""
+    specs = [ParamSpec(f"m{i}", (2, 2 + i % 3), (-1, 0, 1)[i % 3]) for i in range(300)]
+    flows = flows_for(specs, 130, 2, None, "aligned")   # aligned: an owner holds its matrix, and sends to itself
+    assert max(flows[0].plan.owners.values()) > 256
+    for b in range(len(flows[0].plan.buckets[0])):
+        check_bucket(flows, b, 130, 2)
