@@ -91,7 +91,7 @@ from pathlib import Path
 from IPython.display import Code
 
 from muongrid.lab.notebook import last_json, run, table
-from muongrid.lab.page import keep, say, show
+from muongrid.lab.page import keep, say
 
 Code(Path("../scripts/loop_zero1_tp.py").read_text(), language="python")
 

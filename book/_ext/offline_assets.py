@@ -121,8 +121,9 @@ NOT_PUBLIC = ("This book's repository is not public yet, so the Colab button can
 def configure(app, config) -> None:
     warn_placeholder(config)
     options = getattr(config, "html_theme_options", None)
-    if options is not None and options.get("repository_url", "").rstrip("/") == PLACEHOLDER_URL:
-        options.setdefault("announcement", NOT_PUBLIC)
+    if (options is not None and options.get("repository_url", "").rstrip("/") == PLACEHOLDER_URL
+            and not options.get("announcement")):  # (jupyter-book sets it to "" when _config.yml has none)
+        options["announcement"] = NOT_PUBLIC
     # An explicit colour mode: without one the theme logs "Got invalid theme mode" as a console error.
     config.html_context = dict(config.html_context or {}, default_mode="light")
     root = Path(app.srcdir) / "book" / "_offline"

@@ -74,8 +74,8 @@ def executed(stem: str, force: bool = False) -> tuple[Path, Report | None]:
 def stage(dest: Path, stems: list[str], toc: str | None = None) -> Path:
     """A source tree in ``dest`` whose chapters are the executed copies (execution off)."""
     shutil.copytree(ROOT / "book", dest / "book", ignore=shutil.ignore_patterns("__pycache__"))
-    # The chapters include excerpts of the code ({literalinclude} ../scripts/...); Sphinx reads them
-    # from here (_config.yml excludes scripts/ from the pages, not from includes).
+    # The claims appendix's directive imports muongrid from here when it is not installed
+    # (book/_ext/claims.py); _config.yml excludes scripts/ from the pages.
     shutil.copytree(ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     (dest / "notebooks").mkdir()
     for stem in stems:
