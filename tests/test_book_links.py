@@ -277,3 +277,21 @@ def test_the_furniture_check_catches_what_it_is_for():
         "summary is exempt (a reference page) but present"]
     no_summary = good.replace("## Summary\n\n- a\n\n", "")
     assert not furniture_problems(no_summary, {"summary": "a reference page"})
+
+
+def test_the_twenty_minute_path_fits_twenty_minutes():
+    """The index's twenty-minute path names sections that exist and together read in 20 minutes at 200
+    words a minute (4,000 words of prose; the figures are extra), about 5 minutes a stop."""
+    index = (ROOT / "book" / "index.md").read_text()
+    assert "## In twenty minutes" in index
+    stops = {"01_muon": ["Orthogonalisation", "Newton-Schulz"], "05_distributed_step": ["The flow"],
+             "08_beyond_poc": ["Why the proof of concept", "Who owns what"], "13_what_to_pick": ["The decision"]}
+    for chapter, sections in stops.items():
+        lines = shown_markdown(jupytext.read(ROOT / "notebooks" / f"{chapter}.py").cells).splitlines()
+        words = 0
+        for start in sections:
+            i = next((k for k, line in enumerate(lines) if line.startswith("## " + start)), None)
+            assert i is not None, f"{chapter} has no section {start!r}, which the index's path names"
+            j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
+            words += len(re.findall(r"\w+", "\n".join(lines[i:j])))
+        assert words <= 5 * 200, f"{chapter}: the path's stop is {words} words, over 5 minutes' reading"
