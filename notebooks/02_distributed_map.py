@@ -215,6 +215,17 @@ plt.close("all")
 assert demo["allreduce_is_rs_plus_ag"]
 
 # %% [markdown]
+# These are the script's own calls, on every rank (`full` is the rank's whole tensor, `shard` its
+# quarter of it). `comm` is the book's thin wrapper around `torch.distributed`: each method makes
+# one call, such as `dist.reduce_scatter_single` (`reduce_scatter_tensor` before torch 2.13) on a
+# flat tensor, and records its bytes in a ledger (below). Chapter 5 writes a whole distributed
+# Muon step with such calls and no wrapper.
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing("scripts/collectives.py", start_after="BOOK-START collectives",
+        end_before="BOOK-END collectives")
+
+# %% [markdown]
 # ZeRO-1 uses a reduce-scatter to average gradients (each rank gets the average for its own
 # slice, which is all it needs to update its slice) and an all-gather to give every rank the
 # updated parameters. Together they move the same bytes as the all-reduce that plain DP uses.

@@ -18,7 +18,7 @@
 # # 5. One distributed Muon step
 #
 # ```{admonition} What this chapter runs
-# [`scripts/trace_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/trace_step.py) on 4 processes, [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) on five grids of 2 to 4 processes, and
+# [`scripts/from_scratch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/from_scratch.py) on 2 and 4 processes, [`scripts/trace_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/trace_step.py) on 4 processes, [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) on five grids of 2 to 4 processes, and
 # three short runs that put the proof of concept's two bugs back. About 1-2 minutes
 # on a 2-core laptop.
 # ```
@@ -70,6 +70,7 @@ elif (importlib.util.find_spec("muongrid") is None
 # **Learning goals.** After this chapter you can
 #
 # - list the stages of a Distributed Muon step, with the shape, dtype and group of each;
+# - write the step yourself in plain `torch.distributed`, and check it against the engine;
 # - say what each stage costs in bytes, and which stage AdamW does not need;
 # - explain why a distributed run can and should match one process bit for bit;
 # - recognise the two proof-of-concept bugs by their symptoms.
@@ -96,7 +97,102 @@ elif (importlib.util.find_spec("muongrid") is None
 # Stages 1, 2 (with Adam's math), 7 and 8 are exactly Distributed AdamW under ZeRO-1. Stages 3-6 are
 # what Muon adds.
 #
-# Two things about the tensors make stages 1, 7 and 8 cheap. A bucket's parameters are *views of one
+# ## The step from scratch
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+from muongrid.lab.page import keep, listing, say, show, source_of
+
+SCRATCH = dict(start_after="BOOK-START from-scratch", end_before="BOOK-END from-scratch")
+scratch_code = source_of("scripts/from_scratch.py", **SCRATCH)
+keep("ch5-scratch-lines", sum(1 for line in scratch_code.splitlines() if line.strip()))
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+[`scripts/from_scratch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/from_scratch.py) writes the eight stages in
+{{ch5-scratch-lines}} lines of plain `torch.distributed`, for one parameter group.
+`make_groups` builds the DP and TP groups with `new_group` (the launcher has run
+`init_process_group` on every rank). The group's TP-local matrices lie end to end in one flat
+buffer cut into `dp` equal shards, the last one padded, so a matrix may straddle two shards;
+a rank keeps the fp32 master and momentum of its own shard only. Newton-Schulz is chapter 1's
+`zeropower_ns5`, imported: orthogonalising one whole matrix has nothing distributed in it.
+""")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+listing("scripts/from_scratch.py", start_after="BOOK-START from-scratch",
+        end_before="BOOK-END from-scratch")
+
+# %% [markdown]
+# The script steps this class and muongrid's `DistributedMuon(layout="bucket")` side by side,
+# with the same hyperparameters, on the same grid and the same gradients (different on every DP
+# rank), over five matrices whose buffers divide by neither 2 nor 3. After each step every rank
+# compares the bits of every parameter. `--plant` adds copies of the class with one line changed:
+
+# %%
+from muongrid.lab.notebook import last_json, run, table
+
+scratch = {}
+for dp, tp, plant in [(2, 1, "lost-momentum"), (2, 2, "tp-lr,no-mean")]:
+    out = run(f"from_scratch.py --dp {dp} --tp {tp} --plant {plant}", log="collapsed")
+    scratch[f"{dp} x {tp}"] = last_json(out)
+rows = [[grid, "from scratch", r["equal"], f"{r['max_abs_diff']:.1e}"]
+        for grid, r in scratch.items()]
+rows += [[grid, f"planted: {name}", p["equal"], f"{p['max_abs_diff']:.1e}"]
+         for grid, r in scratch.items() for name, p in r["planted"].items()]
+table(["grid", "optimizer", "bit for bit", "largest difference"], rows, align="llll")
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert all(r["equal"] and r["max_abs_diff"] == 0 for r in scratch.values())
+planted = {name: p for r in scratch.values() for name, p in r["planted"].items()}
+assert not planted["lost-momentum"]["equal"] and not planted["tp-lr"]["equal"]
+assert planted["no-mean"]["equal"], "the prose says no-mean is invisible with dp = 2"
+keep("ch5-scratch-steps", scratch["2 x 2"]["steps"])
+keep("ch5-tp-lr-diff", f"{planted['tp-lr']['max_abs_diff']:.1e}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+On both grids the class equals the engine bit for bit after {{ch5-scratch-steps}} steps:
+the same arithmetic in the same order (torch's momentum form, the Nesterov look-ahead, the
+bf16 gather, the lr scale of the whole matrix) gives the same bits. The check catches a
+momentum computed and thrown away (`lerp` for `lerp_`) and an lr scaled by the TP-local shape
+(`tp-lr`, off by {{ch5-tp-lr-diff}}). It cannot see a sum of the DP gradients in place of
+their mean (`no-mean`), and rightly: with `dp = 2` the sum is exactly twice the mean, and
+Newton-Schulz divides by the norm first. With `dp = 3` the bits differ (try
+`--dp 3 --plant no-mean`).
+""")
+
+# %% [markdown]
+# ## Where the engine does the same
+#
+# Each stage has its place in `muongrid` (the line counts are read from the source as the chapter
+# runs). The engine is longer for reasons that are not Muon:
+
+# %% tags=["hide-input"] jupyter={"source_hidden": true}
+ENGINE = [  # (from scratch, where the engine does it, what its extra lines are for)
+    ("make_groups", "grid.py", "Grid.build",
+     "a device mesh; a timeout on every group; checks the layout"),
+    ("offsets, shard", "plan.py", "build_plan",
+     "buckets bound each collective; four layouts; owners"),
+    ("1. reduce_scatter, /= dp", "buffers.py", "Buffers.reduce_scatter",
+     "the next backward writes into the buffer; missing gradients"),
+    ("2. lerp_, lerp", "updates.py", "muon_momentum_foreach_",
+     "one foreach pass over many pieces; a step that may be skipped"),
+    ("3. all_gather (bf16)", "flows.py", "BucketFlow.run",
+     "bucket by bucket, with prefetch; the ledger counts bytes"),
+    ("4-6. TP gather, NS, slices", "flows.py", "BucketFlow._orthogonalise_bucket",
+     "every TP gather started before the first Newton-Schulz; a trace hook"),
+    ("7. mul_, add_", "distributed.py", "Applier",
+     "one pass per lr scale; records what was updated, for a guard"),
+    ("8. all_gather (fp32)", "buffers.py", "Buffers.gather",
+     "parameters are views of the buffer: gathered in place"),
+]
+table(["from scratch", "muongrid", "lines", "what the extra lines do"],
+      [[ours, f"{path}: {name}", len(source_of(path, pyobject=name).splitlines()), why]
+       for ours, path, name, why in ENGINE], align="llrl")
+
+# %% [markdown]
+# Two things about the engine's tensors make stages 1, 7 and 8 cheap. A bucket's parameters are *views of one
 # flat buffer*, laid out as the collectives move it (the optimizer makes them so when it is built,
 # [`muongrid/buffers.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/buffers.py)):
 # so the master shard of an fp32 parameter *is* this rank's slice of that buffer (only bf16 and
@@ -115,7 +211,6 @@ elif (importlib.util.find_spec("muongrid") is None
 # (`buffers.refresh()`), then calls one method for stages 1-7 and one for stage 8:
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
-from muongrid.lab.page import keep, listing, say, show
 listing('distributed.py', pyobject='ZeroOneOptimizer.step')
 
 # %% [markdown]

@@ -24,15 +24,19 @@ def worker(grid, comm, args) -> int:
     world = grid.dp * grid.tp
     full = torch.arange(args.numel, dtype=torch.float32, device=grid.device) + 100 * grid.rank
     shard = full.view(world, -1)[grid.rank].clone()
+    # BOOK-START collectives (chapter 2 shows the lines up to BOOK-END)
+    # comm.<op>(tensor, group, phase): "world" is every rank; the phase labels the ledger
     results = {
         "input (full)": full,
         "all_gather(my shard)": comm.all_gather(shard, "world", "demo_all_gather"),
-        "reduce_scatter(full)": comm.reduce_scatter_sum(full, "world", "demo_reduce_scatter"),
+        "reduce_scatter(full)": comm.reduce_scatter_sum(full, "world", "demo_rs"),
         "all_reduce(full)": comm.all_reduce(full.clone(), "world", "demo_all_reduce"),
-        "broadcast(from rank 0)": comm.broadcast(full.clone(), "world", "demo_broadcast", src=0),
+        "broadcast(from rank 0)": comm.broadcast(full.clone(), "world", "demo_bc", src=0),
     }
-    rs_then_ag = comm.all_gather(results["reduce_scatter(full)"], "world", "demo_check")
+    rs = results["reduce_scatter(full)"]
+    rs_then_ag = comm.all_gather(rs, "world", "demo_check")
     same = torch.equal(rs_then_ag, results["all_reduce(full)"])
+    # BOOK-END collectives
     # Bring every rank's results to rank 0 (through the same wrapper) to print one table.
     table = {k: comm.all_gather(v, "world", "demo_report").view(world, -1).tolist() for k, v in results.items()}
     if grid.rank == 0:

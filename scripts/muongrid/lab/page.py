@@ -93,9 +93,14 @@ def show(obj) -> None:
 
 def source_of(path: str, pyobject: str | None = None, start_after: str | None = None,
               end_before: str | None = None) -> str:
-    """Lines of ``scripts/muongrid/<path>``: one top-level function or class (``pyobject``,
-    ``Class.method`` too), or the lines between two marker comments, dedented."""
-    file = PACKAGE / path
+    """Lines of ``scripts/muongrid/<path>`` (or of ``scripts/<name>.py``, given as that path from the
+    repository root): one top-level function or class (``pyobject``, ``Class.method`` too), or the lines
+    between two marker comments, dedented."""
+    if path.startswith("scripts/"):   # a script of the checkout (in Colab the package is a copy)
+        from .provenance import repository_root
+        file = repository_root() / path
+    else:
+        file = PACKAGE / path
     text = file.read_text()
     lines = text.splitlines()
     if pyobject:
@@ -123,10 +128,10 @@ def source_of(path: str, pyobject: str | None = None, start_after: str | None = 
 
 
 def listing(path: str, caption: str | None = None, **where) -> None:
-    """Show code of the package (``source_of``'s arguments) as a highlighted Python block, under a
-    caption naming its file: the code the engine runs, read when the chapter runs."""
+    """Show code of the package or of a script (``source_of``'s arguments) as a highlighted Python block,
+    under a caption naming its file: the code that runs, read when the chapter runs."""
     code = source_of(path, **where)
-    title = caption or f"muongrid/{path}"
+    title = caption or (path if path.startswith("scripts/") else f"muongrid/{path}")
     fence = "````" if "```" in code else "```"
     say_raw(f"**{title}**\n\n{fence}python\n{code}\n{fence}")
 
