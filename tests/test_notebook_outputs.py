@@ -135,7 +135,7 @@ def test_every_page_says_when_the_colab_button_cannot_work(built_book):
     repository is not public (book/_ext/offline_assets.py); once it is published, no page says so."""
     from muongrid.lab.notebook import repository_is_public
 
-    for page in ("index.html", "notebooks/01_muon.html"):
+    for page in ("book/index.html", "notebooks/01_muon.html"):
         html = (built_book / page).read_text()
         assert ("repository is not public yet" in html) == (not repository_is_public()), page
 

@@ -24,6 +24,7 @@ chapter is generated from it, and a test checks that it is.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import re
@@ -215,6 +216,11 @@ elif (importlib.util.find_spec("muongrid") is None
 
 
 def _imports(path: Path) -> set[str]:
+    return _imports_of(path.resolve(), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _imports_of(path: Path, mtime_ns: int) -> frozenset[str]:
     """Module names ``path`` imports anywhere (a chapter's py:percent source or a module), relative
     imports of the package made absolute (``from .bookbuild import x`` -> ``muongrid.lab.bookbuild``,
     ``from . import y`` -> ``muongrid.lab.y``)."""
@@ -233,7 +239,7 @@ def _imports(path: Path) -> set[str]:
                 names |= {base} if node.module else {f"{base}.{a.name}" for a in node.names}
             elif node.module:
                 names.add(node.module)
-    return names
+    return frozenset(names)
 
 
 def _module_file(name: str) -> Path | None:
