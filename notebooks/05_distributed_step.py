@@ -329,12 +329,12 @@ for r in trace["ranks"]:
 show(step_flow_diagram(trace, w3_metas))
 plt.close("all")
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-stages", "caption": "One step on rank 0 (dp 0, tp 0), following `w3`: the shape and dtype of what the optimizer holds at each stage, read from the trace (left column first), numbered as in the list above. Blue: as in AdamW's step; orange: what Muon adds."}} jupyter={"source_hidden": true}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-stages", "caption": "One step on rank 0 (dp 0, tp 0), following `w3`: the shape and dtype of what the optimizer holds at each stage, read from the trace (left column first), numbered as in the list above. The momentum itself stays fp32; stage 2 shows the bf16 copy of it that the DP gather sends. Blue: as in AdamW's step; orange: what Muon adds."}} jupyter={"source_hidden": true}
 ORDER = ["grad_shard", "momentum_shard", "dp_gathered", "ns_input", "tp_gathered",
          "orthogonalised", "tp_shard", "dp_shard"]
 LABEL = {
     "grad_shard": "1. grad shard\n(after reduce-scatter)",
-    "momentum_shard": "2. momentum\nshard",
+    "momentum_shard": "2. momentum shard\n(sent as bf16)",
     "dp_gathered": "3. DP gather\n(whole bucket)",
     "ns_input": "3. matrix, TP-local",
     "tp_gathered": "4. TP gather\n(whole matrix)",

@@ -88,7 +88,8 @@ def collectives_diagram(demo: dict):
 # 1 reduce-scatter, 2 momentum, 3 DP gather, 4 TP gather, 5 Newton-Schulz, 6 TP shard + DP shard,
 # 7 update, 8 parameter all-gather. The figure draws 2-6, the stages that move the momentum.
 FLOW_STAGES = [
-    ("momentum_shard", "2. momentum:\nmy DP shard (fp32)", "shard"),
+    # the trace reads the momentum shard as it leaves for the gather: a bf16 copy (the state stays fp32)
+    ("momentum_shard", "2. momentum (fp32):\nmy shard, sent as bf16", "shard"),
     ("dp_gathered", "3. DP gather\n(bucket, bf16)", "tp_block"),
     ("tp_gathered", "4. TP gather\n(whole matrix)", "whole"),
     ("orthogonalised", "5. Newton-Schulz\n(whole matrix)", "whole"),
