@@ -372,9 +372,8 @@ for i, e in enumerate(stages):  # two columns of four stages, top to bottom
         ax.annotate(
             "", xy=(x, y + 0.34), xytext=(x, y + 0.62), arrowprops=dict(arrowstyle="->")
         )
-ax.annotate("", xy=(1, 3.4), xytext=(0, -0.45),
-            arrowprops=dict(arrowstyle="->", color="grey",
-                            connectionstyle="arc3,rad=-0.25"))
+ax.text(0, -0.5, "continued at the top of the right column", ha="center", va="center",
+        fontsize=9, color="grey", style="italic")  # (an arrow across would cross the boxes)
 ax.set(xlim=(-0.6, 1.6), ylim=(-0.6, 3.5))
 ax.axis("off")
 fig.tight_layout()
