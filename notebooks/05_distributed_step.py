@@ -372,8 +372,9 @@ for i, e in enumerate(stages):  # two columns of four stages, top to bottom
         ax.annotate(
             "", xy=(x, y + 0.34), xytext=(x, y + 0.62), arrowprops=dict(arrowstyle="->")
         )
+# where the stages go on (an arrow across would cross the boxes)
 ax.text(0, -0.5, "continued at the top of the right column", ha="center", va="center",
-        fontsize=9, color="grey", style="italic")  # (an arrow across would cross the boxes)
+        fontsize=9, color="grey", style="italic")
 ax.set(xlim=(-0.6, 1.6), ylim=(-0.6, 3.5))
 ax.axis("off")
 fig.tight_layout()
