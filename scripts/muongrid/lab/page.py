@@ -58,9 +58,7 @@ def fill(text: str) -> str:
 
 def say(text: str) -> None:
     """Display ``text`` (Markdown) with the kept values filled in, as this cell's output."""
-    from IPython.display import Markdown, display
-
-    display(Markdown(fill(textwrap.dedent(text).strip("\n"))))
+    say_raw(fill(textwrap.dedent(text).strip("\n")))
 
 
 def show(obj) -> None:
