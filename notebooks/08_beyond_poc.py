@@ -21,6 +21,7 @@
 # One 6-rank check of three layouts and one 4-rank benchmark on a 4-layer transformer
 # stack, beside three recorded benchmark runs read from `book/data/`: about a minute
 # on a 2-core laptop.
+# Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 5 <05_distributed_step>` and {doc}`chapter 6 <06_communication>`.
 # ```
 #
 # Chapters 4 to 7 ran Distributed Muon the way Moonshot's proof of concept does: every rank gathers

@@ -20,6 +20,7 @@
 # ```{admonition} What this chapter runs
 # Two optimizers saved in this kernel, a checkpoint saved on a 2 x 2 grid and
 # resumed on two others, a save killed half-way, and five kinds of fault injected into a short run.
+# Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 5 <05_distributed_step>`.
 # ```
 #
 # A long run on many machines is interrupted sooner or later: a node dies, the job is queued again

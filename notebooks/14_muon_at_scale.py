@@ -24,6 +24,7 @@
 # kernel), and three steps of the optimizer's "group" layout on four launched ranks
 # ([`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py)).
 # About a minute.
+# Reading: about 20 minutes, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>` and {doc}`chapter 13 <13_what_to_pick>`.
 # ```
 #
 # The owner layout ({doc}`chapter 8 <08_beyond_poc>`) orthogonalises each matrix once, on one

@@ -23,6 +23,7 @@
 # for Llama-3-8B's matrices, beside the other implementations' formulas
 # ([`muongrid/lab/rivals.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/rivals.py)). About twenty seconds on
 # two idle cores, most of it the 4-rank run.
+# Reading: about 20 minutes, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
 # This book's package was called `dmuon` until version 0.4.0. X-Square-Robot publishes a

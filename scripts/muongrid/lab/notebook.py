@@ -346,13 +346,66 @@ def _with_setup(text: str, chapter: Path) -> str:
     return header + "".join(cells)
 
 
+# ---- the reading line of each chapter's "What this chapter runs" box --------------------------------
+
+# The chapters to read first, by number: the learner's road (the index routes readers by goal).
+READ_FIRST = {0: (), 1: (), 2: (), 3: (2,), 4: (2, 3), 5: (1, 4), 6: (5,), 7: (6,), 8: (5, 6), 9: (1, 8),
+              10: (5,), 11: (2, 8), 12: (1, 8), 13: (8,), 14: (8, 13), 15: (8,), 16: (13,)}
+WORDS_PER_MINUTE = 200
+READING_PREFIX = "# Reading: about "
+
+
+def reading_line(text: str, chapter: Path) -> str:
+    """The box's last line for chapter ``chapter`` whose py:percent source is ``text``: minutes of reading,
+    counted from its own prose at WORDS_PER_MINUTE and rounded up to 5 (so a small edit rarely changes it;
+    the set-up test says when ``sync`` must rewrite it), and the chapters to read first."""
+    from .page import prose_words
+
+    words = prose_words(_percent_cells(_without_reading(text)))
+    minutes = 5 * -(-words // (5 * WORDS_PER_MINUTE))
+    stems = {int(p.name[:2]): p.stem for p in chapters()}
+    first = [f"{{doc}}`chapter {n} <{stems[n]}>`" for n in READ_FIRST[int(chapter.name[:2])]]
+    return (f"{READING_PREFIX}{minutes} minutes, plus running it. Read first: "
+            f"{' and '.join(first) if first else 'nothing but PyTorch'}.")
+
+
+def _percent_cells(text: str) -> list:
+    """A py:percent chapter's cells as (cell_type, source) objects, read without jupytext (which Colab
+    lacks): a Markdown cell's lines lose their ``# ``, a code cell's stay as they are."""
+    from types import SimpleNamespace
+
+    out = []
+    for cell in _cells(text)[1]:
+        head, _, body = cell.partition("\n")
+        if "[markdown]" in head:
+            body = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#")
+                              for line in body.rstrip("\n").splitlines())
+            out.append(SimpleNamespace(cell_type="markdown", source=body))
+        else:
+            out.append(SimpleNamespace(cell_type="code", source=body.rstrip("\n")))
+    return out
+
+
+def _without_reading(text: str) -> str:
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith(READING_PREFIX))
+
+
+def _with_reading(text: str, chapter: Path) -> str:
+    """The chapter with its box's reading line (re)written, as the box's last line."""
+    text = _without_reading(text)
+    box = text.index("# ```{admonition} What this chapter runs")
+    end = text.index("# ```\n", box + 1)
+    return text[:end] + reading_line(text, chapter) + "\n" + text[end:]
+
+
 def sync(check_only: bool = False) -> list[Path]:
-    """Make every chapter's set-up cell the generated one, right after its title; re-pair the .ipynb.
-    Returns the files that were (or, with ``check_only``, would be) changed."""
+    """Make every chapter's set-up cell the generated one, right after its title, and its box's reading
+    line current; re-pair the .ipynb. Returns the files that were (or, with ``check_only``, would be)
+    changed."""
     stale = []
     for path in chapters():
         text = path.read_text()
-        new = _with_setup(text, path)
+        new = _with_reading(_with_setup(text, path), path)
         if new == text:
             continue
         stale.append(path)

@@ -172,3 +172,11 @@ def listings_of(cells) -> list[tuple[dict, str]]:
                 where = {k: v for k, v in args.items() if k != "caption"}
                 found.append((args, source_of(**where)))
     return found
+
+
+def prose_words(cells) -> int:
+    """Words of prose a reader reads in a chapter (``shown_markdown`` without code blocks, inline code and
+    math): what its reading time is counted from."""
+    text = re.sub(r"```.*?```", " ", shown_markdown(cells), flags=re.S)
+    text = re.sub(r"\$\$.*?\$\$|\$[^$\n]*\$|`[^`]*`", " ", text, flags=re.S)
+    return len(re.findall(r"[A-Za-z][A-Za-z'-]*", text))
