@@ -78,7 +78,7 @@ CHAPTERS = os.environ.get("MUONGRID_COLAB_CHAPTERS", "01_muon").split(",")
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_a_chapter_runs_as_in_colab(tmp_path, chapter):
+def test_a_chapter_runs_as_in_colab(tmp_path, monkeypatch, chapter):
     python = colab_runtime(tmp_path)
     probe = subprocess.run([str(python), "-c", "import importlib.util, json, sys; print(json.dumps("
                             "{m: importlib.util.find_spec(m) is not None for m in sys.argv[1:]}))",
@@ -102,18 +102,13 @@ def test_a_chapter_runs_as_in_colab(tmp_path, chapter):
     source = re.sub(r'^HOME = "/content/', f'HOME = "{content}/', source, count=1, flags=re.M)
     assert source.count(str(ROOT)) == 1 and source.count(str(content)) == 1, "the set-up cell changed shape"
     setup.source = source
-    env = dict(os.environ, JUPYTER_PATH=str(tmp_path / "jupyter"), PIP_DISABLE_PIP_VERSION_CHECK="1")
-    env.pop("PYTHONPATH", None)
-    env.pop("VIRTUAL_ENV", None)
-    old = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        NotebookClient(nb, kernel_name="colab", timeout=600,
-                       resources={"metadata": {"path": str(content)}}).execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    # the kernel inherits this process's environment: Colab's has no PYTHONPATH and no virtualenv
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+    NotebookClient(nb, kernel_name="colab", timeout=600,
+                   resources={"metadata": {"path": str(content)}}).execute()
 
     clone = content / repository_url().rstrip("/").split("/")[-1]  # the folder the set-up cell names
     assert (clone / "notebooks" / f"{chapter}.ipynb").is_file(), "the set-up cell did not clone the repository"
