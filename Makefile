@@ -46,8 +46,8 @@ verify: $(STAMP)
 	$(BIN)/python scripts/verify.py --dp 2 --tp 2
 
 # The timing runs the book cites rather than reruns on every build: chapter 13's time model
-# calibrated on this machine (first: chapter 14's timed run sizes its groups on it), chapter 8's
-# benchmarks (more steps than a build can afford), and chapter 14's group layout on the report's
+# calibrated on this machine (first: chapter 15's timed run sizes its groups on it), chapter 8's
+# benchmarks (more steps than a build can afford), and chapter 15's group layout on the report's
 # shapes (tens of seconds a step), its groups sized by FLOPs, then by time on this machine's
 # profile. Run it on an idle machine: each file keeps its command, commit, machine and load
 # average (muongrid/lab/provenance.py).

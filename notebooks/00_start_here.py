@@ -265,7 +265,7 @@ Markdown(gpurecord.provenance_text(record).replace("\n  ", "  \n") + "\n\n"
          f"{ns5 / matmul:.0%} of a same-size bf16 matmul.")
 
 # %% [markdown]
-# {doc}`Chapter 16 <16_on_a_gpu>` shows what each of those commands printed, and what one
+# {doc}`Chapter 14 <14_on_a_gpu>` shows what each of those commands printed, and what one
 # optimizer step cost there against `torch.optim.Muon`.
 #
 # ## The road ahead

@@ -416,7 +416,7 @@ On a cluster the ranks of a node share fast links (NVLink-class) and nodes share
 network (InfiniBand-class); {doc}`chapter 3 <03_grid>`'s layout keeps TP groups inside a node. The model below
 prices the links of an H100 cluster as the book's one hardware table
 ([`muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py),
-which {doc}`chapter 13 <13_what_to_pick>` and {doc}`chapter 14 <14_muon_at_scale>` use too) gives them: {{ch6-gpus}} GPUs per node,
+which {doc}`chapter 13 <13_what_to_pick>` and {doc}`chapter 15 <15_muon_at_scale>` use too) gives them: {{ch6-gpus}} GPUs per node,
 {{ch6-intra}} per GPU inside a node (NVLink), {{ch6-inter}} per GPU between
 nodes (InfiniBand). The bandwidths are datasheet figures and the latencies assumptions, not
 measurements, and you can change them all. The model is the

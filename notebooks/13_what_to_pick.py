@@ -87,7 +87,7 @@ elif (importlib.util.find_spec("muongrid") is None
 #    Llama-shaped models keep `owner`.
 # 4. **One matrix holds more than its fair share of the Newton-Schulz work** (its owner would be the
 #    busiest rank by far, or there are more ranks than matrices): `layout="group"` shares such a
-#    matrix over a group of ranks ({doc}`chapter 14 <14_muon_at_scale>`). It costs bytes and memory
+#    matrix over a group of ranks ({doc}`chapter 15 <15_muon_at_scale>`). It costs bytes and memory
 #    for the group's collectives, so use it where each group stays inside a node.
 # 5. **`layout="bucket"` only to reproduce the paper and the proof of concept**: every rank gathers
 #    whole buckets and orthogonalises every matrix, so its bytes are the paper's 1.25 x AdamW on a
@@ -186,7 +186,7 @@ say(r"""
   less Newton-Schulz work than under bucket on 4 ranks. On the proof of concept's shapes one
   matrix holds most of the work, so its owner is the busiest rank and the gain is small: Newton-
   Schulz of a matrix is not split ({doc}`chapter 8 <08_beyond_poc>`; `layout="group"` splits it,
-  {doc}`chapter 14 <14_muon_at_scale>`).
+  {doc}`chapter 15 <15_muon_at_scale>`).
 - **aligned** moves nothing over DP for Newton-Schulz on the even stack (1.00 x AdamW on 4 x 1),
   but on the proof of concept's uneven shapes its shards are uneven, the collectives carry the
   padding, and it costs {{ch13-poc-aligned}} x AdamW, with more state per rank.
@@ -213,9 +213,9 @@ say(r"""
 #
 # - **an H100 cluster**: the book's one hardware table (`H100_TABLE` in
 #   [`scripts/muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py), printed below with the source of every figure),
-#   which {doc}`chapter 14 <14_muon_at_scale>` and the whole-step model below use too: eight
+#   which {doc}`chapter 15 <15_muon_at_scale>` and the whole-step model below use too: eight
 #   GPUs per node on NVLink, InfiniBand between nodes, Newton-Schulz at half the dense bf16 peak
-#   (below every rate the GPU record of {doc}`chapter 16 <16_on_a_gpu>` measured);
+#   (below every rate the GPU record of {doc}`chapter 14 <14_on_a_gpu>` measured);
 # - **this machine**, calibrated by [`scripts/calibrate_time_model.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/calibrate_time_model.py) and recorded with its
 #   provenance in [`book/data/time_model_cpu.json`](https://github.com/muongrid-book/distributed-muon/blob/main/book/data/time_model_cpu.json): the matmul rate Newton-Schulz runs at here and
 #   gloo's $\alpha$ and $\beta$ fitted to all-gathers over 4 ranks. All ranks share the
@@ -487,7 +487,7 @@ say(r"""
   every layout the busiest rank orthogonalises it whole (under bucket, every rank does), so
   bucket and owner are modelled within {{ch13-report-gap}}% of each other on every
   grid. One dominant matrix is where
-  orthogonalising a matrix by a group of ranks ({doc}`chapter 14 <14_muon_at_scale>`) pays.
+  orthogonalising a matrix by a group of ranks ({doc}`chapter 15 <15_muon_at_scale>`) pays.
 """)
 
 # %% [markdown]
@@ -504,13 +504,13 @@ say(r"""
 # - **the optimizer**, on the busiest rank: the time model above (the ZeRO-1 reduce-scatter and
 #   all-gather, the layout's transfers for Newton-Schulz, its FLOPs) plus the element-wise passes
 #   over the rank's shard at the memory bandwidth the record measured, 28 bytes an element for
-#   AdamW and 54 for Muon (counted on the meta device, {doc}`chapter 16 <16_on_a_gpu>`);
+#   AdamW and 54 for Muon (counted on the meta device, {doc}`chapter 14 <14_on_a_gpu>`);
 # - **two shares**, as the sources report theirs: the optimizer's share of the step, and Muon's
 #   extra over AdamW's whole step. Each is given with the ZeRO-1 collectives in the step (serial)
 #   and, after the slash, hidden behind forward and backward as Megatron overlaps them; Muon's own
 #   transfers and Newton-Schulz are never hidden here.
 #
-# The configurations: the GPU record's own (one H100, where {doc}`chapter 16 <16_on_a_gpu>` holds
+# The configurations: the GPU record's own (one H100, where {doc}`chapter 14 <14_on_a_gpu>` holds
 # the model against the measurement), Llama-3.2-1B on one node of 8, Llama-3-8B on 64 GPUs as
 # 8 x 8 and 16 x 4 with 4 Mi tokens a step, and Kimi K2 on 256 GPUs as a MoE is trained, with
 # expert parallelism: 64 expert slices, each held by 4 ranks ([`scripts/plan_ep.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_ep.py)'s

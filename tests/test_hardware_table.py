@@ -63,7 +63,7 @@ def test_a_gpu_step_bench_record_becomes_a_table():
 
 def test_the_start_page_sentence_cites_the_record_and_its_age():
     """``start_page_markdown`` is what chapter 0 may show: the record's commit, its figures, and that the
-    rebuilt step is not timed yet, with a link to chapter 16."""
+    rebuilt step is not timed yet, with a link to chapter 14."""
     text = gpurecord.start_page_markdown(gpurecord.load())
     assert gpurecord.COMMIT in text and "104%" in text and "not yet timed" in text
-    assert "{doc}`On a GPU <16_on_a_gpu>`" in text
+    assert "{doc}`On a GPU <14_on_a_gpu>`" in text

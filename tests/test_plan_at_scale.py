@@ -237,7 +237,7 @@ def test_bucket_size_sets_the_collectives_per_step():
 
 
 def test_scale_explorer_shows_each_plan_with_its_own_numbers():
-    """Chapter 14's explorer: one slider position per (model, grid), only that position's bars visible, its
+    """Chapter 15's explorer: one slider position per (model, grid), only that position's bars visible, its
     bars and title carrying that row's numbers; no rows is refused."""
     from muongrid.lab.scale_explorer import COSTS, RULES, scale_explorer
     rows = [plan_at_scale.grid_report(dp, 4, layers=2, model="llama3-8b") for dp in (2, 8)]

@@ -32,7 +32,7 @@ import numbers
 from pathlib import Path
 
 # THE hardware table: one H100 cluster, every figure with its kind and source. Every page that prices time reads
-# it (the plans' group sizing, the optimizer time model, the whole training step, chapters 6, 13, 14 and the GPU
+# it (the plans' group sizing, the optimizer time model, the whole training step, chapters 6, 13, 15 and the GPU
 # page), so no chapter types a link speed or a FLOP rate of its own. Three kinds of figure:
 # - "datasheet": NVIDIA's published figures (H100 SXM datasheet, nvidia.com/en-us/data-center/h100; DGX H100 user
 #   guide for the network);

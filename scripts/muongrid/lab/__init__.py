@@ -8,5 +8,5 @@
     charlm      a tiny character-level GPT on Python's own documentation (pydoc_data)
     poc_bugs    the proof of concept's two bugs, put back on purpose
     notebook    what the chapters share: run a script from a cell, read its JSON, the set-up cell
-    rivals      other distributed Muon implementations' traffic per step, as closed forms (chapter 15)
+    rivals      other distributed Muon implementations' traffic per step, as closed forms (chapter 16)
 """

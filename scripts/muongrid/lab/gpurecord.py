@@ -214,7 +214,7 @@ def start_page_markdown(record: dict) -> str:
             f"{ns['best_ratio']:.0%} of a bf16 matmul of that size, and one optimizer step on Llama-3.2-1B "
             f"shapes took {llama['dmuon_owner_batch']['gpu_ms']:.0f} ms against torch.optim.Muon's "
             f"{llama['torch_hybrid']['gpu_ms']:.0f} ms, before this version's rebuild of the step "
-            "(not yet timed on a GPU). {doc}`On a GPU <16_on_a_gpu>` shows the record.")
+            "(not yet timed on a GPU). {doc}`On a GPU <14_on_a_gpu>` shows the record.")
 
 
 def main(argv=None) -> int:

@@ -350,7 +350,7 @@ def _with_setup(text: str, chapter: Path) -> str:
 
 # The chapters to read first, by number: the learner's road (the index routes readers by goal).
 READ_FIRST = {0: (), 1: (), 2: (), 3: (2,), 4: (2, 3), 5: (1, 4), 6: (5,), 7: (6,), 8: (5, 6), 9: (1, 8),
-              10: (5,), 11: (2, 8), 12: (1, 8), 13: (8,), 14: (8, 13), 15: (8,), 16: (13,)}
+              10: (5,), 11: (2, 8), 12: (1, 8), 13: (8,), 14: (13,), 15: (8, 13), 16: (8,)}
 WORDS_PER_MINUTE = 200
 READING_PREFIX = "# Reading: about "
 

@@ -15,7 +15,7 @@ figure shows both):
 - ``OPTIMIZER``: Muon orange, AdamW blue, as in the step overview on the book's first page.
 - ``STEP``: where a training step's time goes (chapters 7 and 9, the profiles and the trace).
 - ``PHASE``: the ledger's traffic phases; what AdamW also sends is blue, what Muon adds is orange/red.
-- ``LAYOUT``: the three ZeRO-1 layouts, and chapter 14's Newton-Schulz placements beside ``owner``.
+- ``LAYOUT``: the three ZeRO-1 layouts, and chapter 15's Newton-Schulz placements beside ``owner``.
 - ``PARALLEL``: data parallel against tensor parallel (chapter 3's grid).
 - ``MEMORY``: what one rank stores (chapter 2); ``STATE``: the optimizer state (chapters 5, 10).
 - ``MATRIX`` and ``DP_SHARD``: the matrices of a plan and the DP ranks that own its shards (chapter 4).
@@ -53,8 +53,8 @@ LAYOUT = {
     # nothing (what the aligned layout achieves)
     "straddlers": "#a6761d",
     "none": "#64b5cd",
-    "group": "#ccb974",              # chapter 14: one matrix over a group of ranks
-    # chapter 14's older group rules, in hues of their own beside "group" (three beiges read as one):
+    "group": "#ccb974",              # chapter 15: one matrix over a group of ranks
+    # chapter 15's older group rules, in hues of their own beside "group" (three beiges read as one):
     "group_scattered": "#8da0cb",    # FLOP-sized groups on any ranks
     "group_flops": "#66a182",        # FLOP-sized contiguous TP-local windows
     "ideal": "#d9d9d9",

@@ -1,6 +1,6 @@
 """Other distributed Muon implementations' traffic per optimizer step, as closed forms (pure Python).
 
-Chapter 15 sets these beside ``costmodel`` (the closed form the ledger is tested against) for the same
+Chapter 16 sets these beside ``costmodel`` (the closed form the ledger is tested against) for the same
 matrices and the same ranks. Every function returns a dict: phase -> elements one rank sends per step,
 averaged over all ranks, and ``"total"``. Elements, not bytes: each implementation picks its own dtypes,
 and the chapter states them where it turns elements into bytes.

@@ -52,11 +52,11 @@ QUESTIONS = {
     "notebooks/11_fsdp2": "How does Muon work on `fully_shard` models without gathering every matrix everywhere?",
     "notebooks/12_use_it": "What is the loop to copy, how is it started, and what differs from a torch optimizer?",
     "notebooks/13_what_to_pick": "Which layout and sharding should I use, and what does each cost?",
-    "notebooks/16_on_a_gpu": "What does a GPU run print and cost, how close is Newton-Schulz to the GPU's matmul "
+    "notebooks/14_on_a_gpu": "What does a GPU run print and cost, how close is Newton-Schulz to the GPU's matmul "
                              "ceiling, and what does the optimizer step cost there?",
-    "notebooks/14_muon_at_scale": "What limits Muon on a thousand GPUs, and what do groups, batching and faster "
+    "notebooks/15_muon_at_scale": "What limits Muon on a thousand GPUs, and what do groups, batching and faster "
                                   "polynomials buy there?",
-    "notebooks/15_related_work": "How do DMuon, torchtitan, Megatron and Dion distribute Muon, and do their "
+    "notebooks/16_related_work": "How do DMuon, torchtitan, Megatron and Dion distribute Muon, and do their "
                                  "communication formulas agree with our ledger?",
     "book/claims": "Which of the paper's and the report's claims hold here, and why do the others differ?",
     "book/troubleshooting": "How do I run on GPUs and several nodes, and what does an error message mean?",

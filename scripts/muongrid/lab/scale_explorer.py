@@ -1,4 +1,4 @@
-"""Chapter 14's explorer: the plans at scale, model x grid x layout, without a kernel.
+"""Chapter 15's explorer: the plans at scale, model x grid x layout, without a kernel.
 
 One slider position per (model, grid) that ``scripts/plan_at_scale.py --json`` reported; each shows two
 panels for that plan, both from the report's own numbers:

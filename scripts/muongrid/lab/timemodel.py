@@ -56,7 +56,7 @@ from ..layouts import group_ns_flops, group_seconds
 from ..newton_schulz import NS_STEPS, ns5_flops
 from . import costmodel
 
-# Chapter 13 compares the first four (``layout_seconds``' default, the layout explorer); "group" (chapter 14)
+# Chapter 13 compares the first four (``layout_seconds``' default, the layout explorer); "group" (chapter 15)
 # is priced on request.
 CLASSIC_LAYOUTS = ("adamw", "bucket", "owner", "aligned")
 TIME_LAYOUTS = CLASSIC_LAYOUTS + ("group",)

@@ -103,12 +103,12 @@ total_s = sum(s["seconds"] for s in record["steps"])
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert all(s["rc"] == 0 for s in record["steps"])
-keep("ch16-total-min", f"{total_s / 60:.1f}")
-keep("ch16-commands", len(record["steps"]))
+keep("ch14-total-min", f"{total_s / 60:.1f}")
+keep("ch14-commands", len(record["steps"]))
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-All {{ch16-commands}} commands exited 0, in {{ch16-total-min}} minutes in
+All {{ch14-commands}} commands exited 0, in {{ch14-total-min}} minutes in
 all. What the CPU chapters show is what a GPU prints: the ledger (every phase moves 0 bytes in
 a world of one), the check against one process (a largest difference of 0 on every layout),
 the training loop's progress lines, its resume from a checkpoint, and the FSDP2 run beside
@@ -126,10 +126,10 @@ print(gpurecord.printed(record))
 # a GPU its ceiling is the bf16 matmul rate. The record measured that rate twice, and
 # Newton-Schulz twice: alone on one 4096 x 4096 matrix, and inside the optimizer step on
 # Llama-3.2-1B's 112 matrices (the profiler's Newton-Schulz time against the FLOPs of those
-# matrices). {numref}`fig-ch16-roofline` puts them against NVIDIA's datasheet peak and the rate
+# matrices). {numref}`fig-ch14-roofline` puts them against NVIDIA's datasheet peak and the rate
 # the book's time model charges ({doc}`chapter 13 <13_what_to_pick>`, `muongrid.hardware`).
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch16-roofline", "caption": "bf16 throughput on one H100, from the GPU record: matmuls (grey) and Newton-Schulz (red), the fastest of several runs alone and the profiled time inside the optimizer step; dashed, NVIDIA's dense bf16 peak; dotted, the rate the book's time model charges Newton-Schulz (half the peak)."}} jupyter={"source_hidden": true}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch14-roofline", "caption": "bf16 throughput on one H100, from the GPU record: matmuls (grey) and Newton-Schulz (red), the fastest of several runs alone and the profiled time inside the optimizer step; dashed, NVIDIA's dense bf16 peak; dotted, the rate the book's time model charges Newton-Schulz (half the peak)."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
 
 from muongrid import hardware
@@ -165,19 +165,19 @@ plt.close(fig)
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert ns["best_ratio"] > 1 and rates["ns_in_step"] > charged
-keep("ch16-ns-ratio", f"{ns['best_ratio']:.0%}")
-keep("ch16-ns-step", f"{rates['ns_in_step'] / 1e12:.0f}")
-keep("ch16-ns-step-share", f"{rates['ns_in_step'] / rates['matmul_bf16']:.0%}")
-keep("ch16-charged", f"{charged / 1e12:.0f}")
+keep("ch14-ns-ratio", f"{ns['best_ratio']:.0%}")
+keep("ch14-ns-step", f"{rates['ns_in_step'] / 1e12:.0f}")
+keep("ch14-ns-step-share", f"{rates['ns_in_step'] / rates['matmul_bf16']:.0%}")
+keep("ch14-charged", f"{charged / 1e12:.0f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-On one 4096 x 4096 matrix Newton-Schulz ran at {{ch16-ns-ratio}} of a bf16 matmul of
+On one 4096 x 4096 matrix Newton-Schulz ran at {{ch14-ns-ratio}} of a bf16 matmul of
 the same size: it *is* matmuls, and a well-fed GPU runs them at its ceiling (a little above a
 single product here, since its products are back to back). Inside the optimizer step, on
-Llama-3.2-1B's smaller matrices batched by shape, it ran at {{ch16-ns-step}} TFLOP/s,
-{{ch16-ns-step-share}} of the 8192^3 ceiling. The time model charges
-{{ch16-charged}} TFLOP/s, below every measured rate, so a modelled Muon step errs long.
+Llama-3.2-1B's smaller matrices batched by shape, it ran at {{ch14-ns-step}} TFLOP/s,
+{{ch14-ns-step-share}} of the 8192^3 ceiling. The time model charges
+{{ch14-charged}} TFLOP/s, below every measured rate, so a modelled Muon step errs long.
 """)
 
 # %% [markdown]
@@ -200,17 +200,17 @@ prof = record["profile_ms_two_steps"]
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
-keep("ch16-old-gap", f"{gap_ms:.0f}")
-keep("ch16-old-copies", f"{prof['ours_copies'] / 2:.0f}")
-keep("ch16-old-ns", f"{prof['ours_newton_schulz'] / 2:.0f}")
-keep("ch16-torch-ns", f"{(prof['torch_addmm'] + prof['torch_mm']) / 2:.0f}")
+keep("ch14-old-gap", f"{gap_ms:.0f}")
+keep("ch14-old-copies", f"{prof['ours_copies'] / 2:.0f}")
+keep("ch14-old-ns", f"{prof['ours_newton_schulz'] / 2:.0f}")
+keep("ch14-torch-ns", f"{(prof['torch_addmm'] + prof['torch_mm']) / 2:.0f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-On Llama-3.2-1B's shapes our step then took {{ch16-old-gap}} ms longer than
+On Llama-3.2-1B's shapes our step then took {{ch14-old-gap}} ms longer than
 torch's. The profile said where: both spent about the same time in Newton-Schulz's matmuls
-({{ch16-old-ns}} ms a step for ours, {{ch16-torch-ns}} for torch's), and ours
-added {{ch16-old-copies}} ms of device-to-device copies. Newton-Schulz was at the
+({{ch14-old-ns}} ms a step for ours, {{ch14-torch-ns}} for torch's), and ours
+added {{ch14-old-copies}} ms of device-to-device copies. Newton-Schulz was at the
 ceiling; the step around it was memory traffic, and two host syncs a step.
 """)
 
@@ -247,15 +247,15 @@ ratios = [c["bytes_ratio"] for c in counted.values()]
 assert prior_ms[0] < gap_ms < prior_ms[1]   # the count bracketed the record's gap
 assert all(c["ours"]["syncs"] == 0 and c["bytes_ratio"] < 1.15
            for c in counted.values())
-keep("ch16-prior-ours", f"{prior['ours_outside_ns_gib']:.1f}")
-keep("ch16-prior-torch", f"{prior['torch_outside_ns_gib']:.1f}")
-keep("ch16-prior-ms", "{:.0f}-{:.0f}".format(*prior_ms))
-keep("ch16-now-ours", f"{now['ours']['outside_ns_gib']:.1f}")
-keep("ch16-now-torch", f"{now['torch']['outside_ns_gib']:.1f}")
-keep("ch16-now-ms", "{:.1f}-{:.1f}".format(*now_ms))
-keep("ch16-predicted", "{:.0f}-{:.0f}".format(*(torch_ms + x for x in now_ms)))
-keep("ch16-torch-ms", f"{torch_ms:.0f}")
-keep("ch16-ratio-range", f"{min(ratios):.2f}-{max(ratios):.2f}")
+keep("ch14-prior-ours", f"{prior['ours_outside_ns_gib']:.1f}")
+keep("ch14-prior-torch", f"{prior['torch_outside_ns_gib']:.1f}")
+keep("ch14-prior-ms", "{:.0f}-{:.0f}".format(*prior_ms))
+keep("ch14-now-ours", f"{now['ours']['outside_ns_gib']:.1f}")
+keep("ch14-now-torch", f"{now['torch']['outside_ns_gib']:.1f}")
+keep("ch14-now-ms", "{:.1f}-{:.1f}".format(*now_ms))
+keep("ch14-predicted", "{:.0f}-{:.0f}".format(*(torch_ms + x for x in now_ms)))
+keep("ch14-torch-ms", f"{torch_ms:.0f}")
+keep("ch14-ratio-range", f"{min(ratios):.2f}-{max(ratios):.2f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
@@ -263,22 +263,22 @@ A step's GPU time outside Newton-Schulz is the bytes it reads and writes over th
 bandwidth, and those bytes can be counted without a GPU: run the step on the **meta device**
 (tensors with shapes and no data) under a dispatch mode that adds up each operation's bytes
 from its schema ([`muongrid/lab/stepcost.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/stepcost.py)). At the record's commit that count said our step
-moved {{ch16-prior-ours}} GiB outside Newton-Schulz against torch's
-{{ch16-prior-torch}} GiB. Over the memory's bandwidth, between the datasheet's 3.35 TB/s
+moved {{ch14-prior-ours}} GiB outside Newton-Schulz against torch's
+{{ch14-prior-torch}} GiB. Over the memory's bandwidth, between the datasheet's 3.35 TB/s
 and the 2.56 TB/s the record's fused AdamW pass reached, the difference is
-{{ch16-prior-ms}} ms, and the record measured {{ch16-old-gap}} ms. So the
+{{ch14-prior-ms}} ms, and the record measured {{ch14-old-gap}} ms. So the
 count predicts the GPU's time. Here it is for today's step (`python scripts/step_bench.py`, run as
 this page was built; "ops" are aten operations, about one kernel each):
 """)
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-Today's step moves {{ch16-ratio-range}} times torch's bytes (the extra is the NaN/Inf
+Today's step moves {{ch14-ratio-range}} times torch's bytes (the extra is the NaN/Inf
 check's one read of the gradients), in far fewer operations (one per shape bank, not one per
 matrix) and with no host sync. On Llama-3.2-1B's shapes it moves
-{{ch16-now-ours}} GiB outside Newton-Schulz against torch's {{ch16-now-torch}}:
-{{ch16-now-ms}} ms more at the same bandwidths, so the count predicts a step of
-{{ch16-predicted}} ms against torch's measured {{ch16-torch-ms}} ms, if its
+{{ch14-now-ours}} GiB outside Newton-Schulz against torch's {{ch14-now-torch}}:
+{{ch14-now-ms}} ms more at the same bandwidths, so the count predicts a step of
+{{ch14-predicted}} ms against torch's measured {{ch14-torch-ms}} ms, if its
 Newton-Schulz runs as fast as torch's (the record found both at about the same time).
 """)
 
@@ -323,14 +323,14 @@ shares = {k: llama[k]["gpu_ms"] / (fb_ms + llama[k]["gpu_ms"])
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 for k, v in shares.items():
-    keep(f"ch16-share-{k}", f"{v:.1%}")
+    keep(f"ch14-share-{k}", f"{v:.1%}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 At 16,384 tokens a step, the optimizer's share of the step (optimizer over forward + backward +
-optimizer) was {{ch16-share-torch_adamw_fused}} for fused AdamW,
-{{ch16-share-torch_hybrid}} for `torch.optim.Muon` with fused AdamW and
-{{ch16-share-dmuon_owner_batch}} for ours before the rebuild. One GPU is Muon's worst
+optimizer) was {{ch14-share-torch_adamw_fused}} for fused AdamW,
+{{ch14-share-torch_hybrid}} for `torch.optim.Muon` with fused AdamW and
+{{ch14-share-dmuon_owner_batch}} for ours before the rebuild. One GPU is Muon's worst
 case: it orthogonalises every matrix itself. The paper reports 1-3% at scale because data
 parallelism spreads Newton-Schulz over the ranks while forward and backward keep their share of
 tokens. {doc}`Chapter 13 <13_what_to_pick>` models the whole step on real clusters with the
@@ -358,11 +358,11 @@ model_vs_torch = owner["total"] * 1e3 / llama["torch_hybrid"]["gpu_ms"]
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert one["config"].dp * one["config"].tp == 1
 assert 0.8 < model_vs_torch < 1.25
-keep("ch16-model-vs-torch", f"{abs(model_vs_torch - 1):.0%}")
+keep("ch14-model-vs-torch", f"{abs(model_vs_torch - 1):.0%}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-The modelled Muon step is within {{ch16-model-vs-torch}} of `torch.optim.Muon`'s
+The modelled Muon step is within {{ch14-model-vs-torch}} of `torch.optim.Muon`'s
 measured one. Forward and backward are modelled shorter than measured: the model counts
 6 x parameters x tokens and leaves attention out, while the measured rate counted it, so on the
 clusters of {doc}`chapter 13 <13_what_to_pick>` the modelled shares err large.
@@ -383,19 +383,19 @@ clusters of {doc}`chapter 13 <13_what_to_pick>` the modelled shares err large.
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The solutions' figures.
 gpt2 = next(m for m in record["bench"]["models"] if m["model"] == "gpt2-124m")["runs"]
-keep("ch16-gpt2-gpu", f"{gpt2['torch_hybrid']['gpu_ms']:.1f}")
-keep("ch16-gpt2-host", f"{gpt2['torch_hybrid']['host_ms']:.1f}")
-keep("ch16-gpt2-ops", counted["gpt2-124m"]["ours"]["ops"])
-keep("ch16-gpt2-torch-ops", counted["gpt2-124m"]["torch"]["ops"])
+keep("ch14-gpt2-gpu", f"{gpt2['torch_hybrid']['gpu_ms']:.1f}")
+keep("ch14-gpt2-host", f"{gpt2['torch_hybrid']['host_ms']:.1f}")
+keep("ch14-gpt2-ops", counted["gpt2-124m"]["ours"]["ops"])
+keep("ch14-gpt2-torch-ops", counted["gpt2-124m"]["torch"]["ops"])
 graph = record["graph"]["gpt2-124m"]
 assert graph["graph_ms"] < 0.6 * graph["eager_ms"]
-keep("ch16-graph-eager", f"{graph['eager_ms']:.1f}")
-keep("ch16-graph-replay", f"{graph['graph_ms']:.1f}")
+keep("ch14-graph-eager", f"{graph['eager_ms']:.1f}")
+keep("ch14-graph-replay", f"{graph['graph_ms']:.1f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-1. On GPT-2's shapes torch's step took {{ch16-gpt2-gpu}} ms of GPU time and its host
-   {{ch16-gpt2-host}} ms to issue it. Which count of the meta-device table predicts
+1. On GPT-2's shapes torch's step took {{ch14-gpt2-gpu}} ms of GPU time and its host
+   {{ch14-gpt2-host}} ms to issue it. Which count of the meta-device table predicts
    the rebuilt step's time there, its bytes or its operations, and why?
 2. The record's fused AdamW pass read and wrote 28 bytes per parameter. Why 28?
 
@@ -404,10 +404,10 @@ say(r"""
 
 1. Its operations. When the host takes as long to issue a step as the GPU takes to run it, the
    GPU waits for launches: the step is bound by how many kernels it launches, not by the bytes
-   they move. The rebuilt step issues {{ch16-gpt2-ops}} aten operations where torch's
-   issues {{ch16-gpt2-torch-ops}}. The record shows the same from the other side:
+   they move. The rebuilt step issues {{ch14-gpt2-ops}} aten operations where torch's
+   issues {{ch14-gpt2-torch-ops}}. The record shows the same from the other side:
    capturing torch's GPT-2 step in one CUDA graph (one launch) took it from
-   {{ch16-graph-eager}} to {{ch16-graph-replay}} ms.
+   {{ch14-graph-eager}} to {{ch14-graph-replay}} ms.
 2. It reads the parameter, the gradient and both moments (4 x 4 bytes in fp32) and writes the
    parameter and both moments back (3 x 4): 28 bytes, in one pass.
 :::

@@ -269,16 +269,16 @@ live_pad = {r[0]: r[2] / r[1] for r in rows}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert live["ok"]
 assert all(same.values()), f"the ledger's ZeRO-1 bytes differ from DMuon's formula: {same}"
-keep("ch15-live-owner-pad", f"{live_pad['owner']:.3f}")
-keep("ch15-live-aligned-pad", f"{live_pad['aligned']:.2f}")
+keep("ch16-live-owner-pad", f"{live_pad['owner']:.3f}")
+keep("ch16-live-aligned-pad", f"{live_pad['aligned']:.2f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 The ledger's reduce-scatter and all-gather equal DMuon's formula applied to what the shards hold
 (the cell asserts it, for the mean over the ranks). The owner layout's even shards hold the
-matrices' elements {{ch15-live-owner-pad}} times over (padding only rounds up to a
+matrices' elements {{ch16-live-owner-pad}} times over (padding only rounds up to a
 multiple of the ranks); the aligned layout's, cut on matrix boundaries,
-{{ch15-live-aligned-pad}} times: five matrices of very different sizes cannot be split
+{{ch16-live-aligned-pad}} times: five matrices of very different sizes cannot be split
 into four equal runs of whole matrices, and every shard is padded to the largest. DMuon's
 reduce and broadcast are one collective per owner, with no shard to pad; the owner layout pays
 instead in pieces of matrices that cross a shard boundary, sent to their owner and back in bf16
@@ -378,43 +378,43 @@ for n in NS:
     assert math.isclose(titan, fsdpmuon[n])
 # 8 ranks take 4 layers each: one bucket of whole matrices balances exactly
 assert math.isclose(mine[8]["aligned_one"]["zero1"], elements[FLOOR][8])
-keep("ch15-p", f"{P / 1e9:.2f} billion")
+keep("ch16-p", f"{P / 1e9:.2f} billion")
 for n in NS:
-    keep(f"ch15-owner-extra-{n}", f"{mine[n]['owner']['ns'] / P:.3f}")
-    keep(f"ch15-aligned-{n}", f"{mine[n]['aligned']['elements'] / P:.1f}")
+    keep(f"ch16-owner-extra-{n}", f"{mine[n]['owner']['ns'] / P:.3f}")
+    keep(f"ch16-aligned-{n}", f"{mine[n]['aligned']['elements'] / P:.1f}")
     pad = mine[n]["aligned_one"]["zero1"] / (2 * (n - 1) / n * P)
-    keep(f"ch15-aligned-one-pad-{n}", f"{pad:.3f}")
+    keep(f"ch16-aligned-one-pad-{n}", f"{pad:.3f}")
 dion64 = rivals.dion_megabatch(shapes, 64)
-keep("ch15-dion-zeros-64", f"{dion64['padding'] / dion64['total']:.0%}")
+keep("ch16-dion-zeros-64", f"{dion64['padding'] / dion64['total']:.0%}")
 gap = elements["FSDP2 + muongrid FSDPMuon"][8] - elements["DMuon-Z3 (default)"][8]
-keep("ch15-z3-gap-8", f"{gap / P:.3f}")
+keep("ch16-z3-gap-8", f"{gap / P:.3f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-What the rows say, all for the same {{ch15-p}} elements:
+What the rows say, all for the same {{ch16-p}} elements:
 
 - **DMuon's design is the floor of its family.** Reducing the gradient straight to its owner
   and broadcasting the result moves $2\frac{N-1}{N}P_M$, what a ring all-reduce moves: the
   least a scheme that leaves the whole parameter on every rank can move, as their page says. muongrid's owner layout moves that in its reduce-scatter
   and all-gather, and on top the pieces of each matrix that lie away from its owner:
-  {{ch15-owner-extra-8}} $P_M$ on 8 ranks and {{ch15-owner-extra-64}} on 64.
+  {{ch16-owner-extra-8}} $P_M$ on 8 ranks and {{ch16-owner-extra-64}} on 64.
   Every Llama matrix is larger than the default bucket ($2^{20}$ elements), so each is cut over
   all $N$ ranks and $\frac{N-1}{N}$ of it travels to its owner and back.
 - **The aligned layout is the one that can reach that floor, but not with default buckets.** It
   cuts shards on matrix boundaries, so nothing travels for Newton-Schulz; but a matrix larger
   than a bucket then sits on one rank and every other rank's shard is padded to its size:
-  {{ch15-aligned-8}} $P_M$ on 8 ranks, {{ch15-aligned-64}} on 64. With one
-  bucket for all matrices the shards balance, to {{ch15-aligned-one-pad-8}} times the
-  floor on 8 ranks and {{ch15-aligned-one-pad-64}} on 64 (224 matrices of three sizes do
+  {{ch16-aligned-8}} $P_M$ on 8 ranks, {{ch16-aligned-64}} on 64. With one
+  bucket for all matrices the shards balance, to {{ch16-aligned-one-pad-8}} times the
+  floor on 8 ranks and {{ch16-aligned-one-pad-64}} on 64 (224 matrices of three sizes do
   not split evenly 64 ways). This is Megatron's layer-wise design, which packs whole matrices into
   shards with a cap on the padding; DMuon's per-owner reduce has no padding at all.
 - **Among the FSDP2 designs**, DMuon-Z3 replaces FSDP2's three collectives on the Muon matrices
   with three transfers of its own, and needs no optimizer-side gather: $3\frac{N-1}{N}P_M$.
   `FSDPMuon`, torchtitan's `Owned` and Dion's megabatch leave FSDP2 as it is and add an
-  all-to-all there and back, $2\frac{N-1}{N^2}P_M$ ({{ch15-z3-gap-8}} $P_M$ on 8
+  all-to-all there and back, $2\frac{N-1}{N^2}P_M$ ({{ch16-z3-gap-8}} $P_M$ on 8
   ranks): the same pieces in all three, since every Llama row count divides by 8 and 64. Dion
   pads its batches: on 64 ranks the 32 down projections are padded with 32 zero matrices, and
-  {{ch15-dion-zeros-64}} of its all-to-all traffic is zeros.
+  {{ch16-dion-zeros-64}} of its all-to-all traffic is zeros.
 """)
 
 
@@ -483,16 +483,16 @@ bf16_reduce = (gb["DMuon, DDP or Z2", "bf16, bf16 reduce"][8]
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert same_fp32 > 1 and same_bf16 > 1 and bf16_reduce < 1
-keep("ch15-bytes-fp32", f"{same_fp32:.3f}")
-keep("ch15-bytes-bf16", f"{same_bf16:.3f}")
-keep("ch15-bytes-bf16-reduce", f"{1 - bf16_reduce:.0%}")
+keep("ch16-bytes-fp32", f"{same_fp32:.3f}")
+keep("ch16-bytes-bf16", f"{same_bf16:.3f}")
+keep("ch16-bytes-bf16-reduce", f"{1 - bf16_reduce:.0%}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-With the same dtypes on both sides, muongrid's owner layout sends {{ch15-bytes-fp32}}
-times DMuon's bytes on 8 ranks with fp32 parameters and {{ch15-bytes-bf16}} times with
+With the same dtypes on both sides, muongrid's owner layout sends {{ch16-bytes-fp32}}
+times DMuon's bytes on 8 ranks with fp32 parameters and {{ch16-bytes-bf16}} times with
 bf16 parameters (the pieces sent to owners). DMuon's default with a bf16 forward copy also
-reduces gradients in bf16, {{ch15-bytes-bf16-reduce}} fewer bytes than with an fp32
+reduces gradients in bf16, {{ch16-bytes-bf16-reduce}} fewer bytes than with an fp32
 reduce: a precision choice (summing N bf16 gradients), not a saving of the design, and one that
 muongrid does not make. Under FSDP2, the all-to-all's dtype separates the three that share a
 design: torchtitan's fp32 buffers send twice the bytes of the bf16 ones for the same pieces.
@@ -563,7 +563,7 @@ tp = {label: v for label, _, v in tp_rows}
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
-keep("ch15-tp-gram-ratio",
+keep("ch16-tp-gram-ratio",
      f"{tp['Megatron, distributed'] / tp['Megatron, duplicated']:.1f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
@@ -571,7 +571,7 @@ say(r"""
 Under TP every design moves the DP share of each TP rank's $P_M/T$, and they differ in how a
 matrix is made whole. Gathering it to one rank (DMuon, muongrid) costs least; gathering it on
 every member of the owner's TP group (Megatron's "duplicated") more; the Gram all-reduce
-(Megatron's "distributed") {{ch15-tp-gram-ratio}} times the duplicated total here,
+(Megatron's "distributed") {{ch16-tp-gram-ratio}} times the duplicated total here,
 because a Llama matrix's Gram over its unsplit 4,096-wide side, five times, is larger than the
 matrix. That mode saves memory and idle TP ranks, not bytes.
 """)
@@ -591,7 +591,7 @@ matrix. That mode saves memory and idle TP ranks, not bytes.
 # - **`group`** has no counterpart in the others for a matrix on ZeRO-1: the nearest are
 #   Megatron's "distributed" mode and DMuon's optional TP Gram, both over the TP group the matrix
 #   is split over; muongrid picks a group of any ranks when one matrix holds more than its share
-#   of the work ({doc}`chapter 14 <14_muon_at_scale>`).
+#   of the work ({doc}`chapter 15 <15_muon_at_scale>`).
 # - **`FSDPMuon`** is the design torchtitan's `Owned` and Dion's megabatch share: FSDP2 unchanged,
 #   one all-to-all there and back. Ours sends bf16 (torchtitan: the parameter's dtype), balances
 #   owners by Newton-Schulz FLOPs over all matrices (Dion: by count per shape, with zero padding)
@@ -615,8 +615,8 @@ say(r"""
 - DMuon's stated formulas hold as mean elements per rank for one shard group: our ledger's
   reduce-scatter and all-gather equal its $2\frac{N-1}{N}$ on the elements our shards hold.
   Its HSDP table counts each replicate phase $N$ times over the mean.
-- For Llama-3-8B on 8 and 64 ranks, muongrid's owner layout moves {{ch15-owner-extra-8}}
-  and {{ch15-owner-extra-64}} $P_M$ per rank more than DMuon's floor; with matrices
+- For Llama-3-8B on 8 and 64 ranks, muongrid's owner layout moves {{ch16-owner-extra-8}}
+  and {{ch16-owner-extra-64}} $P_M$ per rank more than DMuon's floor; with matrices
   larger than a bucket the aligned layout pads far more. In bytes, dtypes (a bf16 gradient
   reduce, an fp32 all-to-all) move the totals as much as the designs do.
 - The numbers on this page come from `muongrid.lab.rivals` (their formulas, derived where they
@@ -638,28 +638,28 @@ say(r"""
 # The answers to the exercises, computed here and checked against the solutions.
 first = next(n for n in range(2, 100) if rivals.dmuon(P, n, "z3")["total"] > 2 * P)
 assert first == 4
-keep("ch15-ex1-n", first)
-keep("ch15-ex1-owner", f"{ours(first)['elements'] / P:.3f}")
+keep("ch16-ex1-n", first)
+keep("ch16-ex1-owner", f"{ours(first)['elements'] / P:.3f}")
 d48 = rivals.dion_megabatch(shapes, 48)
 assert d48["padding"] > 0 and 14336 % 48
-keep("ch15-ex2-zeros", f"{d48['padding'] / d48['total']:.0%}")
+keep("ch16-ex2-zeros", f"{d48['padding'] / d48['total']:.0%}")
 diff = (ours(N, T)["elements"] - rivals.dmuon_tp(P, N, T, "z2")["total"]) / P
 assert math.isclose(ours(N, T)["zero1"], rivals.dmuon_tp(P, N, T, "z2")["total"]
                     - 2 * (T - 1) / (N * T * T) * P)  # the same DP share
 assert math.isclose(diff, 2 / (N * T) * ((N * T - 1) / (N * T) - (T - 1) / T))
-keep("ch15-ex3-diff", f"{diff:.3f}")
+keep("ch16-ex3-diff", f"{diff:.3f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 :::{admonition} Solutions
 :class: dropdown
 
-1. On {{ch15-ex1-n}} ranks ($3\frac{N-1}{N} > 2$ from $N = 4$); the owner layout moves
-   {{ch15-ex1-owner}} $P_M$ there.
-2. {{ch15-ex2-zeros}}: 48 divides neither 64 nor 32, so each shape's batch is padded
+1. On {{ch16-ex1-n}} ranks ($3\frac{N-1}{N} > 2$ from $N = 4$); the owner layout moves
+   {{ch16-ex1-owner}} $P_M$ there.
+2. {{ch16-ex2-zeros}}: 48 divides neither 64 nor 32, so each shape's batch is padded
    with zero matrices to 96 or 48, and no row count of Llama's (1,024, 4,096, 14,336) divides
    by 48, so every block is padded with zero rows too.
-3. {{ch15-ex3-diff}} $P_M$. Both move the same DP share of every element. DMuon's
+3. {{ch16-ex3-diff}} $P_M$. Both move the same DP share of every element. DMuon's
    reduce already leaves each TP shard whole on its DP owner, so only the $\frac{T-1}{T}$ of the
    matrix held by the other TP shards' owners travels. Our reduce-scatter leaves each TP shard
    spread over the 8 DP ranks (every matrix is larger than a bucket), so the owner collects

@@ -100,19 +100,19 @@ assert at_1024["owner_ranks_idle"] == 1024 - 224     # most ranks own nothing
 assert at_64["owner_ns_max_over_mean"] < 1.1         # 64 ranks: balanced
 assert at_1024["owner_ns_max_over_mean"] > 5        # 1,024: the largest bounds it
 assert at_1024["group_ns_max_over_mean"] < at_1024["owner_ns_max_over_mean"] / 3
-keep("ch14-idle", at_1024["owner_ranks_idle"])
-keep("ch14-owner-ratio-64", f"{at_64['owner_ns_max_over_mean']:.2f}")
-keep("ch14-owner-ratio", f"{at_1024['owner_ns_max_over_mean']:.1f}")
-keep("ch14-group-ratio", f"{at_1024['group_ns_max_over_mean']:.2f}")
+keep("ch15-idle", at_1024["owner_ranks_idle"])
+keep("ch15-owner-ratio-64", f"{at_64['owner_ns_max_over_mean']:.2f}")
+keep("ch15-owner-ratio", f"{at_1024['owner_ns_max_over_mean']:.1f}")
+keep("ch15-group-ratio", f"{at_1024['group_ns_max_over_mean']:.2f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-On 64 ranks the owners are balanced (max/mean {{ch14-owner-ratio-64}}). On 1,024
-ranks {{ch14-idle}} ranks own nothing and the busiest does
-{{ch14-owner-ratio}} times the mean: ranks past the number of matrices buy nothing. A
+On 64 ranks the owners are balanced (max/mean {{ch15-owner-ratio-64}}). On 1,024
+ranks {{ch15-idle}} ranks own nothing and the busiest does
+{{ch15-owner-ratio}} times the mean: ranks past the number of matrices buy nothing. A
 plan that gives a matrix above the fair share (all Newton-Schulz FLOPs over the ranks) a *group*
 of ranks when that finishes it sooner, counting the group's own traffic
-(`build_plan(..., hw=profile)`, below), brings max/mean to {{ch14-group-ratio}} (the
+(`build_plan(..., hw=profile)`, below), brings max/mean to {{ch15-group-ratio}} (the
 "timed groups" column). The build times are one run each, on a shared machine.
 """)
 
@@ -131,7 +131,7 @@ of ranks when that finishes it sooner, counting the group's own traffic
 # owners), and the optimizer also splits $B$ among the members (below).
 # `muongrid.ns_group.zeropower_sharded` implements it.
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch14-group-steps", "caption": "One Newton-Schulz step of a matrix over a group of three ranks: the matrix is cut along its long side, each rank forms its block's Gram matrix, one all-reduce sums them, and each rank updates its own block with the same small $B$."}} jupyter={"source_hidden": true}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch15-group-steps", "caption": "One Newton-Schulz step of a matrix over a group of three ranks: the matrix is cut along its long side, each rank forms its block's Gram matrix, one all-reduce sums them, and each rank updates its own block with the same small $B$."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
@@ -196,31 +196,31 @@ print(f"blocks {[tuple(b.shape) for b in blocks]}; "
 assert [b.shape[1] for b in blocks] == [101, 100, 100]        # uneven blocks
 assert 0 < difference <= 1e-5 or difference == 0
 assert calls == 6 and nbytes == 4 * (1 + 5 * 96 * 96)
-keep("ch14-group-diff", f"{difference:.1e}")
+keep("ch15-group-diff", f"{difference:.1e}")
 split_calls, split_bytes = sharded_collectives(*G.shape, split_b=True, size=3)
 assert split_calls == 11 and split_bytes > nbytes
-keep("ch14-calls-plain", calls)
-keep("ch14-calls-split", split_calls)
-keep("ch14-plain-kb", f"{nbytes / 1e3:.0f}")
-keep("ch14-split-kb", f"{split_bytes / 1e3:.0f}")
+keep("ch15-calls-plain", calls)
+keep("ch15-calls-split", split_calls)
+keep("ch15-plain-kb", f"{nbytes / 1e3:.0f}")
+keep("ch15-split-kb", f"{split_bytes / 1e3:.0f}")
 from muongrid.ns_group import group_form
 
 assert group_form(*G.shape, 3) == "rows"
-keep("ch14-form-301", f'group_form(96, 301, 3) gives "{group_form(*G.shape, 3)}"')
+keep("ch15-form-301", f'group_form(96, 301, 3) gives "{group_form(*G.shape, 3)}"')
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-The group's result is within {{ch14-group-diff}} of one process's, inside the stated
+The group's result is within {{ch15-group-diff}} of one process's, inside the stated
 $10^{-5}$. The price is in the formula: each step all-reduces an $m \times m$ Gram in fp32, for a
 square matrix as many numbers as the matrix (exercise 1 counts five steps). And every rank still
 builds all of $B$, $2m^3$ FLOPs a step, unless the optimizer splits it (`split_b`): each member
 builds its rows of $B$ and one bf16 all-gather assembles them. So where the sketch above issues
-{{ch14-calls-plain}} collectives per matrix, the optimizer's Gram form issues
-{{ch14-calls-split}} (the norm, five Gram all-reduces and five all-gathers of $B$), with
-{{ch14-split-kb}} kB of input per rank on this 96 x 301 matrix against
-{{ch14-plain-kb}} kB (a ring all-reduce sends about twice its input). For a matrix this
+{{ch15-calls-plain}} collectives per matrix, the optimizer's Gram form issues
+{{ch15-calls-split}} (the norm, five Gram all-reduces and five all-gathers of $B$), with
+{{ch15-split-kb}} kB of input per rank on this 96 x 301 matrix against
+{{ch15-plain-kb}} kB (a ring all-reduce sends about twice its input). For a matrix this
 close to square the optimizer picks a second form, the row form, also eleven collectives a step
-({{ch14-form-301}}; see "The group layout, live").
+({{ch15-form-301}}; see "The group layout, live").
 """)
 
 # %% [markdown]
@@ -246,13 +246,13 @@ print(f"{moon['muon_matrices']:,} matrices, {moon['distinct_shapes']} distinct s
 assert moon["muon_matrices"] == 7 + 26 * (4 + 3 + 64 * 3)
 calls, owned = moon["owner_ns_calls_batched_max"], moon["owner_owned_max"]
 assert calls <= moon["distinct_shapes"] < owned / 5
-keep("ch14-moon-owned", moon["owner_owned_max"])
-keep("ch14-moon-calls", moon["owner_ns_calls_batched_max"])
+keep("ch15-moon-owned", moon["owner_owned_max"])
+keep("ch15-moon-calls", moon["owner_ns_calls_batched_max"])
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-So on 64 ranks the busiest owner's {{ch14-moon-owned}} matrices become
-{{ch14-moon-calls}} Newton-Schulz calls: the per-call overheads (kernel launches on a
+So on 64 ranks the busiest owner's {{ch15-moon-owned}} matrices become
+{{ch15-moon-calls}} Newton-Schulz calls: the per-call overheads (kernel launches on a
 GPU) are paid per shape, not per expert.
 """)
 
@@ -294,39 +294,39 @@ for c in ("muon", "polar_express"):                  # same polynomial, another 
     assert abs(err[(c, "gram")] - err[(c, "standard")]) < 1e-3
 assert ns_flops(256, 1024, 5, "gram") < ns_flops(256, 1024, 5, "standard")
 assert ns_matmuls(5, "standard") == 15 and NS_COEFFICIENTS == (3.4445, -4.7750, 2.0315)
-keep("ch14-err-muon", f"{err[('muon', 'standard')]:.3f}")
-keep("ch14-err-pe", f"{err[('polar_express', 'standard')]:.3f}")
+keep("ch15-err-muon", f"{err[('muon', 'standard')]:.3f}")
+keep("ch15-err-pe", f"{err[('polar_express', 'standard')]:.3f}")
 muon_sigma = sigma[("muon", "standard")]
 assert 0.5 < muon_sigma.min() < 0.9 and 1.1 < muon_sigma.max() < 1.3   # prose's band
-keep("ch14-sigma-lo", f"{muon_sigma.min():.2f}")
-keep("ch14-sigma-hi", f"{muon_sigma.max():.2f}")
+keep("ch15-sigma-lo", f"{muon_sigma.min():.2f}")
+keep("ch15-sigma-hi", f"{muon_sigma.max():.2f}")
 flop_ratio = ns_flops(256, 1024, 5, "standard") / ns_flops(256, 1024, 5, "gram")
-keep("ch14-flop-ratio", f"{flop_ratio:.2f}")
+keep("ch15-flop-ratio", f"{flop_ratio:.2f}")
 even = next(n for n in range(256, 1024) if ns_flops(256, n, 5, "gram")
             < ns_flops(256, n, 5, "standard"))   # the first long side where Gram saves
 assert 1.4 < even / 256 < 1.6 and ns_flops(256, 256, 5, "gram") > ns_flops(256, 256, 5)
-keep("ch14-gram-even", f"{even / 256:.1f}")
+keep("ch15-gram-even", f"{even / 256:.1f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-Polar Express lands closer to the polar factor ({{ch14-err-pe}} against Muon's
-{{ch14-err-muon}}) for the same 15 matmuls; the cubic is far behind in five steps.
+Polar Express lands closer to the polar factor ({{ch15-err-pe}} against Muon's
+{{ch15-err-muon}}) for the same 15 matmuls; the cubic is far behind in five steps.
 Three caveats keep this from being a verdict on training:
 
 - Muon's quintic does not aim at 1: it lifts small singular values fast and leaves them in a
-  band around 1 by design (on this matrix, from {{ch14-sigma-lo}} to
-  {{ch14-sigma-hi}} after five steps), so its larger distance to $UV^\top$ is a
+  band around 1 by design (on this matrix, from {{ch15-sigma-lo}} to
+  {{ch15-sigma-hi}} after five steps), so its larger distance to $UV^\top$ is a
   choice; whether Polar Express trains better is an experiment not run here.
 - The Polar Express coefficients are the published set for five steps, a lower bound of
   $10^{-3}$ on the singular values and a safety factor of $2 \times 10^{-2}$
   (`muongrid.ns_variants`); other set-ups give other sets, and `ns_coefficients` takes any
   schedule.
 - The Gram form saves FLOPs only once the long side is more than
-  {{ch14-gram-even}} times the short one, and costs more on square matrices. Its
+  {{ch15-gram-even}} times the short one, and costs more on square matrices. Its
   $m \times m$ iteration runs in fp32 even for bf16 input: rounded to bf16 the Gram loses its
   small eigenvalues and the iteration can diverge.
 
-On this shape the Gram form gives the same errors with {{ch14-flop-ratio}} times fewer
+On this shape the Gram form gives the same errors with {{ch15-flop-ratio}} times fewer
 FLOPs. Whether that shows as time on this shared 2-core machine is a measurement, repeated:
 """)
 
@@ -347,11 +347,11 @@ print(verdict)
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 assert len(times["gram"]) == len(times["standard"]) == 5
-keep("ch14-verdict", verdict)
+keep("ch15-verdict", verdict)
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-Verdict over five interleaved rounds: {{ch14-verdict}} (a form wins only if its median
+Verdict over five interleaved rounds: {{ch15-verdict}} (a form wins only if its median
 is more than 10% lower and the spreads do not overlap, `muongrid.lab.verdicts`).
 [`scripts/ns_variants.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/ns_variants.py) gives the full table per shape and dtype, with bf16.
 """)
@@ -390,7 +390,7 @@ table(["model", "grid", "owner", "FLOP, any ranks", "FLOP windows", "group (time
       [[name, f"{r['dp']} x {r['tp']}", *(f"{r[k + '_ns_ms']:.1f} ms" for k in RULES)]
        for name, r in projected], align="llrrrrr")
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch14-projection", "caption": "Newton-Schulz time per step on the busiest rank (log scale), group collectives included, projected from the plan with the assumed H100 figures: one owner per matrix, FLOP-sized groups on any ranks, FLOP-sized TP-local windows (the optimizer's rule without a profile), groups sized by time (`build_plan(..., hw=profile)`, the optimizer's rule with `hw=`), and an even split of the work (the ideal)."}} jupyter={"source_hidden": true}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch15-projection", "caption": "Newton-Schulz time per step on the busiest rank (log scale), group collectives included, projected from the plan with the assumed H100 figures: one owner per matrix, FLOP-sized groups on any ranks, FLOP-sized TP-local windows (the optimizer's rule without a profile), groups sized by time (`build_plan(..., hw=profile)`, the optimizer's rule with `hw=`), and an even split of the work (the ideal)."}} jupyter={"source_hidden": true}
 fig, ax = plt.subplots(figsize=(8, 3))
 labels = [f"{name}\n{r['dp']}x{r['tp']}" for name, r in projected]
 names = {"scattered": "FLOP, any ranks", "flops": "FLOP windows",
@@ -422,28 +422,28 @@ assert b8["group_ns_ms"] < b8["owner_ns_ms"] / 2
 hw = last_json(big_out)["hw"]   # the text: H100 table, NS at 50% of peak, nodes of 8
 assert (hw["flops"], hw["efficiency"], hw["gpus_per_node"]) == (989e12, 0.5, 8)
 assert hw["nvlink"] == [3e-6, 450e9] and hw["infiniband"] == [5e-6, 50e9]
-keep("ch14-70b-owner", f"{b70['owner_ns_ms']:.0f}")
-keep("ch14-70b-group", f"{b70['group_ns_ms']:.0f}")
-keep("ch14-70b-ideal", f"{b70['ideal_ns_ms']:.0f}")
-keep("ch14-8b-owner", f"{b8['owner_ns_ms']:.1f}")
-keep("ch14-8b-scattered", f"{b8['scattered_ns_ms']:.1f}")
-keep("ch14-8b-flops", f"{b8['flops_ns_ms']:.1f}")
-keep("ch14-8b-flops-k", b8["flops_group_size_max"])
-keep("ch14-8b-group", f"{b8['group_ns_ms']:.1f}")
-keep("ch14-8b-group-k", b8["group_size_max"])
+keep("ch15-70b-owner", f"{b70['owner_ns_ms']:.0f}")
+keep("ch15-70b-group", f"{b70['group_ns_ms']:.0f}")
+keep("ch15-70b-ideal", f"{b70['ideal_ns_ms']:.0f}")
+keep("ch15-8b-owner", f"{b8['owner_ns_ms']:.1f}")
+keep("ch15-8b-scattered", f"{b8['scattered_ns_ms']:.1f}")
+keep("ch15-8b-flops", f"{b8['flops_ns_ms']:.1f}")
+keep("ch15-8b-flops-k", b8["flops_group_size_max"])
+keep("ch15-8b-group", f"{b8['group_ns_ms']:.1f}")
+keep("ch15-8b-group-k", b8["group_size_max"])
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 Under these assumptions, on 1,024 ranks Llama-3-70B's busiest rank would spend
-{{ch14-70b-owner}} ms on Newton-Schulz per step with one owner per matrix and
-{{ch14-70b-group}} ms with groups sized by time, against an ideal of
-{{ch14-70b-ideal}} ms. Llama-3-8B shows why groups must be priced by time: sized by
-FLOPs its groups grow to {{ch14-8b-flops-k}} ranks, past a node, and each group's
+{{ch15-70b-owner}} ms on Newton-Schulz per step with one owner per matrix and
+{{ch15-70b-group}} ms with groups sized by time, against an ideal of
+{{ch15-70b-ideal}} ms. Llama-3-8B shows why groups must be priced by time: sized by
+FLOPs its groups grow to {{ch15-8b-flops-k}} ranks, past a node, and each group's
 eleven collectives a step cross InfiniBand, so both FLOP-sized rules are *slower* than one owner
-per matrix ({{ch14-8b-scattered}} ms on any ranks, {{ch14-8b-flops}} ms in
+per matrix ({{ch15-8b-scattered}} ms on any ranks, {{ch15-8b-flops}} ms in
 windows, which must start on a node boundary and so have fewer places to go, against
-{{ch14-8b-owner}} ms). The timed plan keeps every group inside a node (at most
-{{ch14-8b-group-k}} ranks) and needs {{ch14-8b-group}} ms. So give the
+{{ch15-8b-owner}} ms). The timed plan keeps every group inside a node (at most
+{{ch15-8b-group-k}} ranks) and needs {{ch15-8b-group}} ms. So give the
 optimizer the profile: without one, `layout="group"` runs the FLOP windows, safe only where the
 largest matrices' fair-share groups fit in a node.
 """)
@@ -479,38 +479,38 @@ for _, r in projected:
 extra_bytes = max(r["group_bytes_per_rank_max"] / r["owner_bytes_per_rank_max"] - 1
                   for _, r in projected)
 assert 0 < extra_bytes < 0.2
-keep("ch14-extra-bytes", f"{extra_bytes:.0%}")
+keep("ch15-extra-bytes", f"{extra_bytes:.0%}")
 share = b8["group_ns_ms"] / b8["group_step_ms"]
-keep("ch14-1024-step-share", f"{share:.0%}")
+keep("ch15-1024-step-share", f"{share:.0%}")
 grows = [(small[0], b8), (moons[0], moons[1])]   # the same model on 64, then more ranks
 assert all(hi["owner_step_ms"] > lo["owner_step_ms"] for lo, hi in grows)
 assert max(r["group_collectives_per_rank_max"] - r["owner_collectives_per_rank_max"]
            for _, r in projected if r["grouped_matrices"]) >= 11
 for key, value in (("8b-64", small[0]), ("8b-1024", b8), ("moon-64", moons[0]),
                    ("moon-1024", moons[1])):
-    keep(f"ch14-step-{key}", f"{value['owner_step_ms']:,.0f}")
-keep("ch14-moon-calls-1024", f"{moons[1]['owner_collectives_per_rank_max']:,}")
-keep("ch14-dp-1024", b8["dp"])
+    keep(f"ch15-step-{key}", f"{value['owner_step_ms']:,.0f}")
+keep("ch15-moon-calls-1024", f"{moons[1]['owner_collectives_per_rank_max']:,}")
+keep("ch15-dp-1024", b8["dp"])
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-The groups add at most {{ch14-extra-bytes}} to the busiest rank's bytes here, because
+The groups add at most {{ch15-extra-bytes}} to the busiest rank's bytes here, because
 ZeRO-1's own traffic is far larger, and eleven collectives per group membership a step; on a
 small problem the share is far larger (the live run below measures how much larger). The projected step falls only modestly: it is dominated by
-ZeRO-1's gradient and parameter collectives over DP groups of {{ch14-dp-1024}} ranks
-(Newton-Schulz is {{ch14-1024-step-share}} of Llama-3-8B's projected group step on
+ZeRO-1's gradient and parameter collectives over DP groups of {{ch15-dp-1024}} ranks
+(Newton-Schulz is {{ch15-1024-step-share}} of Llama-3-8B's projected group step on
 1,024 ranks). That traffic is also why the projected step *grows* with the ranks: Llama-3-8B's
-owner step from {{ch14-step-8b-64}} ms on 64 ranks to {{ch14-step-8b-1024}} ms
-on 1,024, Moonlight's from {{ch14-step-moon-64}} ms to
-{{ch14-step-moon-1024}} ms: each rank joins about as many collectives a step
-({{ch14-moon-calls-1024}} for Moonlight), but every ring passes through more ranks, one
+owner step from {{ch15-step-8b-64}} ms on 64 ranks to {{ch15-step-8b-1024}} ms
+on 1,024, Moonlight's from {{ch15-step-moon-64}} ms to
+{{ch15-step-moon-1024}} ms: each rank joins about as many collectives a step
+({{ch15-moon-calls-1024}} for Moonlight), but every ring passes through more ranks, one
 latency per hop.
 """)
 
 # %% [markdown]
-# {numref}`fig-ch14-scale-explorer` puts every plan of this section side by side.
+# {numref}`fig-ch15-scale-explorer` puts every plan of this section side by side.
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch14-scale-explorer", "caption": "The plans at scale, one slider position per model and grid (every number from `plan_at_scale.py`, run above): Newton-Schulz ms per step on the busiest rank under each group rule (left, log scale, the H100 figures), and what the group plan costs besides, as group / owner (right; the dotted line is the owner plan). The title gives both plans' NS load max/mean and build times."}} jupyter={"source_hidden": true}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch15-scale-explorer", "caption": "The plans at scale, one slider position per model and grid (every number from `plan_at_scale.py`, run above): Newton-Schulz ms per step on the busiest rank under each group rule (left, log scale, the H100 figures), and what the group plan costs besides, as group / owner (right; the dotted line is the owner plan). The title gives both plans' NS load max/mean and build times."}} jupyter={"source_hidden": true}
 from muongrid.lab.explorers import Figure
 from muongrid.lab.scale_explorer import scale_explorer
 
@@ -557,22 +557,22 @@ row_form = costmodel.group_row_bytes(96, 230, 4, steps)
 assert gram[0] == row_form < costmodel.group_gram_bytes(96, 230, 4, steps)  # < Gram
 assert group_live["ns_calls"] == 4 + 3   # four members of one group, three owners
 live_diff = group_live["max_abs_diff"]
-keep("ch14-live-group-diff", "matches it bit for bit in this run" if live_diff == 0 else
+keep("ch15-live-group-diff", "matches it bit for bit in this run" if live_diff == 0 else
      f"differs by at most {live_diff:.1e}")
-keep("ch14-live-gram-kb", f"{gram[0] / 1e3:.0f}")
+keep("ch15-live-gram-kb", f"{gram[0] / 1e3:.0f}")
 sent = {name: max(sum(p["bytes_sent"] for p in ledger["phases"].values())
                   for ledger in layout["ledger_per_rank"])
         for name, layout in (("owner", owner_live), ("group", group_live))}
-keep("ch14-live-owner-kb", f"{sent['owner'] / 1e3:.0f}")
-keep("ch14-live-group-kb", f"{sent['group'] / 1e3:.0f}")
-keep("ch14-live-bytes-ratio", f"{sent['group'] / sent['owner']:.1f}")
+keep("ch15-live-owner-kb", f"{sent['owner'] / 1e3:.0f}")
+keep("ch15-live-group-kb", f"{sent['group'] / 1e3:.0f}")
+keep("ch15-live-bytes-ratio", f"{sent['group'] / sent['owner']:.1f}")
 assert sent["group"] > 2 * sent["owner"]
 longest = max(n for n in range(1024, 8 * 1024, 8) if group_form(1024, n, 4) == "rows")
 square = (group_ring_bytes("rows", 1024, 1024, 4)
           / group_ring_bytes("gram", 1024, 1024, 4))
 assert 2.5 < longest / 1024 < 4 and square < 0.5
-keep("ch14-rows-upto", f"{longest / 1024:.1f}")
-keep("ch14-rows-square", f"{square:.0%}")
+keep("ch15-rows-upto", f"{longest / 1024:.1f}")
+keep("ch15-rows-square", f"{square:.0%}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
@@ -583,8 +583,8 @@ it together over a process subgroup, in whichever of two forms sends fewer bytes
 (`ns_group.group_form`): the Gram form `zeropower_sharded`, or, for a matrix not much longer than
 wide, the row form `zeropower_rows` (the matrix, then each step every member's rows of $A$ and of
 $X$, all-gathered in bf16); every element then goes back where it came from. For a group of four
-and a short side of 1,024 the row form wins up to a long side {{ch14-rows-upto}} times
-the short one, and on a square matrix it sends {{ch14-rows-square}} of the Gram form's
+and a short side of 1,024 the row form wins up to a long side {{ch15-rows-upto}} times
+the short one, and on a square matrix it sends {{ch15-rows-square}} of the Gram form's
 bytes. Below, four ranks (DP 2 x TP 2) run three steps of the owner and group layouts side by
 side against single-device Muon, on one 96 x 230 matrix (nearly all the Newton-Schulz work) and
 three small ones.
@@ -629,32 +629,32 @@ assert group_form(4096, 4096, 4) == "rows" and all(
     for p in bench["variants"][G["variant"]]["bytes_per_phase_per_rank"])
 assert G["ns_calls"] > O["ns_calls"] and G["bytes_ratio"] > O["bytes_ratio"]
 lower = beats(G["muon_overhead_ratio_all"], O["muon_overhead_ratio_all"])
-keep("ch14-rec-verdict",
+keep("ch15-rec-verdict",
      "is lower under group, outside the noise (every measured step)" if lower else
      "ties inside the noise between the two layouts in this record")
-keep("ch14-rec-owner", ratio_text(O["muon_overhead_ratio_all"]))
-keep("ch14-rec-group", ratio_text(G["muon_overhead_ratio_all"]))
-keep("ch14-rec-bytes", f"{G['bytes_ratio'] / O['bytes_ratio']:.1f}")
+keep("ch15-rec-owner", ratio_text(O["muon_overhead_ratio_all"]))
+keep("ch15-rec-group", ratio_text(G["muon_overhead_ratio_all"]))
+keep("ch15-rec-bytes", f"{G['bytes_ratio'] / O['bytes_ratio']:.1f}")
 # medians over the ranks: one rank's peak moves between runs
 typical = {name: statistics.median(
                bench["variants"][v["variant"]]["peak_bytes_per_rank"])
            for name, v in bench["layouts"].items()}
-keep("ch14-rec-peak", f"{typical['group'] / typical['owner']:.1f}")
-keep("ch14-rec-load", f"{record['load_average_1min'][0]:g}")
+keep("ch15-rec-peak", f"{typical['group'] / typical['owner']:.1f}")
+keep("ch15-rec-load", f"{record['load_average_1min'][0]:g}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 The owner layout matches the reference bit for bit, and so does every matrix the group layout
-leaves to an owner; the one grouped matrix, the 96 x 230, {{ch14-live-group-diff}}
+leaves to an owner; the one grouped matrix, the 96 x 230, {{ch15-live-group-diff}}
 (the check allows the `--atol 1e-3` given here). It runs in the row form, which splits each GEMM
 by rows, and a kernel may round a block of rows differently from the whole:
 [`tests/test_group_layout.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_group_layout.py)
 holds grouped matrices within $10^{-2}$ of the reference's update, relative, on 1 x 1 to 2 x 4,
-and the others bit for bit. Each member sends {{ch14-live-gram-kb}} kB a step for the
+and the others bit for bit. Each member sends {{ch15-live-gram-kb}} kB a step for the
 group's collectives (the ledger's phase `ns_group_gram`), what the closed form
 (`costmodel.group_bytes`) says, rank by rank; the busiest rank sends
-{{ch14-live-group-kb}} kB a step under the group layout against
-{{ch14-live-owner-kb}} kB under owner.
+{{ch15-live-group-kb}} kB a step under the group layout against
+{{ch15-live-owner-kb}} kB under owner.
 
 Time and memory need bigger matrices than a live cell can afford. The issue that asked for the
 group layout set its bar on the report's shapes (one 4096 x 4096 matrix with 99.1% of the
@@ -662,7 +662,7 @@ Newton-Schulz FLOPs, beside four smaller ones) on DP 2 x TP 2, against one proce
 cores: `bench.py --dp 2 --tp 2 --layout owner,group --single --report-shapes`. Its steps take
 seconds, so `make record` runs it once and keeps the result in `book/data/` with its command,
 commit, machine and load average. The machine was not idle: on its 2 cores the load average
-was {{ch14-rec-load}} when the run started (the benchmark `make record` had just run,
+was {{ch15-rec-load}} when the run started (the benchmark `make record` had just run,
 and other jobs), so read the seconds as a loaded machine's and lean on what was measured side by
 side in one run: the Muon overhead ratio of {doc}`chapter 8 <08_beyond_poc>` (1.0: Muon adds on
 the grid just what it adds in one process), with its spread over the measured steps.
@@ -670,11 +670,11 @@ the grid just what it adds in one process), with its spread over the measured st
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-The overhead ratio {{ch14-rec-verdict}}: {{ch14-rec-owner}} with one owner per
-matrix, {{ch14-rec-group}} with the 4096 x 4096 matrix shared by the four ranks
+The overhead ratio {{ch15-rec-verdict}}: {{ch15-rec-owner}} with one owner per
+matrix, {{ch15-rec-group}} with the 4096 x 4096 matrix shared by the four ranks
 (median, then min-max of the steps). The price is in the other columns: the group layout sends
-{{ch14-rec-bytes}} times the owner layout's bytes, and its ranks peak at
-{{ch14-rec-peak}} times the memory (medians over the ranks), because a member holds its
+{{ch15-rec-bytes}} times the owner layout's bytes, and its ranks peak at
+{{ch15-rec-peak}} times the memory (medians over the ranks), because a member holds its
 block and the buffers of the group's collectives (this square matrix runs in the row form, which
 all-gathers the whole matrix on every member). On a GPU cluster the trade is the same: a group
 spends link bandwidth and memory to shorten the busiest rank's Newton-Schulz, which pays only
@@ -728,24 +728,24 @@ assert TG["groups"] == {f"{b}.{i}": list(m) for (b, i), m in timed_groups.items(
 # the prose: two of the four ranks
 assert hw["parallel_ranks"] == 2 and TG["groups"] == {"0.0": [0, 1]}
 assert TG["bytes_ratio"] < G["bytes_ratio"]
-keep("ch14-timed-members", "ranks 0 and 1, one TP group")
-keep("ch14-timed-ratio", ratio_text(TG["muon_overhead_ratio_all"]))
-keep("ch14-timed-owner", ratio_text(TO["muon_overhead_ratio_all"]))
+keep("ch15-timed-members", "ranks 0 and 1, one TP group")
+keep("ch15-timed-ratio", ratio_text(TG["muon_overhead_ratio_all"]))
+keep("ch15-timed-owner", ratio_text(TO["muon_overhead_ratio_all"]))
 two, four = TG["muon_overhead_ratio_all"], G["muon_overhead_ratio_all"]
 vs_flops = ("lower than with four members, outside the noise" if beats(two, four) else
             "higher than with four members" if beats(four, two) else
             "a tie with four members inside the noise")
-keep("ch14-timed-vs-flops", vs_flops)
-keep("ch14-timed-bytes", f"{G['bytes_ratio'] / TG['bytes_ratio']:.1f}")
+keep("ch15-timed-vs-flops", vs_flops)
+keep("ch15-timed-bytes", f"{G['bytes_ratio'] / TG['bytes_ratio']:.1f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-Sized by time, the 4096 x 4096 matrix goes to two members, {{ch14-timed-members}}.
-Its overhead ratio is {{ch14-timed-ratio}}, {{ch14-timed-vs-flops}}
-({{ch14-rec-group}} above), and the group layout sends {{ch14-timed-bytes}}
+Sized by time, the 4096 x 4096 matrix goes to two members, {{ch15-timed-members}}.
+Its overhead ratio is {{ch15-timed-ratio}}, {{ch15-timed-vs-flops}}
+({{ch15-rec-group}} above), and the group layout sends {{ch15-timed-bytes}}
 times fewer bytes than with four. The two runs are separate, each against its own one-process
 baseline, so compare their ratios, not their seconds; the owner layout's ratio shows the drift
-between runs: {{ch14-timed-owner}} here against {{ch14-rec-owner}} before.
+between runs: {{ch15-timed-owner}} here against {{ch15-rec-owner}} before.
 """)
 
 # %% [markdown]
@@ -816,7 +816,7 @@ planned = {f"{k[0]}.{k[1]}": list(m) for k, m in plans["slow machine"].items()}
 assert planned == timed["groups"]   # the optimizer ran the plan build_plan gives
 assert timed["ok"] and timed["max_abs_diff"] <= 1e-3 and timed["state_dict_roundtrip"]
 assert "g0-1-2+g0-3" == timed["ledger"]["phases"]["ns_group_gram"]["group"]
-keep("ch14-timed-diff", "bit for bit" if timed["max_abs_diff"] == 0 else
+keep("ch15-timed-diff", "bit for bit" if timed["max_abs_diff"] == 0 else
      f"within {timed['max_abs_diff']:.1e}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
@@ -825,7 +825,7 @@ Without a profile each large matrix gets a FLOP-sized window of contiguous ranks
 figures neither gets a group: each one's Newton-Schulz takes less time than the latency of a
 group's eleven collectives. On the slow machine the first matrix gets ranks 0, 1 and 2, and the
 second ranks 0 and 3: not contiguous, and sharing rank 0, because a group inside a node takes
-that node's least-busy ranks. The run matches one process {{ch14-timed-diff}}, and rank
+that node's least-busy ranks. The run matches one process {{ch15-timed-diff}}, and rank
 0's ledger row for the group collectives names both of its subgroups (`g0-1-2+g0-3`).
 """)
 
@@ -870,22 +870,22 @@ that node's least-busy ranks. The run matches one process {{ch14-timed-diff}}, a
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 _, ex1 = sharded_collectives(4096, 4096)
 assert ex1 == 4 * (1 + 5 * 4096 * 4096)
-keep("ch14-ex1-mb", f"{ex1 / 1e6:.0f}")
-keep("ch14-ex1-ratio", f"{ex1 / (2 * 4096 * 4096):.0f}")
+keep("ch15-ex1-mb", f"{ex1 / 1e6:.0f}")
+keep("ch15-ex1-ratio", f"{ex1 / (2 * 4096 * 4096):.0f}")
 for key in ("owner_ns_ms", "group_ns_ms"):
     assert big[0][key] == big[1][key], key
 assert big[1]["owner_bytes_per_rank_mean"] < 0.6 * big[0]["owner_bytes_per_rank_mean"]
-keep("ch14-ex2-ms", f"{big[1]['owner_ns_ms']:.0f}")
+keep("ch15-ex2-ms", f"{big[1]['owner_ns_ms']:.0f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 :::{admonition} Solutions
 :class: dropdown
 
-1. {{ch14-ex1-mb}} MB (one scalar and five 4096 x 4096 fp32 Grams), which is
-   {{ch14-ex1-ratio}} times the matrix in bf16; a ring all-reduce sends about twice its
+1. {{ch15-ex1-mb}} MB (one scalar and five 4096 x 4096 fp32 Grams), which is
+   {{ch15-ex1-ratio}} times the matrix in bf16; a ring all-reduce sends about twice its
    input per rank on top. For a square matrix the group moves more than the matrix itself.
-2. No: {{ch14-ex2-ms}} ms on both. Newton-Schulz runs on whole matrices and the owner
+2. No: {{ch15-ex2-ms}} ms on both. Newton-Schulz runs on whole matrices and the owner
    and group choice look only at FLOPs, the number of ranks (1,024 on both) and which ranks
    share a node (8 consecutive on both); the TP split changes how the pieces travel to the
    owners (the bytes per rank halve on 64 x 16), not who computes.
