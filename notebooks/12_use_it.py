@@ -320,8 +320,8 @@ that study) for both groups.
 # - **`add_param_group`.** Single device: adds a group. Ours: refused, because the ZeRO-1 plan (and
 #   FSDPMuon's owners) are fixed when the optimizer is built.
 # - **A step without any gradient.** Single device: a no-op. Ours: a no-op plus one small
-#   all-reduce of flags on the host (over gloo, beside NCCL on GPUs: no device sync), because
-#   every rank must agree which parameters to skip.
+#   all-reduce of flags on the device (no host collective), because every rank must agree which
+#   parameters to skip; only a rank that lacks a gradient reads the agreed flags back.
 #
 # ## Summary
 #

@@ -31,9 +31,9 @@ Why one wrapper:
 A group of one rank moves nothing and records zero bytes, so a 1 x 1 grid needs no process group; its
 collectives hand back their input (no copy: a one-GPU step pays for no traffic it does not need).
 
-**The host group.** What the step decides on the host (which parameters have a gradient on some rank) is
-agreed over ``host_group``: a gloo group beside NCCL's, or the world group where the backend already runs on
-the host (gloo), so the agreement costs no device-to-host copy and no GPU sync (``all_reduce_host``).
+**No host collective in a step.** What every rank must decide alike (which parameters have a gradient on
+some rank, whether a NaN/Inf stops the step) rides one small device all-reduce (``contract.vote``), so the
+optimizers keep no gloo group beside NCCL and a steady-state step reads nothing back to the host.
 """
 from __future__ import annotations
 
@@ -210,24 +210,6 @@ class Ledger:
         return "\n".join(lines)
 
 
-_ON_HOST = [False]
-
-
-@contextlib.contextmanager
-def on_host():
-    """Marks a collective that runs on host tensors by design (``Comm.all_reduce_host``), so a device audit
-    (``lab/devicecheck.py``) does not count it as a tensor left off the device."""
-    _ON_HOST[0] = True
-    try:
-        yield
-    finally:
-        _ON_HOST[0] = False
-
-
-def host_collective_running() -> bool:
-    return _ON_HOST[0]
-
-
 def subgroup_name(ranks) -> str:
     """The ledger's name of the process group of world ranks ``ranks``: "g0-1-2"."""
     return "g" + "-".join(str(r) for r in ranks)
@@ -375,29 +357,6 @@ class Comm:
         rec = self._record("all_reduce", group, size, -(-tensor.numel() // size), tensor.dtype, phase)
         if size > 1:
             self._collective(rec, lambda a: dist.all_reduce(tensor, op=op, group=pg, async_op=a))
-        return tensor
-
-    def host_group(self):
-        """The process group for decisions the host makes (see the module docstring): made once, on first use,
-        by every rank together (``dist.new_group`` is collective; the optimizer asks for it when it is built)."""
-        if not hasattr(self, "_host_pg") and getattr(self.grid, "ep", 1) > 1:
-            self._host_pg = self.grid.host_group   # an expert grid made its own (collectively, with the others')
-        if not hasattr(self, "_host_pg"):
-            backend = dist.get_backend() if dist.is_initialized() else "gloo"
-            self._host_pg = dist.new_group(backend="gloo", **self._timeout()) if backend == "nccl" else None
-        return self._host_pg
-
-    def all_reduce_host(self, tensor: torch.Tensor, phase: str, op=dist.ReduceOp.MAX, job: bool = False) -> torch.Tensor:
-        """All-reduce a host (CPU) tensor in place over the grid's world through ``host_group`` (``job``: over
-        every rank of the job, through an expert grid's ``job_host_group``)."""
-        ep = getattr(self.grid, "ep", 1) if job else 1
-        world = self.grid.dp * self.grid.tp * ep
-        rec = self._record("all_reduce", "job" if job else "world", world, -(-tensor.numel() // world), tensor.dtype,
-                           phase)
-        if world > 1:
-            pg = self.grid.job_host_group if ep > 1 else self.host_group()
-            with on_host():
-                self._collective(rec, lambda a: dist.all_reduce(tensor, op=op, group=pg, async_op=a))
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, group: str, phase: str, src: int = 0) -> torch.Tensor:

@@ -14,15 +14,16 @@ and ``torch.optim.AdamW``):
   optimizer's defaults hold ``betas``; a Muon group keeps ``momentum`` and ``betas[0]`` as one value,
   whichever was written last (``MomentumSync``);
 * a gradient that is None on every rank skips its parameter (no decay, no state change, no step
-  count), as torch skips it; None on some ranks only counts as zeros there. One small all-reduce of host
-  values per step decides it on every rank alike (``grads_present``), so no rank waits for a gradient that
-  never comes, and no GPU waits for the host;
+  count), as torch skips it; None on some ranks only counts as zeros there. A few int32s per parameter in the
+  step's one small device all-reduce decide it on every rank alike (``vote``), so no rank waits for a gradient
+  that never comes; no host collective runs, and a rank that holds every gradient reads nothing back;
 * pickling an optimizer that holds process groups is refused with the fix (``refuse_pickle``).
 
 Ranks decide together (issue 40): whether a step is taken, skipped or refused is the same on every rank, decided
 before the first collective that moves gradients, so a loop that skips a bad batch keeps every rank in step:
 
-* the NaN/Inf verdict rides the presence vote (``vote``; ``finite.py`` says what "raise" and "defer" do with it);
+* the NaN/Inf verdict rides the same ballot as presence (``vote``; ``finite.py`` says what "raise" and "defer" do
+  with it);
   on an expert grid the vote spans the job, and ``prepare_together`` decides a model's optimizers as one;
 * ``torch.amp.GradScaler`` is refused at its first ``scaler.step(opt)`` (``refuse_grad_scaler`` says why: its
   overflow flag is each rank's own); bf16 autocast needs no scaler;
@@ -188,63 +189,74 @@ def where_of(grid, step: int) -> str:
     return f"rank {rank} (dp {rank // tp}, tp {rank % tp}), step {step}"
 
 
-def grads_present(params: list[torch.Tensor], comm, codes: list[int] | None = None):
-    """For each parameter: whether any rank of the grid has a gradient for it. The host knows its own
-    (``p.grad is not None``); with several ranks one all-reduce (MAX) of one int per parameter over
-    ``comm.host_group`` (gloo beside NCCL) makes every rank take the same decision, with no device read and no
-    GPU sync. Through ``comm`` (its timeout watchdog names a peer that never comes), under the phase "contract",
-    which the ledger's summaries leave out: their bytes are the algorithm's.
-
-    ``codes`` (``check_finite="raise"``: this rank's NaN/Inf vote per parameter, ``finite.local_codes``, read
-    on the host) ride the same all-reduce, so every rank learns every rank's verdict at once. On an expert grid
-    the vote spans the whole job (each slice's presence in its own part of the vector), so a bad gradient in
-    one slice stops every rank. Returns (present, the agreed codes or None)."""
-    mine = [p.grad is not None for p in params]
-    n, (_, world, slot, ep) = len(params), job_place(comm.grid)
-    if world == 1 or not params:
-        return mine, codes
-    import torch.distributed as dist
-    vote = torch.zeros(ep * n + (n if codes is not None else 0), dtype=torch.int32)
-    vote[slot * n: (slot + 1) * n] = torch.tensor(mine, dtype=torch.int32)
-    if codes is not None:
-        vote[ep * n:] = torch.tensor(codes, dtype=torch.int32)
-    flags = comm.all_reduce_host(vote, "contract", op=dist.ReduceOp.MAX, job=ep > 1).tolist()
-    return [bool(x) for x in flags[slot * n: (slot + 1) * n]], (flags[ep * n:] if codes is not None else None)
-
-
 def vote(opt, params: list, named: list, index: list[int], where: str):
     """The step's one decision, the same on every rank (``finite.py``): which parameters have a gradient
     somewhere, and whether the step goes on. ``named``: this rank's (name, local gradient) pairs, at places
     ``index`` of ``params``. Returns (present, keep, agreed): ``keep`` and ``agreed`` are the device verdict and
     vote of ``check_finite="defer"`` (None otherwise; a one-rank job gets its vote and no ``keep``); with "raise"
-    a bad gradient anywhere raises here, on every rank, before any collective that moves gradients."""
-    job_rank, job_world, _, _ = job_place(opt.grid)
-    names, n = [name for g in opt.param_groups for name in g["names"]], len(params)
-    if opt.check_finite == "raise":
+    a bad gradient anywhere raises here, on every rank, before any collective that moves gradients.
+
+    With several ranks the decision is one small all-reduce (MAX) of a ballot on the grid's device, phase
+    "contract", over the whole job (an expert grid's slices together): one int32 per parameter and expert
+    slice for "I have a gradient" (each slice in its own part), then, with a check, one NaN/Inf code per
+    parameter (``finite.local_codes``, plus one). Under "defer" that is the collective the check already issued; no host
+    collective runs in any mode. The host reads the ballot only where it needs a value:
+
+    * a rank that holds every gradient knows each is present somewhere and reads nothing (the steady state: no
+      host sync); a rank missing one reads the agreed presence (one sync, in the step that lost a gradient);
+    * ``check_finite="raise"`` reads it once, after that all-reduce (the step's one host sync), since raising
+      is a decision the host makes;
+    * ``"defer"`` keeps the verdict on the device (``keep``) and reads it at the next host read."""
+    job_rank, job_world, slot, ep = job_place(opt.grid)
+    names, n, mode = [name for g in opt.param_groups for name in g["names"]], len(params), opt.check_finite
+    mine = [p.grad is not None for p in params]
+    if job_world == 1 or not params:
+        return _vote_alone(opt, mine, named, index, where, names, job_rank, job_world)
+    import torch.distributed as dist
+    device, here = opt.grid.device, all(mine)
+    ballot = torch.zeros(ep * n + (n if mode else 0), dtype=torch.int32, device=device)
+    own = ballot[slot * n: (slot + 1) * n]
+    if here:
+        own.fill_(1)   # no copy from the host: every gradient is here
+    else:
+        own.copy_(torch.tensor(mine, dtype=torch.int32))
+    norms = grad_norms(named) if mode else None
+    if mode:   # a code travels as 1 + code, so that a ballot of ones reads "every gradient here, all finite"
+        codes = None if norms is None else local_codes(norms, job_rank, job_world)
+        if codes is not None and len(index) == n:
+            torch.add(codes, 1, out=ballot[ep * n:])
+        else:
+            ballot[ep * n:].copy_(spread(codes, index, n, device)).add_(1)
+    opt.comm.all_reduce(ballot, "job", "contract", op=dist.ReduceOp.MAX)
+    read = ballot.tolist() if mode == "raise" or not here else None   # the one host read, where one is needed
+    present = mine if here else [bool(x) for x in read[slot * n: (slot + 1) * n]]
+    if mode == "raise":
+        raise_agreed([c - 1 for c in read[ep * n:]], names, named, where, job_rank, job_world, opt.grid.tp,
+                     opt.steps_taken + 1)
+    if mode != "defer":
+        return present, None, None
+    agreed = ballot[ep * n:] - 1
+    return present, (agreed == 0).all(), agreed
+
+
+def _vote_alone(opt, mine: list, named: list, index: list[int], where: str, names: list, job_rank: int,
+                job_world: int):
+    """``vote`` in a job of one rank: presence is this rank's, and no one can disagree. "raise" reads the flags
+    once; "defer" keeps its vote and does not mask the step (no extra pass: the next read raises)."""
+    n, mode = len(mine), opt.check_finite
+    if mode == "raise":
         norms = grad_norms(named)
         finite = [] if norms is None else norms.isfinite().tolist()   # the step's one host read
         codes = [0] * n
         for i, ok in zip(index, finite):
             codes[i] = 0 if ok else job_world - job_rank
-        present, agreed = grads_present(params, opt.comm, codes)
-        raise_agreed(agreed, names, named, where, job_rank, job_world, opt.grid.tp, opt.steps_taken + 1)
-        return present, None, None
-    present, _ = grads_present(params, opt.comm)
-    if opt.check_finite != "defer":
-        return present, None, None
+        raise_agreed(codes, names, named, where, job_rank, job_world, opt.grid.tp, opt.steps_taken + 1)
+        return mine, None, None
+    if mode != "defer":
+        return mine, None, None
     norms = grad_norms(named)
-    mine = spread(None if norms is None else local_codes(norms, job_rank, job_world), index, n, opt.grid.device)
-    if job_world == 1:   # no one to disagree with: the step is not masked (no extra pass), the next read raises
-        return present, None, mine
-    agreed = vote_on_device(mine, opt.comm)
-    return present, (agreed == 0).all(), agreed
-
-
-def vote_on_device(codes: torch.Tensor, comm) -> torch.Tensor:
-    """``check_finite="defer"``: the codes all-reduced (MAX) over the job on the device, no host read (one small
-    collective per step, phase "contract"). Returns the agreed vector."""
-    import torch.distributed as dist
-    return comm.all_reduce(codes, "job", "contract", op=dist.ReduceOp.MAX)
+    return mine, None, spread(None if norms is None else local_codes(norms, job_rank, job_world), index, n,
+                              opt.grid.device)
 
 
 def prepare_together(opts: list) -> None:

@@ -136,8 +136,6 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         self.hw = hw   # the hardware profile the group layout's groups were sized on (None: by FLOPs)
         if self.plan.groups:  # collective: every rank has the same plan (checked above), so the same groups
             self.comm.add_subgroups(self.plan.groups.values())
-        if grid.dp * grid.tp > 1:
-            self.comm.host_group()   # collective: made now, while every rank is here
         self.flow = self._make_flow(layout)
         self.buffers = Buffers(self, bind=param_buffers)
         self.shards = [[self._init_shard(g, b) for b in buckets] for g, buckets in enumerate(self.plan.buckets)]

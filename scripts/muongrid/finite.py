@@ -8,11 +8,13 @@ for every parameter, a code into a vector (``world - job rank`` where its gradie
 and a MAX all-reduce gives every rank the same vector: which parameters were bad, and the lowest rank that saw it.
 ``check_finite=`` says where that vote travels and what follows:
 
-* ``"raise"`` (the default on a CPU, where reading a value costs nothing): the codes are read on the host (the
-  step's one host sync) and ride the presence vote the step already makes (``contract.grads_present``). A bad
-  gradient anywhere makes every rank raise the same ``FloatingPointError`` at the same step, before the first
-  collective that moves gradients, with nothing changed: a loop may catch it, zero the gradients and go on.
-* ``"defer"`` (the default on a GPU): no host read. The codes are all-reduced on the device, and the step runs
+* ``"raise"`` (the default on a CPU, where reading a value costs nothing): the codes ride the step's ballot, one
+  small device all-reduce with the presence flags (``contract.vote``), and are read on the host once, after it
+  (the step's one host sync: raising is a host decision). A bad gradient anywhere makes every rank raise the
+  same ``FloatingPointError`` at the same step, before the first collective that moves gradients, with nothing
+  changed: a loop may catch it, zero the gradients and go on.
+* ``"defer"`` (the default on a GPU): no host read. The codes are all-reduced on the device (the same ballot as
+  presence), and the step runs
   masked by the result: a step with a bad gradient anywhere is a no-op on every rank (parameters, optimizer
   state and step counts as they were; ``updates.py``'s ``keep=``). The vector travels to the host without
   blocking; the next ``step()``, ``state_dict()`` or ``opt.check_finite_now()`` reads it and reports the skipped

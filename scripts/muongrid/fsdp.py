@@ -135,8 +135,6 @@ class FSDPMuon(torch.optim.Optimizer):
         self.pieces = {id(p): piece for g, group in zip(mine, self.param_groups)
                        for (_, _, piece), p in zip(g, group["params"])}
         everyone = self.comm.gather_objects(mine, "setup")  # one small all-gather when built
-        if grid.dp * grid.tp > 1:
-            self.comm.host_group()   # collective: made now, while every rank is here
         for rank, theirs in enumerate(everyone):
             if [[(n, s) for n, s, _ in g] for g in theirs] != [[(n, s) for n, s, _ in g] for g in mine]:
                 raise ValueError(f"the ranks disagree about the parameters they optimize (rank {rank} differs from "

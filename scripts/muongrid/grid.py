@@ -84,10 +84,10 @@ class Grid:
     mesh: object = None
     world_group: object = None   # the group of the grid's ranks (None: every rank of the job)
     global_ranks: tuple = ()     # the job's rank of each grid rank (empty: the same numbers)
-    host_group: object = None    # a group for host values over the grid's ranks (None: Comm makes one)
+    host_group: object = None    # an expert grid: its slice's world group (the optimizers vote on the device)
     ep: int = 1                  # expert-parallel ranks this grid was cut into (1: not an expert grid)
     timeout: datetime.timedelta | None = None   # every collective's limit on the groups made for this grid
-    job_host_group: object = None   # an expert grid: a group for host values over the whole job (None: the default)
+    job_host_group: object = None   # unused since the vote moved to the device (kept for callers that read it)
 
     @classmethod
     def build(cls, dp: int, tp: int, device: torch.device | str = "cpu", timeout: datetime.timedelta | None = None
@@ -136,16 +136,14 @@ class Grid:
         if self.dp * self.tp == 1 or not dist.is_initialized():
             return Grid(self.dp // ep, tp, self.rank, self.dp_rank // ep, self.tp_rank, None, None, self.device,
                         ep=ep)
-        backend = dist.get_backend()
         world_groups, dp_groups, hosts = [], {}, []
         limit = {} if self.timeout is None else dict(timeout=self.timeout)   # as the job grid's groups
         for e in range(ep):   # every rank makes every group, in the same order
             world_groups.append(dist.new_group(worlds[e], **limit))
-            hosts.append(dist.new_group(worlds[e], backend="gloo", **limit) if backend == "nccl" else world_groups[-1])
+            hosts.append(world_groups[-1])   # no gloo group beside NCCL: the step's vote runs on the device
             for t in range(tp):
                 dp_groups[(e, t)] = dist.new_group([d * tp + t for d in range(self.dp) if d % ep == e], **limit)
-        # the NaN/Inf vote spans the job (contract.grads_present): a gloo group over every rank beside NCCL
-        job_host = dist.new_group(backend="gloo", **limit) if backend == "nccl" else None
+        job_host = None   # the step's vote spans the job on the device (contract.vote), over the default group
         sub_rank = worlds[mine].index(self.rank)
         return Grid(self.dp // ep, tp, sub_rank, self.dp_rank // ep, self.tp_rank, dp_groups[(mine, self.tp_rank)],
                     self.tp_group, self.device, None, world_groups[mine], tuple(worlds[mine]), hosts[mine], ep,

@@ -9,6 +9,8 @@ the grid's device set to ``meta`` (tensors with shapes and dtypes but no data: n
   tensor; the fake group, like gloo, would not notice);
 * ``mixed``: an operation that mixes tensors of two devices (a CPU scalar, a 0-d tensor, is allowed,
   as on CUDA);
+* ``collectives``: every collective, per optimizer step, and whether it ran on host tensors (a gloo group
+  beside NCCL would: the step makes none);
 * ``syncs``: host syncs on a tensor of the grid's device (``.item()``, ``bool(t)``, ``.tolist()``,
   ``torch.equal``, a copy to the CPU), counted per step of a muongrid optimizer. On a GPU each one stalls
   the CPU until the device has caught up, so the engine allows at most one per step.
@@ -41,8 +43,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
-from ..comm import host_collective_running
-
 aten = torch.ops.aten
 SYNC_OPS = {aten._local_scalar_dense.default, aten.equal.default, aten.nonzero.default, aten.is_nonzero.default}
 
@@ -66,6 +66,7 @@ class Audit:
     off_device: list = field(default_factory=list)   # (rank, op, devices, where)
     mixed: list = field(default_factory=list)        # (rank, op, devices, where)
     syncs: list = field(default_factory=list)        # (rank, step or None, op, where)
+    collectives: list = field(default_factory=list)  # (rank, step or None, op, on the host: every tensor on the CPU)
     steps: int = 0                                   # optimizer steps seen (all ranks)
     rank: int = 0
     _step: object = None
@@ -73,6 +74,10 @@ class Audit:
     def syncs_per_step(self) -> dict:
         """(rank, step) -> host syncs inside that optimizer step."""
         return collections.Counter((r, s) for r, s, _, _ in self.syncs if s is not None)
+
+    def collectives_per_step(self, on_host: bool) -> dict:
+        """(rank, step) -> collectives inside that optimizer step, on host tensors (``on_host``) or on the device."""
+        return collections.Counter((r, s) for r, s, _, h in self.collectives if s is not None and h == on_host)
 
     def problems(self, sync_budget: int = 1) -> list[str]:
         """Every finding, one line each; empty when the run is device-correct within the budget."""
@@ -98,9 +103,8 @@ class DeviceAudit(TorchDispatchMode):
         a = self.audit
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         name = str(func)
-        if name.startswith("c10d.") and host_collective_running():
-            pass   # Comm.all_reduce_host: host values over the host group, by design
-        elif name.startswith("c10d."):
+        if name.startswith("c10d."):
+            a.collectives.append((a.rank, a._step, name, bool(tensors) and all(t.device.type == "cpu" for t in tensors)))
             off = sorted({str(t.device) for t in tensors if t.device != a.device})
             if off:
                 a.off_device.append((a.rank, name, off, _where()))
