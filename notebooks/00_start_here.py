@@ -291,16 +291,49 @@ Markdown(table_markdown())
 # 1. Run `verify.py` on a 3 x 1 grid with `--optimizer hybrid`. What changes in the JSON record?
 # 2. Give it shapes that do not divide evenly, e.g. `--shapes 37x52,45x28 --tp-dims none,1 --tp 2`.
 # 3. Try `--tp 3` with the default shapes. Read the error: which matrix cannot be split, and why?
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. Run `python scripts/verify.py --dp 3 --tp 1 --optimizer hybrid`. The record's `optimizer`
-#    field reads `hybrid` and its grid is 3 x 1; the `ledger` phases are those of chapter 6. The
-#    verdict is still a difference of exactly zero: the AdamW part is elementwise, so sharding it
-#    changes no arithmetic.
-# 2. The run passes: uneven shapes only change the padding of the buckets (chapter 4), never the
-#    arithmetic. A shape whose split dimension does not divide by `tp` is refused before launch.
-# 3. The first matrix, 100 x 100, is split over TP along its rows, and 100 rows do not divide into
-#    3 equal slices; the script says so and exits before starting any process (chapter 3 runs it).
-# :::
+# 4. Before running anything: how many collectives does each rank issue per step under
+#    `verify.py --dp 4 --tp 2`, and under `--dp 8 --tp 4`? (The sentence under the verdict says what
+#    one bucket costs and what a matrix split over TP adds.)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Exercise 4's answer, computed and checked (the solution below quotes it).
+from muongrid.lab.costmodel import step_calls
+from muongrid.lab.synthetic import build_problem
+from muongrid.plan import DEFAULT_BUCKET_NUMEL
+
+verify_groups = build_problem("muon", n_groups=2).groups  # verify.py's problem
+
+
+def collectives_per_step(dp, tp):
+    return len(list(step_calls(verify_groups, dp, tp, DEFAULT_BUCKET_NUMEL)))
+
+
+# the closed form counts what the traced 2 x 2 run issued
+assert collectives_per_step(2, 2) == sum(calls.values())
+counts = {grid: collectives_per_step(*grid) for grid in ((4, 2), (8, 4))}
+n_split = sum(d != -1 for g in verify_groups for d in g["tp_split_dims"])
+assert set(counts.values()) == {3 * len(verify_groups) + n_split}
+keep("ch0-ex4-count", counts[(4, 2)])
+keep("ch0-ex4-split", n_split)
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. Run `python scripts/verify.py --dp 3 --tp 1 --optimizer hybrid`. The record's `optimizer`
+   field reads `hybrid` and its grid is 3 x 1; the `ledger` phases are those of chapter 6. The
+   verdict is still a difference of exactly zero: the AdamW part is elementwise, so sharding it
+   changes no arithmetic.
+2. The run passes: uneven shapes only change the padding of the buckets (chapter 4), never the
+   arithmetic. A shape whose split dimension does not divide by `tp` is refused before launch.
+3. The first matrix, 100 x 100, is split over TP along its rows, and 100 rows do not divide into
+   3 equal slices; the script says so and exits before starting any process (chapter 3 runs it).
+4. {{ch0-ex4-count}} on both, as on the 2 x 2 grid above. Each of the two buckets costs one
+   reduce-scatter, one DP gather and one all-gather whatever `dp` is, and each of the
+   {{ch0-ex4-split}} matrices split over TP costs one TP gather whatever `tp` is (above one). A
+   larger grid sends more bytes per collective, not more collectives. (Computed with
+   `muongrid.lab.costmodel.step_calls`, whose count for 2 x 2 the build checks against the run's
+   ledger.)
+:::
+""")

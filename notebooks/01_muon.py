@@ -501,28 +501,67 @@ else:
 #    the Muon group) and retrain. What happens to the validation loss?
 # 4. Use `adjust_lr="original"` instead of `"match_rms_adamw"`. Why does MuonW now need a
 #    different learning rate than AdamW?
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. Iterate $p(\sigma) = 1.5\sigma - 0.5\sigma^3$ from $\sigma = 0.01$:
-#    `singular_value_map(torch.tensor([0.01]), k, (1.5, -0.5, 0))` for growing `k`. The answer is
-#    **10 steps**: after 9 the value is 0.370, after 10 it is 0.529. Near zero each step multiplies
-#    by about 1.5, so it takes about $\log(50)/\log(1.5) \approx 10$ steps: twice the quintic's five.
-# 2. Run the training cell in a loop over seeds and learning rates; it prints each run's
-#    `validation loss ... after N steps`. Compare the spread of the final validation losses within one
-#    optimizer with the gap between the two: the difference counts only if it exceeds the
-#    seed-to-seed spread. The answer is that loop's output, not a number this page can state; the
-#    same question, with tuned learning rates, several seeds and equal tokens, is answered for a
-#    recorded run in {doc}`chapter 9 <09_training>` (the sentence under its study figure says whether
-#    the seeds' final losses overlap).
-# 3. The routing recognises the embedding by its module (an `nn.Embedding`, whatever its name), so
-#    it has to be moved by hand: `groups[1]` holds it (the Muon group comes first). Muon then
-#    orthogonalises the whole table as one matrix, although its rows are separate lookups, one per
-#    character. The training cell prints the new run's `validation loss ... after N steps`; compare it
-#    with the run above. The answer is that run's output (one seed, so compare it with the
-#    seed-to-seed spread of exercise 2 before calling it a change).
-# 4. `"original"` scales the step by $\sqrt{\max(1, A/B)}$, so the update's RMS is about
-#    $1/\sqrt{\max(A,B)}$ times that, far from AdamW's 0.2: the same learning rate would then mean a
-#    much smaller step for the Muon matrices than for the AdamW ones.
-# :::
+# 5. Llama-3-8B's MLP matrices are 14336 x 4096. Count by hand the FLOPs of five Newton-Schulz
+#    steps on one of them (a multiply-add is 2 FLOPs; a step forms $A = XX^\top$, then
+#    $B = bA + cA^2$, then $aX + BX$, with $X$ turned so that its short side comes first), and compare them with the matrix's own forward and backward FLOPs on a batch of
+#    4 Mi tokens (6 x its parameters x the tokens).
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Exercises 1 and 5: the answers, computed and checked (the solutions below quote them).
+from torch.utils.flop_counter import FlopCounterMode
+
+steps = next(k for k in range(1, 50)
+             if float(singular_value_map(torch.tensor([0.01]), k, (1.5, -0.5, 0))) > 0.5)
+cubic = [float(singular_value_map(torch.tensor([0.01]), k, (1.5, -0.5, 0)))
+         for k in (steps - 1, steps)]
+keep("ch1-ex1-steps", steps)
+keep("ch1-ex1-before", steps - 1)
+keep("ch1-ex1-low", f"{cubic[0]:.3f}")
+keep("ch1-ex1-high", f"{cubic[1]:.3f}")
+
+rows, cols, tokens = 14336, 4096, 4 * 2**20
+m, n = min(rows, cols), max(rows, cols)
+by_hand = 5 * (2 * m * m * n + 2 * m * m * m + 2 * m * m * n)  # X X^T, A A, B X
+with FlopCounterMode(display=False) as counter:  # torch counts the real function's matmuls
+    zeropower_ns5(torch.empty(rows, cols, device="meta"))
+assert counter.get_total_flops() == by_hand == ns5_flops(rows, cols)
+train_flops = 6 * rows * cols * tokens
+keep("ch1-ex5-tflops", f"{by_hand / 1e12:.2f}")
+keep("ch1-ex5-train", f"{train_flops / 1e15:.2f}")
+keep("ch1-ex5-share", f"{by_hand / train_flops:.2%}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. Iterate $p(\sigma) = 1.5\sigma - 0.5\sigma^3$ from $\sigma = 0.01$:
+   `singular_value_map(torch.tensor([0.01]), k, (1.5, -0.5, 0))` for growing `k`. The answer is
+   **{{ch1-ex1-steps}} steps**: after {{ch1-ex1-before}} the value is {{ch1-ex1-low}}, after
+   {{ch1-ex1-steps}} it is {{ch1-ex1-high}}. Near zero each step multiplies by about 1.5, so it
+   takes about $\log(50)/\log(1.5) \approx 10$ steps: twice the quintic's five.
+2. Run the training cell in a loop over seeds and learning rates; it prints each run's
+   `validation loss ... after N steps`. Compare the spread of the final validation losses within one
+   optimizer with the gap between the two: the difference counts only if it exceeds the
+   seed-to-seed spread. The answer is that loop's output, not a number this page can state; the
+   same question, with tuned learning rates, several seeds and equal tokens, is answered for a
+   recorded run in {doc}`chapter 9 <09_training>` (the sentence under its study figure says whether
+   the seeds' final losses overlap).
+3. The routing recognises the embedding by its module (an `nn.Embedding`, whatever its name), so
+   it has to be moved by hand: `groups[1]` holds it (the Muon group comes first). Muon then
+   orthogonalises the whole table as one matrix, although its rows are separate lookups, one per
+   character. The training cell prints the new run's `validation loss ... after N steps`; compare it
+   with the run above. The answer is that run's output (one seed, so compare it with the
+   seed-to-seed spread of exercise 2 before calling it a change).
+4. `"original"` scales the step by $\sqrt{\max(1, A/B)}$, so the update's RMS is about
+   $1/\sqrt{\max(A,B)}$ times that, far from AdamW's 0.2: the same learning rate would then mean a
+   much smaller step for the Muon matrices than for the AdamW ones.
+5. With $m = 4096$ (the short side) and $n = 14336$, a step computes $A = XX^\top$ ($2m^2n$),
+   $A^2$ ($2m^3$) and $BX$ ($2m^2n$): five steps are $5(4m^2n + 2m^3)$ =
+   **{{ch1-ex5-tflops}} TFLOP**. Forward and backward on 4 Mi tokens cost
+   {{ch1-ex5-train}} PFLOP, so Newton-Schulz adds {{ch1-ex5-share}} of the matrix's own
+   work. (The build counts the FLOPs of `zeropower_ns5` itself with torch's `FlopCounterMode` on
+   the meta device and checks they equal the hand count and `ns5_flops`.) The share grows as the
+   batch shrinks: chapter 13 does this for whole models and grids.
+:::
+""")

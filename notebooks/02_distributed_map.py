@@ -307,16 +307,34 @@ show(Figure(grid_memory_explorer(billions=7)))
 # 2. With `per_rank_bytes`: how many ranks does a 70B model need under ZeRO-3 for its training
 #    state to fit in 80 GB per rank, with AdamW? With Muon?
 # 3. Show that ZeRO-1's reduce-scatter plus all-gather moves the same bytes as DP's all-reduce.
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. With 3 ranks and 6 elements each shard has 2 elements; rank 1 receives the sums of elements
-#    2 and 3 (shard 1). Run the command to see it.
-# 2. Under ZeRO-3 everything is divided by `dp`: AdamW needs 16 bytes x 70e9 / dp <= 80e9, so
-#    dp >= 14; Muon needs 12 bytes, so dp >= 10.5, i.e. 11 (before activations). Check both:
-#    `per_rank_bytes(70e9, "adamw", zero=3, dp=14)["total"]` is 80.0e9 bytes and
-#    `per_rank_bytes(70e9, "muon", zero=3, dp=11)["total"]` is 76.4e9.
-# 3. A ring reduce-scatter and a ring all-gather over $n$ ranks each send $(n-1)s$ elements per
-#    rank, for shards of $s$ elements; a ring all-reduce is exactly those two phases, $2(n-1)s$.
-# :::
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# The exercises' answers, computed and checked (the solutions below quote them).
+def fewest_ranks(optimizer, budget=80e9, n=70e9):
+    return next(dp for dp in range(1, 1024)
+                if per_rank_bytes(n, optimizer, zero=3, dp=dp)["total"] <= budget)
+
+
+fit = {opt: fewest_ranks(opt) for opt in ("adamw", "muon")}
+# by hand: 16 and 12 bytes a parameter, all of it divided by dp under ZeRO-3
+assert fit == {"adamw": -(-16 * 70 // 80), "muon": -(-12 * 70 // 80)}
+for opt, dp in fit.items():
+    keep(f"ch2-ex2-{opt}", dp)
+    keep(f"ch2-ex2-{opt}-gb", f"{per_rank_bytes(70e9, opt, zero=3, dp=dp)['total'] / 1e9:.1f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. With 3 ranks and 6 elements each shard has 2 elements; rank 1 receives the sums of elements
+   2 and 3 (shard 1). Run the command to see it.
+2. Under ZeRO-3 everything is divided by `dp`: AdamW needs 16 bytes x 70e9 / dp <= 80e9, so
+   dp >= {{ch2-ex2-adamw}}; Muon needs 12 bytes, so dp >= 10.5, i.e. {{ch2-ex2-muon}}
+   (before activations). Check both: `per_rank_bytes(70e9, "adamw", zero=3,
+   dp={{ch2-ex2-adamw}})["total"]` is {{ch2-ex2-adamw-gb}} GB and `per_rank_bytes(70e9,
+   "muon", zero=3, dp={{ch2-ex2-muon}})["total"]` is {{ch2-ex2-muon-gb}} GB.
+3. A ring reduce-scatter and a ring all-gather over $n$ ranks each send $(n-1)s$ elements per
+   rank, for shards of $s$ elements; a ring all-reduce is exactly those two phases, $2(n-1)s$.
+:::
+""")

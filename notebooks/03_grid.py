@@ -293,15 +293,43 @@ run("verify.py --dp 1 --tp 3", expect_failure=True);
 #    expect that to cost?
 # 3. Change the first matrix's split dim to `none` (`--tp-dims none,1,none,1,0`) and run the
 #    3-way TP example again.
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. With `tp = 2`, rank 5 is TP rank 1 of replica 2, and its DP group is the ranks `tp` apart
-#    with the same TP rank: {1, 3, 5, 7}. The script's table lists it.
-# 2. TP groups are 16 consecutive ranks, so every TP group spans two nodes: each TP collective
-#    (in every layer, and Muon's TP gathers) then crosses the slower inter-node network.
-# 3. The first matrix is no longer split, but another matrix must still divide by 3: the script
-#    names the next one that does not: 324 and 876 columns divide by 3, but the last matrix's 128
-#    rows do not.
-# :::
+# 4. A cluster of 16 nodes with 8 GPUs each runs `--dp 16 --tp 8` (128 ranks, numbered node by
+#    node). How many DP groups are there, how many ranks does each hold, and across how many nodes
+#    does one DP group reach? Does any TP group leave its node?
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# The exercises' answers, computed and checked (the solutions below quote them).
+rank5 = grid_layout(4, 2)[5]
+assert (rank5["dp_rank"], rank5["tp_rank"]) == (2, 1)
+keep("ch3-ex1-group", ", ".join(map(str, rank5["dp_group"])))
+
+big = grid_layout(16, 8)  # 128 ranks, 8 GPUs a node: node = rank // 8
+dp_groups = {tuple(r["dp_group"]) for r in big}
+tp_groups = {tuple(r["tp_group"]) for r in big}
+nodes_per_dp = {len({rank // 8 for rank in g}) for g in dp_groups}
+nodes_per_tp = {len({rank // 8 for rank in g}) for g in tp_groups}
+assert len(nodes_per_dp) == 1 and nodes_per_tp == {1}
+keep("ch3-ex4-dp-groups", len(dp_groups))
+keep("ch3-ex4-dp-size", len(next(iter(dp_groups))))
+keep("ch3-ex4-dp-nodes", nodes_per_dp.pop())
+keep("ch3-ex4-tp-groups", len(tp_groups))
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. With `tp = 2`, rank 5 is TP rank 1 of replica 2, and its DP group is the ranks `tp` apart
+   with the same TP rank: {{{ch3-ex1-group}}}. The script's table lists it.
+2. TP groups are 16 consecutive ranks, so every TP group spans two nodes: each TP collective
+   (in every layer, and Muon's TP gathers) then crosses the slower inter-node network.
+3. The first matrix is no longer split, but another matrix must still divide by 3: the script
+   names the next one that does not: 324 and 876 columns divide by 3, but the last matrix's 128
+   rows do not.
+4. {{ch3-ex4-dp-groups}} DP groups (one per TP rank) of {{ch3-ex4-dp-size}} ranks each:
+   DP group $t$ holds ranks $t, t + 8, t + 16, \dots$, one per node, so each reaches across all
+   {{ch3-ex4-dp-nodes}} nodes. The {{ch3-ex4-tp-groups}} TP groups are ranks $8i$ to $8i + 7$:
+   each is one whole node, which is why TP (talked to in every layer) is kept inside a node and DP
+   (talked to once a step) crosses them. Computed from `grid_layout(16, 8)` with node = rank // 8.
+:::
+""")

@@ -374,22 +374,63 @@ claims.glue_checks("07_profiling", rows)   # shown in the claims appendix
 # 1. Open `_build/traces/trace_rank0.json` in Perfetto. Which collective of the Muon step is longest?
 # 2. Profile with `--width 256 --layers 4`. How does the optimizer's share change, and why?
 # 3. Run the async experiment with `--bucket-numel 1000000` (one bucket). What can `prefetch` still overlap?
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. In Perfetto, select the last `train_step:muon` range and sort the `comm:<phase>` ranges under it
-#    by duration; {numref}`fig-ch7-trace` shows the same ranges in its collectives row. The longest
-#    one is a timing of that run, so this page cannot name it for your machine: read it from the
-#    trace (or from the width of the collectives row in the figure, which was drawn from the same
-#    file when the page was built).
-# 2. Expect the Muon optimizer's share to grow. Forward and backward cost about (tokens per step) x
-#    (width$^2$) per layer, Newton-Schulz about width$^3$ per matrix and step, whatever the batch; so
-#    doubling the width at the same batch roughly doubles Newton-Schulz's work relative to the rest,
-#    while more layers add to both in proportion and leave the share alone. The measured share is
-#    the run's: `profile_step.py` prints each rank's step, fwd+bwd and NS times, and its JSON line
-#    holds `optimizer_share` per rank (the table above averages it over the ranks); on two shared
-#    cores, check that the change is larger than the spread between two runs of the same command.
-# 3. With one bucket there is a single DP gather to wait for, but the TP gathers are still one per
-#    matrix: `prefetch` can still start them all before orthogonalising the first matrix.
-# :::
+# 4. Count the FLOPs of one step of the profiled run (width 128, 2 layers, the batch above per
+#    replica) on one rank: forward and backward as 6 x parameters x tokens, and Newton-Schulz on
+#    every Muon matrix (under the bucket layout every rank runs all of them). What fraction of the
+#    forward and backward is Newton-Schulz, and what at `--width 256`?
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# The exercises' answers, computed and checked (the solutions below quote them).
+import torch
+from muongrid.lab.charlm import TinyGPT, load_corpus
+from muongrid.newton_schulz import ns5_flops
+from muongrid.optim import hybrid_param_groups
+
+
+def flops_per_rank(width):
+    """Newton-Schulz and forward + backward FLOPs of one step on one rank of the run above."""
+    with torch.device("meta"):
+        net = TinyGPT(load_corpus()["vocab_size"], d=width, n_layer=2, n_head=4)
+    groups = hybrid_param_groups(net.named_parameters(), muon={}, adamw={})
+    matrices = [p for g in groups if g["use_muon"] for p in g["params"]]
+    n_params = sum(p.numel() for p in net.parameters())
+    tokens = profile["batch"] * profile["context"]  # per replica
+    return n_params, sum(ns5_flops(*p.shape) for p in matrices), 6 * n_params * tokens
+
+
+n_params, ns_flops, fb_flops = flops_per_rank(128)
+assert n_params == profile["n_params"]  # the model the profile ran
+_, ns_wide, fb_wide = flops_per_rank(256)
+assert ns_wide / fb_wide > 1.8 * ns_flops / fb_flops  # exercise 2's "roughly doubles"
+keep("ch7-ex4-ns", f"{ns_flops / 1e9:.2f}")
+keep("ch7-ex4-fb", f"{fb_flops / 1e9:.2f}")
+keep("ch7-ex4-ratio", f"{ns_flops / fb_flops:.0%}")
+keep("ch7-ex4-ratio-wide", f"{ns_wide / fb_wide:.0%}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. In Perfetto, select the last `train_step:muon` range and sort the `comm:<phase>` ranges under it
+   by duration; {numref}`fig-ch7-trace` shows the same ranges in its collectives row. The longest
+   one is a timing of that run, so this page cannot name it for your machine: read it from the
+   trace (or from the width of the collectives row in the figure, which was drawn from the same
+   file when the page was built).
+2. Expect the Muon optimizer's share to grow. Forward and backward cost about (tokens per step) x
+   (width$^2$) per layer, Newton-Schulz about width$^3$ per matrix and step, whatever the batch; so
+   doubling the width at the same batch roughly doubles Newton-Schulz's work relative to the rest,
+   while more layers add to both in proportion and leave the share alone. The measured share is
+   the run's: `profile_step.py` prints each rank's step, fwd+bwd and NS times, and its JSON line
+   holds `optimizer_share` per rank (the table above averages it over the ranks); on two shared
+   cores, check that the change is larger than the spread between two runs of the same command.
+3. With one bucket there is a single DP gather to wait for, but the TP gathers are still one per
+   matrix: `prefetch` can still start them all before orthogonalising the first matrix.
+4. Newton-Schulz: {{ch7-ex4-ns}} GFLOP (`ns5_flops` summed over the block matrices);
+   forward and backward: {{ch7-ex4-fb}} GFLOP, so Newton-Schulz is {{ch7-ex4-ratio}} of it, and
+   {{ch7-ex4-ratio-wide}} at width 256. That is why the profile above shows the optimizer as a
+   large share of a step: a tiny model on a small batch is Muon's worst case, and a bigger batch
+   (more tokens, the same Newton-Schulz) shrinks the share. (The build builds the model on the
+   meta device and checks its parameter count against the profile's.)
+:::
+""")
