@@ -1,13 +1,14 @@
 """The loop to copy (``loop_zero1_tp.py``) for a model under FSDP2: FSDPMuon.
 
-    python scripts/loop_fsdp.py --dp 2 --tp 2 --precision bf16 --accum 2 \\
-        --steps 20 --save _build/loop_fsdp --every 10
-    python scripts/loop_fsdp.py --dp 4 --tp 1 --precision bf16 --accum 2 \\
-        --steps 40 --resume _build/loop_fsdp/step20          # on another grid
+    python scripts/loop_fsdp.py --dp 2 --tp 2 --lr 0.01 --precision bf16 \\
+        --accum 2 --steps 40 --save _build/loop_fsdp --every 20
+    python scripts/loop_fsdp.py --dp 4 --tp 1 --lr 0.01 --precision bf16 \\
+        --accum 2 --steps 40 --resume _build/loop_fsdp/step20  # on another grid
     torchrun --standalone --nproc-per-node 8 scripts/loop_fsdp.py \\
-        --dp 8 --tp 1 --compile inductor
+        --dp 8 --tp 1 --lr 3e-4 --compile inductor
 
-The same loop and flags as ``loop_zero1_tp.py``, whose helpers it imports; the
+The same loop and flags as ``loop_zero1_tp.py``, whose helpers it imports (the
+data loader keyed by the DP rank, the warm-up and cosine schedule); the
 lines FSDP2 changes are marked ``# FSDP2``. The model is ``fully_shard``-ed over
 "dp" (after ``parallelize_module`` over "tp" when ``--tp`` > 1), so FSDP2 gathers
 the weights for forward and backward and reduce-scatters the gradients itself.
@@ -24,9 +25,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
-from loop_zero1_tp import CONTEXT, evaluate, loss_on, parse, tiny_gpt
+from loop_zero1_tp import evaluate, loss_on, parse, schedule, tiny_gpt, training_data
 from muongrid import FSDPMuon, hybrid_param_groups
-from muongrid.lab.charlm import batch, load_corpus
+from muongrid.lab.charlm import load_corpus
 from muongrid.lab.tpgpt import tp_plan
 from muongrid.launch import launch
 from muongrid.resume import load_run, save_run
@@ -43,18 +44,17 @@ def worker(grid, comm, args):
     lr = dict(lr=args.lr)
     groups = hybrid_param_groups(model, muon=lr, adamw=lr)
     opt = FSDPMuon(groups, grid)                                          # FSDP2
-    warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
+    sched = schedule(opt, args)
     forward = torch.compile(model, backend=args.compile) if args.compile else model
-    gen = torch.Generator().manual_seed(0)
-    keep = dict(batch=args.batch, model="tiny-gpt-64x2", precision=args.precision)
-    start = 1 + (load_run(args.resume, opt, warmup, gen, keep) if args.resume else 0)
-    n = args.batch // grid.dp
-    rows = slice(grid.dp_rank * n, (grid.dp_rank + 1) * n)
+    loader = training_data(data, grid, args)
+    keep = dict(batch=args.batch, model="tiny-gpt-64x2", precision=args.precision,
+                lr=args.lr, warmup=args.warmup, steps=args.steps)
+    start = 1 + (load_run(args.resume, opt, sched, loader, keep) if args.resume else 0)
     losses, evals = [], []
     for step in range(start, args.steps + 1):
-        x, y = batch(data["train"], args.batch, CONTEXT, gen)
+        x, y = next(loader)
         mean = torch.zeros((), device=grid.device)
-        micro = list(zip(x[rows].chunk(args.accum), y[rows].chunk(args.accum)))
+        micro = list(zip(x.chunk(args.accum), y.chunk(args.accum)))
         for i, (xm, ym) in enumerate(micro):
             model.set_requires_gradient_sync(i == len(micro) - 1)         # FSDP2
             loss = loss_on(forward, xm.to(grid.device), ym.to(grid.device), args)
@@ -62,14 +62,14 @@ def worker(grid, comm, args):
             mean += loss.detach() / args.accum
         norm = opt.clip_grad_norm_(1.0)
         opt.step()
-        warmup.step()
+        sched.step()
         opt.zero_grad(set_to_none=True)
         dist.all_reduce(mean)
         losses.append(mean.item() / dist.get_world_size())
         if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
-            evals.append([step, evaluate(forward, data, rows, grid, args)])
+            evals.append([step, evaluate(forward, data, grid, args)])
         if args.save and (step % args.every == 0 or step == args.steps):
-            save_run(f"{args.save}/step{step}", step, opt, warmup, gen, keep)
+            save_run(f"{args.save}/step{step}", step, opt, sched, loader, keep)
         if grid.rank == 0 and step % 10 == 0:
             val = "".join(f", val {v:.4f}" for s, v in evals if s == step)
             print(f"step {step}: loss {losses[-1]:.4f}, grad norm {norm:.3f}{val}",

@@ -1,14 +1,14 @@
 """The training loop to copy (chapter 12): DistributedMuon, ZeRO-1 x tensor parallel.
 
-    python scripts/loop_zero1_tp.py --dp 2 --tp 2 --precision bf16 --accum 2 \\
-        --steps 20 --save _build/loop --every 10
-    python scripts/loop_zero1_tp.py --dp 4 --tp 1 --precision bf16 --accum 2 \\
-        --steps 40 --resume _build/loop/step20              # on another grid
+    python scripts/loop_zero1_tp.py --dp 2 --tp 2 --lr 0.01 --precision bf16 \\
+        --accum 2 --steps 40 --save _build/loop --every 20
+    python scripts/loop_zero1_tp.py --dp 4 --tp 1 --lr 0.01 --precision bf16 \\
+        --accum 2 --steps 40 --resume _build/loop/step20     # on another grid
     torchrun --standalone --nproc-per-node 8 scripts/loop_zero1_tp.py \\
-        --dp 2 --tp 4 --compile inductor                     # one node of 8 GPUs
+        --dp 2 --tp 4 --lr 3e-4 --compile inductor           # one node of 8 GPUs
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
         --rdzv-endpoint HOST:29500 scripts/loop_zero1_tp.py \\
-        --dp 4 --tp 4 --steps 1000                          # on each of two nodes
+        --dp 4 --tp 4 --lr 3e-4 --steps 1000                # on each of two nodes
 
 ``worker`` is the loop; ``muongrid.launch`` runs it on dp*tp local gloo processes,
 or as one rank under torchrun (NCCL on GPUs). The model is the book's tiny GPT,
@@ -23,18 +23,26 @@ which returns logits; put yours in its place (a Hugging Face model returns
 * ``--compile BACKEND``: ``torch.compile`` the model: ``inductor`` on GPUs;
   ``aot_eager`` on a small CPU, where inductor's C++ build takes a minute;
 * ``--eval-every N``: the mean loss on fixed held-out windows every N steps;
-* ``--lr``: ONE lr for both groups. Start from AdamW's tuned lr: the default
-  ``adjust_lr_fn="match_rms_adamw"`` scales each Muon matrix's step to AdamW's
-  update size. Then sweep it upwards (chapter 9's best was 3x AdamW's). Weight
-  decay is the optimizer's default, 0.1 on every group, norms and biases too.
+* ``--lr`` (required): ONE peak lr for both groups, your AdamW recipe's: the
+  default ``adjust_lr_fn="match_rms_adamw"`` scales each Muon matrix's step to
+  AdamW's update size (Moonshot, arXiv 2502.16982, section 2.2), so AdamW's lr
+  and weight decay carry over. Then sweep it upwards (chapter 9's best was 3x
+  AdamW's). Weight decay is the optimizer's default, 0.1 on every group;
+* ``--warmup N``: a linear warm-up over N steps, then a cosine decay to 10% of
+  the lr at ``--steps`` (the schedule is part of the run: a resume keeps it).
 
-``save_run`` / ``load_run`` (``muongrid.resume``) carry the model, the optimizer
-and the scheduler through ``muongrid.checkpoint``, and the data position beside
-them: a run resumes on any grid. ``loop_fsdp.py`` is this loop for a model under
+The data: ``muongrid.data.ResumableLoader``, a ``DataLoader`` whose sampler is
+keyed by the DP rank (the TP ranks of a replica read the same rows; the replicas
+read disjoint slices of one global batch); put your ``Dataset`` in place of
+``TokenWindows``. ``save_run`` / ``load_run`` (``muongrid.resume``) carry the
+model, the optimizer and the scheduler through ``muongrid.checkpoint``, and the
+loader's position beside them: a run resumes on any grid, reading on where it
+stopped. ``loop_fsdp.py`` is this loop for a model under
 FSDP2; ``train.py`` is the book's measuring harness, not a template.
 """
 import argparse
 import json
+import math
 import sys
 
 import torch
@@ -43,7 +51,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor.parallel import parallelize_module
 
 from muongrid import DistributedMuon, hybrid_param_groups
-from muongrid.lab.charlm import batch, load_corpus
+from muongrid.data import ResumableLoader, TokenWindows
+from muongrid.lab.charlm import load_corpus
 from muongrid.lab.tpgpt import head_major_gpt, tp_plan
 from muongrid.launch import add_launch_args, check_launch_args, launch
 from muongrid.resume import load_run, save_run
@@ -67,15 +76,33 @@ def loss_on(model, x, y, args):
     return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
 
-def evaluate(model, data, rows, grid, args) -> float:
-    """The mean loss on fixed held-out windows: each DP rank on its rows of each."""
-    gen = torch.Generator().manual_seed(1234)       # the same windows every time
-    windows = [batch(data["val"], args.batch, CONTEXT, gen)
-               for _ in range(EVAL_BATCHES)]
+def training_data(data, grid, args) -> ResumableLoader:
+    """This DP rank's rows of each step's global batch (the TP ranks of a replica
+    read the same ones), as a DataLoader whose position the checkpoint keeps."""
+    return ResumableLoader(TokenWindows(data["train"], CONTEXT), args.batch,
+                           dp=grid.dp, dp_rank=grid.dp_rank, seed=0)
+
+
+def schedule(opt, args):
+    """Linear warm-up over --warmup steps, then cosine decay to 10% at --steps."""
+    def factor(s):                                  # s: steps taken so far
+        if s < args.warmup:
+            return (s + 1) / args.warmup
+        t = min(1.0, (s - args.warmup) / max(1, args.steps - args.warmup))
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * t))
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def evaluate(model, data, grid, args) -> float:
+    """The mean loss on the first held-out windows: each DP rank on its rows."""
+    val, n = TokenWindows(data["val"], CONTEXT), args.batch // grid.dp
     model.eval()
+    total = torch.zeros((), device=grid.device)
     with torch.no_grad():
-        total = sum(loss_on(model, x[rows].to(grid.device), y[rows].to(grid.device),
-                            args) for x, y in windows)
+        for k in range(EVAL_BATCHES):
+            first = k * args.batch + grid.dp_rank * n
+            x, y = map(torch.stack, zip(*(val.window(i) for i in range(first, first + n))))
+            total += loss_on(model, x.to(grid.device), y.to(grid.device), args)
     model.train()
     dist.all_reduce(total)                          # the mean over every rank
     return total.item() / (dist.get_world_size() * EVAL_BATCHES)
@@ -91,32 +118,31 @@ def worker(grid, comm, args):
     lr = dict(lr=args.lr)                           # one lr for both groups
     groups = hybrid_param_groups(model, muon=lr, adamw=lr)
     opt = DistributedMuon(groups, grid, layout="owner")   # reads TP from DTensors
-    warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
+    sched = schedule(opt, args)
     forward = torch.compile(model, backend=args.compile) if args.compile else model
-    gen = torch.Generator().manual_seed(0)          # the data order, on every rank
-    keep = dict(batch=args.batch, model="tiny-gpt-64x2", precision=args.precision)
-    start = 1 + (load_run(args.resume, opt, warmup, gen, keep) if args.resume else 0)
-    n = args.batch // grid.dp                       # this DP rank's rows of a batch
-    rows = slice(grid.dp_rank * n, (grid.dp_rank + 1) * n)
+    loader = training_data(data, grid, args)
+    keep = dict(batch=args.batch, model="tiny-gpt-64x2", precision=args.precision,
+                lr=args.lr, warmup=args.warmup, steps=args.steps)   # the schedule too
+    start = 1 + (load_run(args.resume, opt, sched, loader, keep) if args.resume else 0)
     losses, evals = [], []
     for step in range(start, args.steps + 1):
-        x, y = batch(data["train"], args.batch, CONTEXT, gen)   # the global batch
+        x, y = next(loader)                         # this DP rank's rows
         mean = torch.zeros((), device=grid.device)
-        for xm, ym in zip(x[rows].chunk(args.accum), y[rows].chunk(args.accum)):
+        for xm, ym in zip(x.chunk(args.accum), y.chunk(args.accum)):
             loss = loss_on(forward, xm.to(grid.device), ym.to(grid.device), args)
             (loss / args.accum).backward()          # gradients add up in .grad
             mean += loss.detach() / args.accum
         norm = opt.clip_grad_norm_(1.0)             # the DP mean's norm, TP once
         opt.step()
-        warmup.step()
+        sched.step()
         opt.zero_grad(set_to_none=True)
         dist.all_reduce(mean)                       # for the log: the global mean
         losses.append(mean.item() / dist.get_world_size())
         if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
-            evals.append([step, evaluate(forward, data, rows, grid, args)])
+            evals.append([step, evaluate(forward, data, grid, args)])
         if args.save and (step % args.every == 0 or step == args.steps):
-            # every rank saves its shard; any grid can load it
-            save_run(f"{args.save}/step{step}", step, opt, warmup, gen, keep)
+            # every rank saves its shard and the data position; any grid loads it
+            save_run(f"{args.save}/step{step}", step, opt, sched, loader, keep)
         if grid.rank == 0 and step % 10 == 0:
             val = "".join(f", val {v:.4f}" for s, v in evals if s == step)
             print(f"step {step}: loss {losses[-1]:.4f}, grad norm {norm:.3f}{val}",
@@ -136,7 +162,11 @@ def parse(doc: str, argv=None):
     p.add_argument("--precision", default="autocast",
                    choices=("autocast", "bf16", "fp32"))
     p.add_argument("--compile", metavar="BACKEND", help="inductor, aot_eager, ...")
-    p.add_argument("--lr", type=float, default=0.01, help="both groups (AdamW's lr)")
+    p.add_argument("--lr", type=float, required=True,
+                   help="peak lr of both groups: your AdamW recipe's (Moonshot's matched "
+                        "update RMS, arXiv 2502.16982 sec. 2.2, lets AdamW's lr carry over); "
+                        "0.01 suits the book's tiny GPT (chapter 9)")
+    p.add_argument("--warmup", type=int, default=5, help="warm-up steps, then cosine")
     p.add_argument("--eval-every", type=int, default=10, help="0: no evaluation")
     p.add_argument("--save", default=None)
     p.add_argument("--every", type=int, default=10)

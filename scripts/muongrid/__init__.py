@@ -30,6 +30,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     devices        a rank's device (cuda:{LOCAL_RANK % visible GPUs}), device-inclusive clocks, CUDA-event spans
     finite         the gradients' NaN/Inf check with one host sync
     checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
+    data           the rows each rank reads: a DataLoader keyed by the DP rank, its position saved and resumed
     resume         train.py's --save/--resume: model, optimizer, scheduler, data position, RNG
     fsdp_routes    FSDP2: which rank owns each matrix and where its row blocks travel (pure)
     fsdp           FSDPMuon: Muon for fully_shard models, each matrix orthogonalised once by its owner
