@@ -82,9 +82,10 @@ elif (importlib.util.find_spec("muongrid") is None
 # The template is the whole program: the grid, the tiny GPT made tensor-parallel with PyTorch's
 # `parallelize_module` on `grid.mesh["tp"]`, the hybrid parameter groups (Muon for the hidden
 # matrices, AdamW for embeddings, head and norms), `DistributedMuon(..., layout="owner")`, a
-# warm-up scheduler, clipping, evaluation and a checkpoint every N steps that any grid can resume.
-# Each of bf16, accumulation and compilation is one flag (the docstring lists them). Replace the
-# model and the data with yours; the rest stays.
+# `DataLoader` keyed by the DP rank, a warm-up then a cosine decay, clipping, evaluation and a
+# checkpoint every N steps that any grid can resume. Each of bf16, accumulation and compilation is
+# one flag (the docstring lists them); `--lr` has no default, because it is your recipe's. Replace
+# the model and the dataset with yours; the rest stays.
 
 # %%
 from pathlib import Path
@@ -92,7 +93,7 @@ from pathlib import Path
 from IPython.display import Code
 
 from muongrid.lab.notebook import last_json, run, table
-from muongrid.lab.page import keep, say
+from muongrid.lab.page import keep, listing, say
 
 Code(Path("../scripts/loop_zero1_tp.py").read_text(), language="python")
 
@@ -105,7 +106,13 @@ Code(Path("../scripts/loop_zero1_tp.py").read_text(), language="python")
 #   shard counted once, a replicated parameter once) and returns that norm, as torch's function does.
 # - `save_run(...)` on every rank: each rank holds only its shard of the optimizer state, so a save
 #   is collective; it goes through `muongrid.checkpoint` (global coordinates), so it loads on any grid.
-# - The batch is drawn whole and each DP rank takes its rows, so every grid trains on the same data.
+# - The data comes through a `torch.utils.data.DataLoader` whose sampler is keyed by the **DP rank**,
+#   not the global rank (`muongrid.data`, below). The TP ranks of one replica compute one forward
+#   together, each on its shard of the weights, so they must read the same rows; keyed by the
+#   global rank they would each train other rows against shards of one model, and nothing would
+#   fail. The replicas read disjoint slices of one global batch, so every grid trains on the same
+#   rows step by step, and the loader's position (global batches taken, the same on any grid) is
+#   saved with the checkpoint: a resume reads on where the run stopped.
 # - Micro-batches need nothing from the optimizer: backward adds their gradients in `.grad`, and
 #   `step()` averages over DP once. (Under FSDP2 the micro-batches before the last skip FSDP2's
 #   reduce-scatter: `set_requires_gradient_sync`.)
@@ -116,6 +123,12 @@ Code(Path("../scripts/loop_zero1_tp.py").read_text(), language="python")
 # - `torch.compile` wraps the model for forward and backward only; the optimizer and the
 #   checkpoints see the model itself.
 #
+# The sampler, the one part of the data to keep when you bring your own `Dataset`:
+
+# %%
+listing("data.py", pyobject="DPBatchSampler")
+
+# %% [markdown]
 # Now run it for real: 20 steps on a 2 x 2 grid with bf16 weights, two micro-batches a step and
 # an evaluation every 10 steps, saving at steps 10 and 20; then the second half again from step
 # 10 on a 4 x 1 grid.
@@ -125,7 +138,7 @@ import shutil  # noqa: E402
 
 OUT = Path("_build/ch12")  # the scripts run in the repository's root folder
 shutil.rmtree(".." / OUT, ignore_errors=True)
-FLAGS = ["--precision", "bf16", "--accum", 2]  # both halves; 20 steps, eval every 10
+FLAGS = ["--lr", 0.01, "--precision", "bf16", "--accum", 2]  # both halves: 20 steps
 first = last_json(run("loop_zero1_tp.py", "--dp", 2, "--tp", 2, *FLAGS,
                       "--save", OUT / "zero1"))
 again = last_json(run("loop_zero1_tp.py", "--dp", 4, "--tp", 1, *FLAGS,
@@ -149,8 +162,8 @@ assert [s for s, _ in first["evals"]] == [10, 20] and again["first_step"] == 11
 
 # %% [markdown]
 # The resumed run continues the curve on another grid: the model, the optimizer state (fp32
-# masters, momentum, AdamW moments, step counts), the scheduler, the position in the data and the
-# RNG all came back, and the validation loss agrees too. The differences are in the last digits,
+# masters, momentum, AdamW moments, step counts), the scheduler, the data loader's position and
+# the RNG all came back, and the validation loss agrees too. The differences are in the last digits,
 # larger than in fp32 since the weights are bf16: a 4 x 1 grid adds its numbers in another order
 # than a 2 x 2 grid (the DP mean of four gradients instead of two, whole matmuls instead of TP
 # partial sums), and a bf16 weight rounds that difference to its own 8 bits. [`tests/test_resume.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_resume.py) resumes on another layout of the same grid, where the order is the
@@ -203,9 +216,9 @@ assert [s for s, _ in first["evals"]] == [10, 20] and again["first_step"] == 11
 #
 # Keep a TP group inside one node (ranks are TP-fastest: ranks 0-3 are one TP group), where the links
 # are fast; DP crosses nodes. On GPUs compile with `inductor`; this chapter's CPU runs leave
-# compilation out, since on a 2-core machine even `aot_eager` (AOT autograd's graphs, run by eager
-# kernels) adds half a minute to a 4-process launch; [`tests/test_loops.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_loops.py) runs the FSDP2 loop
-# compiled with it, resumed bit for bit.
+# compilation out, since on a 2-core machine inductor's C++ build of the kernels takes 20 to 50
+# seconds a launch; [`tests/test_loops.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_loops.py) runs the template with `--compile inductor`
+# on one rank and compares its losses with the uncompiled loop's.
 #
 # ## Your own model: a Hugging Face Llama (and a MoE)
 #
@@ -248,8 +261,26 @@ mixtral = transformers.MixtralForCausalLM(transformers.MixtralConfig(
 show(routing_table(mixtral))
 
 # %% [markdown]
-# In your loop, the model's output is an object with `.loss` (`model(input_ids=x, labels=x).loss`),
-# everything else is the template's. [`tests/test_hf_models.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_hf_models.py) trains this Llama, a
+# ### The Llama, tensor-parallel
+#
+# The template splits its GPT with `parallelize_module` and a plan of module paths. A Hugging Face
+# Llama (Mistral and Qwen2 name their layers the same) splits as Megatron-LM splits a transformer:
+# q, k, v and the MLP's gate and up projections by rows (`ColwiseParallel`: each TP rank computes its
+# own attention heads and its own hidden units), the attention output and the MLP's down projection
+# by columns (`RowwiseParallel`: the partial products are summed over TP), and the embedding, the
+# norms and the head whole on every TP rank. The plan is the package's, the one the tests train:
+
+# %%
+listing("tp_plans.py", pyobject="llama_layer_plan")
+listing("tp_plans.py", pyobject="parallelize_llama")
+
+# %% [markdown]
+# In the template, `parallelize_llama(model, grid.mesh["tp"])` takes the place of
+# `parallelize_module(model, grid.mesh["tp"], tp_plan(2))`, before the optimizer is built, which
+# reads each matrix's split from its DTensor. The model's output is an object with `.loss`
+# (`model(input_ids=x, labels=x).loss`); everything else is the template's. Without the split, a
+# `Grid.build(dp=2, tp=4)` would run: the four TP ranks of a replica would each compute the whole
+# model on the same rows, four times the work for one replica's result. [`tests/test_hf_models.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_hf_models.py) trains this Llama, a
 # GPT-2 (tied head, fused QKV) and the Mixtral under `DistributedMuon` and `FSDPMuon` (`fully_shard`
 # per decoder layer) on 2 x 1 ranks, the Llama also tensor-parallel on 2 x 2, with gradient
 # accumulation and a compiled model, against one process, bit for bit.
@@ -276,8 +307,9 @@ by Moonshot's `match_rms_adamw` (lr x 0.2 x sqrt(max(A, B))), which brings Muon'
 size of an AdamW update, so AdamW's tuned lr is where to start for both groups. Then sweep that
 one lr upwards: in {doc}`chapter 9 <09_training>`'s tuned study AdamW was best at
 {{ch12-adamw-lr}} and the hybrid, both groups at one lr, at {{ch12-hybrid-lr}}
-({{ch12-lr-ratio}} x AdamW's). The loops take `--lr` (default 0.01, AdamW's best in
-that study) for both groups.
+({{ch12-lr-ratio}} x AdamW's). The loops require `--lr`, one value for both groups; this
+chapter passes 0.01, AdamW's best in that study. After `--warmup` steps the lr follows a cosine
+down to a tenth of it at the last step.
 """)
 
 # %% [markdown]
@@ -367,9 +399,9 @@ say(r"""
    shards, a TP shard counted once ([`muongrid/clipping.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/clipping.py)).
 3. No, only to rounding: one process adds the gradients and the TP partial sums in another order
    than the 2 x 2 grid, as the 4 x 1 resume above shows. Run `python scripts/loop_zero1_tp.py --dp 1
-   --tp 1 --precision bf16 --accum 2 --steps 20 --resume <save dir>/step10` with the save
-   directory of the 2 x 2 run (a resume must keep the batch and the precision, and refuses
-   otherwise); the JSON line it prints at the end (`first_step` 11, `losses`) is compared with the
+   --tp 1 --lr 0.01 --precision bf16 --accum 2 --steps 20 --resume <save dir>/step10` with the save
+   directory of the 2 x 2 run (a resume must keep the batch, the precision and the schedule, and
+   refuses otherwise); the JSON line it prints at the end (`first_step` 11, `losses`) is compared with the
    second half of the 2 x 2 run's `losses`. Bit-for-bit equality holds when the order is the same: another layout on
    the same grid ([`tests/test_resume.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_resume.py)).
 4. Put the layer in the parameter groups from the start (`add_param_group` is refused: the ZeRO-1

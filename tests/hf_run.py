@@ -13,8 +13,8 @@ Cases (``--cases``, comma-separated): ``<model>-<optimizer>[-accum][-compile]`` 
 gradients on the last only: ``set_requires_gradient_sync``); ``-compile``: both models
 ``torch.compile(backend="aot_eager")`` (AOT autograd's forward and backward graphs run by eager kernels;
 inductor's C++ compile takes minutes on this project's 2-core CPUs); ``-tp`` (llama, zero1): the Llama made
-tensor-parallel over the grid's "tp" with ``parallelize_module`` (q/k/v and MLP up/gate ``ColwiseParallel``,
-o_proj and MLP down ``RowwiseParallel``; embedding, norms and head replicated).
+tensor-parallel over the grid's "tp" by ``muongrid.tp_plans.parallelize_llama`` (q/k/v and MLP up/gate
+``ColwiseParallel``, o_proj and MLP down ``RowwiseParallel``; embedding, norms and head replicated).
 
 Under TP no one process computes the same gradients: a row-parallel layer sums partial products across
 ranks, in another order than one matmul. So a ``-tp`` case holds the two checks apart: the optimizer bit
@@ -35,6 +35,7 @@ import transformers
 
 from muongrid import DistributedMuon, FSDPMuon, MuonW, hybrid_param_groups
 from muongrid.launch import add_launch_args, launch
+from muongrid.tp_plans import parallelize_llama
 
 MUON, ADAMW = dict(lr=0.02, weight_decay=0.1), dict(lr=3e-3, weight_decay=0.1)
 BATCH, SEQ, VOCAB = 2, 16, 100  # per rank: BATCH sequences (split into micro-batches with -accum)
@@ -97,12 +98,8 @@ def reference_grads(ref, per_rank) -> float:
 
 
 def tensor_parallel(model, grid) -> None:
-    """The Llama's decoder layers split over the grid's "tp": attention heads and the MLP's hidden units."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    plan = {**{f"self_attn.{n}_proj": ColwiseParallel() for n in "qkv"}, "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
-    for layer in model.model.layers:
-        parallelize_module(layer, grid.mesh["tp"], plan)
+    """The Llama's decoder layers split over the grid's "tp" by the package's plan (muongrid/tp_plans.py)."""
+    parallelize_llama(model, grid.mesh["tp"])
 
 
 def gathered_grads(model, ref, grid) -> None:

@@ -30,6 +30,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     devices        a rank's device (cuda:{LOCAL_RANK % visible GPUs}), device-inclusive clocks, CUDA-event spans
     finite         the gradients' NaN/Inf check with one host sync
     checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
+    tp_plans       tensor-parallel plans for models people bring (a Hugging Face Llama), for parallelize_module
     data           the rows each rank reads: a DataLoader keyed by the DP rank, its position saved and resumed
     resume         train.py's --save/--resume: model, optimizer, scheduler, data position, RNG
     fsdp_routes    FSDP2: which rank owns each matrix and where its row blocks travel (pure)
