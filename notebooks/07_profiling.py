@@ -402,6 +402,12 @@ n_params, ns_flops, fb_flops = flops_per_rank(128)
 assert n_params == profile["n_params"]  # the model the profile ran
 _, ns_wide, fb_wide = flops_per_rank(256)
 assert ns_wide / fb_wide > 1.8 * ns_flops / fb_flops  # exercise 2's "roughly doubles"
+last = [e for e in events if e["name"] == "train_step:muon"][-1]
+longest = max((e for e in events if e.get("cat") == "user_annotation"
+               and e["name"].startswith("comm:")
+               and last["ts"] <= e["ts"] <= last["ts"] + last["dur"]), key=lambda e: e["dur"])
+keep("ch7-ex1-name", longest["name"])
+keep("ch7-ex1-ms", f"{longest['dur'] / 1e3:.1f}")
 keep("ch7-ex4-ns", f"{ns_flops / 1e9:.2f}")
 keep("ch7-ex4-fb", f"{fb_flops / 1e9:.2f}")
 keep("ch7-ex4-ratio", f"{ns_flops / fb_flops:.0%}")
@@ -414,9 +420,10 @@ say(r"""
 
 1. In Perfetto, select the last `train_step:muon` range and sort the `comm:<phase>` ranges under it
    by duration; {numref}`fig-ch7-trace` shows the same ranges in its collectives row. The longest
-   one is a timing of that run, so this page cannot name it for your machine: read it from the
-   trace (or from the width of the collectives row in the figure, which was drawn from the same
-   file when the page was built).
+   one is a timing of that run: in the run this page was built from it was `{{ch7-ex1-name}}`
+   ({{ch7-ex1-ms}} ms), but on another machine, or a busier one, another may win. Read yours
+   from the trace (or from the width of the collectives row in the figure, drawn from the same
+   file).
 2. Expect the Muon optimizer's share to grow. Forward and backward cost about (tokens per step) x
    (width$^2$) per layer, Newton-Schulz about width$^3$ per matrix and step, whatever the batch; so
    doubling the width at the same batch roughly doubles Newton-Schulz's work relative to the rest,

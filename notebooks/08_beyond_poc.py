@@ -594,26 +594,58 @@ say(r"""
 # 3. The aligned layout's buckets hold `dp` times more elements than the others. Set
 #    `--bucket-numel` small in `verify.py --layout aligned` and watch the ZeRO-1 bytes grow: why?
 
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# The exercises' answers, computed and checked (the solutions below quote them).
+from muongrid.lab.costmodel import plans_for
+
+squares = [(64, 64)] * 4
+for n_groups in (1, 2):  # --groups 1, and verify.py's default of two groups
+    sq_groups = build_problem("muon", shapes=squares, tp_dims=[-1] * 4, n_groups=n_groups).groups
+    owners = plans_for(sq_groups, 4, 1, DEFAULT_BUCKET_NUMEL, "owner")[0].owners
+    to_owner = step_bytes(sq_groups, 4, 1, DEFAULT_BUCKET_NUMEL, layout="owner", rank=0)
+    if n_groups == 1:
+        assert sorted(owners.values()) == [0, 1, 2, 3] and to_owner["ns_to_owner"] == 0
+        keep("ch8-ex1-owners", ", ".join(f'"{b}.{i}": {r}' for (b, i), r in sorted(owners.items())))
+    else:
+        assert to_owner["ns_to_owner"] == to_owner["ns_from_owner"] > 0
+        keep("ch8-ex1-two-bytes", f"{to_owner['ns_to_owner']:,}")
+        keep("ch8-ex1-two-elements", f"{to_owner['ns_to_owner'] // 2:,}")
+keep("ch8-ex1-held", f"{2 * 64 * 64 * 2 // 4:,}")  # rank 0's shard: a quarter of a two-matrix bucket
+
+poc_groups = build_problem("muon").groups
+aligned = {}
+for numel in (DEFAULT_BUCKET_NUMEL, 20_000):
+    n_buckets = sum(map(len, plans_for(poc_groups, 4, 1, numel, "aligned")[0].buckets))
+    sent = step_bytes(poc_groups, 4, 1, numel, layout="aligned", rank=0)
+    assert sent["param_all_gather"] == sent["grad_reduce_scatter"]
+    aligned[numel] = (n_buckets, sent["grad_reduce_scatter"])
+assert aligned[20_000][1] > aligned[DEFAULT_BUCKET_NUMEL][1]
+for key, (n_buckets, sent) in zip(("default", "small"), aligned.values()):
+    keep(f"ch8-ex3-{key}", f"{sent:,}")
+    keep(f"ch8-ex3-{key}-buckets", n_buckets)
+
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 :::{admonition} Solutions
 :class: dropdown
 
-1. Owners `{"0.0": 0, "0.1": 1, "0.2": 2, "0.3": 3}` and `ns_to_owner` 0 bytes (the
+1. Owners `{{{ch8-ex1-owners}}}` and `ns_to_owner` 0 bytes (the
    printed ledger of rank 0 shows 0 elements in `ns_to_owner` and `ns_from_owner`). Four equal
    matrices in one bucket of four equal shards: each matrix is exactly one shard. In decreasing
    FLOPs (all equal, so in plan order) each goes to a least-loaded rank, ties to the rank holding
    most of it: its own shard's rank, so nothing travels to an owner. Without `--groups 1` there are
    two groups, each a bucket of two matrices cut into four shards, so every matrix straddles two
-   ranks and half of it travels: rank 0's ledger then shows 2,048 elements (4,096 bf16 bytes) in
-   `ns_to_owner` and the same back, out of the 4,096 elements it holds.
+   ranks and half of it travels: rank 0's ledger then shows {{ch8-ex1-two-elements}} elements
+   ({{ch8-ex1-two-bytes}} bf16 bytes) in `ns_to_owner` and the same back, out of the
+   {{ch8-ex1-held}} elements it holds.
 2. The command prints the layout's line `layout owner ... grid efficiency ..., Muon overhead ratio
    ...` at the end of its table; the ratio is a timing, so it is that run's number, not one this
    page can state. It lands near the bound printed above ({{ch8-bound}} on this build's
    machine) and not below it: one rank owns the 4096 x 4096 matrix and runs it with a quarter of the
    cores, while the single process uses all of them.
-3. `python scripts/verify.py --dp 4 --layout aligned` sends 7,784,640 bytes in rank 0's
-   `grad_reduce_scatter` (2 buckets); with `--bucket-numel 20000` it sends 8,463,360 (4 buckets),
+3. `python scripts/verify.py --dp 4 --layout aligned` sends {{ch8-ex3-default}} bytes in rank
+   0's `grad_reduce_scatter` ({{ch8-ex3-default-buckets}} buckets); with `--bucket-numel 20000` it
+   sends {{ch8-ex3-small}} ({{ch8-ex3-small-buckets}} buckets),
    and the `param_all_gather` grows by the same amount (bytes from the printed ledger; they depend
    only on the shapes and the grid). With small buckets a bucket holds few matrices, so the cuts
    between matrices cannot make the shards equal; every shard travels padded to the largest, in the

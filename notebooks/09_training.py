@@ -705,25 +705,66 @@ logits, not whether it helps the loss on a model this small.
 #    steps?
 # 4. Break the data split: in `train.py`'s `worker`, make every DP rank train on the first slice
 #    (`mine = slice(0, rows)`), rerun the 1 x 1 and 2 x 1 grids, and compare their loss curves.
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. Each TP rank computes whole attention heads: four TP ranks need at least four heads, and
-#    `--heads` must divide by `--tp` (the check is in `train.py`'s argument parsing).
-# 2. Yes: each run is one process with a fixed seed and a fixed number of threads, so the
-#    arithmetic is the same whichever runs beside it; `--jobs` only changes how many run at once.
-#    (With `--threads` above 1 a matrix product may split its sums differently, and results can
-#    move in the last bits.)
-# 3. The answer is the matrix with the largest value before the arrow in the "largest / median"
-#    column of the table in "What Newton-Schulz does to the momentum" (the momentum's; after the
-#    arrow is the update's), for the step printed above that table (block 0 of the 2 x 2 run). For
-#    the other measured steps, `first["state_metrics"]` holds one entry per measurement (its `step`
-#    and, per matrix, `in_top_median`), and the dashed lines of {numref}`fig-ch9-spectra` show the
-#    same at the first and last measurement. The values are this build's run, so the page does not
-#    fix them in prose.
-# 4. The 2 x 1 run now averages two gradients of the same half batch: it trains on half the data
-#    of each step (and reports that half's loss), so its curve is off the 1 x 1 one from the first
-#    step, by several times the 2e-3 nats [`tests/test_train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_train.py) allows, and the gap grows as the
-#    run goes on (undo the change afterwards).
-# :::
+# 5. By hand: the study's model keeps the share of its parameters in Muon matrices that the study
+#    section states (the rest go to AdamW). Under the bucket layout on a 2 x 1 grid, how many times AdamW's bytes does a
+#    hybrid step send? (Chapter 6: a Muon bucket costs (4 + 2 + 4) / (4 + 4) of an AdamW one.)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# The exercises' answers, computed and checked (the solutions below quote them).
+from muongrid.lab.costmodel import bytes_ratio
+from muongrid.plan import DEFAULT_BUCKET_NUMEL
+
+total = sum(p.numel() for p in gpt.parameters())
+muon_share = routed / total
+predicted = 1 + 0.25 * muon_share  # (4 + 2 + 4) / (4 + 4) on the Muon share, 1 elsewhere
+study_groups = [dict(shapes=[tuple(p.shape) for p in g["params"]],
+                     tp_split_dims=[-1] * len(g["params"]), use_muon=g["use_muon"])
+                for g in hybrid_param_groups(gpt.named_parameters())]
+exact = bytes_ratio(study_groups, 2, 1, DEFAULT_BUCKET_NUMEL, "bucket")
+assert abs(exact - predicted) < 0.01, (exact, predicted)  # padding is all that differs
+def most_lopsided(measurement):
+    block0 = {n.split(".")[-2]: m["in_top_median"]
+              for n, m in measurement["matrices"].items() if n.startswith("blocks.0.")}
+    name = max(block0, key=block0.get)
+    return name, f"{block0[name]:.1f}", measurement["step"]
+
+
+(first_name, first_value, first_step), (last_name, last_value, last_step) = (
+    most_lopsided(measured[0]), most_lopsided(measured[-1]))
+keep("ch9-ex3-first", f"`{first_name}` ({first_value} at step {first_step})")
+keep("ch9-ex3-last", f"`{last_name}` ({last_value} at step {last_step})")
+keep("ch9-ex3-same", "the same matrix" if first_name == last_name else "another matrix")
+keep("ch9-ex5-share", f"{muon_share:.1%}")
+keep("ch9-ex5-predicted", f"{predicted:.3f}")
+keep("ch9-ex5-exact", f"{exact:.3f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. Each TP rank computes whole attention heads: four TP ranks need at least four heads, and
+   `--heads` must divide by `--tp` (the check is in `train.py`'s argument parsing).
+2. Yes: each run is one process with a fixed seed and a fixed number of threads, so the
+   arithmetic is the same whichever runs beside it; `--jobs` only changes how many run at once.
+   (With `--threads` above 1 a matrix product may split its sums differently, and results can
+   move in the last bits.)
+3. The answer is the matrix with the largest value before the arrow in the "largest / median"
+   column of the table in "What Newton-Schulz does to the momentum" (the momentum's; after the
+   arrow is the update's), for the step printed above that table (block 0 of the 2 x 2 run). For
+   the other measured steps, `first["state_metrics"]` holds one entry per measurement (its `step`
+   and, per matrix, `in_top_median`), and the dashed lines of {numref}`fig-ch9-spectra` show the
+   same at the first and last measurement. In the run this page was built from, the most
+   lopsided momentum of block 0 was {{ch9-ex3-first}} at the first measurement and
+   {{ch9-ex3-last}} at the last: {{ch9-ex3-same}}. A run on another machine draws the same
+   data but may round differently, so check yours against the table.
+4. The 2 x 1 run now averages two gradients of the same half batch: it trains on half the data
+   of each step (and reports that half's loss), so its curve is off the 1 x 1 one from the first
+   step, by several times the 2e-3 nats [`tests/test_train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_train.py) allows, and the gap grows as the
+   run goes on (undo the change afterwards).
+5. $1 + 0.25 \times$ {{ch9-ex5-share}} = {{ch9-ex5-predicted}}: only the Muon share pays the
+   extra bf16 gather. The closed form of chapter 6 (`costmodel.bytes_ratio` on this model's groups)
+   gives {{ch9-ex5-exact}}; what differs is the buckets' padding. The build checks the two agree
+   to 0.01.
+:::
+""")

@@ -451,19 +451,66 @@ ended: the busy process the bench starts, and whatever else the machine was runn
 #    hangs, `kill -9` the pid that rank 3 printed. Who is named first, and why not rank 0?
 # 3. Why does a Muon checkpoint need the fp32 master weights at all, when the model's own weights
 #    are saved beside them?
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. Each of the six ranks writes one `__<rank>_0.distcp` file holding the rectangles of its pieces
-#    (a TP-replicated matrix is written by TP rank 0 only). DCP's metadata maps every rectangle to a
-#    file and an offset, so each new rank reads the parts of those files that overlap its own pieces,
-#    usually from several of them.
-# 2. Rank 3: it died of a signal the launcher did not send, which nothing else explains. Rank 0
-#    only stopped answering; the launcher stops it, and ranks the launcher stopped are never blamed.
-#    (With a short `--timeout`, the waiting ranks' collectives would time out first and be named.)
-# 3. With bf16 (or any lower-precision) parameters, the master weights are the only exact copy: the
-#    optimizer updates them in fp32 and rounds into the model, so resuming from the rounded model
-#    would lose the small updates that had not yet changed a bf16 value. Here the model is fp32 and
-#    the two are equal, but the format does not assume it.
-# :::
+# 4. In the 2 x 2 run saved above, `layers.3.weight` (676 x 876) is split over TP along its
+#    columns, and ZeRO-1 cuts TP rank 0's shard between the two DP ranks. Which rectangles of the
+#    whole matrix does each of those two ranks write? Use `build_plan` for where the cut falls, then
+#    work out the rectangles by hand and check them with `checkpoint.rectangles`.
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# The exercises' answers, computed and checked (the solutions below quote them).
+from muongrid.lab.costmodel import plans_for
+from muongrid.plan import DEFAULT_BUCKET_NUMEL, tp_local_shape
+
+saved_groups = build_problem("hybrid").groups  # the problem the 2 x 2 run saved
+g, i = 0, saved_groups[0]["names"].index("layers.3.weight")
+shape, split = saved_groups[g]["shapes"][i], saved_groups[g]["tp_split_dims"][i]
+local = tp_local_shape("layers.3.weight", shape, split, 2)
+rects = {}
+for dp_rank, plan in enumerate(plans_for(saved_groups, 2, 2, DEFAULT_BUCKET_NUMEL, "bucket")):
+    meta = plan.metas[g][i]
+    start = meta.local_range[0] - meta.global_range[0] if meta.local_numel else 0
+    piece = slice(start, start + meta.local_numel)
+    rects[dp_rank] = [(off, size) for off, size, _, _ in checkpoint.rectangles(local, split, 0, piece)]
+# the two DP ranks' rectangles tile TP rank 0's columns of the matrix, with no overlap
+covered = torch.zeros(shape, dtype=torch.int)
+for (r0, c0), (h, w) in (x for xs in rects.values() for x in xs):
+    covered[r0:r0 + h, c0:c0 + w] += 1
+assert covered[:, :local[1]].eq(1).all() and covered[:, local[1]:].eq(0).all()
+assert 1 <= len(rects[0]) <= 3 and 1 <= len(rects[1]) <= 3
+
+
+def as_text(rs):
+    rows = [f"row {r}" if h == 1 else f"rows {r}-{r + h - 1}" for (r, _), (h, _) in rs]
+    return "; ".join(f"{rw}, columns {c}-{c + w - 1}" for rw, ((_, c), (_, w)) in zip(rows, rs))
+
+
+keep("ch10-ex4-local", f"{local[0]} x {local[1]}")
+keep("ch10-ex4-dp0", as_text(rects[0]))
+keep("ch10-ex4-dp1", as_text(rects[1]))
+keep("ch10-ex4-n0", ["one rectangle", "two rectangles", "three rectangles"][len(rects[0]) - 1])
+keep("ch10-ex4-cut", f"{rects[0][-1][0][0] * local[1] + rects[0][-1][0][1] + rects[0][-1][1][1]:,}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. Each of the six ranks writes one `__<rank>_0.distcp` file holding the rectangles of its pieces
+   (a TP-replicated matrix is written by TP rank 0 only). DCP's metadata maps every rectangle to a
+   file and an offset, so each new rank reads the parts of those files that overlap its own pieces,
+   usually from several of them.
+2. Rank 3: it died of a signal the launcher did not send, which nothing else explains. Rank 0
+   only stopped answering; the launcher stops it, and ranks the launcher stopped are never blamed.
+   (With a short `--timeout`, the waiting ranks' collectives would time out first and be named.)
+3. With bf16 (or any lower-precision) parameters, the master weights are the only exact copy: the
+   optimizer updates them in fp32 and rounds into the model, so resuming from the rounded model
+   would lose the small updates that had not yet changed a bf16 value. Here the model is fp32 and
+   the two are equal, but the format does not assume it.
+4. TP rank 0 holds columns 0-437, a {{ch10-ex4-local}} shard, flattened row by row; the
+   bucket's cut falls after its first {{ch10-ex4-cut}} elements. DP rank 0 writes
+   {{ch10-ex4-n0}}: {{ch10-ex4-dp0}}. DP rank 1 writes the rest:
+   {{ch10-ex4-dp1}}. A flat range starts with a partial row, continues with whole rows and ends
+   with a partial row, so it is never more than three rectangles. (The build checks that the
+   rectangles cover TP rank 0's columns exactly once.)
+:::
+""")

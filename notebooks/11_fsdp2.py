@@ -318,30 +318,84 @@ say(r"""
 #    How do the bytes per rank differ between the three ranks, and why?
 # 2. In the FSDP2 x TP run, which matrices are sent by only one of two TP ranks, and why is that
 #    enough? (Hint: [`muongrid/fsdp_routes.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/fsdp_routes.py), "senders".)
-# 3. With `--optimizer muon`, the embeddings and the head join Muon. Predict how the owner traffic
-#    changes, then measure it.
-#
-# :::{admonition} Solutions
-# :class: dropdown
-#
-# 1. The report's `bytes_per_step (rank 0)` row and the JSON's `bytes_per_step_per_rank` give, for
-#    FSDPMuon, 349,696, 349,696 and 348,160 bytes on ranks 0, 1 and 2 (`torch.optim.Muon`: 4,389,824 on
-#    each); these are byte counts of the plan, the same on any machine. FSDP2 cuts rows with
-#    `torch.chunk`, so when a matrix's rows do not divide by 3 the last rank holds fewer rows, and it
-#    sends (and gets back) fewer elements. Newton-Schulz is uneven too: `ns_calls_per_step` is
-#    `[2, 3, 3]`, the 8 matrices of the two blocks over 3 owners.
-# 2. In the hybrid run, none: every Muon matrix (qkv, proj, fc, out) is split over TP, so the two TP
-#    ranks hold different rectangles and both send. Only a matrix replicated over TP is sent once per
-#    TP pair: both TP ranks hold the same rectangle, and `routes` picks one sender per distinct
-#    rectangle (the TP rank in the owner's TP column, else the lowest). With `--optimizer muon` that
-#    is the head and the two embeddings: computed with `fsdp_routes.routes` for a head `Shard(0)` on
-#    "dp" of a 2 x 2 grid, its senders are ranks {1, 3} for owner 1, where a qkv matrix has all four.
-#    Sending both copies would move the same bytes twice; every rank still gets its own rectangle back.
-# 3. Prediction: the three new matrices add their pieces that are not on their owner, sent once per
-#    TP pair, and their Newton-Schulz runs. Measured with `python scripts/train.py --fsdp --dp 2 --tp 2
-#    --batch 8 --steps 2 --optimizer muon` against the same command with `--optimizer hybrid`
-#    (`bytes_per_step_per_rank` in the JSON line): 332,800, 324,608, 342,784 and 318,208 bytes
-#    against 311,296, 311,296, 278,528 and 278,528, and `ns_calls_per_step` `[2, 2, 4, 3]` against
-#    `[2, 2, 2, 2]` (11 matrices against 8). The increase is small because the tiny GPT's vocabulary
-#    and context are small next to its block matrices.
-# :::
+# 3. With `--optimizer muon`, the embeddings and the head join Muon. On `--fsdp --dp 2 --tp 1`,
+#    predict how each rank's owner traffic changes, then measure it.
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# The exercises' answers, computed and checked (the solutions below quote them).
+import torch
+from muongrid import hybrid_param_groups
+from muongrid.fsdp_routes import Piece, routes
+from muongrid.lab.charlm import TinyGPT, load_corpus
+
+
+def matrix_shapes(width, optimizer="hybrid"):
+    with torch.device("meta"):
+        net = TinyGPT(load_corpus()["vocab_size"], d=width, n_layer=2, n_head=4)
+    if optimizer == "muon":  # every matrix, the embeddings and the head too
+        return [tuple(p.shape) for p in net.parameters() if p.ndim == 2]
+    return [tuple(p.shape) for g in hybrid_param_groups(net.named_parameters())
+            if g["use_muon"] for p in g["params"]]
+
+
+def owner_trips(shapes, dp):
+    """Each rank's bytes to and from the owners (bf16), and its Newton-Schulz calls, from
+    FSDP2's cut alone: torch.chunk over the rows, as fully_shard does."""
+    def cut(rows, cols, r):
+        chunks = torch.arange(rows).chunk(dp)
+        mine = chunks[r] if r < len(chunks) else torch.arange(0)
+        start = int(mine[0]) if len(mine) else rows
+        return Piece((start, 0), (len(mine), cols))
+
+    plan = routes(shapes, [[cut(*s, r) for s in shapes] for r in range(dp)], tp=1)
+    out = []
+    for r in range(dp):
+        sent, back = plan.send_counts(r), plan.back_counts(r)
+        out.append(2 * (sum(sent) - sent[r] + sum(back) - back[r]))
+    return out, [len(plan.owned(r)) for r in range(dp)]
+
+
+# the geometry prices what the chapter's own FSDP2 run sent (rank 0, width 64, dp = 2)
+phases = runs["FSDP2 (2x1)"]["ledger"]["phases"]
+assert owner_trips(matrix_shapes(64), 2)[0][0] == sum(
+    phases[k]["bytes_sent"] for k in ("ns_to_owner", "ns_from_owner"))
+uneven, calls3 = owner_trips(matrix_shapes(128), 3)
+assert uneven[0] == uneven[1] > uneven[2]
+keep("ch11-ex1-bytes", ", ".join(f"{b:,}" for b in uneven))
+keep("ch11-ex1-calls", calls3)
+hybrid, h_calls = owner_trips(matrix_shapes(128), 2)
+everything, m_calls = owner_trips(matrix_shapes(128, "muon"), 2)
+assert all(m > h for m, h in zip(everything, hybrid))
+keep("ch11-ex3-hybrid", ", ".join(f"{b:,}" for b in hybrid))
+keep("ch11-ex3-muon", ", ".join(f"{b:,}" for b in everything))
+keep("ch11-ex3-calls", f"{m_calls} against {h_calls}")
+keep("ch11-ex3-matrices", f"{sum(m_calls)} matrices against {sum(h_calls)}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+:::{admonition} Solutions
+:class: dropdown
+
+1. The owner trips (`ns_to_owner` plus `ns_from_owner` in the JSON's ledger) come to
+   {{ch11-ex1-bytes}} bytes on ranks 0, 1 and 2: byte counts of the plan, the same on any
+   machine, which the build computes from FSDP2's cut and `fsdp_routes.routes` alone (and checks
+   against the FSDP2 run above). FSDP2 cuts rows with
+   `torch.chunk`, so when a matrix's rows do not divide by 3 the last rank holds fewer rows, and it
+   sends (and gets back) fewer elements. Newton-Schulz is uneven too: `ns_calls_per_step` is
+   `{{ch11-ex1-calls}}`, the 8 matrices of the two blocks over 3 owners.
+2. In the hybrid run, none: every Muon matrix (qkv, proj, fc, out) is split over TP, so the two TP
+   ranks hold different rectangles and both send. Only a matrix replicated over TP is sent once per
+   TP pair: both TP ranks hold the same rectangle, and `routes` picks one sender per distinct
+   rectangle (the TP rank in the owner's TP column, else the lowest). With `--optimizer muon` that
+   is the head and the two embeddings: computed with `fsdp_routes.routes` for a head `Shard(0)` on
+   "dp" of a 2 x 2 grid, its senders are ranks {1, 3} for owner 1, where a qkv matrix has all four.
+   Sending both copies would move the same bytes twice; every rank still gets its own rectangle back.
+3. Prediction: the three new matrices add their pieces that are not on their owner, there and
+   back, and their Newton-Schulz runs. Measure it with `python scripts/train.py --fsdp --dp 2 --tp 1
+   --batch 8 --steps 2 --optimizer muon` against the same command with `--optimizer hybrid`
+   (`ns_to_owner` plus `ns_from_owner` in the JSON's ledger). The plan gives
+   {{ch11-ex3-muon}} bytes on ranks 0 and 1 against {{ch11-ex3-hybrid}}, and Newton-Schulz
+   calls `{{ch11-ex3-calls}}` ({{ch11-ex3-matrices}}). The increase is small because the
+   tiny GPT's vocabulary and context are small next to its block matrices.
+:::
+""")
