@@ -707,7 +707,7 @@ logits, not whether it helps the loss on a model this small.
 #    (`mine = slice(0, rows)`), rerun the 1 x 1 and 2 x 1 grids, and compare their loss curves.
 # 5. By hand: the study's model keeps the share of its parameters in Muon matrices that the study
 #    section states (the rest go to AdamW). Under the bucket layout on a 2 x 1 grid, how many times AdamW's bytes does a
-#    hybrid step send? (Chapter 6: a Muon bucket costs (4 + 2 + 4) / (4 + 4) of an AdamW one.)
+#    hybrid step send? ({doc}`Chapter 6 <06_communication>`: a Muon bucket costs (4 + 2 + 4) / (4 + 4) of an AdamW one.)
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The exercises' answers, computed and checked (the solutions below quote them).
@@ -763,7 +763,7 @@ say(r"""
    step, by several times the 2e-3 nats [`tests/test_train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_train.py) allows, and the gap grows as the
    run goes on (undo the change afterwards).
 5. $1 + 0.25 \times$ {{ch9-ex5-share}} = {{ch9-ex5-predicted}}: only the Muon share pays the
-   extra bf16 gather. The closed form of chapter 6 (`costmodel.bytes_ratio` on this model's groups)
+   extra bf16 gather. The closed form of {doc}`chapter 6 <06_communication>` (`costmodel.bytes_ratio` on this model's groups)
    gives {{ch9-ex5-exact}}; what differs is the buckets' padding. The build checks the two agree
    to 0.01.
 :::

@@ -381,6 +381,17 @@ down to a tenth of it at the last step.
 # 5. Your AdamW run used lr 3e-4 and weight decay 0.1 with no decay on norms and biases. Write the
 #    `hybrid_param_groups` call for a first Muon run, and say what you sweep next.
 
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# The exercises' answers, computed and checked (the solutions below quote them).
+from muongrid.grid import grid_layout
+
+two_nodes = grid_layout(4, 4)  # --dp 4 --tp 4 on 2 nodes of 8: node = rank // 8
+first_tp, first_dp = two_nodes[0]["tp_group"], two_nodes[0]["dp_group"]
+assert all(len({r // 8 for r in row["tp_group"]}) == 1 for row in two_nodes)
+assert len({r // 8 for r in first_dp}) == 2
+keep("ch12-ex1-tp", f"{first_tp[0]}-{first_tp[-1]}")
+keep("ch12-ex1-dp", ", ".join(map(str, first_dp[:-1])) + f" and {first_dp[-1]}")
+
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 :::{admonition} Solutions
@@ -388,8 +399,8 @@ say(r"""
 
 1. `torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
    scripts/loop_zero1_tp.py --dp 4 --tp 4 ...`, the same line on both nodes (the two-node command
-   above). Ranks are TP-fastest, so the first TP group is ranks 0-3 and the first DP group is ranks
-   0, 4, 8 and 12 (every `tp`-th rank, as in {doc}`chapter 3 <03_grid>`). Node 0 holds ranks 0-7 and
+   above). Ranks are TP-fastest, so the first TP group is ranks {{ch12-ex1-tp}} and the first DP
+   group is ranks {{ch12-ex1-dp}} (every `tp`-th rank, as in {doc}`chapter 3 <03_grid>`). Node 0 holds ranks 0-7 and
    4 divides 8, so every TP group lies inside one node; the DP groups cross nodes.
 2. Under ZeRO-1, `.grad` between `backward()` and `step()` holds this rank's own gradient; the
    DP mean is formed inside `step()` by the reduce-scatter. torch's function would clip each rank's
