@@ -58,6 +58,8 @@ QUESTIONS = {
                                   "polynomials buy there?",
     "notebooks/16_related_work": "How do DMuon, torchtitan, Megatron and Dion distribute Muon, and do their "
                                  "communication formulas agree with our ledger?",
+    "book/api": "What does each keyword of the optimizers, the grid, the data loader and the checkpoints do, and "
+                "what is its default?",
     "book/claims": "Which of the paper's and the report's claims hold here, and why do the others differ?",
     "book/troubleshooting": "How do I run on GPUs and several nodes, and what does an error message mean?",
     "book/glossary": "What does a term mean?",
