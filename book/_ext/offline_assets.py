@@ -110,7 +110,7 @@ def warn_placeholder(config) -> None:
         print(f"\n{bar}\n!! repository.url in _config.yml is still the placeholder {PLACEHOLDER_URL}.\n"
               "!! The Colab, repository and issue buttons and every chapter's set-up cell (git clone) point at it.\n"
               "!! Set repository.url to the real repository, then run `python -m muongrid.lab.notebook sync`\n"
-              f"!! (README, 'Publish the book').\n{bar}\n", file=sys.stderr, flush=True)
+              f"!! (CONTRIBUTING.md, 'Publish the book').\n{bar}\n", file=sys.stderr, flush=True)
 
 
 # Shown on every page, above the launch buttons, while the repository is the placeholder.
