@@ -16,7 +16,7 @@ help:
 	@echo "make verify  check Distributed Muon against one process on a 2 x 2 grid"
 	@echo "make record  re-record the timing runs the book cites (book/data/bench_*.json, time_model_cpu.json; ~10 min, idle machine)"
 	@echo "make step-bench  one optimizer step's GPU cost counted on the meta device, against torch.optim.Muon (~30 s)"
-	@echo "make record-gpu  on a machine with a GPU: time the step there too (book/data/step_bench_gpu.json)"
+	@echo "make record-gpu  on a machine with a GPU: time the step there (OUT=file, default _build/record-gpu/step_bench_gpu.json)"
 	@echo "make lab     set up .venv, add JupyterLab to it, and open the chapters (notebooks/) in it"
 	@echo "make mutate  mutation testing (cosmic-ray) of the engine's math, plan and routes; by hand, not in make test (MUTATE_ARGS='--sample 100': fewer)"
 	@echo "make setup   only create .venv from requirements.txt and install muongrid into it (editable)"
@@ -66,10 +66,14 @@ step-bench: $(STAMP)
 	$(BIN)/python scripts/step_bench.py
 
 # On a GPU machine, with a CUDA build of torch (the .venv pins the CPU build): the step against
-# torch.optim.Muon + fused AdamW and the floor, timed there; the record names its machine, commit and command
-# (muongrid/lab/provenance.py). PYTHON=/path/to/python make record-gpu picks the interpreter.
+# torch.optim.Muon + fused AdamW and the floor, timed there: host and device time apart, peak memory, and the
+# GPU's model, driver, CUDA and NCCL versions beside the command, commit and machine (muongrid/lab/provenance.py,
+# muongrid/lab/gpurecord.py). It writes OUT (default under _build/, which git ignores); copy a record worth
+# citing into book/data/ by hand. PYTHON=/path/to/python make record-gpu OUT=/some/file.json
+OUT ?= _build/record-gpu/step_bench_gpu.json
 record-gpu:
-	PYTHONPATH=scripts $(PYTHON) scripts/step_bench.py --device cuda --time --out book/data/step_bench_gpu.json
+	PYTHONPATH=scripts $(PYTHON) scripts/step_bench.py --device cuda --time --out $(OUT)
+	@echo "make record-gpu: wrote $(OUT)"
 
 # Mutation testing (issue 41): cosmic-ray, pinned, installed here rather than in requirements.txt (nothing else
 # needs it); it runs in a copy of the tree (tests/mutate_run.py says how) and reports each module's score.

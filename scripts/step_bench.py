@@ -2,7 +2,7 @@
 
     python scripts/step_bench.py                                   # the meta-device counts (any machine, ~30 s)
     python scripts/step_bench.py --time --models gpt2-124m         # + timed steps on this CPU (slow: NS on a CPU)
-    python scripts/step_bench.py --device cuda --time --out book/data/step_bench_gpu.json   # on a GPU
+    python scripts/step_bench.py --device cuda --time --out _build/step_bench_gpu.json   # on a GPU (make record-gpu)
 
 Two parts, side by side in one run:
 
@@ -12,8 +12,10 @@ Two parts, side by side in one run:
   fused AdamW on the rest; and each rank's copy bytes on a 2-rank grid (the fake process group), against its
   fp32 parameter bytes, with gradients made fresh each step (``zero_grad()``) and zeroed in place
   (``zero_grad(set_to_none=False)``, so backward writes into the optimizer's buffers).
-* **Time** (``--time``): one step of each, median and fastest of ``--steps`` after ``--warmup`` (CUDA events on a
-  GPU, the wall clock on a CPU), host syncs counted by ``torch.cuda.set_sync_debug_mode`` on a GPU, and the
+* **Time** (``--time``): one step of each, median and fastest of ``--steps`` after ``--warmup``: host time (until
+  ``step()`` returned) and, on a GPU, device time (CUDA events) apart, and the peak memory
+  (``muongrid.lab.gpurecord.time_step``); host syncs counted by ``torch.cuda.set_sync_debug_mode`` on a GPU; the GPU's
+  model, driver, CUDA and NCCL versions (``provenance.device_provenance``, None off a GPU); and the
   floor: the Newton-Schulz FLOPs at this device's measured bf16 matmul rate plus one fused AdamW pass over every
   parameter, measured. On a CPU the script says whether bf16 matmuls are native or emulated
   (``newton_schulz.native_bf16_matmul``): emulated, Newton-Schulz dominates everything.
@@ -25,14 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
+import sys
 import time
 import warnings
 
 import torch
 
 from muongrid import DistributedMuon, Grid, hybrid_param_groups
-from muongrid.lab.provenance import provenance
+from muongrid.lab.gpurecord import time_step
+from muongrid.lab.provenance import device_provenance, provenance
 from muongrid.lab.stepcost import GiB, measure, measure_grid, param_bytes
 from muongrid.lab.stepmodels import MODELS, is_muon, named_params, torch_hybrid
 from muongrid.newton_schulz import native_bf16_matmul, ns5_flops
@@ -43,14 +47,14 @@ def ours(named, device):
     return DistributedMuon(groups, Grid.single(device), layout="owner", ns_batch=True)
 
 
-def proxies(model: str) -> dict:
+def proxies(model: str, layers: int | None = None) -> dict:
     """The meta-device counts of one step, ours and torch's, and the 2-rank copy bytes."""
-    named = named_params(model, "meta")
+    named = named_params(model, "meta", layers)
     theirs, mine = measure(torch_hybrid(named)).summary(), measure(ours(named, "meta").step).summary()
-    pb = param_bytes(model)
+    pb = param_bytes(model, layers)
     grid = {}
     for label, fresh in (("fresh_grads", True), ("grads_in_place", False)):
-        costs = measure_grid(model, 2, fresh_grads=fresh)
+        costs = measure_grid(model, 2, fresh_grads=fresh, layers=layers)
         grid[label] = [c.summary()["copy_written_gib"] * GiB / pb for _, c in sorted(costs.items())]
     return dict(torch=theirs, ours=mine, bytes_ratio=mine["bytes_gib"] / theirs["bytes_gib"],
                 ops_ratio=mine["ops"] / theirs["ops"], dp2_copy_over_param_bytes=grid)
@@ -97,8 +101,8 @@ def matmul_rate(device, n: int) -> float:
     return 2 * n**3 / min(timed(lambda: a @ b, device, 2, 5))
 
 
-def time_model(model: str, device, warmup: int, steps: int, rate: float) -> dict:
-    named = named_params(model, device)
+def time_model(model: str, device, warmup: int, steps: int, rate: float, layers: int | None = None) -> dict:
+    named = named_params(model, device, layers)
     flops = sum(ns5_flops(*p.shape) for n, p in named if is_muon(n, p))
     params = [p for _, p in named]
     state = [[torch.zeros_like(p) for p in params] for _ in range(2)]
@@ -109,9 +113,7 @@ def time_model(model: str, device, warmup: int, steps: int, rate: float) -> dict
     runs = {}
     for label, make in (("torch", lambda: torch_hybrid(named)), ("ours", lambda: ours(named, device).step)):
         step = make()
-        seconds = timed(step, device, warmup, steps)
-        runs[label] = dict(median_ms=1e3 * statistics.median(seconds), fastest_ms=1e3 * min(seconds),
-                           runs_ms=[1e3 * s for s in seconds], host_syncs=host_syncs(step, device))
+        runs[label] = dict(time_step(step, device, warmup, steps), host_syncs=host_syncs(step, device))
         del step
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -130,6 +132,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--out", help="also write the JSON record here")
+    p.add_argument("--layers", type=int, help="each model with this many layers (a quick check)")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
@@ -140,13 +143,14 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda, but torch sees no GPU here")
-    record = dict(provenance(["scripts/step_bench.py", *(argv if argv is not None else [])]), models={})
+    given = sys.argv[1:] if argv is None else argv   # the command with its flags, as it was run
+    record = dict(provenance(["scripts/step_bench.py", *given]), models={})
     print("one optimizer step, counted on the meta device (what a GPU would move; ours = DistributedMuon owner + "
           "ns_batch, one rank; torch = torch.optim.Muon + fused AdamW)")
     print(f"{'model':<18}{'GiB ours':>10}{'torch':>8}{'ratio':>7}{'ops ours':>10}{'torch':>7}{'copy GiB':>10}"
           f"{'syncs':>7}{'dp=2 copies / param bytes (fresh; in place)':>46}")
     for model in models:
-        px = proxies(model)
+        px = proxies(model, args.layers)
         record["models"][model] = dict(proxies=px)
         o, t, g = px["ours"], px["torch"], px["dp2_copy_over_param_bytes"]
         print(f"{model:<18}{o['bytes_gib']:>10.1f}{t['bytes_gib']:>8.1f}{px['bytes_ratio']:>7.2f}{o['ops']:>10}"
@@ -155,20 +159,25 @@ def main(argv=None) -> int:
     if args.time:
         rate = matmul_rate(device, 8192 if device.type == "cuda" else 1024)
         path = "native" if native_bf16_matmul(device) else "emulated (fp32 on bf16 values)"
-        record.update(device=str(device), bf16_matmul_tflops=rate / 1e12, bf16_path=path)
-        print(f"\ntimed on {device} (bf16 matmul {rate / 1e12:.2f} TFLOP/s, {path}); median (fastest) of "
-              f"{args.steps} after {args.warmup} warm-up")
+        hw = device_provenance(device)
+        record.update(device=str(device), bf16_matmul_tflops=rate / 1e12, bf16_path=path, hardware=hw)
+        print(f"\ntimed on {device}: " + (hw["absent"] or f"{hw['gpu']}, driver {hw['driver']}, CUDA {hw['cuda']}, "
+                                            f"NCCL {hw['nccl']}"))
+        print(f"bf16 matmul {rate / 1e12:.2f} TFLOP/s, {path}; median (fastest) {'device' if hw['gpu'] else 'host'} "
+              f"ms of {args.steps} after {args.warmup} warm-up; peak memory GiB")
         print(f"{'model':<18}{'torch ms':>16}{'ours ms':>16}{'floor ms':>10}{'ours/torch':>12}{'ours/floor':>12}"
-              f"{'syncs':>8}")
+              f"{'syncs':>8}{'host ms ours':>14}{'peak ours':>11}")
         for model in models:
-            r = time_model(model, device, args.warmup, args.steps, rate)
+            r = time_model(model, device, args.warmup, args.steps, rate, args.layers)
             record["models"][model]["time"] = r
             t, o = r["runs"]["torch"], r["runs"]["ours"]
+            peak = "absent" if o["peak_memory_gib"] is None else f"{o['peak_memory_gib']:.2f}"
             print(f"{model:<18}{t['median_ms']:>9.1f} ({t['fastest_ms']:.1f}){o['median_ms']:>9.1f} "
                   f"({o['fastest_ms']:.1f}){r['floor_ms']:>10.1f}{r['ours_over_torch']:>12.2f}"
-                  f"{r['ours_over_floor']:>12.2f}{str(o['host_syncs']):>8}")
+                  f"{r['ours_over_floor']:>12.2f}{str(o['host_syncs']):>8}{o['host_median_ms']:>14.1f}{peak:>11}")
     text = json.dumps(record)
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text + "\n")
     print(text)

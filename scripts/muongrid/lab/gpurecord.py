@@ -107,6 +107,44 @@ def count_step(model: str) -> dict:
     return dict(torch=theirs, ours=mine, bytes_ratio=mine["bytes_gib"] / theirs["bytes_gib"])
 
 
+def time_step(step, device, warmup: int, steps: int) -> dict:
+    """``step()`` timed as ``make record-gpu`` records it: after ``warmup`` calls, ``steps`` calls, each with
+    its **host** time (until ``step()`` returned: what the training loop waits for) and, on a GPU, its
+    **device** time (CUDA events around it, then synchronised), and the **peak memory** allocated over them
+    beside what was allocated before. ``median_ms``/``fastest_ms`` are the device's on a GPU, the host's
+    elsewhere. Off a GPU the device parts are None: absent, not zero."""
+    import statistics
+    import time
+
+    import torch
+
+    cuda = torch.device(device).type == "cuda"
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    host, dev = [], []
+    for _ in range(steps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        step()
+        host.append(1e3 * (time.perf_counter() - t0))
+        if cuda:
+            end.record()
+            end.synchronize()
+            dev.append(start.elapsed_time(end))
+    main = dev if cuda else host
+    return dict(median_ms=statistics.median(main), fastest_ms=min(main), clock="device" if cuda else "host",
+                host_ms=host, host_median_ms=statistics.median(host),
+                device_ms=dev if cuda else None, device_median_ms=statistics.median(dev) if cuda else None,
+                allocated_before_gib=before / 2**30 if cuda else None,
+                peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None)
+
+
 def load() -> dict:
     """The record as ``book/data/`` keeps it."""
     return load_recorded(FILE)

@@ -62,6 +62,36 @@ def provenance(argv: list[str]) -> dict:
                 recorded_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
 
 
+def _driver_version(index: int) -> str | None:
+    """The NVIDIA driver's version, as ``nvidia-smi`` reports it (torch does not expose it); None without it."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i",
+                              str(index)], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def device_provenance(device) -> dict:
+    """What a result timed on ``device`` needs beside ``provenance``: the GPU's model and memory, the driver,
+    CUDA and NCCL versions. Off a GPU each is None and ``absent`` says why, so a CPU record says it is one."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return dict(gpu=None, gpu_memory_gib=None, gpu_count=0, driver=None, cuda=None, nccl=None,
+                    absent=f"no GPU: timed on {device} ({cpu_model()})")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    nccl = None
+    if torch.distributed.is_nccl_available():
+        v = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return dict(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                gpu_count=torch.cuda.device_count(), driver=_driver_version(index), cuda=torch.version.cuda,
+                nccl=nccl, absent=None)
+
+
 def provenance_text(record: dict) -> str:
     """Two lines a chapter prints under a recorded result: when, by which command, on what code and machine."""
     load = record.get("load_average_1min")
