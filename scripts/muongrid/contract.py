@@ -227,7 +227,7 @@ def vote(opt, params: list, named: list, index: list[int], where: str):
             torch.add(codes, 1, out=ballot[ep * n:])
         else:
             ballot[ep * n:].copy_(spread(codes, index, n, device)).add_(1)
-    opt.comm.all_reduce(ballot, "job", "contract", op=dist.ReduceOp.MAX)
+    opt.comm.all_reduce(ballot, "job" if ep > 1 else "world", "contract", op=dist.ReduceOp.MAX)
     read = ballot.tolist() if mode == "raise" or not here else None   # the one host read, where one is needed
     present = mine if here else [bool(x) for x in read[slot * n: (slot + 1) * n]]
     if mode == "raise":
