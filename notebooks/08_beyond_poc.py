@@ -455,11 +455,12 @@ never do.
 #
 # {doc}`Chapter 7 <07_profiling>` repeated the community report's asynchronous experiment: issuing every collective with
 # `async_op=True` and waiting for it at once (`naive`) overlaps nothing. For owners, overlap is not
-# an optimisation but a necessity. Without it (`none`), each bucket's all-to-all back waits for that
-# bucket's owners, so while one rank orthogonalises the others idle: the ranks take turns. With
-# `prefetch` (the owner layouts' default), every bucket's pieces are sent to their owners first;
-# each owner then orthogonalises its matrices as they arrive, starts sending each result back, and
-# only at the end waits for everything to come home. The transfers travel while Newton-Schulz runs,
+# an optimisation but a necessity. Without it (`none`), the buckets travel in one all-to-all each
+# way, and the one back waits for the busiest owner, so the transfers and Newton-Schulz take turns.
+# With `prefetch` (the owner layouts' default), the buckets are joined into a few chunks (four by
+# default, `chunks=`), each one all-to-all each way: every chunk's pieces are sent to their owners
+# first; each owner then orthogonalises a chunk's matrices as they arrive, starts sending its results
+# back, and only at the end waits for everything to come home. The transfers travel while Newton-Schulz runs,
 # and no rank waits for another until the end. The recorded run, seven steps of each:
 
 # %%

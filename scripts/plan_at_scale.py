@@ -13,8 +13,10 @@ whichever finishes it first counting the group's collectives, ``layouts.assign_t
   ``bytes_per_rank``; ``tests/test_plan_at_scale.py`` checks the two agree, groups included), and AdamW's;
 * bytes sent per step to another node (``cross_node_bytes_per_rank``: the all-to-alls point to point, the
   rings to the next rank in the ring), as the busiest rank's;
-* collectives per step: reduce-scatter + all-gather per bucket, two all-to-alls per Muon bucket (to the
-  owners or members and back), and per group membership 1 + ns_steps all-reduces and ns_steps all-gathers;
+* collectives per step: reduce-scatter + all-gather per bucket, K all-to-alls each way per Muon group (to
+  the owners or members and back: its buckets joined into K = min(``PREFETCH_CHUNKS``, buckets) exchanges,
+  as the flows issue them with "prefetch", ``owner_flow.exchange_chunks``), and per group membership
+  1 + ns_steps all-reduces and ns_steps all-gathers;
 * projected milliseconds on the busiest rank (``ns_seconds_per_rank``: NS FLOPs at a stated throughput plus
   each group's collectives by alpha-beta on the link it spans; ``step_seconds_per_rank``: the whole step,
   serial), with the constants of ``H100``: public H100 figures taken as assumptions, cited there;
@@ -42,6 +44,7 @@ from muongrid.lab.costmodel import collective_seconds, group_bytes, links_for_gr
 from muongrid.lab.timemodel import piece_exchange
 from muongrid.layouts import assign_owners_and_groups, group_ns_flops, group_seconds
 from muongrid.newton_schulz import NS_STEPS, ns5_flops
+from muongrid.owner_flow import PREFETCH_CHUNKS
 from muongrid.plan import DEFAULT_BUCKET_NUMEL, ParamSpec, _owner_candidates, _piece_runs, build_plan
 
 GRAD_BYTES, NS_BYTES, PARAM_BYTES = 4, 2, 4
@@ -313,13 +316,20 @@ def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_
     return out
 
 
+def exchanges_per_direction(plan, muon: list[bool], chunks: int = PREFETCH_CHUNKS) -> int:
+    """All-to-alls per step and direction: one per chunk of each Muon group's buckets (``exchange_chunks``)."""
+    if plan.world == 1:
+        return 0
+    return sum(min(chunks, len(buckets)) for g, buckets in enumerate(plan.buckets) if muon[g])
+
+
 def collectives_per_rank(plan, muon: list[bool], steps: int = NS_STEPS) -> list[int]:
     """Collectives each rank joins per step: per bucket a reduce-scatter and an all-gather over DP, per Muon
-    bucket two all-to-alls (to the owners or members and back), and per group membership 1 + steps
+    group K all-to-alls each way (``exchanges_per_direction``), and per group membership 1 + steps
     all-reduces (norm, Grams) and steps all-gathers (B's rows)."""
-    n = 0
-    for g, buckets in enumerate(plan.buckets):
-        n += len(buckets) * ((2 if plan.dp > 1 else 0) + (2 if muon[g] and plan.world > 1 else 0))
+    n = 2 * exchanges_per_direction(plan, muon)
+    for buckets in plan.buckets:
+        n += len(buckets) * (2 if plan.dp > 1 else 0)
     out = [n] * plan.world
     for members in plan.groups.values():
         for r in members:
@@ -337,18 +347,19 @@ def zero1_seconds(plan, prof: dict) -> float:
                for buf in plan.buckets for b in buf)
 
 
-def step_seconds_per_rank(plan, bytes_: list[dict], ns_s: list[float], prof: dict) -> list[float]:
+def step_seconds_per_rank(plan, bytes_: list[dict], ns_s: list[float], prof: dict, muon: list[bool]) -> list[float]:
     """Projected seconds of one optimizer step on every rank, serial (no overlap, an upper bound): per bucket a
     ring reduce-scatter and all-gather over DP (``costmodel.collective_seconds`` on ``links_for_grid``'s DP
     link), the all-to-alls' bytes (sent + received: an owner's receipts are what it sends back) at the DP
-    link's bandwidth plus one latency per bucket and direction, and ``ns_seconds_per_rank`` (Newton-Schulz
+    link's bandwidth plus one latency per exchange issued (``exchanges_per_direction``, each way), and
+    ``ns_seconds_per_rank`` (Newton-Schulz
     with the group collectives). Cruder than ``lab/timemodel.step_seconds`` (which prices each all-to-all
     peer by peer, O(world^2) per bucket: too slow at 1,024 ranks), and stated so."""
     links = links_for_grid(plan.dp, plan.tp, prof["ranks_per_node"], prof["intra"], prof["inter"])
     alpha, beta = links["dp"]
     comm = zero1_seconds(plan, prof)
-    muon_buckets = len(plan.buckets[0]) if plan.world > 1 else 0
-    return [comm + 2 * muon_buckets * alpha + (o["ns_to_owner"] + o["ns_from_owner"]) / beta + t
+    calls = exchanges_per_direction(plan, muon)
+    return [comm + 2 * calls * alpha + (o["ns_to_owner"] + o["ns_from_owner"]) / beta + t
             for o, t in zip(bytes_, ns_s)]
 
 
@@ -391,7 +402,7 @@ def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama
         bytes_ = bytes_per_rank(plan, muon)
         totals = [b["total"] for b in bytes_]
         cross = cross_node_bytes_per_rank(plan, muon, bytes_, prof["ranks_per_node"])
-        step_s = step_seconds_per_rank(plan, bytes_, ns_s, prof)
+        step_s = step_seconds_per_rank(plan, bytes_, ns_s, prof, muon)
         owned, owned_shapes = [0] * world, [set() for _ in range(world)]
         for key, rank in plan.owners.items():
             owned[rank] += 1

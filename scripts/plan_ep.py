@@ -52,7 +52,7 @@ def priced(plan, muon: list[bool], prof: dict) -> dict:
     flops, ns_s = pas.ns_seconds_per_rank(plan.owners, plan.groups, shapes, plan.world, prof)
     bytes_ = pas.owner_bytes_per_rank(plan, muon)
     return dict(bytes=[b["total"] for b in bytes_], collectives=pas.collectives_per_rank(plan, muon), flops=flops,
-                step_s=pas.step_seconds_per_rank(plan, bytes_, ns_s, prof))
+                step_s=pas.step_seconds_per_rank(plan, bytes_, ns_s, prof, muon))
 
 
 def ep_report(model: str, dp: int, tp: int, ep: int, bucket_numel: int = DEFAULT_BUCKET_NUMEL,

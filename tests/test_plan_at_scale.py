@@ -226,12 +226,14 @@ def test_owner_mode_stops_scaling_when_ranks_outnumber_matrices():
 
 
 def test_bucket_size_sets_the_collectives_per_step():
-    """Each bucket costs a reduce-scatter and an all-gather, and a Muon bucket two all-to-alls under the owner
-    layout; a matrix larger than a bucket has its own, so bigger buckets mean fewer collectives (same bytes)."""
+    """Each bucket costs a reduce-scatter and an all-gather; the owner layout's all-to-alls are K each way
+    whatever the number of buckets (its buckets joined into K exchanges); a matrix larger than a bucket has its
+    own, so bigger buckets mean fewer collectives (same bytes)."""
+    from muongrid.owner_flow import PREFETCH_CHUNKS
     small = plan_at_scale.grid_report(8, 8, layers=4, model="llama3-8b", bucket_numel=2**20)
     large = plan_at_scale.grid_report(8, 8, layers=4, model="llama3-8b", bucket_numel=2**28)
     for r in (small, large):
-        assert 2 * r["buckets"] < r["owner_collectives_per_rank_max"] <= 4 * r["buckets"]
+        assert 2 * r["buckets"] < r["owner_collectives_per_rank_max"] <= 2 * r["buckets"] + 2 * PREFETCH_CHUNKS
     assert large["buckets"] < small["buckets"] and large["owner_collectives_per_rank_max"] < small["owner_collectives_per_rank_max"]
     assert large["adamw_bytes_per_rank"] <= small["adamw_bytes_per_rank"] * 1.01  # padding aside, the same bytes
 

@@ -119,7 +119,7 @@ def worker(grid, comm, args) -> int:
     opts, comms = {}, {}
     for name, kind, overlap, layout in variants(args.overlap, args.layout):
         groups = problem.param_groups(grid.tp, grid.tp_rank, dev)
-        comms[name] = Comm(grid, timeout_s=args.timeout)
+        comms[name] = Comm(grid, timeout_s=args.timeout, time_device=True)
         cls = DistributedMuon if kind == "muon" else DistributedAdamW
         opts[name] = cls(groups, grid, comm=comms[name], bucket_numel=args.bucket_numel, overlap=overlap, layout=layout,
                          hw=group_hw(args, layout))

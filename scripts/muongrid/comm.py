@@ -17,14 +17,17 @@ Why one wrapper:
   host rarely blocks in one: there ProcessGroupNCCL's own watchdog ends a collective that outlives
   the group's timeout ("Watchdog caught collective operation timeout: WorkNCCL(...) ran for N
   milliseconds before timing out"), which is why ``Grid.build`` gives every group ``--timeout``.
-* **Time.** ``Record.seconds`` is host time on a CPU; on CUDA each call is bracketed by CUDA events
-  (``devices.Span``), read only when a summary is asked for, so the ledger times what the GPU spent
-  without a host sync per collective.
+* **Time.** ``Record.seconds`` is host time on a CPU; on CUDA, with ``time_device=True`` (``bench.py`` asks
+  for it), each call is bracketed by CUDA events (``devices.Span``), read only when a summary is asked for,
+  so the ledger times what the GPU spent without a host sync per collective. By default a GPU step records
+  no events (two per collective otherwise, and nothing a CUDA graph could capture).
 * **Work.** ``Ledger.count_ns`` records every Newton-Schulz run (calls and FLOPs), so a step
   reports how often each matrix was orthogonalised, beside what it moved.
-* **Profiling.** Every collective runs inside a profiler range named ``comm:<phase>`` (and the
-  wait of an asynchronous one in ``comm_wait:<phase>``), so a trace can be split into
-  communication and compute (``traces.py``).
+* **Profiling.** While a profiler records, every collective runs inside a range named ``comm:<phase>``
+  (and the wait of an asynchronous one in ``comm_wait:<phase>``), so a trace can be split into
+  communication and compute (``traces.py``); without one, no range is opened.
+* **Cheap.** What a collective costs the host beyond the call is one ``Record`` (the ledger's bytes); the
+  sentence that names it in an error is written only when an error or the watchdog needs it.
 * **Torch versions.** torch 2.13 renamed ``all_gather_into_tensor``/``reduce_scatter_tensor`` to
   ``all_gather_single``/``reduce_scatter_single``; Colab may run an older torch with only the old names.
 
@@ -219,8 +222,10 @@ class Comm:
     """Collectives over a grid's "dp" and "tp" groups (and the subgroups ``add_subgroups`` made), recorded
     in ``self.ledger``."""
 
-    def __init__(self, grid, timeout_s: float | None = None, ledger: Ledger | None = None):
+    def __init__(self, grid, timeout_s: float | None = None, ledger: Ledger | None = None,
+                 time_device: bool = False):
         self.grid = grid
+        self.time_device = time_device   # CUDA events around every collective (see the module docstring)
         self.ledger = ledger or Ledger()
         self.timeout_s = timeout_s
         self._inflight: tuple[float, str] | None = None
@@ -404,24 +409,27 @@ class Comm:
         return work
 
     def _run(self, rec: Record, call, waiting: bool = True, name: str = "comm"):
-        """Run ``call`` inside a profiler range ``<name>:<phase>``, timing it into ``rec`` and turning
-        failures into CollectiveError."""
-        what = self._describe(rec)
+        """Run ``call`` (inside a profiler range ``<name>:<phase>`` while a profiler records), timing it into
+        ``rec`` and turning failures into CollectiveError."""
         if waiting:
-            self._inflight = (time.monotonic(), what)
+            self._inflight = (time.monotonic(), rec)
         start = time.perf_counter()
-        span = Span(self.grid.device) if self.grid.device.type == "cuda" else None
+        cuda = self.grid.device.type == "cuda"
+        span = Span(self.grid.device) if cuda and self.time_device else None
         try:
-            with record_function(f"{name}:{rec.phase}"):
-                return call()
+            if torch.autograd.profiler._is_profiler_enabled:
+                with record_function(f"{name}:{rec.phase}"):
+                    return call()
+            return call()
         except Exception as e:  # gloo raises on timeouts and on dead peers
             kind = "timed out" if any(w in str(e) for w in ("imeout", "imed out", "timing out")) else "failed"
-            raise CollectiveError(f"{what} {kind}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+            raise CollectiveError(f"{self._describe(rec)} {kind}: "
+                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
         finally:
-            if span is None:
-                rec.seconds += time.perf_counter() - start
-            else:  # NCCL returns once the collective is queued: the events time it on the GPU's stream
+            if span is not None:  # NCCL returns once the collective is queued: the events time it on the GPU
                 rec.spans.append(span.stop())
+            elif not cuda:
+                rec.seconds += time.perf_counter() - start
             if waiting:
                 self._inflight = None
 
@@ -433,9 +441,10 @@ class Comm:
             if comm is None:
                 return
             inflight = comm._inflight
+            what = "" if not inflight else inflight[1] if isinstance(inflight[1], str) else comm._describe(inflight[1])
             del comm
             if inflight and time.monotonic() - inflight[0] > timeout_s + grace:
-                message = (f"[muongrid watchdog] {inflight[1]} has not finished after {timeout_s:.0f} s "
+                message = (f"[muongrid watchdog] {what} has not finished after {timeout_s:.0f} s "
                            f"(timeout) + {grace:.0f} s; ending this rank")
                 print(message, file=sys.stderr, flush=True)
                 report_fatal(message)

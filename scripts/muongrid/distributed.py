@@ -33,7 +33,9 @@ distinct matrix shape it owns, instead of one call per matrix (same parameters, 
 we checked); under "group" a matrix orthogonalised by a group is never batched (each member holds a block
 of it: ``group_flow.py``).
 ``overlap`` picks how transfers meet Newton-Schulz (``flows.py``); by default the bucket layout runs
-as the proof of concept did and the owner layouts prefetch (``default_overlap``).
+as the proof of concept did and the owner layouts prefetch (``default_overlap``). The owner, aligned and
+group layouts exchange a Muon group's pieces in K all-to-alls per direction, whatever the number of buckets:
+K = 1 without overlap, ``chunks`` (default 4) with "prefetch" (``owner_flow.exchange_chunks``).
 
 Hyperparameters live in ``param_groups`` (an lr scheduler works); a group may also give
 ``names`` (for errors) and ``tp_split_dims`` (per parameter: 0 or 1 if the model splits it over
@@ -97,7 +99,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     def __init__(self, params, grid, comm: Comm | None = None, layout: str = "bucket",
                  bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
                  check_finite: bool | str | None = None, overlap: str | None = None, ns_batch: bool = False,
-                 hw: dict | None = None, param_buffers: bool = True, qk_clip=None, **hyper):
+                 hw: dict | None = None, param_buffers: bool = True, qk_clip=None, chunks: int | None = None,
+                 **hyper):
         hyper = check_hyper(hyper)
         overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
@@ -109,6 +112,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             raise ValueError("ns_batch=True batches same-shape matrices on their owner: it needs layout='owner', "
                              "'aligned' or 'group' (the bucket layout orthogonalises every matrix on every rank)")
         self.grid, self.overlap, self.ns_batch = grid, overlap, bool(ns_batch)
+        if chunks is not None and (isinstance(chunks, bool) or int(chunks) != chunks or chunks < 1):
+            raise ValueError(f"chunks must be a whole number >= 1 (exchanges per direction), got {chunks!r}")
+        self.chunks = chunks   # exchanges per direction with "prefetch" (owner_flow.exchange_chunks)
         self.check_finite = resolve_mode(check_finite, torch.device(grid.device))
         self._deferred = Deferred()
         self.comm = comm or Comm(grid)

@@ -16,6 +16,9 @@ every element back to where it came from, in the same all-to-all as the owners' 
     owners: Newton-Schulz once          members: zeropower_sharded over the group's subgroup
     --one all-to-all--> my pieces of every orthogonalised matrix
 
+One all-to-all each way per chunk of buckets (``owner_flow.exchange_chunks``: one chunk without overlap, a
+few with "prefetch"), whatever the number of buckets and matrices.
+
 Owner matrices take exactly the owner layout's path (same assembly, same ``zeropower_ns5`` call), so
 their results equal the owner layout's bit for bit. Grouped matrices in the Gram form cannot: one process
 sums the Gram matrix X X^T over all n columns in one GEMM, the group sums each block's columns and then
@@ -40,11 +43,12 @@ from torch.profiler import record_function
 
 from .comm import Pending, Phase, subgroup_name
 from .flows import Flow, Pieces, Updates
+from .owner_flow import exchange_chunks, name_of
 from .group_routes import band_indices, block_positions, count_in_band, local_band, long_bounds
 from .newton_schulz import NS_FORM
 from .ns_gram_group import gram_sharded_flops, zeropower_gram_sharded
 from .ns_group import group_form, row_flops, zeropower_rows, zeropower_sharded
-from .plan import Bucket, DistMeta
+from .plan import DistMeta
 from .sharding import local_shard, tp_shard
 
 
@@ -60,6 +64,22 @@ class Route:
     pos: dict                       # if I am a member: rank r -> where r's elements sit in my flat block
 
 
+@dataclass
+class Chunk:
+    """Consecutive buckets that travel in one all-to-all each way, with this rank's flat bf16 shard of each."""
+
+    buckets: tuple
+    flats: list
+
+    def shard_of(self, plan, meta: DistMeta) -> torch.Tensor:
+        """This rank's piece of ``meta`` (flat), in its bucket's shard."""
+        at = next(i for i, b in enumerate(self.buckets) if b.bucket_idx == meta.bucket_idx)
+        return local_shard(self.flats[at], plan, meta)
+
+    def empty(self) -> torch.Tensor:
+        return self.flats[0][:0]
+
+
 class GroupFlow(Flow):
     """Owner matrices as ``OwnerFlow``; grouped matrices block by block to their members and back."""
 
@@ -68,26 +88,28 @@ class GroupFlow(Flow):
         self._routes: dict[tuple[int, int], Route] = {}
 
     def run(self, group: dict, updates: Updates) -> Pieces:
-        """Each bucket's pieces as one flat bf16 shard; then, by overlap mode: bucket by bucket ("none",
-        "naive"), every bucket's transfers first ("prefetch"), or one batched call per shape (``ns_batch``)."""
-        updates = ((bucket, self.flat_shard(bucket, pieces)) for bucket, pieces in updates)
+        """Each bucket's pieces as one flat bf16 shard, the buckets joined into chunks (one all-to-all each way per
+        chunk: ``exchange_chunks``); then, by overlap mode: the one chunk in turn ("none", "naive"), every chunk's
+        transfers first ("prefetch"), or one batched call per shape (``ns_batch``)."""
+        flats = [(bucket, [self.flat_shard(bucket, pieces)]) for bucket, pieces in updates]
+        chunks = [Chunk(*c) for c in exchange_chunks(flats, self.opt.overlap, getattr(self.opt, "chunks", None))]
         if getattr(self.opt, "ns_batch", False):
-            yield from self._run_batched(group, updates)
+            yield from self._run_batched(group, chunks)
             return
         if self.opt.overlap != "prefetch":
-            for bucket, update in updates:
-                to_owner = self.comm.all_to_all(*self._to_owners(bucket, update), "world", Phase.NS_TO_OWNER)
-                yield from self._pieces_back(bucket, self._orthogonalise_owned(group, bucket, to_owner.wait()))
+            for chunk in chunks:
+                to_owner = self.comm.all_to_all(*self._to_owners(chunk), "world", Phase.NS_TO_OWNER)
+                yield from self._pieces_back(chunk, self._orthogonalise_owned(group, chunk, to_owner.wait()))
             return
-        sent = [(bucket, self.comm.all_to_all(*self._to_owners(bucket, update), "world", Phase.NS_TO_OWNER,
-                                              wait_now=False)) for bucket, update in updates]
-        back = [(bucket, self._orthogonalise_owned(group, bucket, to_owner.wait(), wait_now=False))
-                for bucket, to_owner in sent]
-        for bucket, from_owner in back:
-            yield from self._pieces_back(bucket, from_owner)
+        sent = [(chunk, self.comm.all_to_all(*self._to_owners(chunk), "world", Phase.NS_TO_OWNER, wait_now=False))
+                for chunk in chunks]
+        back = [(chunk, self._orthogonalise_owned(group, chunk, to_owner.wait(), wait_now=False))
+                for chunk, to_owner in sent]
+        for chunk, from_owner in back:
+            yield from self._pieces_back(chunk, from_owner)
 
-    def _metas(self, bucket: Bucket) -> list[DistMeta]:
-        return [self.plan.metas[bucket.buffer_idx][i] for i in bucket.param_indices]
+    def _metas(self, chunk: Chunk) -> list[DistMeta]:
+        return [self.plan.metas[b.buffer_idx][i] for b in chunk.buckets for i in b.param_indices]
 
     def _sends(self, meta: DistMeta, rank: int) -> bool:
         """Whether world rank ``rank`` sends its pieces of an owner matrix (one TP rank, if replicated)."""
@@ -147,31 +169,31 @@ class GroupFlow(Flow):
 
     # --- there ---------------------------------------------------------------------------------------
 
-    def _to_owners(self, bucket: Bucket, update: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
+    def _to_owners(self, chunk: Chunk) -> tuple[torch.Tensor, list[int], list[int]]:
         me, world = self.grid.rank, self.plan.world
         parts: list[list[torch.Tensor]] = [[] for _ in range(world)]
-        for meta in self._metas(bucket):
+        for meta in self._metas(chunk):
             members = self.plan.group_of(meta)
             if members is None:
                 if self._sends(meta, me):
-                    parts[self.plan.owner_of(meta)].append(local_shard(update, self.plan, meta))
+                    parts[self.plan.owner_of(meta)].append(chunk.shard_of(self.plan, meta))
                 continue
-            piece, route = local_shard(update, self.plan, meta), self._route(meta)
+            piece, route = chunk.shard_of(self.plan, meta), self._route(meta)
             for i, q in enumerate(members):
                 if self._sends_to(meta, me, q):
                     parts[q].append(piece[route.src[i]])
-        send = torch.cat([p for ps in parts for p in ps] or [update[:0]]).to(torch.bfloat16)
-        recv = [sum(self._there(m, r, me) for m in self._metas(bucket)) for r in range(world)]
-        return self.trace("to_owner", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", send), \
+        send = torch.cat([p for ps in parts for p in ps] or [chunk.empty()]).to(torch.bfloat16)
+        recv = [sum(self._there(m, r, me) for m in self._metas(chunk)) for r in range(world)]
+        return self.trace("to_owner", name_of(chunk.buckets), send), \
             [sum(p.numel() for p in ps) for ps in parts], recv
 
-    def _assemble(self, bucket: Bucket, received: torch.Tensor):
-        """(owned whole matrices, my blocks of grouped matrices), each as (meta, tensor), in bucket order."""
+    def _assemble(self, chunk: Chunk, received: torch.Tensor):
+        """(owned whole matrices, my blocks of grouped matrices), each as (meta, tensor), in chunk order."""
         me, tp, world = self.grid.rank, self.grid.tp, self.plan.world
-        metas = self._metas(bucket)
+        metas = self._metas(chunk)
         chunks: dict[tuple[int, int], torch.Tensor] = {}
         offset = 0
-        for r in range(world):    # rank by rank, each rank's parts in bucket order
+        for r in range(world):    # rank by rank, each rank's parts in chunk order
             for meta in metas:
                 members = self.plan.group_of(meta)
                 mine = me in members if members is not None else self.plan.owner_of(meta) == me
@@ -202,26 +224,26 @@ class GroupFlow(Flow):
 
     # --- Newton-Schulz --------------------------------------------------------------------------------
 
-    def _orthogonalise_owned(self, group: dict, bucket: Bucket, received: torch.Tensor,
+    def _orthogonalise_owned(self, group: dict, chunk: Chunk, received: torch.Tensor,
                              wait_now: bool = True) -> Pending:
         """My blocks of grouped matrices first (so no member waits at a Gram all-reduce while another
         orthogonalises its own matrices), then the matrices I own; then everything goes back."""
-        owned, blocks = self._assemble(bucket, received)
+        owned, blocks = self._assemble(chunk, received)
         ortho = {meta.param_idx: self._group_ns(group, meta, block) for meta, block in blocks}
         for meta, matrix in owned:
             ortho[meta.param_idx] = self.trace("orthogonalised", meta.name, self.newton_schulz(group, matrix, [meta]))
-        done = [(meta, ortho[meta.param_idx]) for meta in self._metas(bucket) if meta.param_idx in ortho]
-        return self._send_back(bucket, done, wait_now, received[:0])
+        done = [(meta, ortho[meta.param_idx]) for meta in self._metas(chunk) if meta.param_idx in ortho]
+        return self._send_back(chunk, done, wait_now, received[:0])
 
-    def _run_batched(self, group: dict, updates: Updates) -> Pieces:
+    def _run_batched(self, group: dict, chunks: list) -> Pieces:
         """``ns_batch``: as ``OwnerFlow._run_batched`` for the owner matrices (one batched call per distinct
         shape I own, over every bucket of the group); my blocks of grouped matrices first, one by one, in plan
         order (every member meets every Gram all-reduce in the same order), since a block cannot batch."""
         wait_now = self.opt.overlap != "prefetch"
-        sent = [(bucket, self.comm.all_to_all(*self._to_owners(bucket, update), "world", Phase.NS_TO_OWNER,
-                                              wait_now=wait_now)) for bucket, update in updates]
-        received = [(bucket, to_owner.wait()) for bucket, to_owner in sent]
-        assembled = [(bucket, *self._assemble(bucket, got), got[:0]) for bucket, got in received]
+        sent = [(chunk, self.comm.all_to_all(*self._to_owners(chunk), "world", Phase.NS_TO_OWNER, wait_now=wait_now))
+                for chunk in chunks]
+        received = [(chunk, to_owner.wait()) for chunk, to_owner in sent]
+        assembled = [(chunk, *self._assemble(chunk, got), got[:0]) for chunk, got in received]
         ortho: dict[int, torch.Tensor] = {}
         for _, _, blocks, _ in assembled:
             for meta, block in blocks:
@@ -236,11 +258,11 @@ class GroupFlow(Flow):
                 0, stacked.shape[:-2])
             for (meta, _), result in zip(same, results.unbind(0)):
                 ortho[meta.param_idx] = self.trace("orthogonalised", meta.name, result)
-        back = [(bucket, self._send_back(bucket, [(m, ortho[m.param_idx]) for m in self._metas(bucket)
-                                                  if m.param_idx in ortho], wait_now, empty))
-                for bucket, _, _, empty in assembled]
-        for bucket, from_owner in back:
-            yield from self._pieces_back(bucket, from_owner)
+        back = [(chunk, self._send_back(chunk, [(m, ortho[m.param_idx]) for m in self._metas(chunk)
+                                                if m.param_idx in ortho], wait_now, empty))
+                for chunk, _, _, empty in assembled]
+        for chunk, from_owner in back:
+            yield from self._pieces_back(chunk, from_owner)
 
     def _group_ns(self, group: dict, meta: DistMeta, block: torch.Tensor) -> torch.Tensor:
         """My block's part in a grouped matrix's Newton-Schulz, under the profiler range every Newton-Schulz
@@ -287,7 +309,7 @@ class GroupFlow(Flow):
 
     # --- back ----------------------------------------------------------------------------------------
 
-    def _send_back(self, bucket: Bucket, orthos: list[tuple[DistMeta, torch.Tensor]], wait_now: bool,
+    def _send_back(self, chunk: Chunk, orthos: list[tuple[DistMeta, torch.Tensor]], wait_now: bool,
                    empty: torch.Tensor) -> Pending:
         me, tp, world = self.grid.rank, self.grid.tp, self.plan.world
         back: list[list[torch.Tensor]] = [[] for _ in range(world)]
@@ -302,13 +324,13 @@ class GroupFlow(Flow):
             for r in range(world):
                 back[r].append(tp_parts[r % tp][self.plan.piece_slice(meta, r // tp)])
         send = torch.cat([p for ps in back for p in ps] or [empty])
-        recv = [sum(self._back(m, q, me) for m in self._metas(bucket)) for q in range(world)]
+        recv = [sum(self._back(m, q, me) for m in self._metas(chunk)) for q in range(world)]
         return self.comm.all_to_all(send, [sum(p.numel() for p in ps) for ps in back], recv, "world",
                                     Phase.NS_FROM_OWNER, wait_now=wait_now)
 
-    def _pieces_back(self, bucket: Bucket, from_owner: Pending) -> Pieces:
+    def _pieces_back(self, chunk: Chunk, from_owner: Pending) -> Pieces:
         received = from_owner.wait()
-        me, metas = self.grid.rank, self._metas(bucket)
+        me, metas = self.grid.rank, self._metas(chunk)
         by_meta: dict[int, torch.Tensor] = {}
         offset = 0
         for q in range(self.plan.world):

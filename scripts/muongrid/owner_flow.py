@@ -1,8 +1,8 @@
 """The owner layouts' flow ("owner" and "aligned"): each matrix goes, in pieces, to its one owner, is
 orthogonalised there once, and comes back in pieces.
 
-Who sends what to whom is arithmetic on the plan, done once per bucket and kept (``Route``); a step only
-moves data, with one copy each way::
+Who sends what to whom is arithmetic on the plan, done once per chunk of buckets and kept (``Route``); a step
+only moves data, with one copy each way::
 
     my pieces --bf16, one copy into the send buffer--> all-to-all --> owners          "to owner"
     owner: the pieces of every matrix it owns --one copy--> a bank (one tensor per shape)
@@ -37,7 +37,7 @@ BF16 = torch.bfloat16
 class Owned:
     """A matrix this rank owns: where each rank's piece sits in its bank row, and where the updates go."""
 
-    k: int                                            # its index in bucket.param_indices
+    k: int                                            # its index among the chunk's matrices
     meta: object
     blocks: int                                       # T: TP blocks in the bank row (1 unless split over TP)
     key: tuple                                        # (T, block rows, block cols, split dim): its TP blocks
@@ -48,12 +48,14 @@ class Owned:
 
 @dataclass
 class Route:
-    """One bucket's traffic on this rank (everything but the tensors)."""
+    """One chunk's traffic on this rank (everything but the tensors); ``k`` numbers the chunk's matrices, bucket
+    after bucket."""
 
-    sends: list          # (k, send offset): my pieces of matrices others own, by owner then bucket order
+    metas: list          # the chunk's matrices, bucket after bucket
+    sends: list          # (k, send offset): my pieces of matrices others own, by owner then chunk order
     send_counts: list
     recv_counts: list
-    owned: list          # Owned, in bucket order
+    owned: list          # Owned, in chunk order
     back_counts: list
     back_recv: dict      # k -> (offset, numel): my pieces of matrices others own, in what comes back
     back_recv_counts: list
@@ -69,7 +71,7 @@ class OwnerFlow(Flow):
         self._routes: dict[tuple[int, int], Route] = {}
         self._empty = torch.empty(0, dtype=BF16, device=self.grid.device)   # what a rank sends when it sends nothing
 
-    # ---- the arithmetic, once per bucket ---------------------------------------------------------
+    # ---- the arithmetic, once per chunk ----------------------------------------------------------
 
     def _sends(self, meta, rank: int) -> bool:
         """Whether world rank ``rank`` sends its piece of ``meta`` (one TP rank, the owner's, if replicated)."""
@@ -82,19 +84,21 @@ class OwnerFlow(Flow):
         piece = self.plan.piece_slice(meta, rank // tp)
         return block, piece.start, piece.stop
 
-    def route(self, bucket) -> Route:
-        key = (bucket.buffer_idx, bucket.bucket_idx)
+    def route(self, chunk) -> Route:
+        """The route of a chunk (a tuple of consecutive buckets of one group), or of one bucket alone."""
+        chunk = chunk if isinstance(chunk, tuple) else (chunk,)
+        key = tuple((bucket.buffer_idx, bucket.bucket_idx) for bucket in chunk)
         if key not in self._routes:
-            self._routes[key] = self._build_route(bucket)
+            self._routes[key] = self._build_route(chunk)
         return self._routes[key]
 
-    def _build_route(self, bucket) -> Route:
+    def _build_route(self, chunk: tuple) -> Route:
         me, world, tp = self.grid.rank, self.plan.world, self.grid.tp
-        metas = [self.plan.metas[bucket.buffer_idx][i] for i in bucket.param_indices]
+        metas = [self.plan.metas[bucket.buffer_idx][i] for bucket in chunk for i in bucket.param_indices]
         owner = [self.plan.owner_of(m) for m in metas]
         send_counts, recv_counts, back_counts, back_recv_counts = ([0] * world for _ in range(4))
         sends, back_recv = [], {}
-        for q in range(world):                       # what I send, by owner then bucket order
+        for q in range(world):                       # what I send, by owner then chunk order
             for k, meta in enumerate(metas):
                 n = meta.local_numel
                 if owner[k] == q and q != me and n and self._sends(meta, me):
@@ -112,7 +116,7 @@ class OwnerFlow(Flow):
             item = Owned(k, meta, tp if split else 1, (tp if split else 1, rows, cols, meta.tp_split_dim if split else -1))
             owned.append(item)
         offset = 0
-        for r in range(world):                       # what I receive, by sender then bucket order
+        for r in range(world):                       # what I receive, by sender then chunk order
             for item in owned:
                 block, a, b = self._piece(item.meta, r)
                 if b > a and self._sends(item.meta, r):
@@ -123,7 +127,7 @@ class OwnerFlow(Flow):
                         offset += b - a
                         recv_counts[r] += b - a
         back_offset = 0
-        for r in range(world):                       # what I send back, by receiver then bucket order
+        for r in range(world):                       # what I send back, by receiver then chunk order
             for item in owned:
                 block, a, b = self._piece(item.meta, r)
                 if b <= a:
@@ -134,53 +138,59 @@ class OwnerFlow(Flow):
                     item.back.append((r, block, a, b, back_offset))
                     back_offset += b - a
                     back_counts[r] += b - a
-        return Route(sends, send_counts, recv_counts, owned, back_counts, back_recv, back_recv_counts)
+        return Route(metas, sends, send_counts, recv_counts, owned, back_counts, back_recv, back_recv_counts)
 
     # ---- the step ------------------------------------------------------------------------------
 
     def run(self, group: dict, updates) -> Pieces:
         """``updates``: (bucket, pieces) per bucket, the pieces aligned with ``bucket.param_indices`` (flat,
-        None where a parameter is skipped). Yields (meta, my piece of its orthogonalised update)."""
-        if not self.opt.ns_batch and self.opt.overlap != "prefetch":   # "none", "naive": bucket by bucket
-            for bucket, pieces in updates:
-                sent = [(bucket, pieces, self._send(bucket, pieces, True))]
+        None where a parameter is skipped). Yields (meta, my piece of its orthogonalised update).
+
+        The buckets travel in ``exchange_chunks`` chunks: one all-to-all each way per chunk, whatever the number
+        of buckets and matrices (K = 1 without overlap; with "prefetch" every chunk is sent before any is
+        orthogonalised, so later chunks travel while Newton-Schulz runs, and each chunk's results go back while
+        the next one is orthogonalised)."""
+        chunks = exchange_chunks(list(updates), self.opt.overlap, getattr(self.opt, "chunks", None))
+        if not self.opt.ns_batch and self.opt.overlap != "prefetch":   # "none", "naive": one chunk
+            for chunk, pieces in chunks:
+                sent = [(chunk, pieces, self._send(chunk, pieces, True))]
                 yield from self._pieces_back(self._send_back(sent, self._orthogonalise(group, sent), True))
             return
         wait_now = self.opt.overlap != "prefetch"
-        sent = [(bucket, pieces, self._send(bucket, pieces, wait_now)) for bucket, pieces in updates]
-        if self.opt.ns_batch:   # every bucket's matrices in one bank per shape
+        sent = [(chunk, pieces, self._send(chunk, pieces, wait_now)) for chunk, pieces in chunks]
+        if self.opt.ns_batch:   # every chunk's matrices in one bank per shape
             yield from self._pieces_back(self._send_back(sent, self._orthogonalise(group, sent), wait_now))
             return
         backs = [self._send_back([s], self._orthogonalise(group, [s]), False) for s in sent]
         for back in backs:
             yield from self._pieces_back(back)
 
-    def _send(self, bucket, pieces: list, wait_now: bool):
+    def _send(self, chunk: tuple, pieces: list, wait_now: bool):
         """Start sending my pieces of other ranks' matrices to their owners (bf16, one copy)."""
-        route = self.route(bucket)
+        route = self.route(chunk)
         send = self._buffer(sum(route.send_counts))
         dsts, srcs, zeros = [], [], []
         for k, at in route.sends:
-            piece, n = pieces[k], self.plan.metas[bucket.buffer_idx][bucket.param_indices[k]].local_numel
+            piece, n = pieces[k], route.metas[k].local_numel
             (zeros if piece is None else dsts).append(send[at: at + n])
             if piece is not None:
                 srcs.append(piece)
         _copy(dsts, srcs, zeros)
-        self.trace("to_owner", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", send)
+        self.trace("to_owner", name_of(chunk), send)
         return self.comm.all_to_all(send, route.send_counts, route.recv_counts, "world", Phase.NS_TO_OWNER,
                                     wait_now=wait_now)
 
     def _orthogonalise(self, group: dict, sent: list) -> list:
-        """Every matrix I own in these buckets: its pieces into the bank of its shape, Newton-Schulz, the results
+        """Every matrix I own in these chunks: its pieces into the bank of its shape, Newton-Schulz, the results
         kept. A matrix split over TP by columns is gathered block by block first, then joined (one copy)."""
         banks: dict[tuple, list] = {}
-        for bucket, pieces, pending in sent:
-            for item in self.route(bucket).owned:
-                banks.setdefault(tuple(item.meta.full_shape), []).append((bucket, pieces, pending, item))
+        for chunk, pieces, pending in sent:
+            for item in self.route(chunk).owned:
+                banks.setdefault(tuple(item.meta.full_shape), []).append((chunk, pieces, pending, item))
         dsts, srcs, zeros, tensors, joins = [], [], [], {}, []
         for shape, members in banks.items():
             bank = tensors[shape] = torch.empty(len(members), *shape, dtype=BF16, device=self.grid.device)
-            for row, (bucket, pieces, pending, item) in enumerate(members):
+            for row, (_, pieces, pending, item) in enumerate(members):
                 blocks, rows, cols, split = item.key
                 if split == 1:   # blocks of columns: gathered apart, joined below
                     staging = torch.empty(blocks, rows, cols, dtype=BF16, device=self.grid.device)
@@ -207,21 +217,21 @@ class OwnerFlow(Flow):
                     0, matrices.shape[:-2]).unbind(0)
             else:
                 outs = [self.newton_schulz(group, m, [member[3].meta]) for m, member in zip(matrices.unbind(0), members)]
-            for (bucket, _, _, item), matrix, out in zip(members, matrices.unbind(0), outs):
+            for (chunk, _, _, item), matrix, out in zip(members, matrices.unbind(0), outs):
                 self.trace("ns_input", item.meta.name, matrix)
-                done.append((bucket, item, self.trace("orthogonalised", item.meta.name, out)))
+                done.append((chunk, item, self.trace("orthogonalised", item.meta.name, out)))
         return done
 
     def _send_back(self, sent: list, done: list, wait_now: bool) -> list:
         """Cut every result into the pieces each rank keeps (one copy) and start sending them back: one
-        all-to-all per bucket of ``sent``, on every rank, whether or not it owns a matrix there."""
-        by_bucket: dict = {(bucket.buffer_idx, bucket.bucket_idx): [] for bucket, _, _ in sent}
-        for bucket, item, out in done:
-            by_bucket[(bucket.buffer_idx, bucket.bucket_idx)].append((item, out))
+        all-to-all per chunk of ``sent``, on every rank, whether or not it owns a matrix there."""
+        by_chunk: dict = {id(chunk): [] for chunk, _, _ in sent}
+        for chunk, item, out in done:
+            by_chunk[id(chunk)].append((item, out))
         backs = []
-        for bucket, _, _ in sent:
-            items = by_bucket[(bucket.buffer_idx, bucket.bucket_idx)]
-            route = self.route(bucket)
+        for chunk, _, _ in sent:
+            items = by_chunk[id(chunk)]
+            route = self.route(chunk)
             send = self._buffer(sum(route.back_counts))
             dsts, srcs, mine = [], [], {}
             for item, out in items:
@@ -234,17 +244,16 @@ class OwnerFlow(Flow):
             _copy(dsts, srcs, [])
             pending = self.comm.all_to_all(send, route.back_counts, route.back_recv_counts, "world",
                                            Phase.NS_FROM_OWNER, wait_now=wait_now)
-            backs.append((bucket, pending, mine))
+            backs.append((chunk, pending, mine))
         return backs
 
     def _buffer(self, numel: int) -> torch.Tensor:
         return torch.empty(numel, dtype=BF16, device=self.grid.device) if numel else self._empty
 
     def _pieces_back(self, backs: list) -> Pieces:
-        for bucket, pending, mine in backs:
-            route, received = self.route(bucket), pending.wait()
-            for k, i in enumerate(bucket.param_indices):
-                meta = self.plan.metas[bucket.buffer_idx][i]
+        for chunk, pending, mine in backs:
+            route, received = self.route(chunk), pending.wait()
+            for k, meta in enumerate(route.metas):
                 if k in mine:   # maybe rows of a transposed result (see _block_piece): traced whole, if at all
                     piece = mine[k]
                     if self.opt.trace is not None and isinstance(piece, list):
@@ -255,6 +264,37 @@ class OwnerFlow(Flow):
                 elif k in route.back_recv:
                     at, n = route.back_recv[k]
                     yield meta, self.trace("from_owner", meta.name, received[at: at + n])
+
+
+PREFETCH_CHUNKS = 4   # exchanges per direction with "prefetch": enough for Newton-Schulz to hide transfers
+
+
+def exchange_chunks(updates: list, overlap: str, chunks: int | None = None) -> list[tuple[tuple, list]]:
+    """(bucket, pieces) pairs joined into at most K chunks of consecutive buckets, each one exchange per
+    direction: K = 1 without overlap ("none", "naive"), ``chunks`` (default ``PREFETCH_CHUNKS``) with "prefetch".
+    Returns (buckets, their pieces one after another) per chunk; the buckets are split as evenly as their count
+    allows (``torch.tensor_split``'s sizes)."""
+    k = 1 if overlap != "prefetch" else PREFETCH_CHUNKS if chunks is None else int(chunks)
+    if k < 1:
+        raise ValueError(f"chunks must be at least 1, got {chunks!r}")
+    k = min(k, len(updates))
+    if not k:   # no buckets: no exchange
+        return []
+    base, extra = divmod(len(updates), k)
+    out, at = [], 0
+    for i in range(k):
+        part = updates[at: at + base + (1 if i < extra else 0)]
+        at += len(part)
+        out.append((tuple(b for b, _ in part), [p for _, ps in part for p in ps]))
+    return out
+
+
+def name_of(chunk: tuple) -> str:
+    """A chunk's name in traces: "bucket 0.3" or "buckets 0.0-0.2"."""
+    first, last = chunk[0], chunk[-1]
+    if len(chunk) == 1:
+        return f"bucket {first.buffer_idx}.{first.bucket_idx}"
+    return f"buckets {first.buffer_idx}.{first.bucket_idx}-{last.buffer_idx}.{last.bucket_idx}"
 
 
 def _copy(dsts: list, srcs: list, zeros: list) -> None:

@@ -5,7 +5,8 @@ a plan into time, per step, on a stated piece of hardware (a *profile*):
 
 * every collective the engine runs, priced with ``costmodel.collective_seconds`` (ring all-gathers
   and reduce-scatters over DP per bucket, the bucket layout's DP and TP gathers for Newton-Schulz)
-  or, for the owner layouts' two all-to-alls per Muon bucket (to the owners and back), by
+  or, for the owner layouts' all-to-alls (to the owners and back, one per chunk of a Muon group's buckets
+  each way, as the flows issue them: ``owner_flow.exchange_chunks``), by
   ``all_to_all_seconds``: each rank pays one ``alpha`` per peer it exchanges with and the larger of
   what it sends and receives over ``beta``, links inside a node and between nodes working at once;
   a phase lasts as long as its busiest rank (an owner receives every piece of its matrices: the
@@ -54,6 +55,7 @@ from .. import hardware
 from ..group_routes import count_in_band, local_band, long_bounds
 from ..layouts import group_ns_flops, group_seconds
 from ..newton_schulz import NS_STEPS, ns5_flops
+from ..owner_flow import PREFETCH_CHUNKS, exchange_chunks
 from . import costmodel
 
 # Chapter 13 compares the first four (``layout_seconds``' default, the layout explorer); "group" (chapter 15)
@@ -226,7 +228,7 @@ def piece_exchange(plan, meta, r: int, q: int) -> tuple[int, int]:
 
 
 def all_to_all_seconds(calls: list[list[list[int]]], hw: dict) -> float:
-    """A phase of all-to-alls (one per Muon bucket): ``calls[k][i][j]`` bytes from rank i to rank j in
+    """A phase of all-to-alls (one per chunk of buckets): ``calls[k][i][j]`` bytes from rank i to rank j in
     call k. Each rank pays ``alpha`` per peer it exchanges with in each call, and the larger of what it
     sends and what it receives in the whole phase over ``beta``, per link kind (inside a node, between
     nodes; the two kinds work at once). The buckets' all-to-alls follow each other on one
@@ -259,10 +261,17 @@ def busiest_ns_flops(groups: list[dict], dp: int, tp: int, bucket_numel: int | N
     return max(ns_flops_per_rank(plan, [bool(g["use_muon"]) for g in groups]))
 
 
+def _summed(matrices: list[list[list[int]]]) -> list[list[int]]:
+    """Traffic matrices added up: the buckets of one chunk travel in one all-to-all."""
+    return [[sum(m[i][j] for m in matrices) for j in range(len(matrices[0][i]))] for i in range(len(matrices[0]))]
+
+
 def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str, hw: dict,
-                 timed_groups: bool = False) -> dict:
+                 timed_groups: bool = False, chunks: int = PREFETCH_CHUNKS) -> dict:
     """Modelled seconds of one optimizer step, by phase, on the slowest rank, for ``groups`` (``costmodel``
     form) on a ``dp x tp`` grid under ``layout`` (one of ``TIME_LAYOUTS``; "adamw": Distributed AdamW).
+    The owner layouts' all-to-alls are priced as the flows issue them with "prefetch" (their default): a Muon
+    group's buckets joined into ``chunks`` exchanges per direction (``owner_flow.exchange_chunks``).
     Also: the busiest rank's Newton-Schulz FLOPs, ``comm`` (all collectives) and ``total`` (comm + NS)."""
     if layout not in TIME_LAYOUTS:
         raise ValueError(f"layout must be one of {TIME_LAYOUTS}, got {layout!r}")
@@ -276,8 +285,9 @@ def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None,
     links = costmodel.links_for_grid(dp, tp, per_node, hw["intra"], hw["inter"])
     rs_op = "all_reduce" if hw["reduce_scatter_as_all_reduce"] else "reduce_scatter"
     out = dict.fromkeys(costmodel.PHASES, 0.0)
-    to_owner, from_owner = [], []  # the owner layouts' all-to-alls, one per Muon bucket
+    to_owner, from_owner = [], []  # the owner layouts' all-to-alls, one per chunk of a Muon group's buckets
     for g, buckets in enumerate(plan.buckets):
+        traffic = []
         for bucket in buckets:
             shard = bucket.shard_numel
             out["grad_reduce_scatter"] += costmodel.collective_seconds(rs_op, dp, shard * costmodel.GRAD_BYTES,
@@ -295,9 +305,10 @@ def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None,
                         out["ns_gather_tp"] += costmodel.collective_seconds(
                             "all_gather", tp, meta.numel * costmodel.NS_BYTES, *links["tp"])
             else:
-                there, back = owner_traffic(plan, g, bucket)
-                to_owner.append(there)
-                from_owner.append(back)
+                traffic.append(owner_traffic(plan, g, bucket))
+        for chunk, _ in exchange_chunks([(t, ()) for t in traffic], "prefetch", chunks):   # what the flows issue
+            to_owner.append(_summed([there for there, _ in chunk]))
+            from_owner.append(_summed([back for _, back in chunk]))
     out["ns_to_owner"] = all_to_all_seconds(to_owner, hw)
     out["ns_from_owner"] = all_to_all_seconds(from_owner, hw)
     load = ns_flops_per_rank(plan, use_muon)
