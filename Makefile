@@ -13,6 +13,7 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make book    execute every chapter and build the book (_build/html)"
 	@echo "make test    run the tests (unit, distributed on gloo, notebooks, book, browser)"
+	@echo "make test-unit  one suite alone (also test-distributed, test-book, test-browser)"
 	@echo "make verify  check Distributed Muon against one process on a 2 x 2 grid"
 	@echo "make record  re-record the timing runs the book cites (book/data/bench_*.json, time_model_cpu.json; ~10 min, idle machine)"
 	@echo "make step-bench  one optimizer step's GPU cost counted on the meta device, against torch.optim.Muon (~30 s)"
@@ -41,6 +42,10 @@ book: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 tests
+
+# One suite alone: make test-unit, test-distributed, test-book, test-browser (marks from tests/conftest.py).
+test-%: $(STAMP)
+	$(BIN)/python -m pytest -q -m $* tests
 
 verify: $(STAMP)
 	$(BIN)/python scripts/verify.py --dp 2 --tp 2

@@ -69,6 +69,33 @@ def tag():
     return uuid.uuid4().hex
 
 
+# ---- the suites: every test file in exactly one, by what its tests need (tests/test_house.py checks it) ----
+
+SUITES = ("unit", "distributed", "book", "browser")
+_BY_SUITE = {
+    # one process, nothing launched, no chapter executed (the meta device and fake process groups included)
+    "unit": "choice engine_floor exchanges fast_plan group_rows guard hardware_table house layout_explorer math "
+            "meta_device ns_variants optim_api oracle plan plan_at_scale plan_ep precision record_gpu rivals routes "
+            "routing step_cost step_vote timemodel wholestep",
+    # launches processes: gloo ranks, the entry points, a wheel in a fresh environment, the warm-start server
+    "distributed": "agree checkpoint contract distributed exactness_gap expert_parallel failures finite_modes "
+                   "from_scratch fsdp group_layout hf_models loops measure ns_group package qk_clip resume study "
+                   "train warmstart",
+    # the book: its chapters executed or read, its prose, its build
+    "book": "api_page book book_links claims colab nbexec notebook_outputs notebooks palette readability",
+    # a headless browser on the built pages
+    "browser": "browser",
+}
+SUITE_OF = {f"test_{name}": suite for suite, names in _BY_SUITE.items() for name in names.split()}
+
+
+def pytest_itemcollected(item):
+    """Mark each test with its file's suite (``-m unit``, ``-m "not book and not browser"``)."""
+    suite = SUITE_OF.get(Path(str(item.fspath)).stem)
+    if suite is not None:
+        item.add_marker(suite)
+
+
 # ---- the built book, shared by the book and browser tests ---------------------------------------
 
 from muongrid.lab import bookbuild  # noqa: E402

@@ -168,6 +168,32 @@ def test_owner_routes_agree_with_an_enumeration_over_random_plans():
     assert cases == 120 and several > 0, several
 
 
+def test_a_chunk_route_is_its_buckets_routes_laid_end_to_end():
+    """A chunk of consecutive buckets travels in one all-to-all each way (``exchange_chunks``): its route must
+    carry exactly what its buckets' routes carry (checked against the enumeration above), in bucket order."""
+    rng = random.Random(42)
+    joined = 0
+    for case in range(60):
+        dp, tp = rng.choice([(2, 1), (3, 1), (2, 2), (1, 3), (3, 2)])
+        flows = flows_for(random_specs(rng, tp), dp, tp, rng.choice([8, 30]), rng.choice(["owner", "aligned"]))
+        buckets = flows[0].plan.buckets[0]
+        if len(buckets) < 2:
+            continue
+        joined += 1
+        for f in flows:
+            chunk, alone = f.route(tuple(buckets)), [f.route(b) for b in buckets]
+            for key in ("send_counts", "recv_counts", "back_counts", "back_recv_counts"):
+                assert getattr(chunk, key) == [sum(c) for c in zip(*(getattr(r, key) for r in alone))], key
+            assert [m.name for m in chunk.metas] == [m.name for r in alone for m in r.metas]
+            assert [i.meta.name for i in chunk.owned] == [i.meta.name for r in alone for i in r.owned]
+            offsets = [0]
+            for r in alone:
+                offsets.append(offsets[-1] + len(r.metas))
+            assert sorted(k for k, _ in chunk.sends) == sorted(k + offsets[n] for n, r in enumerate(alone)
+                                                               for k, _ in r.sends)
+    assert joined > 10, joined
+
+
 # ---- the plan's geometry, by enumeration ------------------------------------------------------------------
 
 

@@ -17,18 +17,23 @@ The engine, in the order the book introduces it (the math apart from the orchest
     hardware       hardware profiles (h100(), profile(...)) that size the group layout's groups by time
     plan           the ZeRO-1 plan: virtual buffers, buckets, padding, dist_meta, owners (pure)
     sharding       moving tensors by the plan: TP shard/unshard, pack/unpack buckets
+    placements     DTensor placements -> tp_split_dim, and a DTensor's local shard
+    buffers        each bucket's parameters, master shard and gradients as flat buffers (views)
     comm           every collective, with the communication ledger (bytes and Newton-Schulz work)
-    flows          momentum shards -> orthogonalised shards, per layout (bucket gathers, owner all-to-all)
+    flows          momentum shards -> orthogonalised shards, per layout (the bucket layout's gathers)
+    owner_flow     the owner layouts' flow: pieces to each matrix's owner and back, K all-to-alls each way
     ns_group       one matrix's Newton-Schulz over a group of ranks (the Gram all-reduce form, or the row form)
     group_routes   the group layout: which elements of each rank's pieces go to which member (pure)
     group_flow     the group layout's flow: owners as in flows, large matrices over their group
     ns_gram_group  the Gram form (ns_form="gram") of one matrix over a group: R all-reduced once (pure)
+    ns_variants    Newton-Schulz variants: per-iteration coefficient schedules and the Gram form (pure)
     distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses)
     contract       what every torch optimizer promises (keywords, checks, skipped gradients, schedulers)
     clipping       opt.clip_grad_norm_: the DP-mean gradient's global norm, TP counted once
     launch         one entry point for local gloo processes and torchrun
     devices        a rank's device (cuda:{LOCAL_RANK % visible GPUs}), device-inclusive clocks, CUDA-event spans
-    finite         the gradients' NaN/Inf check with one host sync
+    finite         the gradients' NaN/Inf check: raised on every rank together, or the step skipped
+    qk_clip        MuonClip: query and key rows rescaled after each update, on ZeRO-1 or FSDP2 shards
     checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
     tp_plans       tensor-parallel plans for models people bring (a Hugging Face Llama), for parallelize_module
     data           the rows each rank reads: a DataLoader keyed by the DP rank, its position saved and resumed

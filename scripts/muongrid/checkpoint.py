@@ -212,8 +212,9 @@ def meta_piece(opt, meta) -> slice:
 # ---- which optimizer: ZeRO-1 (this module) or FSDPMuon (checkpoint_fsdp.py) ----------------------------
 
 def _is_fsdp(opt) -> bool:
-    from .fsdp import FSDPMuon
-    return isinstance(opt, FSDPMuon)
+    """An FSDPMuon says so itself (``FSDPMuon.checkpoint_engine``), so this module need not import ``fsdp``,
+    which imports it (no import cycle, ``tests/test_package.py``)."""
+    return getattr(type(opt), "checkpoint_engine", None) == "fsdp"
 
 
 def _engine(opt) -> str:

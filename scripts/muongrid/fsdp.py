@@ -112,6 +112,7 @@ class FSDPMuon(torch.optim.Optimizer):
     """
 
     _step_supports_amp_scaling = True   # so torch.amp.GradScaler hands us its step, and we refuse it (contract.py)
+    checkpoint_engine = "fsdp"   # muongrid.checkpoint saves it through checkpoint_fsdp.py
 
     def __init__(self, params, grid, comm: Comm | None = None, use_muon: bool = True,
                  check_finite: bool | str | None = None, qk_clip=None, **hyper):

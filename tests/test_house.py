@@ -1,0 +1,79 @@
+"""The house a newcomer walks (issue 42): the module maps name the modules that exist, and the test suite is
+split by what each test needs.
+
+* ``scripts/muongrid/__init__.py``'s map names every module of the engine, and only those; the layout block
+  of ``CONTRIBUTING.md`` (the README's map until issue 43) names only files that exist (it is a selection).
+* Every test carries exactly one suite mark (``unit``, ``distributed``, ``book``, ``browser``; registered in
+  ``pyproject.toml``, given by file in ``conftest.SUITE_OF``): ``python -m pytest -m unit`` runs the
+  one-process tests in a few minutes, ``make test`` all of them.
+
+    PYTHONPATH=scripts python -m pytest -q tests/test_house.py
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+
+import muongrid
+from conftest import ROOT, SUITE_OF, SUITES
+
+PACKAGE = ROOT / "scripts" / "muongrid"
+
+
+def init_map() -> list[str]:
+    """The module names at the start of the map's lines in the package docstring (``verify, bench`` is two)."""
+    doc = muongrid.__doc__
+    block = doc[doc.index("The engine, in the order"):doc.index("``muongrid.lab``")]
+    names = []
+    for line in block.splitlines()[1:]:
+        m = re.match(r"^    ([a-z_0-9]+(?:, [a-z_0-9]+)*)\s{2,}", line)
+        if m:
+            names += m.group(1).split(", ")
+    return names
+
+
+def test_the_package_map_names_every_engine_module_and_only_those():
+    modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    names = init_map()
+    assert len(names) == len(set(names)), "a module is named twice"
+    assert sorted(names) == modules
+
+
+def test_the_layout_map_names_only_files_that_exist():
+    text = (ROOT / "CONTRIBUTING.md").read_text()   # the README's map moved there (issue 43)
+    block = text[text.index("## Layout"):]
+    block = block[block.index("```") + 3:]
+    block = block[:block.index("```")]
+    folder, missing, seen = None, [], 0
+    for line in block.splitlines():
+        if not line.startswith(" "):
+            folder = {"scripts/muongrid/": PACKAGE, "scripts/muongrid/lab/": PACKAGE / "lab"}.get(line.split()[0] if line else "")
+        if folder is not None and line.startswith("  "):
+            for name in re.findall(r"\b([a-z_0-9]+)\.py\b", line):
+                seen += 1
+                if not (folder / f"{name}.py").exists():
+                    missing.append(f"{folder.name}/{name}.py")
+    entries = block[block.index("scripts/*.py"):block.index("notebooks/")]
+    scripts = re.findall(r"\b([a-z_]+)(?=,|\n)", entries.split(":", 1)[1])
+    missing += [f"scripts/{n}.py" for n in scripts if not (ROOT / "scripts" / f"{n}.py").exists()]
+    assert seen > 20 and len(scripts) > 5, "the layout block was not found where it was"
+    assert missing == []
+
+
+def test_the_suite_marks_are_registered():
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert sorted(m.split(":")[0] for m in ini["markers"]) == sorted(SUITES)
+
+
+def test_every_test_file_is_in_one_suite():
+    files = sorted(p.stem for p in (ROOT / "tests").glob("test_*.py"))
+    assert sorted(SUITE_OF) == files
+    assert set(SUITE_OF.values()) <= set(SUITES)
+
+
+def test_every_collected_test_has_exactly_one_suite_mark(request):
+    items = request.session.items
+    assert request.node in items
+    wrong = [(i.nodeid, [m for m in SUITES if i.get_closest_marker(m)]) for i in items
+             if sum(1 for m in SUITES if i.get_closest_marker(m)) != 1]
+    assert wrong == []
