@@ -47,7 +47,8 @@ def test_the_layout_map_names_only_files_that_exist():
     folder, missing, seen = None, [], 0
     for line in block.splitlines():
         if not line.startswith(" "):
-            folder = {"scripts/muongrid/": PACKAGE, "scripts/muongrid/lab/": PACKAGE / "lab"}.get(line.split()[0] if line else "")
+            head = line.split()[0] if line else ""
+            folder = {"scripts/muongrid/": PACKAGE, "scripts/muongrid/lab/": PACKAGE / "lab"}.get(head)
         if folder is not None and line.startswith("  "):
             for name in re.findall(r"\b([a-z_0-9]+)\.py\b", line):
                 seen += 1

@@ -17,10 +17,11 @@ Why one wrapper:
   host rarely blocks in one: there ProcessGroupNCCL's own watchdog ends a collective that outlives
   the group's timeout ("Watchdog caught collective operation timeout: WorkNCCL(...) ran for N
   milliseconds before timing out"), which is why ``Grid.build`` gives every group ``--timeout``.
-* **Time.** ``Record.seconds`` is host time on a CPU; on CUDA, with ``time_device=True`` (``bench.py`` asks
-  for it), each call is bracketed by CUDA events (``devices.Span``), read only when a summary is asked for,
-  so the ledger times what the GPU spent without a host sync per collective. By default a GPU step records
-  no events (two per collective otherwise, and nothing a CUDA graph could capture).
+* **Time.** ``Record.seconds`` is host time on a CPU; on CUDA, with ``time_device=True`` (``launch.py``'s
+  entry points and ``bench.py`` ask for it), each call is bracketed by CUDA events (``devices.Span``), read
+  only when a summary is asked for, so the ledger times what the GPU spent without a host sync per
+  collective. By default a GPU step records no events (two per collective otherwise, and nothing a CUDA
+  graph could capture).
 * **Work.** ``Ledger.count_ns`` records every Newton-Schulz run (calls and FLOPs), so a step
   reports how often each matrix was orthogonalised, beside what it moved.
 * **Profiling.** While a profiler records, every collective runs inside a range named ``comm:<phase>``

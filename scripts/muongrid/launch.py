@@ -126,7 +126,7 @@ def _run_rank(worker, args, rank: int, world: int, store) -> int:
     else:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     grid = Grid.build(args.dp, args.tp, device, timeout=timeout)
-    comm = Comm(grid, timeout_s=args.timeout)
+    comm = Comm(grid, timeout_s=args.timeout, time_device=True)   # the entry points report time per phase
     code = worker(grid, comm, args)  # on an exception, skip the teardown: peers may be mid-collective
     comm.close()
     dist.destroy_process_group()
