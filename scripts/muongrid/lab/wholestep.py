@@ -17,7 +17,7 @@ what it costs in the *training step*. Per configuration (a model's parameter sha
   matrices, 256 ranks) runs as it is trained, with expert parallelism (``Grid.expert(ep)``: each rank holds
   1/ep of every layer's experts, whose optimizer stays among the ranks holding the same slice), priced by
   ``scripts/plan_ep.py`` (its dense and expert plans; ``plan_at_scale``'s all-to-all model, cruder than
-  ``timemodel``'s: bytes over the DP link, one latency per bucket, but fast at that size).
+  ``timemodel``'s: bytes over the DP link, one latency per exchange issued, but fast at that size).
 
 Two shares are reported, as the sources report theirs: the **optimizer's share of the step**
 (optimizer / (forward + backward + optimizer): the paper's "1-3%") and **Muon's extra over AdamW**
