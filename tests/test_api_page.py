@@ -127,3 +127,19 @@ def test_the_page_is_in_the_table_of_contents_under_reference():
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     reference = next(p for p in toc["parts"] if p["caption"] == "Reference")
     assert "book/api" in [c["file"] for c in reference["chapters"]]
+
+
+def test_the_readme_is_short_keeps_the_two_commands_and_links_the_reference():
+    """The README is the front door (issue 43): under 200 lines, the two commands as they have always read,
+    what has run where, the link to this page, and a tensor-parallel grid only on a model made tensor-parallel
+    (a ``Grid.build(..., tp=N)`` with N > 1 in a block that never calls a TP plan would repeat the work N times)."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 200
+    assert "make book   # sets up .venv, executes every chapter and builds the book into _build/html" in readme
+    assert "make test   # sets up .venv and runs the whole test suite" in readme
+    assert "**What has run where**" in readme and "pipeline parallelism | not supported" in readme
+    assert "](book/api.md)" in readme and "](CONTRIBUTING.md)" in readme
+    for block in re.findall(r"```python\n(.*?)```", readme, re.S):
+        tp = re.search(r"Grid\.build\([^)]*tp=(\d+)", block)
+        if tp and int(tp.group(1)) > 1:
+            assert re.search(r"parallelize_(module|llama)\(", block), block[:300]
