@@ -418,7 +418,7 @@ class Comm:
         cuda = self.grid.device.type == "cuda"
         span = Span(self.grid.device) if cuda and self.time_device else None
         try:
-            if torch.autograd.profiler._is_profiler_enabled:
+            if getattr(torch.autograd.profiler, "_is_profiler_enabled", True):   # a private flag: absent, range
                 with record_function(f"{name}:{rec.phase}"):
                     return call()
             return call()
