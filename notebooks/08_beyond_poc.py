@@ -423,7 +423,7 @@ load_now = os.getloadavg()[0]
 live = last_json(run("bench.py --dp 2 --tp 2 --layout bucket,owner --single "
                      "--stack 4 --steps 2 --warmup 1", log="collapsed"))
 
-# %%
+# %% tags=["hide-output"] mystnb={"code_prompt_show": "Measured on this machine: show", "code_prompt_hide": "Measured on this machine: hide"}
 print(f"this machine, now (load average {load_now:.1f} as it began), "
       f"{live['steps']} measured steps; bytes equal the recorded run's")
 table(["layout", "Muon overhead ratio, recorded", "this machine, now"],

@@ -503,7 +503,7 @@ in this live run.
 grids = last_json(run("profile_step.py --grids 4x1,1x4,2x2 --global-batch 64 "
                       "--steps 3 --warmup 1 --layout owner", log="collapsed"))
 
-# %% jupyter={"source_hidden": true} tags=["hide-input"]
+# %% jupyter={"source_hidden": true} tags=["hide-input", "hide-output"] mystnb={"code_prompt_show": "Measured on this machine: show", "code_prompt_hide": "Measured on this machine: hide"}
 parts = ["forward_backward", "waiting", "communication", "newton_schulz",
          "optimizer_compute"]
 labels = ["forward + backward", "waiting", "communication", "Newton-Schulz",
