@@ -16,8 +16,9 @@ and decay it by a cosine after: a resume that lost the scheduler would take step
 bf16 autocast.
 
 **Compile.** ``--compile inductor`` on one rank, fp32, 2 steps of the template's tiny GPT, against the same
-launch uncompiled: inductor generates and builds C++ kernels (about 20 s of CPU here, on a cold cache) whose
-sums run in another order than eager's, so the losses agree within 1e-4 (measured here: 5e-7 after 2 steps), not bit for bit.
+launch uncompiled: inductor generates and builds C++ kernels (measured here: 49 s for this test with a cold
+inductor cache on a loaded 2-core machine, 18-27 s once its cache in /tmp holds them) whose sums run in
+another order than eager's, so the losses agree within 1e-4 (measured here: 5e-7 after 2 steps), not bit for bit.
 It is skipped, saying so, only where this machine has no C++ compiler for inductor to call.
 
 The sampler's arithmetic (the same global batch on every grid, across an epoch boundary; a position that
