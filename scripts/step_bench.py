@@ -11,7 +11,14 @@ Two parts, side by side in one run:
   ``DistributedMuon(layout="owner", ns_batch=True)`` on one rank, against torch.optim.Muon on the matrices plus
   fused AdamW on the rest; and each rank's copy bytes on a 2-rank grid (the fake process group), against its
   fp32 parameter bytes, with gradients made fresh each step (``zero_grad()``) and zeroed in place
-  (``zero_grad(set_to_none=False)``, so backward writes into the optimizer's buffers).
+  (``zero_grad(set_to_none=False)``, so backward writes into the optimizer's buffers). Our one-rank step comes
+  after a real backward, so the gradient hooks run, and its bytes include theirs (none on one DP rank: the step
+  reads the gradients where autograd left them).
+* **Gradients into the optimizer's buffers** (``stepcost.measure_landing``): on 2x1, 1x2 (TP, Megatron's split of
+  each layer) and 2x2 grids, a real backward then ``step()``; per rank, the bytes copied into the optimizer's
+  gradient buffers (by the hook during backward and by the step) over the rank's gradient bytes, with the loop
+  zeroing by ``zero_grad()`` (``set_to_none=True``) and by ``zero_grad(set_to_none=False)``, and the bytes the
+  hooks and the step move.
 * **Time** (``--time``): one step of each, median and fastest of ``--steps`` after ``--warmup``: host time (until
   ``step()`` returned) and, on a GPU, device time (CUDA events) apart, and the peak memory
   (``muongrid.lab.gpurecord.time_step``); host syncs counted by ``torch.cuda.set_sync_debug_mode`` on a GPU; the GPU's
@@ -37,7 +44,7 @@ import torch
 from muongrid import DistributedMuon, Grid, hybrid_param_groups
 from muongrid.lab.gpurecord import time_step
 from muongrid.lab.provenance import device_provenance, provenance
-from muongrid.lab.stepcost import GiB, measure, measure_grid, param_bytes
+from muongrid.lab.stepcost import GiB, measure, measure_grid, measure_landing, param_bytes
 from muongrid.lab.stepmodels import MODELS, is_muon, named_params, torch_hybrid
 from muongrid.newton_schulz import native_bf16_matmul, ns5_flops
 
@@ -50,7 +57,10 @@ def ours(named, device):
 def proxies(model: str, layers: int | None = None) -> dict:
     """The meta-device counts of one step, ours and torch's, and the 2-rank copy bytes."""
     named = named_params(model, "meta", layers)
-    theirs, mine = measure(torch_hybrid(named)).summary(), measure(ours(named, "meta").step).summary()
+    theirs = measure(torch_hybrid(named)).summary()
+    one = measure_landing(model, 1, 1, layers=layers)[0]   # after a real backward: the hooks' bytes with the step's
+    mine = dict(one["step"].summary(), hook_gib=one["hook"].summary()["bytes_gib"])
+    mine["bytes_gib"] += mine["hook_gib"]
     pb = param_bytes(model, layers)
     grid = {}
     for label, fresh in (("fresh_grads", True), ("grads_in_place", False)):
@@ -58,6 +68,23 @@ def proxies(model: str, layers: int | None = None) -> dict:
         grid[label] = [c.summary()["copy_written_gib"] * GiB / pb for _, c in sorted(costs.items())]
     return dict(torch=theirs, ours=mine, bytes_ratio=mine["bytes_gib"] / theirs["bytes_gib"],
                 ops_ratio=mine["ops"] / theirs["ops"], dp2_copy_over_param_bytes=grid)
+
+
+GRIDS = ((2, 1), (1, 2), (2, 2))   # the gradient-landing rows
+
+
+def landing(model: str, layers: int | None = None) -> list[dict]:
+    """Per grid and ``zero_grad`` mode, the worst rank's gradient bytes copied over its gradient bytes."""
+    rows = []
+    for dp, tp in GRIDS:
+        for set_to_none in (True, False):
+            ranks = measure_landing(model, dp, tp, set_to_none=set_to_none, layers=layers).values()
+            rows.append(dict(dp=dp, tp=tp, set_to_none=set_to_none,
+                             grad_copied_over_grad_bytes=max(r["grad_copied"] / r["grad_bytes"] for r in ranks),
+                             hook_gib=max(r["hook"].summary()["bytes_gib"] for r in ranks),
+                             step_gib=max(r["step"].summary()["bytes_gib"] for r in ranks),
+                             syncs=max(r["step"].summary()["syncs"] for r in ranks)))
+    return rows
 
 
 def timed(step, device, warmup: int, steps: int) -> list[float]:
@@ -156,6 +183,17 @@ def main(argv=None) -> int:
         print(f"{model:<18}{o['bytes_gib']:>10.1f}{t['bytes_gib']:>8.1f}{px['bytes_ratio']:>7.2f}{o['ops']:>10}"
               f"{t['ops']:>7}{o['copy_written_gib']:>10.2f}{o['syncs']:>7}"
               f"{'  '.join(f'{x:.2f}' for x in g['fresh_grads']):>30};  {'  '.join(f'{x:.2f}' for x in g['grads_in_place'])}")
+    print("\ngradients into the optimizer's buffers: a real backward, then step(); per rank (the worst), bytes "
+          "copied into the gradient buffers over the gradient bytes")
+    print(f"{'model':<18}{'dp x tp':>8}{'zero_grad':>22}{'copied/grad':>13}{'hook GiB':>10}{'step GiB':>10}"
+          f"{'syncs':>7}")
+    for model in models:
+        rows = landing(model, args.layers)
+        record["models"][model]["landing"] = rows
+        for r in rows:
+            mode = "set_to_none=True" if r["set_to_none"] else "set_to_none=False"
+            print(f"{model:<18}{r['dp']:>4} x {r['tp']}{mode:>22}{r['grad_copied_over_grad_bytes']:>13.2f}"
+                  f"{r['hook_gib']:>10.2f}{r['step_gib']:>10.2f}{r['syncs']:>7}")
     if args.time:
         rate = matmul_rate(device, 8192 if device.type == "cuda" else 1024)
         path = "native" if native_bf16_matmul(device) else "emulated (fp32 on bf16 values)"

@@ -5,10 +5,15 @@ shapes (``lab/stepmodels.py``) without computing anything. On an H100 those coun
 between our step and torch.optim.Muon's within 5% (``../shared/gpu/h100-2026-11-26``), so holding them here
 guards the GPU step in CI. Targets (issue 31), for ``DistributedMuon(layout="owner", ns_batch=True)``:
 
-* one rank: at most 1.15x the bytes of torch.optim.Muon + fused AdamW on GPT-2 124M and Llama-3.2-1B shapes
-  (the Newton-Schulz work is the same; the rest is the NaN/Inf check's one read of the gradients), no more
-  aten ops, no host sync, and an op count that does not grow with the number of layers (it grows with the
-  number of distinct shapes): at most a few more ops for four times the layers;
+* one rank, after a real backward (so any gradient hook runs, its bytes counted with the step's): at most 1.05x
+  the bytes of torch.optim.Muon + fused AdamW on GPT-2 124M and Llama-3.2-1B shapes (the Newton-Schulz work is
+  the same; the rest is the NaN/Inf check's one read of the gradients, which on Llama-3-8B's four layers, where
+  the two vocabulary matrices hold most of the bytes, comes to 1.053x: held there at torch's bytes plus that
+  read), no more aten ops, no host sync, and an op count that does not grow with the number of layers (it grows
+  with the number of distinct shapes): at most a few more ops for four times the layers;
+* gradients into the optimizer's gradient buffers (issue 42), on Llama-3-8B's four layers after a real backward,
+  on 2x1, 1x2 and 2x2 grids: each rank copies at most its gradient bytes into them with ``zero_grad()`` (the
+  hook's one copy; none at dp = 1, where no buffer is needed) and nothing with ``zero_grad(set_to_none=False)``;
 * two DP ranks (the fake process group): each rank writes at most its fp32 parameter bytes in copies (the
   issue's target; held here at half of them, what the owner flow's bf16 casts take) when backward writes into
   the optimizer's gradient buffers (``zero_grad(set_to_none=False)``); with fresh gradients every step
@@ -26,7 +31,7 @@ import pytest
 import torch
 
 from muongrid import DistributedMuon, Grid, hybrid_param_groups
-from muongrid.lab.stepcost import GiB, StepCost, measure, measure_grid, param_bytes
+from muongrid.lab.stepcost import GiB, StepCost, measure, measure_grid, measure_landing, param_bytes
 from muongrid.lab.stepmodels import named_params, torch_hybrid
 
 
@@ -35,19 +40,37 @@ def ours(named):
                            layout="owner", ns_batch=True)
 
 
-@pytest.mark.parametrize("model", ["gpt2-124m", "llama-1b"])
+@pytest.mark.parametrize("model", ["gpt2-124m", "llama-1b", "llama-8b-4layers"])
 def test_one_rank_moves_no_more_than_torch_plus_the_finite_check(model):
     named = named_params(model, "meta")
-    theirs, mine = measure(torch_hybrid(named)).summary(), measure(ours(named).step).summary()
-    assert mine["bytes_gib"] <= 1.15 * theirs["bytes_gib"], (mine, theirs)
+    theirs = measure(torch_hybrid(named)).summary()
+    landed = measure_landing(model, 1, 1)[0]   # a real backward, then the step
+    mine, hook = landed["step"].summary(), landed["hook"].summary()
+    grads = sum(p.grad.numel() * 4 for _, p in named) / GiB
+    bound = 1.0001 * (theirs["bytes_gib"] + grads) if model == "llama-8b-4layers" else 1.05 * theirs["bytes_gib"]
+    assert mine["bytes_gib"] + hook["bytes_gib"] <= bound, (mine, hook, theirs)
     assert mine["ops"] <= theirs["ops"], (mine["ops"], theirs["ops"])
     assert mine["syncs"] == 0
     assert mine["detach"] <= len(named)
     # Around Newton-Schulz ours moves torch's traffic, plus the finite check's one read of every gradient, plus
     # the bf16 cast of the Muon matrices (into the bank; torch casts inside its Newton-Schulz), and no more
-    grads = sum(p.grad.numel() * 4 for _, p in named) / GiB
     cast = 1.5 * sum(p.numel() * 4 for n, p in named if n.startswith("layers") and p.ndim == 2) / GiB
     assert mine["outside_ns_gib"] <= 1.01 * (theirs["outside_ns_gib"] + grads + cast), (mine, theirs)
+
+
+@pytest.mark.parametrize("dp, tp", [(2, 1), (1, 2), (2, 2)])
+def test_gradients_reach_the_buffers_with_at_most_one_copy(dp, tp):
+    for set_to_none in (True, False):
+        ranks = measure_landing("llama-8b-4layers", dp, tp, set_to_none=set_to_none)
+        assert len(ranks) == dp * tp
+        for rank, r in ranks.items():
+            ratio = r["grad_copied"] / r["grad_bytes"]
+            if set_to_none and dp > 1:   # autograd's fresh gradient, copied once by the hook, none by the step
+                assert 0.99 <= ratio <= 1.0, (dp, tp, rank, ratio)
+                assert r["hook_copied"] == r["grad_copied"], (dp, tp, rank, r["hook_copied"], r["grad_copied"])
+            else:   # backward added into the buffers in place (or, at dp = 1, the step reads p.grad where it is)
+                assert ratio == 0, (dp, tp, set_to_none, rank, ratio)
+            assert r["step"].summary()["syncs"] == 0
 
 
 def test_the_op_count_does_not_grow_with_layers():

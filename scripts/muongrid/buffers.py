@@ -14,11 +14,17 @@ The buffers are the source of truth, as in Megatron-LM's parameter-and-gradient 
   tensor) keeps a master shard apart and is packed and unpacked as before (``sharding.py``).
   ``p.data = new`` after the optimizer was built is noticed at the next step (the storage moved): the new
   values are copied into the buffer and the parameter made a view again.
-* **Gradients.** With one DP rank a step reads ``p.grad`` where autograd left it: no copy. With several,
-  the bucket's gradients are copied into a flat buffer (one op) and reduce-scattered into this rank's shard;
-  after the copy ``p.grad`` points at its place in that buffer (the same values), so a loop that zeroes
-  gradients in place (``zero_grad(set_to_none=False)``) has backward accumulate straight into the buffer
-  and the next step copies nothing.
+* **Gradients.** With one DP rank a step reads ``p.grad`` where autograd left it: no copy, no buffer. With
+  several, each bucket has a flat gradient buffer, made with the optimizer, that the reduce-scatter reads.
+  Backward's gradients land in it as backward makes them: a post-accumulate-grad hook on every plain
+  parameter whose gradient has the master's dtype (fp32, fp64) copies autograd's gradient into its place
+  once and points ``p.grad`` at that view, so autograd's own tensor is freed there and then (no second copy
+  lives until ``step()``) and the next backward (gradient accumulation, or a loop that zeroes with
+  ``zero_grad(set_to_none=False)``) adds into the buffer in place. So a step's gradients reach the buffer
+  with at most one pass over their bytes whatever ``zero_grad`` the loop uses, and none for fp32 gradients
+  zeroed in place. ``zero_grad()`` (``set_to_none=True``) drops the view, not the values: a parameter that
+  gets no gradient stays None, and the step writes zeros into its place. A gradient that did not come
+  through the hook (assigned by hand, a bf16 one, a DTensor's) is copied in at the step, as before.
 
 ``param_buffers=False`` (an optimizer option) keeps every bucket unbound: the parameters stay where they
 were made (for code that holds raw pointers to them, such as CUDA graphs captured before the optimizer).
@@ -26,6 +32,8 @@ were made (for code that holds raw pointers to them, such as CUDA graphs capture
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import weakref
 
 import torch
 
@@ -41,7 +49,7 @@ class Slot:
     master: torch.Tensor                      # this rank's master shard (flat, shard_numel elements)
     params: torch.Tensor | None = None        # the bound parameters' flat buffer (padded_numel), or None
     ptrs: list = field(default_factory=list)  # each bound parameter's data_ptr, to notice p.data = new
-    grads: torch.Tensor | None = None         # the flat gradient buffer (several DP ranks), made on first use
+    grads: torch.Tensor | None = None         # the flat gradient buffer (several DP ranks), made with the slot
 
     @property
     def master_is_param(self) -> bool:
@@ -81,6 +89,10 @@ class Buffers:
                 ok = bind and bindable(mine) and not any(_storage(p) in shared for p in mine)
                 row.append(self._bind(g, bucket) if ok else Slot(self._packed_shard(g, bucket).clone()))
             self.slots.append(row)
+        self.hooks = []   # the gradient hooks' handles, removed when these buffers go
+        if self.grid.dp > 1:
+            self._land_gradients()
+            weakref.finalize(self, _remove, self.hooks)
 
     # ---- building --------------------------------------------------------------------------------
 
@@ -155,6 +167,21 @@ class Buffers:
 
     # ---- gradients --------------------------------------------------------------------------------
 
+    def _land_gradients(self) -> None:
+        """Every bucket's flat gradient buffer, and a hook on each parameter that lands its gradient there."""
+        for g, group in enumerate(self.opt.param_groups):
+            params, metas, dtype = group["params"], self.plan.metas[g], self.opt.master_dtypes[g]
+            for bucket in self.plan.buckets[g]:
+                slot = self.slots[g][bucket.bucket_idx]
+                slot.grads = torch.zeros(bucket.padded_numel, dtype=dtype, device=self.grid.device)
+                for i in bucket.param_indices:
+                    p = params[i]
+                    if is_dtensor(p) or p.dtype != dtype or not p.requires_grad:
+                        continue   # copied in at the step (reduce_scatter)
+                    at = _run(bucket, metas[i])
+                    view = slot.grads[at: at + p.numel()].view(p.shape)
+                    self.hooks.append(p.register_post_accumulate_grad_hook(_Landing(view)))
+
     def grad_pieces(self, g: int, bucket, present: list[bool], keep=None, toward=None) -> list:
         """This rank's DP-mean gradient of every parameter of the bucket, as flat pieces in master dtype
         (aligned with ``bucket.param_indices``; None for a parameter no rank has a gradient for). With several
@@ -176,9 +203,6 @@ class Buffers:
         slot = self.slots[g][bucket.bucket_idx]
         params, metas = self.opt.param_groups[g]["params"], self.plan.metas[g]
         dtype = self.opt.master_dtypes[g]
-        if slot.grads is None:
-            slot.grads = torch.zeros(bucket.padded_numel, dtype=dtype,
-                                     device=self.grid.device)
         flat, dsts, srcs, zeros = slot.grads, [], [], []
         for i in bucket.param_indices:
             p, at = params[i], _run(bucket, metas[i])
@@ -224,6 +248,37 @@ class Buffers:
         """Bytes of master shards kept apart from the parameters (0 where the parameter is its own master)."""
         return sum(s.master.numel() * s.master.element_size() for row in self.slots for s in row
                    if not s.master_is_param)
+
+
+class _Landing:
+    """One parameter's post-accumulate-grad hook: autograd's gradient into its place in the bucket's gradient
+    buffer (``view``), once, and ``p.grad`` pointed at that place. When ``p.grad`` is the place already (the
+    second backward of an accumulation, or gradients zeroed in place) backward added into it: nothing to do."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, view: torch.Tensor):
+        self.view = view
+
+    def __call__(self, p: torch.Tensor) -> None:
+        grad = p.grad
+        if grad is None or _is_place(grad, self.view):
+            return
+        if grad.shape != self.view.shape or grad.dtype != self.view.dtype or grad.layout != torch.strided:
+            return   # the step's checks name the problem (distributed._check_grads)
+        with torch.no_grad():
+            self.view.copy_(grad)
+        p.grad = self.view
+
+
+def _is_place(grad: torch.Tensor, view: torch.Tensor) -> bool:
+    return (_storage(grad) == _storage(view) and grad.storage_offset() == view.storage_offset()
+            and grad.stride() == view.stride())
+
+
+def _remove(handles: list) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 def _flat(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

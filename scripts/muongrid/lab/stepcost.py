@@ -61,6 +61,7 @@ class Op:
     in_ns: bool
     host: bool
     where: str
+    watched: int = 0   # bytes written into the watched storages (``StepCost(watch=...)``)
 
 
 @dataclass
@@ -149,9 +150,9 @@ def _sync(func, args, kwargs) -> bool:
 class StepCost(TorchDispatchMode):
     """Counts every op dispatched under it into ``self.cost`` (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self, watch: set | None = None):
         super().__init__()
-        self.cost = Cost()
+        self.cost, self.watch = Cost(), watch or set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -167,12 +168,14 @@ class StepCost(TorchDispatchMode):
             self.cost.views += 1
             self.cost.detach += func is aten.detach.default
             return out
-        schema, written, read = func._schema, 0, 0
+        schema, written, read, watched = func._schema, 0, 0, 0
         values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
         for arg, value in zip(schema.arguments, values):
             n = _bytes(value)
             if arg.alias_info is not None and arg.alias_info.is_write:
                 written += n
+                watched += _bytes([t for t in tree_leaves(value) if isinstance(t, torch.Tensor)
+                                   and t.untyped_storage()._cdata in self.watch])
                 read += 0 if name in WRITE_ONLY or arg.name.startswith("out") else n
             else:
                 read += n
@@ -183,7 +186,7 @@ class StepCost(TorchDispatchMode):
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         host = bool(tensors) and all(t.device.type == "cpu" and t.dim() == 0 for t in tensors)
         where, in_ns = _caller()
-        self.cost.ops.append(Op(name, written, read, name in COPY_OPS, in_ns, host, where))
+        self.cost.ops.append(Op(name, written, read, name in COPY_OPS, in_ns, host, where, watched))
         return out
 
 
@@ -243,6 +246,50 @@ def measure_grid(model: str, dp: int, layout: str = "owner", ns_batch: bool = Tr
 
     simulate(worker, dp, 1, None)
     return costs
+
+
+def measure_landing(model: str, dp: int, tp: int = 1, set_to_none: bool = True, layers: int | None = None,
+                    layout: str = "owner", ns_batch: bool = True) -> dict:
+    """Each rank's second step of ``DistributedMuon`` on a ``dp`` x ``tp`` grid on ``meta`` (the fake process group
+    when more than one rank), with a real backward before it, so the gradient hooks run (``buffers.py``); the
+    loop zeroes with ``zero_grad(set_to_none=...)`` (not counted: torch's loop does the same). Returns rank ->
+    dict(step=Cost of ``step()``, hook=Cost of the optimizer's own ops during backward, grad_copied=bytes copied
+    into the optimizer's gradient buffers by both, hook_copied=those the hooks copied, grad_bytes=this rank's
+    gradient bytes)."""
+    from ..distributed import DistributedMuon
+    from ..grid import Grid
+    from .devicecheck import simulate
+    from .stepmodels import hybrid_tp_groups, named_params
+
+    out = {}
+
+    def worker(grid, comm, _):
+        named = named_params(model, grid.device, layers, tp=grid.tp)
+        opt = DistributedMuon(hybrid_tp_groups(model, named, grid.tp), grid, comm=comm, layout=layout, ns_batch=ns_batch)
+        weights = {n: torch.empty_like(p) for n, p in named}
+
+        def loss():   # a gradient of its own for every parameter, made by autograd
+            return sum((p * weights[n]).sum() for n, p in named)
+
+        for step in (1, 2):
+            opt.zero_grad(set_to_none=set_to_none)
+            total = loss()
+            watch = {s.grads.untyped_storage()._cdata for row in opt.buffers.slots for s in row
+                     if s.grads is not None}
+            with StepCost(watch) as backward:
+                total.backward()
+            with StepCost(watch) as step_cost:
+                opt.step()
+        hook = Cost(ops=[o for o in backward.cost.ops if o.where.startswith("muongrid/") and "/lab/" not in o.where])
+        by_hook, by_step = (sum(o.watched for o in ops if o.copy) for ops in (hook.ops, step_cost.cost.ops))
+        out[grid.rank] = dict(step=step_cost.cost, hook=hook, grad_copied=by_hook + by_step, hook_copied=by_hook,
+                              grad_bytes=sum(p.numel() * p.element_size() for _, p in named))
+
+    if dp * tp == 1:
+        worker(Grid.single("meta"), None, None)
+    else:
+        simulate(worker, dp, tp, None)
+    return out
 
 
 def param_bytes(model: str, layers: int | None = None) -> int:

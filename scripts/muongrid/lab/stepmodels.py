@@ -9,10 +9,19 @@ its untied embedding and head), the stack chapter 13 prices.
 
     named = named_params("llama-1b", "meta")            # [(name, nn.Parameter with .grad)]
     step = torch_hybrid(named)                            # torch.optim.Muon + fused AdamW, as a user runs it
+    named = named_params("llama-8b-4layers", "meta", tp=2)   # one TP rank's shards (Megatron's split)
+    groups = hybrid_tp_groups("llama-8b-4layers", named, tp=2)   # DistributedMuon's groups, with tp_split_dims
+
+Under tensor parallelism a layer's matrices are split as Megatron splits them: the first ones of a block (GPT-2's
+fused QKV and MLP up; Llama's q, k, v, gate, up) by rows (colwise, ``tp_split_dim`` 0), the ones that return
+to the residual stream (attention out, MLP down) by columns (rowwise, 1); embeddings and the head by vocabulary
+rows (0); norm gains whole (-1).
 """
 from __future__ import annotations
 
 import torch
+
+ROWWISE = {"gpt2-124m": {1, 3}, "llama-1b": {3, 6}, "llama-8b-4layers": {3, 6}}   # per-layer matrices split by column
 
 MODELS = {
     # name: (layers, per-layer Muon matrices (rows, cols), embedding-like tensors once)
@@ -24,14 +33,26 @@ MODELS = {
 }
 
 
-def named_params(model: str, device="meta", layers: int | None = None, seed: int = 0) -> list:
-    """The model's parameters by name (``layers`` overrides the layer count), each with a gradient.
-    On ``meta`` nothing is allocated; elsewhere values are small and random (seeded)."""
+def tp_split_dim(model: str, name: str) -> int:
+    """How tensor parallelism splits parameter ``name`` of ``model`` (see the module docstring)."""
+    if name.startswith("embed"):
+        return 0
+    if name.endswith("norm.weight"):
+        return -1
+    return 1 if int(name.split(".w")[1].split(".")[0]) in ROWWISE[model] else 0
+
+
+def named_params(model: str, device="meta", layers: int | None = None, seed: int = 0, tp: int = 1) -> list:
+    """The model's parameters by name (``layers`` overrides the layer count), each with a gradient; with ``tp``
+    > 1 one TP rank's shards (``tp_split_dim``). On ``meta`` nothing is allocated; elsewhere values are small and
+    random (seeded)."""
     n_layers, mats, others = MODELS[model]
     device = torch.device(device)
     gen = None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
 
-    def tensor(*shape, scale=0.02):
+    def tensor(*shape, scale=0.02, dim=-1):
+        if dim != -1:
+            shape = tuple(n // tp if d == dim else n for d, n in enumerate(shape))
         if device.type == "meta":
             return torch.empty(shape, device=device)
         return torch.randn(shape, device=device, generator=gen) * scale
@@ -39,13 +60,26 @@ def named_params(model: str, device="meta", layers: int | None = None, seed: int
     named = []
     for layer in range(n_layers if layers is None else layers):
         for i, (r, c) in enumerate(mats):
-            named.append((f"layers.{layer}.w{i}.weight", torch.nn.Parameter(tensor(r, c))))
+            name = f"layers.{layer}.w{i}.weight"
+            named.append((name, torch.nn.Parameter(tensor(r, c, dim=tp_split_dim(model, name)))))
         named.append((f"layers.{layer}.norm.weight", torch.nn.Parameter(tensor(mats[0][1]) + 1)))
     for i, (r, c) in enumerate(others):
-        named.append((f"embed.{i}.weight", torch.nn.Parameter(tensor(r, c))))
+        named.append((f"embed.{i}.weight", torch.nn.Parameter(tensor(r, c, dim=0))))
     for _, p in named:
         p.grad = tensor(*p.shape, scale=1e-3)
     return named
+
+
+def hybrid_tp_groups(model: str, named, tp: int = 1, muon: dict | None = None, adamw: dict | None = None) -> list:
+    """``hybrid_param_groups`` for these parameters (Muon lr 0.02, AdamW 1e-3 unless given), each group with its
+    ``tp_split_dims`` when ``tp`` > 1 (``named`` made by ``named_params(..., tp=tp)``)."""
+    from ..optim import hybrid_param_groups
+
+    groups = hybrid_param_groups(named, muon=muon or {"lr": 0.02}, adamw=adamw or {"lr": 1e-3})
+    if tp > 1:
+        for g in groups:
+            g["tp_split_dims"] = [tp_split_dim(model, n) for n in g["names"]]
+    return groups
 
 
 def is_muon(name: str, p: torch.Tensor) -> bool:

@@ -1,0 +1,28 @@
+"""Gradients made by backward land in the optimizer's gradient buffers, and the step does not depend on how the
+loop zeroes them (issue 42): ``tests/grad_landing_run.py`` on grids that do not divide the shapes evenly.
+
+    python -m pytest -q tests/test_grad_landing.py
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import ROOT, last_json, run
+
+
+@pytest.mark.parametrize("dp, tp", [(2, 1), (2, 2)])
+def test_both_zero_grad_modes_and_accumulation_give_the_hand_given_step(dp, tp):
+    proc = run([sys.executable, str(ROOT / "tests" / "grad_landing_run.py"), "--dp", str(dp), "--tp", str(tp)],
+               timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    ranks = last_json(proc.stdout)["ranks"]
+    assert len(ranks) == dp * tp
+    for rank, found in enumerate(ranks):
+        assert set(found) == {"bucket", "owner", "aligned", "group"}
+        for layout, r in found.items():
+            # zero_grad() and zero_grad(set_to_none=False), two backwards a step, equal to the summed gradients
+            # given by hand, bit for bit, on every step; a gradient that never came stays None
+            assert r["equal_none"] == [True] * 3 and r["equal_zero"] == [True] * 3, (rank, layout, r)
+            assert r["landed"] and r["skipped_none"], (rank, layout, r)
