@@ -12,8 +12,9 @@ They must give the same parameters, bit for bit, after every step. In step 2 the
 no gradient anywhere (it stays None and is skipped, as the ``hand`` run's None) and another none on DP rank 0
 only (zeros there). A loop that zeroes in place gives every parameter a gradient (zeros count, as in torch), so
 the ``zero`` run skips nothing and has a ``hand`` twin of its own (``hand0``). After each backward, every
-hooked gradient must be a view of the optimizer's gradient buffer. Prints one JSON line (rank 0) with every
-rank's findings.
+hooked gradient must be a view of the optimizer's gradient buffer. The same again with the matrices as DTensors
+on the "tp" mesh (bound to the buffers by their local shards; backward through ``to_local()``), whose parameters
+must equal the plain tensors' bit for bit. Prints one JSON line (rank 0) with every rank's findings.
 
     python tests/grad_landing_run.py --dp 2 --tp 2 [--layouts bucket,owner,aligned,group]
 """
@@ -24,6 +25,7 @@ import sys
 import torch
 
 from muongrid import DistributedMuon
+from muongrid.buffers import held
 from muongrid.launch import add_launch_args, launch
 from muongrid.sharding import tp_shard
 
@@ -32,15 +34,22 @@ TP_DIMS = [0, 1, -1, 1, 0]
 SKIP_EVERYWHERE, SKIP_ON_RANK0 = 1, 3   # in the "none" run's step 2
 
 
-def make(grid, layout):
+def make(grid, dtensor: bool):
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
     gen = torch.Generator().manual_seed(0)
-    mats = [torch.nn.Parameter(tp_shard(torch.randn(s, generator=gen) * 0.1, d, grid.tp, grid.tp_rank))
-            for s, d in zip(SHAPES, TP_DIMS)]
+    mats = []
+    for s, d in zip(SHAPES, TP_DIMS):
+        mine = tp_shard(torch.randn(s, generator=gen) * 0.1, d, grid.tp, grid.tp_rank).clone()   # owns its storage
+        if dtensor:
+            mine = DTensor.from_local(mine, grid.mesh["tp"], [Replicate() if d == -1 else Shard(d)], shape=s,
+                                      stride=(s[1], 1))
+        mats.append(torch.nn.Parameter(mine))
     vec = torch.nn.Parameter(torch.randn(57, generator=gen))
     groups = [dict(params=mats, tp_split_dims=TP_DIMS, names=[f"w{i}" for i in range(len(mats))], lr=0.02,
                    weight_decay=0.1),
               dict(params=[vec], use_muon=False, tp_split_dims=[-1], names=["gain"], lr=1e-3, weight_decay=0.01)]
-    return mats + [vec], groups, layout
+    return mats + [vec], groups
 
 
 def loss_of(params, grid, step, micro, skip=()):
@@ -48,6 +57,7 @@ def loss_of(params, grid, step, micro, skip=()):
     gen = torch.Generator().manual_seed(1000 * step + 10 * micro + grid.rank)
     total = 0
     for k, p in enumerate(params):
+        p = p.to_local() if hasattr(p, "to_local") else p   # a TP model's rank computes on its shard
         x = torch.randn(p.shape, generator=gen)
         if k not in skip:
             total = total + (p.square() * x).sum() + (p * x).sum()
@@ -63,13 +73,13 @@ def skips(run, grid, step):
 def landed(opt, params) -> bool:
     """Whether every hooked parameter's gradient is a view of its bucket's gradient buffer."""
     storages = {s.grads.untyped_storage()._cdata for row in opt.buffers.slots for s in row if s.grads is not None}
-    return all(p.grad.untyped_storage()._cdata in storages for p in params if p.grad is not None)
+    return all(held(p.grad).untyped_storage()._cdata in storages for p in params if p.grad is not None)
 
 
-def case(grid, comm, layout) -> dict:
+def case(grid, comm, layout, dtensor=False) -> dict:
     runs = {}
     for run in ("none", "zero", "hand", "hand0"):
-        params, groups, _ = make(grid, layout)
+        params, groups = make(grid, dtensor)
         runs[run] = (params, DistributedMuon(groups, grid, comm=comm, layout=layout))
     out = dict(equal_none=[], equal_zero=[], landed=True, skipped_none=True)
     for step in (1, 2, 3):
@@ -94,12 +104,23 @@ def case(grid, comm, layout) -> dict:
             opt.step()
         out["equal_none"].append(all(torch.equal(a, b) for a, b in zip(runs["none"][0], runs["hand"][0])))
         out["equal_zero"].append(all(torch.equal(a, b) for a, b in zip(runs["zero"][0], runs["hand0"][0])))
+    params, opt = runs["none"]
+    buffers = {s.params.untyped_storage()._cdata for row in opt.buffers.slots for s in row if s.params is not None}
+    out["bound"] = all(held(p).untyped_storage()._cdata in buffers for p in params)   # views of the buffers
+    out["params"] = [held(p).clone() for p in params]
     return out
 
 
 def worker(grid, comm, args):
     torch.set_num_threads(1)
-    found = {layout: case(grid, comm, layout) for layout in args.layouts.split(",")}
+    found = {}
+    for layout in args.layouts.split(","):
+        found[layout] = case(grid, comm, layout)
+        if grid.tp > 1:
+            found[f"{layout}-dtensor"] = r = case(grid, comm, layout, dtensor=True)
+            r["equal_plain"] = all(torch.equal(a, b) for a, b in zip(r["params"], found[layout]["params"]))
+    for r in found.values():
+        del r["params"]
     everyone = comm.gather_objects(found, "report")
     if grid.rank == 0:
         print(json.dumps(dict(dp=grid.dp, tp=grid.tp, ranks=everyone)), flush=True)

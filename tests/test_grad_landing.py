@@ -1,5 +1,6 @@
 """Gradients made by backward land in the optimizer's gradient buffers, and the step does not depend on how the
-loop zeroes them (issue 42): ``tests/grad_landing_run.py`` on grids that do not divide the shapes evenly.
+loop zeroes them (issue 42): ``tests/grad_landing_run.py`` on grids that do not divide the shapes evenly, with
+plain TP-local tensors and (TP > 1) DTensor parameters bound to the buffers by their local shards.
 
     python -m pytest -q tests/test_grad_landing.py
 """
@@ -20,9 +21,12 @@ def test_both_zero_grad_modes_and_accumulation_give_the_hand_given_step(dp, tp):
     ranks = last_json(proc.stdout)["ranks"]
     assert len(ranks) == dp * tp
     for rank, found in enumerate(ranks):
-        assert set(found) == {"bucket", "owner", "aligned", "group"}
+        layouts = {"bucket", "owner", "aligned", "group"}
+        assert set(found) == layouts | ({f"{x}-dtensor" for x in layouts} if tp > 1 else set())
         for layout, r in found.items():
             # zero_grad() and zero_grad(set_to_none=False), two backwards a step, equal to the summed gradients
             # given by hand, bit for bit, on every step; a gradient that never came stays None
             assert r["equal_none"] == [True] * 3 and r["equal_zero"] == [True] * 3, (rank, layout, r)
-            assert r["landed"] and r["skipped_none"], (rank, layout, r)
+            assert r["landed"] and r["skipped_none"] and r["bound"], (rank, layout, r)
+            if layout.endswith("-dtensor"):   # DTensor parameters, bound by their local shards: the plain step
+                assert r["equal_plain"], (rank, layout, r)

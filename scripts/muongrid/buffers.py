@@ -3,15 +3,19 @@
 The buffers are the source of truth, as in Megatron-LM's parameter-and-gradient buffers and torch's
 ``ZeroRedundancyOptimizer(parameters_as_bucket_view=True)``:
 
-* **Parameters.** When every parameter of a bucket is a plain tensor that owns its storage (same dtype and
-  device, contiguous), the optimizer makes them views of one flat tensor laid out as the collectives move it
-  (``Slot.params``: shard r at offset ``r * shard_numel``). The parameter all-gather then writes into the
+* **Parameters.** When every parameter of a bucket holds its values in a tensor that owns its storage (same
+  dtype and device, contiguous: a plain parameter, or a DTensor's local shard), the optimizer makes them views
+  of one flat tensor laid out as the collectives move it (``Slot.params``: shard r at offset
+  ``r * shard_numel``). A DTensor parameter of a tensor-parallel model keeps its placements and global shape;
+  its local shard (``_local_tensor``, which ``to_local()`` returns a view of) becomes the view, as FSDP2 does
+  with its own sharded parameters. The parameter all-gather then writes into the
   parameters where they are (in place, nothing unpacked), and an fp32 (or fp64) parameter is its own
   master: the master shard is this rank's slice of that tensor. A bf16 or fp16 parameter keeps an fp32
   master shard apart, refreshed from the parameter wherever the parameter no longer equals the master
   rounded to its dtype (so its extra bits survive until someone writes the parameter). A bucket that cannot
-  be bound (DTensor parameters of a TP model, parameters that share storage or are views of a bigger
-  tensor) keeps a master shard apart and is packed and unpacked as before (``sharding.py``).
+  be bound (parameters that share storage or are views of a bigger tensor, mixed dtypes) keeps a master shard
+  apart and is packed and unpacked (``sharding.py``), touching only its own parameters. Either way a step's
+  host work is linear in the number of parameters.
   ``p.data = new`` after the optimizer was built is noticed at the next step (the storage moved): the new
   values are copied into the buffer and the parameter made a view again.
 * **Gradients.** With one DP rank a step reads ``p.grad`` where autograd left it: no copy, no buffer. With
@@ -19,12 +23,13 @@ The buffers are the source of truth, as in Megatron-LM's parameter-and-gradient 
   Backward's gradients land in it as backward makes them: a post-accumulate-grad hook on every plain
   parameter whose gradient has the master's dtype (fp32, fp64) copies autograd's gradient into its place
   once and points ``p.grad`` at that view, so autograd's own tensor is freed there and then (no second copy
-  lives until ``step()``) and the next backward (gradient accumulation, or a loop that zeroes with
+  lives until ``step()``; a DTensor gradient keeps its object and placements, its local shard swapped for the
+  view) and the next backward (gradient accumulation, or a loop that zeroes with
   ``zero_grad(set_to_none=False)``) adds into the buffer in place. So a step's gradients reach the buffer
   with at most one pass over their bytes whatever ``zero_grad`` the loop uses, and none for fp32 gradients
   zeroed in place. ``zero_grad()`` (``set_to_none=True``) drops the view, not the values: a parameter that
   gets no gradient stays None, and the step writes zeros into its place. A gradient that did not come
-  through the hook (assigned by hand, a bf16 one, a DTensor's) is copied in at the step, as before.
+  through the hook (assigned by hand, a bf16 one) is copied in at the step, as before.
 
 ``param_buffers=False`` (an optimizer option) keeps every bucket unbound: the parameters stay where they
 were made (for code that holds raw pointers to them, such as CUDA graphs captured before the optimizer).
@@ -56,14 +61,29 @@ class Slot:
         return self.params is not None and self.params.dtype == self.master.dtype
 
 
+def held(p: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds ``p``'s values on this rank: a DTensor's local shard (the object itself, not the
+    fresh view ``to_local()`` makes: an attribute read, no call into DTensor), else ``p``."""
+    return p._local_tensor if is_dtensor(p) else p
+
+
 def bindable(params: list[torch.Tensor]) -> bool:
     """Whether these parameters can become views of one buffer (see the module docstring)."""
-    if not params or any(is_dtensor(p) or not p.is_contiguous() for p in params):
+    tensors = [held(p) for p in params]
+    if not tensors or any(not t.is_contiguous() for t in tensors):
         return False
-    if len({(p.dtype, p.device) for p in params}) != 1:
+    if len({(t.dtype, t.device) for t in tensors}) != 1:
         return False
-    return all(p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size()
-               for p in params)
+    return all(t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+               for t in tensors)
+
+
+def _place(p: torch.Tensor, view: torch.Tensor) -> None:
+    """Make ``view`` (the parameter's values already copied in) where ``p`` holds them."""
+    if is_dtensor(p):
+        p._local_tensor = view
+    else:
+        p.data = view
 
 
 def _run(bucket, meta) -> int:
@@ -98,22 +118,22 @@ class Buffers:
 
     def _bind(self, g: int, bucket) -> Slot:
         params, metas = self.opt.param_groups[g]["params"], self.plan.metas[g]
-        first = params[bucket.param_indices[0]]
+        first = held(params[bucket.param_indices[0]])
         flat = torch.zeros(bucket.padded_numel, dtype=first.dtype, device=first.device)
         for i in bucket.param_indices:
-            p, at = params[i], _run(bucket, metas[i])
-            view = flat[at: at + p.numel()].view(p.shape)
-            view.copy_(p.detach())
-            p.data = view
+            t, at = held(params[i]), _run(bucket, metas[i])
+            view = flat[at: at + t.numel()].view(t.shape)
+            view.copy_(t.detach())
+            _place(params[i], view)
         own = flat[self.grid.dp_rank * bucket.shard_numel: (self.grid.dp_rank + 1) * bucket.shard_numel]
         dtype = self.opt.master_dtypes[g]
         master = own if own.dtype == dtype else own.to(dtype)
-        return Slot(master, flat, [params[i].data_ptr() for i in bucket.param_indices])
+        return Slot(master, flat, [held(params[i]).data_ptr() for i in bucket.param_indices])
 
     def _packed_shard(self, g: int, bucket) -> torch.Tensor:
         """This rank's shard of the bucket's current parameter values, packed (unbound buckets)."""
-        flat = pack_bucket([local(p.detach()) for p in self.opt.param_groups[g]["params"]], bucket,
-                           self.opt.master_dtypes[g])
+        params = self.opt.param_groups[g]["params"]
+        flat = pack_bucket(_only(params, bucket, lambda p: local(p.detach())), bucket, self.opt.master_dtypes[g])
         lo = bucket.shard_numel * self.grid.dp_rank
         return flat[lo: lo + bucket.shard_numel]
 
@@ -150,7 +170,7 @@ class Buffers:
         """A parameter given new storage (``p.data = new``): copy its values in, make it a view again."""
         params, metas, moved = self.opt.param_groups[g]["params"], self.plan.metas[g], False
         for k, i in enumerate(bucket.param_indices):
-            p = params[i]
+            p = held(params[i])
             if p.data_ptr() == slot.ptrs[k]:
                 continue
             if p.dtype != slot.params.dtype or p.device != slot.params.device or p.shape != torch.Size(metas[i].shape):
@@ -161,7 +181,8 @@ class Buffers:
             at = _run(bucket, metas[i])
             view = slot.params[at: at + p.numel()].view(p.shape)
             view.copy_(p.detach())
-            p.data = view
+            _place(params[i], view)
+            slot.ptrs[k] = view.data_ptr()
             moved = True
         return moved
 
@@ -176,10 +197,10 @@ class Buffers:
                 slot.grads = torch.zeros(bucket.padded_numel, dtype=dtype, device=self.grid.device)
                 for i in bucket.param_indices:
                     p = params[i]
-                    if is_dtensor(p) or p.dtype != dtype or not p.requires_grad:
+                    if p.dtype != dtype or not p.requires_grad:
                         continue   # copied in at the step (reduce_scatter)
-                    at = _run(bucket, metas[i])
-                    view = slot.grads[at: at + p.numel()].view(p.shape)
+                    at, shape = _run(bucket, metas[i]), held(p).shape
+                    view = slot.grads[at: at + metas[i].numel].view(shape)
                     self.hooks.append(p.register_post_accumulate_grad_hook(_Landing(view)))
 
     def grad_pieces(self, g: int, bucket, present: list[bool], keep=None, toward=None) -> list:
@@ -216,9 +237,9 @@ class Buffers:
                 continue   # backward wrote into the buffer (zeroed in place)
             dsts.append(view)
             srcs.append(grad.reshape(-1))
-            if not is_dtensor(p.grad) and grad.dtype == dtype and grad.is_contiguous():
+            if grad.dtype == dtype and grad.is_contiguous():
                 # the same values; the next backward accumulates into the buffer
-                p.grad = view.view(p.shape)
+                _point_grad(p, view.view(grad.shape))
         if dsts:
             torch._foreach_copy_(dsts, srcs)
         if zeros:
@@ -237,7 +258,7 @@ class Buffers:
         if slot.params is None:
             dtype = params[bucket.param_indices[0]].dtype
             full = comm.all_gather(slot.master.to(dtype), "dp", Phase.PARAM_ALL_GATHER)
-            targets = [local(p.data) for p in params]
+            targets = _only(params, bucket, lambda p: local(p.data))
             unpack_bucket(full, bucket, self.plan.metas[g], targets)
             return
         if not slot.master_is_param:
@@ -262,13 +283,32 @@ class _Landing:
 
     def __call__(self, p: torch.Tensor) -> None:
         grad = p.grad
-        if grad is None or _is_place(grad, self.view):
+        if grad is None or _is_place(held(grad), self.view):
             return
-        if grad.shape != self.view.shape or grad.dtype != self.view.dtype or grad.layout != torch.strided:
+        mine = held(grad)
+        if mine.shape != self.view.shape or mine.dtype != self.view.dtype or mine.layout != torch.strided:
             return   # the step's checks name the problem (distributed._check_grads)
         with torch.no_grad():
-            self.view.copy_(grad)
-        p.grad = self.view
+            self.view.copy_(mine)
+        _point_grad(p, self.view)
+
+
+def _point_grad(p: torch.Tensor, view: torch.Tensor) -> None:
+    """``p.grad`` becomes ``view`` (its values already there): for a DTensor gradient placed as its parameter,
+    its local shard does (the object and its placements stay); one placed otherwise is left alone (the step
+    refuses it, ``distributed._check_grads``)."""
+    if not is_dtensor(p.grad):
+        p.grad = view
+    elif is_dtensor(p) and p.grad._spec.placements == p._spec.placements:
+        p.grad._local_tensor = view
+
+
+def _only(params: list, bucket, make) -> list:
+    """``make(p)`` for the bucket's parameters, None for the others (indexed like ``params``)."""
+    out = [None] * len(params)
+    for i in bucket.param_indices:
+        out[i] = make(params[i])
+    return out
 
 
 def _is_place(grad: torch.Tensor, view: torch.Tensor) -> bool:
@@ -295,8 +335,6 @@ def _shared_storages(params: list[torch.Tensor]) -> set[int]:
     """Storages that more than one of ``params`` lives in (binding would untie them)."""
     seen, shared = set(), set()
     for p in params:
-        if is_dtensor(p):
-            continue
-        key = _storage(p)
+        key = _storage(held(p))
         (shared if key in seen else seen).add(key)
     return shared
