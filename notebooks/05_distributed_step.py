@@ -226,9 +226,11 @@ listing('distributed.py', pyobject='ZeroOneOptimizer.step')
 listing('distributed.py', start_after='BOOK-START muon-group', end_before='BOOK-END muon-group')
 
 # %% [markdown]
-# **Stage 1**, the gradient reduce-scatter (the same as AdamW's). The gradients are copied into the
-# bucket's flat buffer in one `foreach` copy, and `p.grad` then points at its place there, so a loop
-# that zeroes gradients in place has the next backward write straight into the buffer:
+# **Stage 1**, the gradient reduce-scatter (the same as AdamW's). The gradients are already in the
+# bucket's flat gradient buffer: during backward a hook on each parameter copied autograd's gradient
+# to its place there once and pointed `p.grad` at that place, so further backwards (accumulation, or a
+# loop that zeroes in place) add into the buffer. The step copies in, in one `foreach` copy, only the
+# gradients that did not come that way (set by hand, say), and writes zeros for a missing one:
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 listing('buffers.py', pyobject='Buffers.reduce_scatter')
@@ -287,8 +289,9 @@ listing('updates.py', pyobject='apply_update_foreach_', caption='muongrid/update
 # **Stage 8**, the parameter all-gather (AdamW's too). Where the parameters are views of the bucket's
 # buffer, each rank's shard of the buffer already holds its new values (for fp32 parameters the master
 # *is* that shard; a bf16 parameter's fp32 master is rounded into it first), and the all-gather fills
-# in the other ranks' shards in place; a bucket that could not be bound (DTensor parameters, say) is
-# gathered and unpacked into its parameters:
+# in the other ranks' shards in place (a DTensor parameter's local shard is such a view too); a bucket
+# that could not be bound (parameters that share storage, say) is gathered and unpacked into its
+# parameters:
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 listing('buffers.py', pyobject='Buffers.gather')
