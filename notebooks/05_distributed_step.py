@@ -289,9 +289,9 @@ listing('updates.py', pyobject='apply_update_foreach_', caption='muongrid/update
 # **Stage 8**, the parameter all-gather (AdamW's too). Where the parameters are views of the bucket's
 # buffer, each rank's shard of the buffer already holds its new values (for fp32 parameters the master
 # *is* that shard; a bf16 parameter's fp32 master is rounded into it first), and the all-gather fills
-# in the other ranks' shards in place (a DTensor parameter's local shard is such a view too); a bucket
-# that could not be bound (parameters that share storage, say) is gathered and unpacked into its
-# parameters:
+# in the other ranks' shards in place; a bucket that is not bound (DTensor parameters, unless the
+# optimizer is asked to bind them too, or parameters that share storage) is gathered and unpacked into
+# its parameters:
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 listing('buffers.py', pyobject='Buffers.gather')

@@ -13,8 +13,8 @@ no gradient anywhere (it stays None and is skipped, as the ``hand`` run's None) 
 only (zeros there). A loop that zeroes in place gives every parameter a gradient (zeros count, as in torch), so
 the ``zero`` run skips nothing and has a ``hand`` twin of its own (``hand0``). After each backward, every
 hooked gradient must be a view of the optimizer's gradient buffer. The same again with the matrices as DTensors
-on the "tp" mesh (bound to the buffers by their local shards; backward through ``to_local()``), whose parameters
-must equal the plain tensors' bit for bit. Prints one JSON line (rank 0) with every rank's findings.
+on the "tp" mesh (backward through ``to_local()``), packed and unpacked (the default) and bound to the buffers by
+their local shards (``param_buffers="all"``), whose parameters must equal the plain tensors' bit for bit. Prints one JSON line (rank 0) with every rank's findings.
 
     python tests/grad_landing_run.py --dp 2 --tp 2 [--layouts bucket,owner,aligned,group]
 """
@@ -76,11 +76,11 @@ def landed(opt, params) -> bool:
     return all(held(p.grad).untyped_storage()._cdata in storages for p in params if p.grad is not None)
 
 
-def case(grid, comm, layout, dtensor=False) -> dict:
+def case(grid, comm, layout, dtensor=False, bind=True) -> dict:
     runs = {}
     for run in ("none", "zero", "hand", "hand0"):
         params, groups = make(grid, dtensor)
-        runs[run] = (params, DistributedMuon(groups, grid, comm=comm, layout=layout))
+        runs[run] = (params, DistributedMuon(groups, grid, comm=comm, layout=layout, param_buffers=bind))
     out = dict(equal_none=[], equal_zero=[], landed=True, skipped_none=True)
     for step in (1, 2, 3):
         for run, (params, opt) in runs.items():
@@ -106,7 +106,7 @@ def case(grid, comm, layout, dtensor=False) -> dict:
         out["equal_zero"].append(all(torch.equal(a, b) for a, b in zip(runs["zero"][0], runs["hand0"][0])))
     params, opt = runs["none"]
     buffers = {s.params.untyped_storage()._cdata for row in opt.buffers.slots for s in row if s.params is not None}
-    out["bound"] = all(held(p).untyped_storage()._cdata in buffers for p in params)   # views of the buffers
+    out["bound"] = [held(p).untyped_storage()._cdata in buffers for p in params]   # views of the buffers
     out["params"] = [held(p).clone() for p in params]
     return out
 
@@ -117,8 +117,9 @@ def worker(grid, comm, args):
     for layout in args.layouts.split(","):
         found[layout] = case(grid, comm, layout)
         if grid.tp > 1:
-            found[f"{layout}-dtensor"] = r = case(grid, comm, layout, dtensor=True)
-            r["equal_plain"] = all(torch.equal(a, b) for a, b in zip(r["params"], found[layout]["params"]))
+            for bind, label in ((True, "dtensor"), ("all", "dtensor-bound")):
+                found[f"{layout}-{label}"] = r = case(grid, comm, layout, dtensor=True, bind=bind)
+                r["equal_plain"] = all(torch.equal(a, b) for a, b in zip(r["params"], found[layout]["params"]))
     for r in found.values():
         del r["params"]
     everyone = comm.gather_objects(found, "report")

@@ -3,12 +3,15 @@
 The buffers are the source of truth, as in Megatron-LM's parameter-and-gradient buffers and torch's
 ``ZeroRedundancyOptimizer(parameters_as_bucket_view=True)``:
 
-* **Parameters.** When every parameter of a bucket holds its values in a tensor that owns its storage (same
-  dtype and device, contiguous: a plain parameter, or a DTensor's local shard), the optimizer makes them views
-  of one flat tensor laid out as the collectives move it (``Slot.params``: shard r at offset
-  ``r * shard_numel``). A DTensor parameter of a tensor-parallel model keeps its placements and global shape;
-  its local shard (``_local_tensor``, which ``to_local()`` returns a view of) becomes the view, as FSDP2 does
-  with its own sharded parameters. The parameter all-gather then writes into the
+* **Parameters.** When every parameter of a bucket is a plain tensor that owns its storage (same dtype and
+  device, contiguous), the optimizer makes them views of one flat tensor laid out as the collectives move it
+  (``Slot.params``: shard r at offset ``r * shard_numel``). With ``param_buffers="all"`` DTensor parameters
+  (a tensor-parallel model's) are bound too: each keeps its placements and global shape, and its local shard
+  (``_local_tensor``, which ``to_local()`` returns a view of) becomes the view, as FSDP2 does with its own
+  sharded parameters. Not by default: torch 2.13's ``torch.compile`` cannot trace a model holding a DTensor
+  whose local shard starts inside a bigger storage (its fake-tensor conversion fails with "Attempted to set
+  the storage of a tensor on device cpu to a storage on different device meta"). The parameter all-gather
+  then writes into the
   parameters where they are (in place, nothing unpacked), and an fp32 (or fp64) parameter is its own
   master: the master shard is this rank's slice of that tensor. A bf16 or fp16 parameter keeps an fp32
   master shard apart, refreshed from the parameter wherever the parameter no longer equals the master
@@ -32,7 +35,8 @@ The buffers are the source of truth, as in Megatron-LM's parameter-and-gradient 
   through the hook (assigned by hand, a bf16 one) is copied in at the step, as before.
 
 ``param_buffers=False`` (an optimizer option) keeps every bucket unbound: the parameters stay where they
-were made (for code that holds raw pointers to them, such as CUDA graphs captured before the optimizer).
+were made (for code that holds raw pointers to them, such as CUDA graphs captured before the optimizer);
+``param_buffers="all"`` binds DTensor parameters as well (see above).
 """
 from __future__ import annotations
 
@@ -67,8 +71,11 @@ def held(p: torch.Tensor) -> torch.Tensor:
     return p._local_tensor if is_dtensor(p) else p
 
 
-def bindable(params: list[torch.Tensor]) -> bool:
-    """Whether these parameters can become views of one buffer (see the module docstring)."""
+def bindable(params: list[torch.Tensor], dtensors: bool = False) -> bool:
+    """Whether these parameters can become views of one buffer (see the module docstring); DTensor
+    parameters only with ``dtensors``."""
+    if not dtensors and any(is_dtensor(p) for p in params):
+        return False
     tensors = [held(p) for p in params]
     if not tensors or any(not t.is_contiguous() for t in tensors):
         return False
@@ -98,7 +105,9 @@ def _run(bucket, meta) -> int:
 class Buffers:
     """Every bucket's ``Slot``, and the four things a step asks of them (see the module docstring)."""
 
-    def __init__(self, opt, bind: bool = True):
+    def __init__(self, opt, bind: bool | str = True):
+        if bind not in (True, False, "all"):
+            raise ValueError(f"param_buffers must be True, False or 'all' (DTensor parameters too), got {bind!r}")
         self.opt, self.plan, self.grid = opt, opt.plan, opt.grid
         shared = _shared_storages([p for g in opt.param_groups for p in g["params"]])
         self.slots = []
@@ -106,7 +115,8 @@ class Buffers:
             params, row = group["params"], []
             for bucket in self.plan.buckets[g]:
                 mine = [params[i] for i in bucket.param_indices]
-                ok = bind and bindable(mine) and not any(_storage(p) in shared for p in mine)
+                ok = (bool(bind) and bindable(mine, dtensors=bind == "all")
+                      and not any(_storage(held(p)) in shared for p in mine))
                 row.append(self._bind(g, bucket) if ok else Slot(self._packed_shard(g, bucket).clone()))
             self.slots.append(row)
         self.hooks = []   # the gradient hooks' handles, removed when these buffers go

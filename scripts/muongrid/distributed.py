@@ -99,7 +99,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     def __init__(self, params, grid, comm: Comm | None = None, layout: str = "bucket",
                  bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
                  check_finite: bool | str | None = None, overlap: str | None = None, ns_batch: bool = False,
-                 hw: dict | None = None, param_buffers: bool = True, qk_clip=None, chunks: int | None = None,
+                 hw: dict | None = None, param_buffers: bool | str = True, qk_clip=None, chunks: int | None = None,
                  **hyper):
         hyper = check_hyper(hyper)
         overlap = overlap or default_overlap(layout)
