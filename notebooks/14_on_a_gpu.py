@@ -15,7 +15,7 @@
 # ---
 
 # %% [markdown]
-# # 16. On a GPU
+# # 14. On a GPU
 #
 # ```{admonition} What this chapter runs
 # No GPU: it reads the project's one-GPU record (a run made outside this build, kept with its
@@ -287,8 +287,9 @@ Newton-Schulz runs as fast as torch's (the record found both at about the same t
 # :class: warning
 # That prediction is a count, not a measurement: **the rebuilt step has not been timed on a GPU**.
 # On a machine with one, `make record-gpu` (`scripts/step_bench.py --device cuda --time`) times it
-# against `torch.optim.Muon` and the floor and writes `book/data/step_bench_gpu.json` with its
-# provenance; this page then shows that record below, in place of this note.
+# against `torch.optim.Muon` and the floor, with its provenance (GPU, driver, CUDA and NCCL), host and
+# device time apart and peak memory, into `OUT` (`make record-gpu OUT=book/data/step_bench_gpu.json`
+# writes it where this page reads it); this page then shows that record below, in place of this note.
 # ```
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}

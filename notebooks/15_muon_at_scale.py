@@ -15,7 +15,7 @@
 # ---
 
 # %% [markdown]
-# # 14. Muon at a thousand GPUs
+# # 15. Muon at a thousand GPUs
 #
 # ```{admonition} What this chapter runs
 # The ZeRO-1 plan for three real models on grids up to 1,024 ranks ([`scripts/plan_at_scale.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_at_scale.py),

@@ -15,7 +15,7 @@
 # ---
 
 # %% [markdown]
-# # 15. Other distributed Muon implementations, and how they differ
+# # 16. Other distributed Muon implementations, and how they differ
 #
 # ```{admonition} What this chapter runs
 # One 4-rank check of two layouts ([`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py)), for its

@@ -295,3 +295,14 @@ def test_the_twenty_minute_path_fits_twenty_minutes():
             j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
             words += len(re.findall(r"\w+", "\n".join(lines[i:j])))
         assert words <= 5 * 200, f"{chapter}: the path's stop is {words} words, over 5 minutes' reading"
+
+
+def test_each_chapter_title_carries_its_file_number():
+    """The title's number is the file's (``14_on_a_gpu.py`` is "# 14. ..."): after chapters are renumbered
+    the sidebar and the titles must agree, and a title is easy to forget (issue 44)."""
+    wrong = []
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
+        title = next(line for line in path.read_text().splitlines() if line.startswith("# # "))
+        if not title.startswith(f"# # {int(path.name[:2])}. "):
+            wrong.append(f"{path.name}: {title}")
+    assert not wrong, wrong
