@@ -125,6 +125,7 @@ class Record:
     bytes_sent: int
     bytes_recv: int
     seconds: float = 0.0  # wall time this rank spent in the call (and in waiting for it, if asynchronous)
+    counts: list | None = field(default=None, repr=False)  # all-to-all: elements sent to each rank of the group
     spans: list = field(default_factory=list, repr=False)  # on CUDA: event pairs, read into seconds when asked
 
     def total_seconds(self) -> float:
@@ -285,6 +286,30 @@ class Comm:
             return self.grid.tp_group, self.grid.tp
         raise ValueError(f"unknown group {name!r} (use 'dp', 'tp', 'world' or a subgroup from add_subgroups)")
 
+    def members(self, group: str) -> list[int]:
+        """The grid ranks of ``group``, in the group's own order (ranks are TP-fastest, ``grid.py``)."""
+        g = self.grid
+        if group in self.subgroups:
+            return list(self.subgroups[group][1])
+        if group == "dp":
+            return [d * g.tp + g.tp_rank for d in range(g.dp)]
+        if group == "tp":
+            return [g.dp_rank * g.tp + t for t in range(g.tp)]
+        return list(range(self._group(group)[1]))
+
+    def peers(self, rec: Record) -> dict[int, int]:
+        """Bytes of this rank's data that a recorded call delivers to each other rank (grid rank -> bytes):
+        for an all-to-all what it sent to each; for a ring collective its share for each peer, the same for
+        all (an all-gather: its shard to every peer; a reduce-scatter: its part of each peer's shard). A
+        ring relays these through neighbours, so a link carries other totals; per rank they sum to
+        ``bytes_sent``. (Asked for by reports, such as ``lab/step_explorer.py``; never by a step.)"""
+        ranks = self.members(rec.group)
+        others = [r for r in ranks if r != self.grid.rank]
+        if rec.counts is not None:
+            size = getattr(torch, rec.dtype).itemsize
+            return {r: n * size for r, n in zip(ranks, rec.counts) if r != self.grid.rank and n}
+        return {r: rec.bytes_sent // len(others) for r in others} if others and rec.bytes_sent else {}
+
     def all_gather(self, shard: torch.Tensor, group: str, phase: str) -> torch.Tensor:
         """Gather equal flat shards from every rank of ``group``: returns ``size * shard.numel()`` elements."""
         return self.all_gather_async(shard, group, phase, wait_now=True).wait()
@@ -313,6 +338,7 @@ class Comm:
         sent = sum(send_counts) - send_counts[me]
         rec = self._record("all_to_all", group, size, sent, send.dtype, phase)
         rec.bytes_recv = (sum(recv_counts) - recv_counts[me]) * send.dtype.itemsize
+        rec.counts = send_counts   # the caller's list, kept (not copied): who gets what, for ``peers``
         if size == 1:
             return Pending(send)
         out = torch.empty(sum(recv_counts), dtype=send.dtype, device=send.device)

@@ -76,7 +76,8 @@ DP_SHARD = ["#dbe9f6", "#fde2c8", "#d9f0d3", "#f8d5d5", "#e2e2f5", "#f5e6c8", "#
 
 RANK = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
 
-NEUTRAL = {"padding": "#d3d3d3", "reference": "#888888", "sum": "#bab0ac", "edge": "#999999"}
+NEUTRAL = {"padding": "#d3d3d3", "reference": "#888888", "sum": "#bab0ac", "edge": "#999999",
+           "empty": "#f2f2f2"}   # a cell with nothing in it (chapter 5's send matrix)
 
 
 def matrix(i: int) -> str:
