@@ -18,7 +18,7 @@
 # # 5. One distributed Muon step
 #
 # ```{admonition} What this chapter runs
-# [`scripts/from_scratch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/from_scratch.py) on 2 and 4 processes, [`scripts/trace_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/trace_step.py) on 4 processes, [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) on five grids of 2 to 4 processes, and
+# [`scripts/from_scratch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/from_scratch.py) on 2 and 4 processes, [`scripts/trace_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/trace_step.py) on 2 and 4 processes, [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) on five grids of 2 to 4 processes, and
 # three short runs that put the proof of concept's two bugs back. About 1-2 minutes
 # on a 2-core laptop.
 # Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 1 <01_muon>` and {doc}`chapter 4 <04_zero1_buffer>`.
@@ -306,7 +306,8 @@ listing('buffers.py', pyobject='Buffers.gather')
 # %%
 from muongrid.lab.notebook import last_json, run
 
-trace = last_json(run("trace_step.py --dp 2 --tp 2 --show w3", log="collapsed"))
+trace = last_json(run("trace_step.py --dp 2 --tp 2 --show w3 --layouts bucket,owner",
+                      log="collapsed"))
 
 # %% [markdown]
 # Its printout is folded above. {numref}`fig-ch5-flow` draws, for every rank, which part of `w3`
@@ -436,6 +437,79 @@ table(["phase", "group", "dtype", "calls", "bytes sent per rank"],
 # DP-only grid Muon moves exactly 1.25 x AdamW's bytes when whole buckets are gathered. The TP
 # gather comes on top; chapter 6 works through both.
 #
+# ## Step through it: the bucket and owner layouts
+#
+# The figures above follow one matrix on one grid. {numref}`fig-ch5-explorer` follows the whole
+# step on four grids, for the proof of concept's layout and for the *owner* layout of chapter 8,
+# which sends each matrix's pieces to one rank, its owner, and runs Newton-Schulz there once. The
+# run above stepped both layouts with the same gradients (`--layouts bucket,owner`); three more
+# runs do the same on the other grids:
+
+# %%
+from muongrid.lab.step_explorer import stage_rows, step_explorer
+
+steps = [trace] + [
+    last_json(run(f"trace_step.py --dp {dp} --tp {tp} --layouts bucket,owner",
+                  log="collapsed"))
+    for dp, tp in [(2, 1), (1, 2), (4, 1)]
+]
+
+# %% [markdown]
+# Pick a grid with the buttons under the figure and move the slider through the stages. Each box
+# is a rank (rows: DP rank, columns: TP rank) and each bar a matrix, filled as far as the rank
+# holds it after the stage, labelled with the shape (or the element count of a flat piece) and
+# dtype that the run reported. Under each layout, the bytes every rank sent to every other rank in
+# that stage, from the ledger. For a ring collective this is each rank's share for each peer:
+# a ring relays it through neighbours, and the total per rank is the same.
+
+# %% mystnb={"figure": {"name": "fig-ch5-explorer", "caption": "One Distributed Muon step, stage by stage, from traced runs on four grids (buttons), for the bucket layout (left) and the owner layout (right). Top: what each rank holds of each matrix after the stage (bar: its share of the whole matrix; label: shape or element count, and dtype, from the trace). Bottom: the bytes each rank sent to each other rank in the stage (rows: from, columns: to), from the ledger. Stage 0 is before the step."}}
+show(step_explorer(steps, active_grid=(2, 2), active_stage=3))
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+rows = stage_rows(steps)
+for s in steps:  # the figure's bytes are the ledger's, rank by rank
+    for layout, r in ((run_["layout"], r) for run_ in s["runs"] for r in run_["ranks"]):
+        shown = sum(x["bytes_sent"] for x in rows
+                    if (x["dp"], x["tp"], x["layout"], x["rank"]) == (s["dp"], s["tp"], layout, r["rank"]))
+        assert shown == r["ledger"]["bytes_sent"]
+on_2x2 = {layout: [x for x in rows if (x["dp"], x["tp"], x["layout"]) == (2, 2, layout)]
+          for layout in ("bucket", "owner")}
+ns_runs = {k: sum(x["ns_runs"] for x in v if x["stage"] == 5) for k, v in on_2x2.items()}
+ns_bytes = {k: sum(x["bytes_sent"] for x in v if x["stage"] in (3, 4, 6))
+            for k, v in on_2x2.items()}
+assert ns_runs["owner"] == len(trace["shapes"]) < ns_runs["bucket"]
+# what the paragraph says about the send matrices, checked on this run
+at = {(x["layout"], x["stage"], x["rank"]): x for v in on_2x2.values() for x in v}
+w3_owner = next(r for r in range(4) if any(h["name"] == "w3" for h in at["owner", 5, r]["holds"]))
+for r in range(4):
+    assert set(at["bucket", 3, r]["sends"]) == {r ^ 2}  # its DP partner
+    assert set(at["bucket", 4, r]["sends"]) == {r ^ 1}  # its TP partner
+    sent = at["owner", 3, r]["sends"]
+    assert r == w3_owner or max(sent, key=sent.get) == w3_owner
+    for stage in (1, 8):
+        assert at["bucket", stage, r]["sends"] == at["owner", stage, r]["sends"]
+assert len({at["bucket", 3, r]["bytes_sent"] for r in range(4)}) == 1
+assert max(range(4), key=lambda r: at["owner", 6, r]["bytes_sent"]) == w3_owner
+keep("ch5-ns-runs-bucket", ns_runs["bucket"])
+keep("ch5-ns-runs-owner", ns_runs["owner"])
+keep("ch5-ns-mb-bucket", f"{ns_bytes['bucket'] / 1e6:.2f} MB")
+keep("ch5-ns-mb-owner", f"{ns_bytes['owner'] / 1e6:.2f} MB")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+Step through the 2 x 2 grid. The bucket layout runs Newton-Schulz
+{{ch5-ns-runs-bucket}} times (every matrix on every rank), the owner layout
+{{ch5-ns-runs-owner}}, once per matrix. What travels for it (stages 3, 4 and 6, all ranks
+together): {{ch5-ns-mb-bucket}} in the bucket layout's DP and TP gathers, against
+{{ch5-ns-mb-owner}} to the owners and back. The bucket layout's send matrices are regular
+(each rank sends the same to its DP partner, then to its TP partner); the owner layout's are
+not: in stage 3 every other rank sends most to the owner of the largest matrix, `w3`, and in
+stage 6 that owner sends the most. Stages 2 and 7 keep the momentum and the master in fp32; only the copy that stage 3
+sends is cast to bf16. Stages 1 and 8, and the state, are the same in both layouts.
+""")
+
+# %% [markdown]
 # ## Is it right? Checking against one process
 #
 # [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) runs Distributed Muon beside single-process Muon (on rank 0) for several

@@ -45,7 +45,8 @@ def one_step(grid, comm, args, layout: str) -> dict:
                           layout=layout, bucket_numel=args.bucket_numel)
     events = []
     opt.trace = lambda stage, name, t: events.append(
-        dict(stage=stage, name=name, shape=list(t.shape), dtype=_dtype(t), numel=t.numel(), norm=float(t.float().norm())))
+        dict(stage=stage, name=name, shape=list(t.shape), dtype=_dtype(t), numel=t.numel(),
+             norm=float(t.float().norm())))
     set_grads(opt.param_groups, problem.grads(1, grid.dp_rank, grid.dp), grid)
     group = opt.param_groups[0]
     grads = [dict(shape=list(p.grad.shape), dtype=_dtype(p.grad)) for p in group["params"]]

@@ -167,6 +167,46 @@ def test_page_reads_well_offline(built_book, browser, name):
     assert not math_problems(browser), f"at 400 px: {math_problems(browser)}"
 
 
+# Chapter 5's step explorer (muongrid/lab/step_explorer.py): the text its SVG shows, and its slider and buttons.
+STEP_PLOT = "return document.querySelector('#fig-ch5-explorer .js-plotly-plot')"
+SHOWN_TEXT = "return [...arguments[0].querySelectorAll('.main-svg text')].map(t => t.textContent).join('\\n')"
+
+
+def shown_stage(driver, plot) -> str:
+    """The stage line the figure displays ("Stage 3 of 8: Gather for Newton-Schulz ...")."""
+    text = driver.execute_script(SHOWN_TEXT, plot)
+    return next(line for line in text.split("\n") if line.startswith("Stage "))
+
+
+def test_the_step_explorer_steps_in_the_built_page(built_book, browser):
+    """Chapter 5's explorer moves with no kernel: a click on the slider shows another stage (its title, and
+    the ranks' text), a grid button another grid (a 4 x 1 grid's rank 3 is DP rank 3)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    load(browser, built_book / "notebooks" / "05_distributed_step.html")
+    plot = browser.execute_script(STEP_PLOT)
+    assert plot is not None, "no Plotly figure inside fig-ch5-explorer"
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", plot)
+    assert shown_stage(browser, plot).startswith("Stage 3 of 8")
+    rail = plot.find_element(By.CSS_SELECTOR, ".slider-rail-touch-rect")
+    seen = []
+    for fraction in (0.0, 1.0):   # the rail's two ends: stage 0, then stage 8
+        offset = round((fraction - 0.5) * (rail.size["width"] - 8))
+        ActionChains(browser).move_to_element_with_offset(rail, offset, 0).click().perform()
+        time.sleep(0.5)
+        seen.append(shown_stage(browser, plot))
+    assert seen[0].startswith("Stage 0 of 8: Before the step"), seen
+    assert seen[1].startswith("Stage 8 of 8: All-gather the parameters"), seen
+    assert "(dp 3, tp 0)" not in browser.execute_script(SHOWN_TEXT, plot)
+    button = next(b for b in plot.find_elements(By.CSS_SELECTOR, ".updatemenu-button") if b.text.strip() == "4 x 1")
+    ActionChains(browser).move_to_element(button).click().perform()
+    time.sleep(0.5)
+    assert "(dp 3, tp 0)" in browser.execute_script(SHOWN_TEXT, plot)
+    assert shown_stage(browser, plot).startswith("Stage 3 of 8")   # a grid button starts at stage 3 again
+    assert not console_errors(browser)
+
+
 def test_at_least_one_explorer_in_the_book(built_book):
     pages = [f for f in toc_files() if "plotly-graph-div" in (built_book / f"{f}.html").read_text()]
     assert len(pages) >= 4, f"Plotly explorers on {pages}"

@@ -1,11 +1,12 @@
 """One colour scheme per quantity: the book's figures take their colours from ``muongrid.lab.palette``.
 
-The plotting code (every chapter's code cells, ``muongrid/lab/explorers.py`` and ``diagrams.py``) may
-not write a colour of its own: no hex literal, no matplotlib cycle colour (``"C0"``, ``f"C{i}"``),
-no ``tab:`` colour and no colormap (``plt.cm.``). Named neutrals (black, white, grey) are fine.
+The plotting code (every chapter's code cells, ``muongrid/lab/explorers.py``, ``diagrams.py`` and
+``step_explorer.py``) may not write a colour of its own: no hex literal, no matplotlib cycle colour
+(``"C0"``, ``f"C{i}"``), no ``tab:`` colour and no colormap (``plt.cm.``). Named neutrals (black,
+white, grey) are fine.
 And so that the check cannot pass by a figure simply using matplotlib's defaults, every figure that
 shows one of the palette's quantities must take them from it: the cell that draws it (the one whose
-``mystnb`` figure name is ``fig-<key>``) names ``palette``, or it is drawn by ``explorers``/``diagrams``,
+``mystnb`` figure name is ``fig-<key>``) names ``palette``, or it is drawn by one of those modules,
 which do. Nothing is executed (a second).
 
     PYTHONPATH=scripts python -m pytest -q tests/test_palette.py
@@ -32,7 +33,8 @@ USES_PALETTE = ["ch1-training", "ch2-memory", "ch3-grid", "ch4-plan", "ch5-stage
 # Figures drawn by a module that takes its colours from the palette.
 BY_MODULE = {"explorers": ["ch1-nsmap", "ch1-coefficients", "ch2-explorer", "ch2-grid", "ch4-explorer",
                            "ch4-buckets", "ch6-explorer", "ch6-latency"],
-             "diagrams": ["ch2-collectives", "ch5-flow", "ch8-layouts", "ch11-holders"]}
+             "diagrams": ["ch2-collectives", "ch5-flow", "ch8-layouts", "ch11-holders"],
+             "step_explorer": ["ch5-explorer"]}
 # Cells left alone on purpose, with the reason.
 EXEMPT: dict[str, str] = {}
 
@@ -61,7 +63,7 @@ def test_no_plotting_code_writes_its_own_colour():
     exempt = [gluing(cells, key) for key in EXEMPT]
     bad = {f"{name} cell {i}": p for name, cs in cells.items() for i, c in enumerate(cs)
            if c.source not in exempt and (p := colour_problems(c.source))}
-    for module in ("explorers", "diagrams"):
+    for module in ("explorers", "diagrams", "step_explorer"):
         if p := colour_problems((LAB / f"{module}.py").read_text()):
             bad[f"muongrid/lab/{module}.py"] = p
     assert not bad, f"colours written in place of muongrid.lab.palette: {bad}"

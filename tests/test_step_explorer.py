@@ -113,8 +113,8 @@ def test_what_each_rank_holds_is_what_the_trace_saw(traced):
     for layout in ("bucket", "owner"):
         for t in range(2):
             for name in names:
-                pieces = [h for r in (t, 2 + t) for h in held(layout, 6, r) if h["name"] == name]
-                assert sum(h["numel"] for h in pieces) == sum(h["numel"] for h in held(layout, 0, t) if h["name"] == name)
+                kept = sum(h["numel"] for r in (t, 2 + t) for h in held(layout, 6, r) if h["name"] == name)
+                assert kept == sum(h["numel"] for h in held(layout, 0, t) if h["name"] == name)
 
 
 def test_controls_switch_precomputed_frames(traced):

@@ -165,6 +165,11 @@ def _bytes(b: float) -> str:
     return f"{b / 1e3:.0f} kB" if b >= 1e3 else f"{b:.0f} B"
 
 
+def _r(values) -> list:
+    """Coordinates to 4 decimals (a tenth of a pixel): the page carries every frame, so this halves it."""
+    return [None if v is None else round(v, 4) for v in values]
+
+
 def _tint(colour: str, amount: float) -> str:
     """``colour`` (a palette hex string) mixed with white: 0 keeps it, 1 is white."""
     rgb = [int(colour[k:k + 2], 16) for k in (1, 3, 5)]
@@ -202,23 +207,24 @@ def _panel(rows: list[dict], dp: int, tp: int, layout: str, stage: int, col: int
             bars.append((y, left, right - left, held, r))
             text.append((x0 + mx + 0.01, y, held["name"], palette.matrix(held["index"])))
     thick = min(0.8 * pitch, 15 * px) if rows else 0
-    out = [go.Scatter(x=box_x, y=box_y, mode="lines", hoverinfo="skip",
+    out = [go.Scatter(x=_r(box_x), y=_r(box_y), mode="lines", hoverinfo="skip",
                       line=dict(color=edge, width=2 if phase else 1), showlegend=False, xaxis=xa, yaxis=ya)]
-    out.append(go.Bar(orientation="h", y=[b[0] for b in bars], base=[b[1] for b in bars], x=[b[2] for b in bars],
-                      width=[thick] * len(bars), marker=dict(color=palette.NEUTRAL["padding"], opacity=0.35),
+    out.append(go.Bar(orientation="h", y=_r(b[0] for b in bars), base=_r(b[1] for b in bars),
+                      x=_r(b[2] for b in bars), width=_r([thick] * len(bars)),
+                      marker=dict(color=palette.NEUTRAL["padding"], opacity=0.35),
                       hoverinfo="skip", showlegend=False, xaxis=xa, yaxis=ya))
-    out.append(go.Bar(orientation="h", y=[b[0] for b in bars], base=[b[1] for b in bars],
-                      x=[b[2] * b[3]["numel"] / b[3]["whole"] for b in bars], width=[thick] * len(bars),
+    out.append(go.Bar(orientation="h", y=_r(b[0] for b in bars), base=_r(b[1] for b in bars),
+                      x=_r(b[2] * b[3]["numel"] / b[3]["whole"] for b in bars), width=_r([thick] * len(bars)),
                       marker=dict(color=[palette.matrix(b[3]["index"]) for b in bars], opacity=0.45),
                       customdata=[[b[4]["rank"], b[3]["name"], f"{b[3]['numel']:,}", f"{b[3]['whole']:,}",
                                    b[3]["label"]] for b in bars],
                       hovertemplate="rank %{customdata[0]}, %{customdata[1]}: %{customdata[2]} of %{customdata[3]} "
                                     "elements (%{customdata[4]})<extra></extra>", showlegend=False, xaxis=xa, yaxis=ya))
-    out.append(go.Scatter(x=[b[1] + 0.008 for b in bars], y=[b[0] for b in bars], mode="text",
+    out.append(go.Scatter(x=_r(b[1] + 0.008 for b in bars), y=_r(b[0] for b in bars), mode="text",
                           text=[b[3]["label"] for b in bars], textposition="middle right",
                           textfont=dict(size=10, color="black"), hoverinfo="skip", showlegend=False,
                           xaxis=xa, yaxis=ya))
-    out.append(go.Scatter(x=[t[0] for t in text], y=[t[1] for t in text], mode="text", text=[t[2] for t in text],
+    out.append(go.Scatter(x=_r(t[0] for t in text), y=_r(t[1] for t in text), mode="text", text=[t[2] for t in text],
                           textposition="middle right", textfont=dict(size=11, color=[t[3] for t in text]),
                           hoverinfo="skip", showlegend=False, xaxis=xa, yaxis=ya))
     world = dp * tp
@@ -256,7 +262,8 @@ def step_explorer(traces: list[dict], active_grid=(2, 2), active_stage: int = 3)
     layouts = [l for l in LAYOUTS if any(r["layout"] == l for r in rows)]
     fig = make_subplots(rows=2, cols=len(layouts), row_heights=list(ROWS), vertical_spacing=GAP,
                         horizontal_spacing=0.07,
-                        subplot_titles=[f"<b>{l}</b> layout" + LAYOUT_NOTE.get(l, "") for l in layouts] + ["bytes sent in this stage"] * len(layouts))
+                        subplot_titles=[f"<b>{l}</b> layout" + LAYOUT_NOTE.get(l, "") for l in layouts]
+                        + ["bytes sent in this stage"] * len(layouts))
     owner, titles = [], {}
     for g in grids:
         zmax = max([b for r in rows if (r["dp"], r["tp"]) == g for b in r["sends"].values()] + [1])
