@@ -62,6 +62,7 @@ LAYOUT_NOTE = {"bucket": " (the paper's)", "owner": " (one owner per matrix)"}
 # The figure's height and where its panels sit (pixels): the rank boxes are laid out in these.
 HEIGHT, TOP, BOTTOM, ROWS, GAP = 940, 115, 180, (0.68, 0.32), 0.1
 PANEL_PX = ROWS[0] * (1 - GAP) * (HEIGHT - TOP - BOTTOM)
+NAME_COLUMN = 0.085   # of a panel's width, for "w3" left of its bar: ~25 px at the book's width (a panel ~300 px)
 DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
 
@@ -201,7 +202,7 @@ def _panel(rows: list[dict], dp: int, tp: int, layout: str, stage: int, col: int
             text.append((x0 + mx + 0.01, y0 + 28 * px, note, "black"))
         top = y0 + (24 if one_line else 38) * px
         pitch = (y0 + h - 6 * px - top) / count
-        left, right = x0 + mx + 0.012 + 0.07 * w, x0 + w - mx - 0.012
+        left, right = x0 + mx + NAME_COLUMN, x0 + w - mx - 0.012
         for held in r["holds"]:
             y = top + pitch * (held["index"] + 0.5)
             bars.append((y, left, right - left, held, r))
@@ -281,7 +282,7 @@ def step_explorer(traces: list[dict], active_grid=(2, 2), active_stage: int = 3)
 
     def slider(g):
         return dict(active=active_stage, pad=dict(t=0), len=0.95, x=0.01, y=-0.045, yanchor="top",
-                    currentvalue=dict(prefix="stage ", font=dict(size=13)),
+                    currentvalue=dict(prefix="stage ", font=dict(size=13)), font=dict(size=11),
                     steps=[dict(label=STAGES[s][0], method="update",
                                 args=[{"visible": [o == (g, s) for o in owner]}, {title_key: titles[(g, s)]}])
                            for s in range(len(STAGES))])
