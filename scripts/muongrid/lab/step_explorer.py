@@ -281,8 +281,10 @@ def step_explorer(traces: list[dict], active_grid=(2, 2), active_stage: int = 3)
             titles[(g, stage)] = _title(stage, totals)
 
     def slider(g):
-        return dict(active=active_stage, pad=dict(t=0), len=0.95, x=0.01, y=-0.045, yanchor="top",
-                    currentvalue=dict(prefix="stage ", font=dict(size=13)), font=dict(size=11),
+        # labels at 10 px: all nine fit a rail of ~530 px (the book's column gives it ~580; Plotly
+        # shows every other label when they would touch)
+        return dict(active=active_stage, pad=dict(t=0, l=0, r=0), len=0.96, x=0.01, y=-0.045, yanchor="top",
+                    currentvalue=dict(prefix="stage ", font=dict(size=13)), font=dict(size=10),
                     steps=[dict(label=STAGES[s][0], method="update",
                                 args=[{"visible": [o == (g, s) for o in owner]}, {title_key: titles[(g, s)]}])
                            for s in range(len(STAGES))])
