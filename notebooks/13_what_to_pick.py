@@ -408,7 +408,7 @@ takes `FSDPMuon`.
 # {numref}`fig-ch13-explorer` puts every layout beside Distributed AdamW for three sets of
 # matrices: the balanced stack above, the community report's five shapes (one 4096 x 4096 among
 # four small ones) and one layer of Llama-3-8B (its seven matrices, from
-# [`scripts/plan_at_scale.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_at_scale.py)). The menu picks the matrices, the slider the grid; both move in this
+# [`muongrid/lab/model_shapes.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/model_shapes.py)). The menu picks the matrices, the slider the grid; both move in this
 # page, and every position was computed with the functions above when the page was built
 # (`muongrid.lab.layout_explorer`). This machine's bars appear up to 8 ranks, the most the book
 # launches on one machine.

@@ -231,7 +231,7 @@ import math
 
 from muongrid.lab.page import keep, listing, say, show
 
-from muongrid.lab import choice, costmodel, rivals, timemodel
+from muongrid.lab import choice, costmodel, rivals, scale
 from muongrid.lab.notebook import last_json, run, table
 from muongrid.lab.synthetic import build_problem
 
@@ -289,9 +289,9 @@ instead in pieces of matrices that cross a shard boundary, sent to their owner a
 # ### A real model: Llama-3-8B's matrices on 8 and 64 ranks
 #
 # The same comparison for the 224 Muon matrices of Llama-3-8B (32 layers of q, k, v, o, gate,
-# up and down; the shapes of [`scripts/plan_at_scale.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_at_scale.py)), on one
+# up and down; the shapes of [`muongrid/lab/model_shapes.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/model_shapes.py)), on one
 # node of 8 ranks and on 64, data parallel only. Our side comes from the plan and the closed form
-# the ledger is tested against (`costmodel`; `plan_at_scale.bytes_per_rank` for every rank at
+# the ledger is tested against (`costmodel`; `scale.bytes_per_rank` for every rank at
 # once), and for `FSDPMuon` from the routes it runs (`choice.fsdp2_extra`). FSDP2's own gathers
 # and reduce-scatters are priced by their definition (`rivals.fsdp2`), the same for every
 # FSDP2-based row. The rows marked "derived" are our reading of code that states no formula.
@@ -299,8 +299,9 @@ instead in pieces of matrices that cross a shard boundary, sent to their owner a
 # %%
 from muongrid.plan import DEFAULT_BUCKET_NUMEL, build_plan
 
-scale = timemodel.plan_at_scale()  # scripts/plan_at_scale.py: model shapes, sums
-mats = scale.llama3_8b()[0][0]     # the Muon group (the other: embeddings, norms)
+from muongrid.lab.model_shapes import llama3_8b
+
+mats = llama3_8b()[0][0]     # the Muon group (the other: embeddings, norms)
 shapes = [m.full_shape for m in mats]
 split_dims = [m.tp_split_dim for m in mats]
 P = sum(r * c for r, c in shapes)

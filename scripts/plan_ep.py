@@ -11,85 +11,26 @@ two plans of ``muongrid.plan.build_plan`` (the optimizer's code): the dense one 
 embeddings, routers and norms) on the job's DP x TP grid, and its slice's expert plan on the expert grid
 (``dp / ep`` x TP). Per rank this prints, for the owner layout, the sum of the two: bytes sent per step (the
 closed form, ``plan_at_scale.bytes_per_rank``), collectives per step, Newton-Schulz load and the projected
-serial step on H100s (``plan_at_scale``'s assumed figures), beside the same model under pure ZeRO-1 x TP, and
+serial step on H100s (``scale.H100``'s assumed figures), beside the same model under pure ZeRO-1 x TP, and
 how long each plan took to build. What is not modelled: the token all-to-alls of the MoE layers (the model's
 forward and backward, not the optimizer's), and where the expert grid's ranks sit (its DP link is priced as
 ``links_for_grid(dp / ep, tp)`` gives it, as if contiguous: on a real cluster the replicas of a slice may be
-farther apart).
+farther apart). The code is ``muongrid/lab/scale.py`` (``ep_report``).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-import time
 
-from muongrid.plan import DEFAULT_BUCKET_NUMEL, build_plan
-
-import plan_at_scale as pas
-
-EXPERT = re.compile(r"\.expert\.(\d+)\.")
-
-
-def split_experts(specs: list, muon: list[bool], ep: int) -> tuple[list, list]:
-    """(dense groups, expert groups of slice 0): every routed expert's matrices taken out of the Muon group;
-    slice 0 keeps experts 0 .. experts/ep - 1 of every layer (every slice has the same shapes)."""
-    experts = max((int(m.group(1)) for s in specs[0] if (m := EXPERT.search(s.name))), default=-1) + 1
-    if experts == 0:
-        raise ValueError("this model has no routed experts (no '.expert.N.' in its matrix names)")
-    if experts % ep:
-        raise ValueError(f"{experts} experts per layer do not divide into ep={ep} slices")
-    per = experts // ep
-    dense = [[s for s in specs[0] if not EXPERT.search(s.name)]] + specs[1:]
-    mine = [[s for s in specs[0] if (m := EXPERT.search(s.name)) and int(m.group(1)) < per]]
-    return dense, mine
-
-
-def priced(plan, muon: list[bool], prof: dict) -> dict:
-    """Per rank of ``plan``: bytes, collectives, NS seconds and the serial step seconds (owner layout)."""
-    shapes = {(m.buffer_idx, m.param_idx): m.full_shape for m in plan.metas[0]}
-    flops, ns_s = pas.ns_seconds_per_rank(plan.owners, plan.groups, shapes, plan.world, prof)
-    bytes_ = pas.owner_bytes_per_rank(plan, muon)
-    return dict(bytes=[b["total"] for b in bytes_], collectives=pas.collectives_per_rank(plan, muon), flops=flops,
-                step_s=pas.step_seconds_per_rank(plan, bytes_, ns_s, prof, muon))
-
-
-def ep_report(model: str, dp: int, tp: int, ep: int, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
-              layers: int | None = None) -> dict:
-    """One MoE on one grid with ``ep`` expert slices, against pure ZeRO-1 x TP (see the module docstring)."""
-    if dp % ep:
-        raise ValueError(f"ep={ep} must divide dp={dp}")
-    build, default_layers = pas.MODELS[model]
-    specs, muon = build(default_layers if layers is None else layers)
-    prof = pas.profile(pas.H100)
-    dense_specs, expert_specs = split_experts(specs, muon, ep)
-    t0 = time.perf_counter()
-    dense = build_plan(dense_specs, dp, 0, tp, bucket_numel, "owner", muon)
-    experts = build_plan(expert_specs, dp // ep, 0, tp, bucket_numel, "owner", [True])
-    build_s = time.perf_counter() - t0
-    d, x = priced(dense, muon, prof), priced(experts, [True], prof)
-    world = dp * tp
-
-    def per_rank(key):   # world rank r = dp_rank * tp + tp_rank holds slice dp_rank % ep, expert-grid rank ...
-        return [d[key][r] + x[key][(r // tp // ep) * tp + r % tp] for r in range(world)]
-
-    out = dict(model=model, dp=dp, tp=tp, ep=ep, world=world, build_s=build_s,
-               expert_matrices_per_rank=len(expert_specs[0]), dense_matrices=len(dense_specs[0]),
-               bytes_per_rank_max=max(per_rank("bytes")), collectives_per_rank_max=max(per_rank("collectives")),
-               ns_tflop_max=max(per_rank("flops")) / 1e12, step_ms=max(per_rank("step_s")) * 1e3)
-    t0 = time.perf_counter()
-    whole = build_plan(specs, dp, 0, tp, bucket_numel, "owner", muon)
-    out["zero1_build_s"] = time.perf_counter() - t0
-    z = priced(whole, muon, prof)
-    out.update(zero1_bytes_per_rank_max=max(z["bytes"]), zero1_collectives_per_rank_max=max(z["collectives"]),
-               zero1_ns_tflop_max=max(z["flops"]) / 1e12, zero1_step_ms=max(z["step_s"]) * 1e3)
-    return out
+from muongrid.lab.model_shapes import MODELS
+from muongrid.lab.scale import ep_report
+from muongrid.plan import DEFAULT_BUCKET_NUMEL
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="kimi-k2", choices=[m for m in pas.MODELS if "llama" not in m])
+    p.add_argument("--model", default="kimi-k2", choices=[m for m in MODELS if "llama" not in m])
     p.add_argument("--grids", default="256x1", help="DPxTP,... (ep must divide each DP)")
     p.add_argument("--ep", type=int, default=64, help="expert-parallel slices (a divisor of DP)")
     p.add_argument("--layers", type=int, default=None, help="fewer layers than the model's (for a quick look)")

@@ -6,7 +6,7 @@ The recording wraps ``muongrid.data.TokenWindows.__getitem__``, which only the t
 
     python tests/loop_rows_run.py loop_zero1_tp DIR --dp 2 --tp 2 --lr 0.01 --steps 4
 """
-import importlib.util
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -14,17 +14,12 @@ from pathlib import Path
 from muongrid.data import TokenWindows
 from muongrid.launch import launch
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def load(name: str):
-    """A loop of ``scripts/`` by its module name (``loop_fsdp`` imports ``loop_zero1_tp``: loaded first)."""
-    for dep in ("loop_zero1_tp", name):
-        if dep not in sys.modules:
-            spec = importlib.util.spec_from_file_location(dep, SCRIPTS / f"{dep}.py")
-            sys.modules[dep] = module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-    return sys.modules[name]
+    """A loop of ``scripts/`` by its module name: ``scripts/`` is on every path of the checkout's environment
+    (``make setup``'s editable install puts it there, as ``PYTHONPATH=scripts`` does)."""
+    return importlib.import_module(name)
 
 
 def worker(grid, comm, args):

@@ -13,7 +13,7 @@ from muongrid.layouts import HeldRuns, Matrix, assign_owners, assign_owners_and_
 from muongrid.newton_schulz import ns5_flops
 from muongrid.plan import ParamSpec, _owner_candidates, build_plan
 
-import plan_at_scale
+from muongrid.lab.model_shapes import MODELS
 
 
 def reference_candidates(plan, muon):
@@ -71,7 +71,7 @@ def test_fast_plan_equals_the_reference(model, layers, dp, tp, bucket_numel):
     buckets holding many matrices): the same cuts, pieces, owners, groups and loads, exactly. The
     assignment's ties (equal FLOPs, equal loads, equal held pieces) are where a faster search could pick
     another rank, and these models have many of them (every expert matrix is the same shape)."""
-    specs, muon = plan_at_scale.MODELS[model][0](layers)
+    specs, muon = MODELS[model][0](layers)
     world = dp * tp
     for layout in ("owner", "aligned", "group"):
         plan = build_plan(specs, dp, dp - 1, tp, bucket_numel=bucket_numel, layout=layout, muon=muon)

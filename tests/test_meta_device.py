@@ -13,14 +13,12 @@ What this cannot see: NCCL itself, streams, real timings; those need scripts/gpu
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
+import importlib
 import warnings
 
 import pytest
 import torch
 
-from conftest import SCRIPTS
 from muongrid.lab import devicecheck
 from muongrid.lab.devicecheck import simulate
 
@@ -38,12 +36,7 @@ def entry(name: str):
     checks that live in the package, the module the script wraps."""
     if name in PACKAGED:
         return importlib.import_module(f"muongrid.{name}")
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return importlib.import_module(name)   # scripts/ is on pytest's path (pyproject.toml)
 
 
 def args_of(name: str, argv: list[str]):

@@ -1,4 +1,4 @@
-"""The plan at scale without launching (scripts/plan_at_scale.py) and the group-mode assignment (layouts.py)."""
+"""The plan at scale without launching (muongrid/lab/scale.py, scripts/plan_at_scale.py) and the group-mode assignment (layouts.py)."""
 from __future__ import annotations
 
 
@@ -12,7 +12,10 @@ from muongrid.newton_schulz import ns5_flops
 from muongrid.ns_group import group_form
 from muongrid.plan import ParamSpec, _owner_candidates, build_plan
 
-import plan_at_scale
+from muongrid.lab import scale
+from muongrid.lab.model_shapes import MODELS
+
+import plan_at_scale  # the entry point: its argument checks
 
 
 def report_plan(dp, tp):
@@ -56,13 +59,13 @@ def test_bytes_per_rank_equal_the_costmodel_closed_form():
         for dp, tp in [(2, 2), (3, 2), (2, 1), (5, 1)]:
             for layout in ("owner", "group"):
                 plan = build_plan(specs, dp, 0, tp, 700, layout, muon)
-                ours = plan_at_scale.bytes_per_rank(plan, muon)
+                ours = scale.bytes_per_rank(plan, muon)
                 for rank in range(dp * tp):
                     theirs = step_bytes(problem.groups, dp, tp, 700, layout=layout, rank=rank)
                     assert {k: theirs[k] for k in ours[rank]} == ours[rank], (dp, tp, layout, rank)
             timed = build_plan(specs, dp, 0, tp, 700, "group", muon, hw=fast)
             grouped |= {(tp, timed.metas[k[0]][k[1]].tp_split_dim) for k in timed.groups}
-            ours = plan_at_scale.bytes_per_rank(timed, muon)
+            ours = scale.bytes_per_rank(timed, muon)
             for rank in range(dp * tp):
                 theirs = _rank_bytes(timed, muon, rank)
                 assert {k: theirs[k] for k in ours[rank]} == ours[rank], (dp, tp, "timed", rank)
@@ -84,7 +87,7 @@ def test_cross_node_bytes_equal_the_pairs_counted_one_by_one():
     for dp, tp in [(2, 2), (3, 2), (5, 1)]:
         for plan in (build_plan(specs, dp, 0, tp, 700, "owner", muon), build_plan(specs, dp, 0, tp, 700, "group", muon, hw=fast)):
             seen_groups += len(plan.groups)
-            bytes_ = plan_at_scale.bytes_per_rank(plan, muon)
+            bytes_ = scale.bytes_per_rank(plan, muon)
             for node in (2, 3):
                 expected = [0] * plan.world
                 for g, buckets in enumerate(plan.buckets):
@@ -98,9 +101,9 @@ def test_cross_node_bytes_equal_the_pairs_counted_one_by_one():
                 for key, members in plan.groups.items():
                     for i, q in enumerate(members):
                         if members[(i + 1) % len(members)] // node != q // node:
-                            expected[q] += plan_at_scale.group_bytes(*plan.metas[key[0]][key[1]].full_shape,
-                                                                     len(members), plan_at_scale.NS_STEPS)
-                assert plan_at_scale.cross_node_bytes_per_rank(plan, muon, bytes_, node) == expected, (dp, tp, node)
+                            expected[q] += scale.group_bytes(*plan.metas[key[0]][key[1]].full_shape,
+                                                                     len(members), scale.NS_STEPS)
+                assert scale.cross_node_bytes_per_rank(plan, muon, bytes_, node) == expected, (dp, tp, node)
                 crossed += sum(expected) > 0
     assert seen_groups and crossed   # groups were planned, and bytes did cross nodes
 
@@ -109,7 +112,7 @@ def test_llama_plan_at_scale_builds_and_reports():
     """A 2-layer Llama-3-70B slice on 16x8 (128 ranks, more ranks than matrices): most ranks own nothing,
     the optimizer's group plan spreads the big matrices inside nodes. (80 layers on 1,024 ranks:
     scripts/plan_at_scale.py.)"""
-    r = plan_at_scale.grid_report(16, 8, layers=2)
+    r = scale.grid_report(16, 8, layers=2)
     assert r["muon_matrices"] == 14 and r["owner_ranks_idle"] >= 128 - 14
     assert r["grouped_matrices"] > 0 and r["group_ns_max_over_mean"] < r["owner_ns_max_over_mean"] / 2
     assert r["group_collectives_per_rank_max"] > r["owner_collectives_per_rank_max"]
@@ -127,7 +130,7 @@ def test_the_optimizers_timed_group_plan_is_at_least_as_good_as_the_older_rules(
     the optimizer's group plan sized by time is never above owner-per-matrix, the scattered rule or the
     FLOP-sized TP-local windows; on Llama-3-8B at 1,024 ranks it is well below all three (the brief's case:
     FLOP-sized groups of more than a node put 4096^2 Grams on InfiniBand)."""
-    r = plan_at_scale.grid_report(*grid, layers=layers, model=model)
+    r = scale.grid_report(*grid, layers=layers, model=model)
     at_least_as_good(r)
 
 
@@ -171,7 +174,7 @@ def test_model_shapes_add_up_to_the_published_sizes():
     70.55B, Llama-3.2-1B 1,235,814,400 as the GPU record's transformers model counted it, Moonlight-16B-A3B "16B", Kimi K2 "1.04T"; MLA and per-expert matrices as in moonlight_16b_a3b's docstring)."""
     import math
     totals, counts = {}, {}
-    for name, (build, layers) in plan_at_scale.MODELS.items():
+    for name, (build, layers) in MODELS.items():
         specs, muon = build(layers)
         totals[name] = sum(math.prod(s.full_shape) for g in specs for s in g) / 1e9
         counts[name] = len(specs[0])
@@ -184,7 +187,7 @@ def test_model_shapes_add_up_to_the_published_sizes():
     assert counts == {"llama3-70b": 560, "llama3-8b": 224, "llama3.2-1b": 112, "moonlight-16b-a3b": 7 + 26 * (4 + 3 + 64 * 3),
                       "kimi-k2": 5 + 3 + 60 * (5 + 3 + 384 * 3)}
     with pytest.raises(ValueError, match="unknown model"):
-        plan_at_scale.grid_report(2, 2, model="llama-4")
+        scale.grid_report(2, 2, model="llama-4")
 
 
 def test_time_model_is_flops_at_the_rate_plus_the_group_collectives():
@@ -193,13 +196,13 @@ def test_time_model_is_flops_at_the_rate_plus_the_group_collectives():
     one node of 8 and on InfiniBand when it spans two (its size does not decide it); a wide matrix in the
     Gram sharing, a square one in the row form (``ns_group.group_form``)."""
     from muongrid.lab.costmodel import collective_seconds, group_gram_bytes
-    prof = plan_at_scale.profile()
+    prof = scale.profile()
     rate = prof["flops"] * prof["efficiency"]
     shapes = {(0, 0): (1024, 4096), (0, 1): (64, 64)}
-    flops, secs = plan_at_scale.ns_seconds_per_rank({(0, 1): 1}, {}, shapes, 2, prof)
+    flops, secs = scale.ns_seconds_per_rank({(0, 1): 1}, {}, shapes, 2, prof)
     assert flops == [0, ns5_flops(64, 64)] and secs == [0.0, ns5_flops(64, 64) / rate]
     for members, link in [((4, 5, 6, 7), "intra"), ((6, 7, 8, 9), "inter")]:
-        flops, secs = plan_at_scale.ns_seconds_per_rank({}, {(0, 0): members}, shapes, 20, prof)
+        flops, secs = scale.ns_seconds_per_rank({}, {(0, 0): members}, shapes, 20, prof)
         a, b = prof[link]
         # the same time from the ring formulas: norm + 5 Gram all-reduces (fp32), 5 all-gathers of B's rows (bf16)
         ring = collective_seconds("all_reduce", 4, 4, a, b) + 5 * collective_seconds("all_reduce", 4, 4 * 1024**2 / 4, a, b)
@@ -219,7 +222,7 @@ def test_owner_mode_stops_scaling_when_ranks_outnumber_matrices():
     """Llama-3-8B (224 matrices) on 1,024 ranks: most ranks idle, the projected NS time of the busiest rank
     is the largest matrix's, far above the ideal; the group mode lowers the FLOP max/mean and, sized by
     time, the projected NS time below owner's and the FLOP-sized rules' by more than half."""
-    r = plan_at_scale.grid_report(128, 8, model="llama3-8b")
+    r = scale.grid_report(128, 8, model="llama3-8b")
     assert r["owner_ranks_idle"] == 1024 - 224 and r["owner_ns_ms"] > 5 * r["ideal_ns_ms"]
     assert r["group_ns_max_over_mean"] < r["owner_ns_max_over_mean"] / 4
     at_least_as_good(r)   # and the optimizer's timed groups beat the FLOP-sized rules (see the test above)
@@ -230,8 +233,8 @@ def test_bucket_size_sets_the_collectives_per_step():
     whatever the number of buckets (its buckets joined into K exchanges); a matrix larger than a bucket has its
     own, so bigger buckets mean fewer collectives (same bytes)."""
     from muongrid.owner_flow import PREFETCH_CHUNKS
-    small = plan_at_scale.grid_report(8, 8, layers=4, model="llama3-8b", bucket_numel=2**20)
-    large = plan_at_scale.grid_report(8, 8, layers=4, model="llama3-8b", bucket_numel=2**28)
+    small = scale.grid_report(8, 8, layers=4, model="llama3-8b", bucket_numel=2**20)
+    large = scale.grid_report(8, 8, layers=4, model="llama3-8b", bucket_numel=2**28)
     for r in (small, large):
         assert 2 * r["buckets"] < r["owner_collectives_per_rank_max"] <= 2 * r["buckets"] + 2 * PREFETCH_CHUNKS
     assert large["buckets"] < small["buckets"] and large["owner_collectives_per_rank_max"] < small["owner_collectives_per_rank_max"]
@@ -242,7 +245,7 @@ def test_scale_explorer_shows_each_plan_with_its_own_numbers():
     """Chapter 15's explorer: one slider position per (model, grid), only that position's bars visible, its
     bars and title carrying that row's numbers; no rows is refused."""
     from muongrid.lab.scale_explorer import COSTS, RULES, scale_explorer
-    rows = [plan_at_scale.grid_report(dp, 4, layers=2, model="llama3-8b") for dp in (2, 8)]
+    rows = [scale.grid_report(dp, 4, layers=2, model="llama3-8b") for dp in (2, 8)]
     fig = scale_explorer([("8B", r) for r in rows], active=1)
     assert len(fig.layout.sliders[0].steps) == 2 and len(fig.data) == 2 * 2
     for i, (step, row) in enumerate(zip(fig.layout.sliders[0].steps, rows)):

@@ -1,4 +1,5 @@
-"""scripts/plan_ep.py: a MoE's plan under expert parallelism, per rank, against pure ZeRO-1 x TP (no processes).
+"""A MoE's plan under expert parallelism, per rank, against pure ZeRO-1 x TP (no processes): ``ep_report`` of
+muongrid/lab/scale.py, what scripts/plan_ep.py prints.
 
 The expert plan runs on the expert grid (dp / ep x tp), so a rank's expert matrices, and its share of their
 bytes and collectives, do not grow with the job's DP at a fixed ep: planning stays as fast at 1,024 ranks as
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-import plan_ep
+from muongrid.lab.model_shapes import MODELS
+from muongrid.lab.scale import ep_report, split_experts
 
 
 def test_expert_parallel_sends_less_than_pure_zero1_and_keeps_experts_whole():
-    r = plan_ep.ep_report("moonlight-16b-a3b", 64, 1, 8, layers=3)
+    r = ep_report("moonlight-16b-a3b", 64, 1, 8, layers=3)
     assert r["expert_matrices_per_rank"] == 2 * (64 // 8) * 3      # 2 MoE layers x 8 experts x 3 matrices
     assert r["bytes_per_rank_max"] < 0.6 * r["zero1_bytes_per_rank_max"]     # the dense part is the same
     assert r["collectives_per_rank_max"] < r["zero1_collectives_per_rank_max"] / 3
@@ -22,14 +24,14 @@ def test_expert_parallel_sends_less_than_pure_zero1_and_keeps_experts_whole():
 
 
 def test_a_rank_s_expert_share_does_not_grow_with_the_job():
-    small, large = (plan_ep.ep_report("moonlight-16b-a3b", dp, 1, 8, layers=3) for dp in (16, 256))
+    small, large = (ep_report("moonlight-16b-a3b", dp, 1, 8, layers=3) for dp in (16, 256))
     assert small["expert_matrices_per_rank"] == large["expert_matrices_per_rank"]
-    dense, experts = plan_ep.split_experts(*plan_ep.pas.MODELS["moonlight-16b-a3b"][0](3), 8)
+    dense, experts = split_experts(*MODELS["moonlight-16b-a3b"][0](3), 8)
     assert len(experts[0]) == small["expert_matrices_per_rank"] and not any(".expert." in s.name for s in dense[0])
 
 
 def test_bad_expert_splits_are_refused():
     with pytest.raises(ValueError, match="ep=3 must divide dp=8"):
-        plan_ep.ep_report("moonlight-16b-a3b", 8, 1, 3, layers=2)
+        ep_report("moonlight-16b-a3b", 8, 1, 3, layers=2)
     with pytest.raises(ValueError, match="64 experts per layer do not divide into ep=7"):
-        plan_ep.split_experts(*plan_ep.pas.MODELS["moonlight-16b-a3b"][0](2), 7)
+        split_experts(*MODELS["moonlight-16b-a3b"][0](2), 7)

@@ -11,18 +11,15 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, last_json, refused, script
+from conftest import ROOT, last_json, refused, script
 from muongrid.lab.traces import like_for_like_steps
 
-spec = importlib.util.spec_from_file_location("convergence_study", SCRIPTS / "convergence_study.py")
-study = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(study)
+import convergence_study as study  # the entry point (scripts/ is on pytest's path: pyproject.toml)
 
 RECORDED = ROOT / "book" / "data" / "convergence_study.json"
 

@@ -128,14 +128,14 @@ def test_bad_input_names_the_problem():
         timemodel.step_seconds(one((8, 8)), 2, 1, None, "bucket", profile(efficiency=0))
 
 
-def test_profiles_come_from_plan_at_scale_and_the_recorded_calibration():
-    import plan_at_scale
+def test_profiles_come_from_the_scale_model_and_the_recorded_calibration():
+    from muongrid.lab import scale
 
     hw = timemodel.h100()
     timemodel.check_profile(hw)
     assert (hw["flops"], hw["efficiency"], hw["ranks_per_node"]) == (
-        plan_at_scale.H100["flops"], plan_at_scale.H100["efficiency"], plan_at_scale.H100["gpus_per_node"])
-    assert hw["intra"] == plan_at_scale.H100["nvlink"] and hw["inter"] == plan_at_scale.H100["infiniband"]
+        scale.H100["flops"], scale.H100["efficiency"], scale.H100["gpus_per_node"])
+    assert hw["intra"] == scale.H100["nvlink"] and hw["inter"] == scale.H100["infiniband"]
     cpu = timemodel.this_machine(ROOT / timemodel.CPU_RECORD)
     timemodel.check_profile(cpu)
     record = json.loads((ROOT / timemodel.CPU_RECORD).read_text())

@@ -23,6 +23,7 @@ from plotly.subplots import make_subplots
 from . import costmodel, timemodel
 from .choice import STATE_BYTES
 from .explorers import BASE_LAYOUT
+from .model_shapes import llama3_8b
 from .synthetic import REPORT_SHAPES, REPORT_TP_DIMS, stack_shapes
 
 ADAMW_STATE_BYTES = 4 + 4 + 4  # fp32 master, first and second moments per element of a shard
@@ -36,9 +37,9 @@ PROFILE_COLORS = ("#54585a", "#bab0ac")
 def shape_sets() -> dict[str, list[dict]]:
     """The three sets of Muon matrices (``costmodel`` groups): a balanced 4-layer stack (d_model 512), the
     community report's five shapes (one 4096 x 4096 holds most of the work) and one layer of Llama-3-8B
-    (``scripts/plan_at_scale.py``'s ``llama3_8b``, its 7 matrices)."""
+    (``model_shapes.llama3_8b``, its 7 matrices)."""
     stack, dims = stack_shapes(layers=4)
-    specs, _ = timemodel.plan_at_scale().llama3_8b(layers=1)
+    specs, _ = llama3_8b(layers=1)
     return {"balanced stack": [dict(shapes=stack, tp_split_dims=dims, use_muon=True)],
             "report shapes": [dict(shapes=REPORT_SHAPES, tp_split_dims=REPORT_TP_DIMS, use_muon=True)],
             "Llama-3-8B layer": [dict(shapes=[s.full_shape for s in specs[0]],

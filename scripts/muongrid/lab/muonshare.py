@@ -34,7 +34,7 @@ TOKENS = tuple(2**k for k in range(17, 24))   # 128 Ki to 8 Mi tokens a step
 @dataclass(frozen=True)
 class Row:
     label: str
-    model: str          # a key of plan_at_scale.MODELS
+    model: str          # a key of model_shapes.MODELS
     dp: int
     tp: int = 1
     ep: int = 1         # expert-parallel slices: Grid.expert(ep)

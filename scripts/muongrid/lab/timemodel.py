@@ -45,8 +45,6 @@ element-wise passes) for real configurations.
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -74,16 +72,6 @@ def _root() -> Path:
     from .notebook import ROOT  # the checkout the book runs from (a notebook runs in notebooks/)
 
     return ROOT
-
-
-@functools.lru_cache(maxsize=1)
-def plan_at_scale():
-    """``scripts/plan_at_scale.py`` of the checkout, as a module (its ``H100`` figures and model shapes);
-    loaded once (the script puts ``scripts/`` on ``sys.path`` as it loads, as it does when run)."""
-    spec = importlib.util.spec_from_file_location("plan_at_scale", _root() / "scripts" / "plan_at_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def h100() -> dict:

@@ -2,7 +2,7 @@
 
 The optimizer's time alone (``timemodel``) answers "which layout"; a reader deciding whether to use Muon asks
 what it costs in the *training step*. Per configuration (a model's parameter shapes from
-``scripts/plan_at_scale.py``, a DP x TP grid of H100s, the tokens of one step), on the one hardware table
+``model_shapes``, a DP x TP grid of H100s, the tokens of one step), on the one hardware table
 (``muongrid.hardware.H100_TABLE``; ``h100()`` is its profile):
 
 * **forward + backward**: 6 x N x tokens FLOPs spread over every GPU, at the rate the GPU record measured for a
@@ -16,7 +16,7 @@ what it costs in the *training step*. Per configuration (a model's parameter sha
   shard at the measured element-wise bandwidth ("elementwise"), ``ELEMENT_BYTES`` per element. Kimi K2 (70,000
   matrices, 256 ranks) runs as it is trained, with expert parallelism (``Grid.expert(ep)``: each rank holds
   1/ep of every layer's experts, whose optimizer stays among the ranks holding the same slice), priced by
-  ``scripts/plan_ep.py`` (its dense and expert plans; ``plan_at_scale``'s all-to-all model, cruder than
+  ``scale.ep_report`` (its dense and expert plans; ``scale``'s all-to-all model, cruder than
   ``timemodel``'s: bytes over the DP link, one latency per exchange issued, but fast at that size).
 
 Two shares are reported, as the sources report theirs: the **optimizer's share of the step**
@@ -34,15 +34,13 @@ the reduce-scatter buffer (the same for both).
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 import math
-import sys
 from dataclasses import dataclass
 
 from .. import hardware
 from ..plan import DEFAULT_BUCKET_NUMEL
-from . import timemodel
+from . import scale, timemodel
+from .model_shapes import MODELS
 
 # Bytes each element costs per step outside Newton-Schulz, read and written: fused AdamW reads the parameter,
 # gradient and two moments and writes all but the gradient (7 x 4); Muon's step, as DistributedMuon runs it,
@@ -58,7 +56,7 @@ DENSE_LAYOUTS = ("bucket", "owner", "aligned")
 @dataclass(frozen=True)
 class Config:
     label: str
-    model: str          # a key of plan_at_scale.MODELS
+    model: str          # a key of model_shapes.MODELS
     dp: int
     tp: int
     tokens: int         # tokens of one optimizer step, all GPUs together
@@ -74,20 +72,9 @@ CONFIGS = (
 )
 
 
-@functools.lru_cache(maxsize=1)
-def plan_ep():
-    """``scripts/plan_ep.py`` of the checkout as a module (it imports ``plan_at_scale``: the one loaded here)."""
-    sys.modules.setdefault("plan_at_scale", timemodel.plan_at_scale())
-    spec = importlib.util.spec_from_file_location("plan_ep", timemodel.plan_at_scale().__file__.replace(
-        "plan_at_scale.py", "plan_ep.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def model_specs(model: str):
-    """(ParamSpec groups, muon flags) of ``model`` (``plan_at_scale.MODELS``), all its layers."""
-    build, layers = timemodel.plan_at_scale().MODELS[model]
+    """(ParamSpec groups, muon flags) of ``model`` (``model_shapes.MODELS``), all its layers."""
+    build, layers = MODELS[model]
     return build(layers)
 
 
@@ -131,9 +118,9 @@ def optimizer_seconds(c: Config) -> dict:
     groups, muon_elems, adamw_elems = cost_groups(c.model)
     world, hw = c.dp * c.tp, timemodel.h100()
     out = {}
-    if c.ep > 1:                        # a MoE with expert parallelism: plan_ep's plans, owner layout
+    if c.ep > 1:                        # a MoE with expert parallelism: scale.ep_report's plans, owner layout
         zero1 = expert_parallel_zero1_seconds(c)
-        r = plan_ep().ep_report(c.model, c.dp, c.tp, c.ep)
+        r = scale.ep_report(c.model, c.dp, c.tp, c.ep)
         out["adamw"] = dict(zero1=zero1, muon_only=0.0)
         out["owner"] = dict(zero1=zero1, muon_only=r["step_ms"] / 1e3 - zero1)
     else:
@@ -152,12 +139,11 @@ def expert_parallel_zero1_seconds(c: Config) -> float:
     the dense plan's on the job's grid and the expert slice's on its expert grid (dp / ep x tp)."""
     from ..plan import build_plan
 
-    pas, pep = timemodel.plan_at_scale(), plan_ep()
     specs, muon = model_specs(c.model)
-    dense, experts = pep.split_experts(specs, muon, c.ep)
-    prof = pas.profile(pas.H100)
-    return (pas.zero1_seconds(build_plan(dense, c.dp, 0, c.tp, DEFAULT_BUCKET_NUMEL, "owner", muon), prof)
-            + pas.zero1_seconds(build_plan(experts, c.dp // c.ep, 0, c.tp, DEFAULT_BUCKET_NUMEL, "owner", [True]),
+    dense, experts = scale.split_experts(specs, muon, c.ep)
+    prof = scale.profile(scale.H100)
+    return (scale.zero1_seconds(build_plan(dense, c.dp, 0, c.tp, DEFAULT_BUCKET_NUMEL, "owner", muon), prof)
+            + scale.zero1_seconds(build_plan(experts, c.dp // c.ep, 0, c.tp, DEFAULT_BUCKET_NUMEL, "owner", [True]),
                                 prof))
 
 
