@@ -205,3 +205,16 @@ def test_run_takes_the_command_as_typed():
     assert command_line("verify.py", "--dp", 2) == ("verify.py", ["--dp", "2"])
     with pytest.raises(ValueError, match="needs a script"):
         command_line("  ")
+
+
+def test_prose_words_counts_prose_not_code_math_or_printed_output():
+    """scripts/prose_words.py, the book's reading-time count (issue 44): a page's prose counts, a code block, inline
+    code, math and a cell's printed output do not."""
+    from prose_words import page_words
+
+    html = ("<article><p>Muon keeps one moment <code>momentum_buffer</code> and \\(x^2\\) math.</p>"
+            "<div class='cell_input'><pre>print('not prose')</pre></div>"
+            "<div class='output stream'><pre>printed words here</pre></div>"
+            "<figure><figcaption><span class='caption-number'>Fig. 3 </span>A caption counts.</figcaption></figure>"
+            "</article><nav>sidebar words</nav>")
+    assert page_words(html) == len("Muon keeps one moment and math".split()) + len("A caption counts".split())
