@@ -19,6 +19,9 @@ Two parts, side by side in one run:
   gradient buffers (by the hook during backward and by the step) over the rank's gradient bytes, with the loop
   zeroing by ``zero_grad()`` (``set_to_none=True``) and by ``zero_grad(set_to_none=False)``, and the bytes the
   hooks and the step move.
+* **What stays between steps** (``stepcost.persistent_bytes``): on 2x1 and 2x2 grids, rank 0's gradient buffers,
+  reduce-scattered gradient shards, the bucket flow's gather slots and the optimizer state, per byte of its
+  fp32 parameters, for the owner and bucket layouts.
 * **Time** (``--time``): one step of each, median and fastest of ``--steps`` after ``--warmup``: host time (until
   ``step()`` returned) and, on a GPU, device time (CUDA events) apart, and the peak memory
   (``muongrid.lab.gpurecord.time_step``); host syncs counted by ``torch.cuda.set_sync_debug_mode`` on a GPU; the GPU's
@@ -44,7 +47,7 @@ import torch
 from muongrid import DistributedMuon, Grid, hybrid_param_groups
 from muongrid.lab.gpurecord import time_step
 from muongrid.lab.provenance import device_provenance, provenance
-from muongrid.lab.stepcost import GiB, measure, measure_grid, measure_landing, param_bytes
+from muongrid.lab.stepcost import GiB, measure, measure_grid, measure_landing, param_bytes, persistent_bytes
 from muongrid.lab.stepmodels import MODELS, is_muon, named_params, torch_hybrid
 from muongrid.newton_schulz import native_bf16_matmul, ns5_flops
 
@@ -194,6 +197,14 @@ def main(argv=None) -> int:
             mode = "set_to_none=True" if r["set_to_none"] else "set_to_none=False"
             print(f"{model:<18}{r['dp']:>4} x {r['tp']}{mode:>22}{r['grad_copied_over_grad_bytes']:>13.2f}"
                   f"{r['hook_gib']:>10.2f}{r['step_gib']:>10.2f}{r['syncs']:>7}")
+    print("\nwhat stays between steps, per byte of the rank's fp32 parameters (rank 0)")
+    kinds = ("gradient_buffers", "gradient_shards", "gather_slots", "optimizer_state")
+    print(f"{'model':<18}{'dp x tp':>8}{'layout':>8}" + "".join(f"{k.replace('_', ' '):>18}" for k in kinds))
+    for model in models:
+        record["models"][model]["persistent"] = rows = []
+        for (dp, tp), layout in ((g, x) for g in GRIDS if g[0] > 1 for x in ("owner", "bucket")):
+            rows.append(dict(dp=dp, tp=tp, layout=layout, **persistent_bytes(model, dp, tp, layout, args.layers)))
+            print(f"{model:<18}{dp:>4} x {tp}{layout:>8}" + "".join(f"{rows[-1][k]:>18.3f}" for k in kinds))
     if args.time:
         rate = matmul_rate(device, 8192 if device.type == "cuda" else 1024)
         path = "native" if native_bf16_matmul(device) else "emulated (fp32 on bf16 values)"

@@ -14,7 +14,8 @@ only (zeros there). A loop that zeroes in place gives every parameter a gradient
 the ``zero`` run skips nothing and has a ``hand`` twin of its own (``hand0``). After each backward, every
 hooked gradient must be a view of the optimizer's gradient buffer. The same again with the matrices as DTensors
 on the "tp" mesh (backward through ``to_local()``), packed and unpacked (the default) and bound to the buffers by
-their local shards (``param_buffers="all"``), whose parameters must equal the plain tensors' bit for bit. Prints one JSON line (rank 0) with every rank's findings.
+their local shards (``param_buffers="all"``), whose parameters must equal the plain tensors' bit for bit. And
+an optimizer's hooks go with it (``hooks_removed``). Prints one JSON line (rank 0) with every rank's findings.
 
     python tests/grad_landing_run.py --dp 2 --tp 2 [--layouts bucket,owner,aligned,group]
 """
@@ -111,9 +112,21 @@ def case(grid, comm, layout, dtensor=False, bind=True) -> dict:
     return out
 
 
+def hooks_go_with_the_optimizer(grid, comm) -> bool:
+    """One hook per parameter while the optimizer lives, none once it is collected."""
+    import gc
+
+    p = torch.nn.Parameter(torch.randn(8, 12))
+    opt = DistributedMuon([p], grid, comm=comm)
+    had = len(p._post_accumulate_grad_hooks or {})
+    del opt
+    gc.collect()
+    return had == (1 if grid.dp > 1 else 0) and not p._post_accumulate_grad_hooks
+
+
 def worker(grid, comm, args):
     torch.set_num_threads(1)
-    found = {}
+    found = {"hooks_removed": hooks_go_with_the_optimizer(grid, comm)}
     for layout in args.layouts.split(","):
         found[layout] = case(grid, comm, layout)
         if grid.tp > 1:
@@ -121,7 +134,8 @@ def worker(grid, comm, args):
                 found[f"{layout}-{label}"] = r = case(grid, comm, layout, dtensor=True, bind=bind)
                 r["equal_plain"] = all(torch.equal(a, b) for a, b in zip(r["params"], found[layout]["params"]))
     for r in found.values():
-        del r["params"]
+        if isinstance(r, dict):
+            del r["params"]
     everyone = comm.gather_objects(found, "report")
     if grid.rank == 0:
         print(json.dumps(dict(dp=grid.dp, tp=grid.tp, ranks=everyone)), flush=True)

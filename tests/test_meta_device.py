@@ -247,10 +247,10 @@ def test_bucket_prefetch_keeps_at_most_two_gathered_buckets_alive(monkeypatch):
         ps = params()
         opt = DistributedMuon(ps, Grid.single(), layout="bucket", bucket_numel=1000, overlap=overlap, lr=0.02)
         alive, most, started = [0], [0], [0]
-        start = opt.comm.all_gather_async
+        start = opt.comm.all_gather_into_async   # the DP gather, in place in a slot of the flow's pool
 
-        def counting(shard, group, phase, wait_now=False, start=start):
-            out = start(shard, group, phase, wait_now=wait_now)
+        def counting(full, rank, group, phase, wait_now=False, start=start):
+            out = start(full, rank, group, phase, wait_now=wait_now)
             if phase != "ns_gather_dp":
                 return out
             alive[0] += 1
@@ -262,7 +262,7 @@ def test_bucket_prefetch_keeps_at_most_two_gathered_buckets_alive(monkeypatch):
                 return Pending.wait(out)
             return type("Counted", (), {"wait": staticmethod(finish)})()
 
-        monkeypatch.setattr(opt.comm, "all_gather_async", counting)
+        monkeypatch.setattr(opt.comm, "all_gather_into_async", counting)
         for step in range(2):
             for i, p in enumerate(ps):
                 p.grad = torch.full_like(p, 0.25 * (i + step + 1)).add_(torch.arange(p.numel()).view_as(p) % 7)

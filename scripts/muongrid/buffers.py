@@ -59,6 +59,7 @@ class Slot:
     params: torch.Tensor | None = None        # the bound parameters' flat buffer (padded_numel), or None
     ptrs: list = field(default_factory=list)  # each bound parameter's data_ptr, to notice p.data = new
     grads: torch.Tensor | None = None         # the flat gradient buffer (several DP ranks), made with the slot
+    grad_shard: torch.Tensor | None = None    # this rank's reduce-scattered gradient shard (several DP ranks)
 
     @property
     def master_is_param(self) -> bool:
@@ -205,6 +206,7 @@ class Buffers:
             for bucket in self.plan.buckets[g]:
                 slot = self.slots[g][bucket.bucket_idx]
                 slot.grads = torch.zeros(bucket.padded_numel, dtype=dtype, device=self.grid.device)
+                slot.grad_shard = torch.zeros(bucket.shard_numel, dtype=dtype, device=self.grid.device)
                 for i in bucket.param_indices:
                     p = params[i]
                     if p.dtype != dtype or not p.requires_grad:
@@ -225,7 +227,7 @@ class Buffers:
                     for i in bucket.param_indices]
         shard = self.reduce_scatter(g, bucket)
         if keep is not None:
-            shard = torch.where(keep, shard, toward)
+            torch.where(keep, shard, toward, out=shard)
         return [local_shard(shard, self.plan, metas[i]) if present[i] else None for i in bucket.param_indices]
 
     def reduce_scatter(self, g: int, bucket) -> torch.Tensor:
@@ -254,7 +256,7 @@ class Buffers:
             torch._foreach_copy_(dsts, srcs)
         if zeros:
             torch._foreach_zero_(zeros)
-        shard = torch.empty(bucket.shard_numel, dtype=dtype, device=self.grid.device)
+        shard = slot.grad_shard
         self.opt.comm.reduce_scatter_into(shard, flat, "dp", Phase.GRAD_REDUCE_SCATTER)
         return shard.div_(self.grid.dp)
 

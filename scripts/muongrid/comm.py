@@ -314,17 +314,20 @@ class Comm:
         """Gather equal flat shards from every rank of ``group``: returns ``size * shard.numel()`` elements."""
         return self.all_gather_async(shard, group, phase, wait_now=True).wait()
 
-    def all_gather_async(self, shard: torch.Tensor, group: str, phase: str, wait_now: bool = False) -> Pending:
+    def all_gather_async(self, shard: torch.Tensor, group: str, phase: str, wait_now: bool = False,
+                         out: torch.Tensor | None = None) -> Pending:
         """Start an all-gather and return at once; ``.wait()`` on the result blocks until it is done.
 
-        With ``wait_now`` the collective completes before this returns (the normal path).
+        With ``wait_now`` the collective completes before this returns (the normal path). ``out``: a flat
+        tensor of ``size * shard.numel()`` elements to gather into (a buffer kept between steps), else a new one.
         """
         pg, size = self._group(group)
         shard = shard.contiguous().view(-1)
         rec = self._record("all_gather", group, size, shard.numel(), shard.dtype, phase)
         if size == 1:
             return Pending(shard)
-        out = torch.empty(size * shard.numel(), dtype=shard.dtype, device=shard.device)
+        if out is None:
+            out = torch.empty(size * shard.numel(), dtype=shard.dtype, device=shard.device)
         work = self._collective(rec, lambda a: _all_gather_flat(out, shard, group=pg, async_op=a), wait=wait_now)
         return Pending(out, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
 
@@ -375,13 +378,19 @@ class Comm:
         """All-gather in place: every rank's shard already sits in ``full`` (flat) at its own offset, and
         after the call every rank's ``full`` holds every shard (NCCL and gloo both take an input that is a
         slice of the output; nothing is copied in or out)."""
+        return self.all_gather_into_async(full, rank_in_group, group, phase, wait_now=True).wait()
+
+    def all_gather_into_async(self, full: torch.Tensor, rank_in_group: int, group: str, phase: str,
+                              wait_now: bool = False) -> Pending:
+        """``all_gather_into``, started: ``.wait()`` on the result blocks until it is done and returns ``full``."""
         pg, size = self._group(group)
         n = full.numel() // size
         shard = full[rank_in_group * n: (rank_in_group + 1) * n]
         rec = self._record("all_gather", group, size, n, full.dtype, phase)
-        if size > 1:
-            self._collective(rec, lambda a: _all_gather_flat(full, shard, group=pg, async_op=a))
-        return full
+        if size == 1:
+            return Pending(full)
+        work = self._collective(rec, lambda a: _all_gather_flat(full, shard, group=pg, async_op=a), wait=wait_now)
+        return Pending(full, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
 
     def all_reduce(self, tensor: torch.Tensor, group: str, phase: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
         """All-reduce in place (checks, and the group layout's Gram matrices over a subgroup)."""

@@ -66,10 +66,13 @@ class Flow:
     def trace(self, stage: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
         return self.opt._trace(stage, name, tensor)
 
-    def flat_shard(self, bucket: Bucket, pieces: list, dtype=torch.bfloat16) -> torch.Tensor:
+    def flat_shard(self, bucket: Bucket, pieces: list, dtype=torch.bfloat16, out: torch.Tensor | None = None):
         """The pieces laid out as this rank's flat shard of the bucket (zeros where a matrix is skipped and
-        in the padding), in ``dtype``: one copy, the cast included."""
-        flat = torch.zeros(bucket.shard_numel, dtype=dtype, device=self.grid.device)
+        in the padding), in ``dtype``: one copy, the cast included; into ``out`` (kept between steps) if given."""
+        if out is None:
+            flat = torch.zeros(bucket.shard_numel, dtype=dtype, device=self.grid.device)
+        else:
+            flat = out.zero_()
         metas = self.plan.metas[bucket.buffer_idx]
         pairs = [(local_shard(flat, self.plan, metas[i]), piece) for i, piece in zip(bucket.param_indices, pieces)
                  if piece is not None and piece.numel()]
@@ -79,40 +82,67 @@ class Flow:
 
 
 class BucketFlow(Flow):
-    """Every rank gathers whole buckets over DP and every matrix over TP, and orthogonalises it."""
+    """Every rank gathers whole buckets over DP and every matrix over TP, and orthogonalises it.
+
+    The gathers write into buffers made once, from the plan, when the optimizer is built: ``POOL`` bf16 slots of
+    the biggest Muon bucket for the DP gather (this rank lays its pieces out in its own shard of the slot and
+    the all-gather fills in the others, in place) and as many of ``tp`` times that for the TP gathers. A step
+    takes them in turn; ``POOL`` is how many gathered buckets can be in use at once: two with prefetch, plus
+    the one before them whose results the optimizer may not have applied yet."""
+
+    POOL = 3
+
+    def __init__(self, opt):
+        super().__init__(opt)
+        sizes = [b.padded_numel for g, buckets in enumerate(self.plan.buckets) if opt.muon_groups[g] for b in buckets]
+        n, slots, device = max(sizes, default=0), min(self.POOL, len(sizes)), self.grid.device
+        self.gathered = [torch.zeros(n, dtype=torch.bfloat16, device=device) for _ in range(slots)]
+        tp_split = any(m.tp_split_dim != -1 for g, metas in enumerate(self.plan.metas) if opt.muon_groups[g]
+                       for m in metas)
+        self.tp_gathered = [torch.empty(self.grid.tp * n if self.grid.tp > 1 and tp_split else 0,
+                                        dtype=torch.bfloat16, device=device) for _ in range(slots)]
+        self._turn = 0
 
     def run(self, group: dict, updates: Updates) -> Pieces:
         """With prefetch, the next bucket's DP gather travels while this one is
         orthogonalised: one bucket ahead, so at most two gathered buckets are alive
         at once (not the whole TP-local model)."""
         prefetch = self.opt.overlap == "prefetch"
-        in_flight = []
+        in_flight, n, r = [], None, self.grid.dp_rank
         for bucket, pieces in updates:
-            # stage 3: DP gather (bf16, the whole bucket)
-            gather = self.comm.all_gather_async(self.flat_shard(bucket, pieces), "dp",
-                                                Phase.NS_GATHER_DP, wait_now=not prefetch)
-            in_flight.append((bucket, gather))
+            # stage 3: DP gather (bf16, the whole bucket), in place, in the pool's next slot
+            slot, n = self._turn % len(self.gathered), bucket.shard_numel
+            self._turn += 1
+            full = self.gathered[slot][:bucket.padded_numel]
+            self.flat_shard(bucket, pieces, out=full[r * n: (r + 1) * n])
+            gather = self.comm.all_gather_into_async(full, r, "dp", Phase.NS_GATHER_DP,
+                                                     wait_now=not prefetch)
+            in_flight.append((bucket, gather, self.tp_gathered[slot]))
             if len(in_flight) > (1 if prefetch else 0):
                 yield from self._orthogonalise_bucket(group, *in_flight.pop(0))
         for item in in_flight:
             yield from self._orthogonalise_bucket(group, *item)
 
-    def _orthogonalise_bucket(self, group: dict, bucket: Bucket, gather: Pending) -> Pieces:
+    def _orthogonalise_bucket(self, group: dict, bucket: Bucket, gather: Pending,
+                              tp_out: torch.Tensor) -> Pieces:
         """TP gather, Newton-Schulz, TP shard and DP shard for every matrix of a
-        gathered bucket. Every TP gather is started first, so with prefetch later
-        matrices travel while earlier ones are computed."""
+        gathered bucket. Every TP gather is started first (into ``tp_out``, one
+        region per matrix), so with prefetch later matrices travel while earlier
+        ones are computed."""
         trace, tp = self.trace, self.grid.tp
         name = f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}"
         bucket_update = trace("dp_gathered", name, gather.wait())
         metas = self.plan.metas[bucket.buffer_idx]
-        matrices = []
+        matrices, at = [], 0
         for i in bucket.param_indices:
             meta = metas[i]
             matrix = self.unpack_ns_input(bucket_update, bucket, meta)
             matrix = trace("ns_input", meta.name, matrix)
             if meta.tp_split_dim != -1 and tp > 1:               # stage 4: TP gather
-                matrix = self.comm.all_gather_async(matrix, "tp", Phase.NS_GATHER_TP,
-                                                    wait_now=self.opt.overlap != "prefetch")
+                out, at = tp_out[at: at + tp * matrix.numel()], at + tp * matrix.numel()
+                matrix = self.comm.all_gather_async(
+                    matrix, "tp", Phase.NS_GATHER_TP, out=out,
+                    wait_now=self.opt.overlap != "prefetch")
             matrices.append((meta, matrix))
         for meta, matrix in matrices:
             if isinstance(matrix, Pending):

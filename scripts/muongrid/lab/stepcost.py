@@ -292,6 +292,39 @@ def measure_landing(model: str, dp: int, tp: int = 1, set_to_none: bool = True, 
     return out
 
 
+def persistent_bytes(model: str, dp: int, tp: int = 1, layout: str = "bucket", layers: int | None = None) -> dict:
+    """What rank 0 keeps between steps beside its parameters, in bytes per byte of its (TP-local, fp32)
+    parameters, by kind: the gradient buffers, the reduce-scattered gradient shards, the bucket flow's gather
+    slots (``flows.BucketFlow``) and the optimizer state (momentum; AdamW's moments). Counted on ``meta``."""
+    from ..distributed import DistributedMuon
+    from .devicecheck import simulate
+    from .stepmodels import hybrid_tp_groups, named_params
+
+    out = {}
+
+    def nbytes(tensors) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def worker(grid, comm, _):
+        if grid.rank:
+            return
+        named = named_params(model, grid.device, layers, tp=grid.tp)
+        opt = DistributedMuon(hybrid_tp_groups(model, named, grid.tp), grid, comm=comm, layout=layout,
+                              ns_batch=layout != "bucket")
+        slots = [s for row in opt.buffers.slots for s in row]
+        state = [t for row in opt.shards for shard in row for k, t in shard.items() if k != "master"]
+        flow = opt.flow
+        kinds = dict(gradient_buffers=nbytes(s.grads for s in slots),
+                     gradient_shards=nbytes(s.grad_shard for s in slots),
+                     gather_slots=nbytes(getattr(flow, "gathered", []) + getattr(flow, "tp_gathered", [])),
+                     optimizer_state=nbytes(state), separate_masters=opt.buffers.allocated_master_bytes())
+        params = sum(p.numel() * 4 for _, p in named)
+        out.update({k: v / params for k, v in kinds.items()})
+
+    simulate(worker, dp, tp, None)
+    return out
+
+
 def param_bytes(model: str, layers: int | None = None) -> int:
     """Bytes of the model's parameters in fp32 (what one rank holds under ZeRO-1)."""
     from .stepmodels import named_params

@@ -1,0 +1,85 @@
+"""No buffer of the store is allocated again in a steady-state step (issue 42), counted on the meta device.
+
+The gradient buffers, this rank's reduce-scattered gradient shards and the bucket flow's gather buffers (the DP
+gather in place in a pool of bf16 slots, the TP gathers into slots beside them) are made once, from the plan, when
+the optimizer is built (``buffers.py``, ``flows.BucketFlow``). A ``TorchDispatchMode`` records every tensor an
+op returns in new storage during ``step()``, outside Newton-Schulz (whose temporaries are its own), on 2x1 and
+2x2 grids over the fake process group (``devicecheck.simulate``): none may have a store buffer's size (a bucket's
+shard or padded size) in the first step or the second, nothing may be allocated by the collectives' wrappers
+(``comm.py``), and two steps must gather into the same storages. Before, each step allocated five store-sized
+tensors per rank here (the reduce-scatter shard and its NaN-step select, the bf16 send shard, the gathered
+bucket, the AdamW bucket's shard). What remains per step is per matrix: the TP gather's join and slice
+(``sharding.tp_unshard``/``tp_shard``) and the momentum's Nesterov look-ahead.
+
+    python -m pytest -q tests/test_store_buffers.py
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from muongrid import DistributedMuon
+from muongrid.lab.devicecheck import simulate
+from muongrid.lab.stepcost import _caller, _is_view
+from muongrid.sharding import tp_shard
+
+SHAPES, TP_DIMS = [(36, 57), (45, 28), (33, 17), (20, 44), (8, 12)], [0, 1, -1, 1, 0]   # conftest's odd shapes
+
+
+class NewStorage(TorchDispatchMode):
+    """Every tensor an op returns in a storage none of its arguments had: (op, numel, where, in Newton-Schulz)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not _is_view(func):
+            known = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+            where, in_ns = _caller()
+            self.made += [(func.overloadpacket.__name__, t.numel(), where, in_ns) for t in tree_leaves(out)
+                          if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in known]
+        return out
+
+
+def two_steps(dp: int, tp: int) -> dict:
+    """rank -> (per step: the store-sized and the comm.py allocations, the gather slots' storages)."""
+    found = {}
+
+    def worker(grid, comm, _):
+        mats = [torch.nn.Parameter(tp_shard(torch.empty(s, device=grid.device), d, grid.tp, grid.tp_rank).clone())
+                for s, d in zip(SHAPES, TP_DIMS)]
+        gains = [torch.nn.Parameter(torch.empty(n, device=grid.device)) for n in (57, 31)]
+        opt = DistributedMuon([dict(params=mats, tp_split_dims=TP_DIMS, lr=0.02),
+                               dict(params=gains, use_muon=False, tp_split_dims=[-1, -1], lr=1e-3)],
+                              grid, comm=comm, layout="bucket")
+        sizes = {n for buckets in opt.plan.buckets for b in buckets for n in (b.shard_numel, b.padded_numel)}
+        steps = []
+        for _ in range(2):
+            for p in mats + gains:
+                p.grad = torch.empty_like(p)
+            with NewStorage() as mode:
+                opt.step()
+            made = [m for m in mode.made if not m[3]]
+            slots = [t.untyped_storage()._cdata for t in opt.flow.gathered + opt.flow.tp_gathered]
+            steps.append(([m for m in made if m[1] in sizes], [m for m in made if m[2].startswith("muongrid/comm.py")],
+                          slots))
+        found[grid.rank] = steps
+
+    simulate(worker, dp, tp, None)
+    return found
+
+
+@pytest.mark.parametrize("dp, tp", [(2, 1), (2, 2)])
+def test_a_steady_state_step_allocates_no_store_buffer(dp, tp):
+    found = two_steps(dp, tp)
+    assert len(found) == dp * tp
+    for rank, steps in found.items():
+        for n, (store_sized, by_comm, _) in enumerate(steps, 1):
+            assert store_sized == [], (rank, n, store_sized)
+            assert by_comm == [], (rank, n, by_comm)
+        assert steps[0][2] == steps[1][2] and len(steps[0][2]) >= 2, (rank, steps[0][2], steps[1][2])
