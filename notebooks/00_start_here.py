@@ -20,7 +20,7 @@
 # ```{admonition} What this chapter runs
 # One 4-process run of [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) (a 2 x 2 grid over gloo). About 20 seconds on a
 # 2-core laptop.
-# Reading: about 10 minutes, plus running it. Read first: nothing but PyTorch.
+# Reading: about 5 minutes, plus running it. Read first: nothing but PyTorch.
 # ```
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}
@@ -63,11 +63,11 @@ elif (importlib.util.find_spec("muongrid") is None
 # {cite:p}`liu2025muonscalable` (ZeRO-1 data parallel x tensor parallel) and checks every claim it
 # makes with code that you can run.
 #
-# Moonshot released its distributed Muon code with the paper {cite:p}`moonshot2025moonlight`. A
-# community tutorial {cite:p}`wei2025muondistributed` made that code run on a CPU, named its pieces
-# and found two bugs in it; like the tutorial, this book calls Moonshot's code **the proof of
-# concept**. Its design (a flat ZeRO-1 buffer, whole buckets gathered for Newton-Schulz) is what
-# chapters 3-7 build and measure; from chapter 8 on, the book goes beyond it.
+# Moonshot released its distributed Muon code with the paper {cite:p}`moonshot2025moonlight`; a
+# community tutorial {cite:p}`wei2025muondistributed` ran it on a CPU and found two bugs in it.
+# This book calls that code **the proof of concept**. Its design (a flat ZeRO-1 buffer, whole
+# buckets gathered for Newton-Schulz) is what chapters 3-7 build and measure; chapter 8 goes
+# beyond it.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -78,30 +78,21 @@ elif (importlib.util.find_spec("muongrid") is None
 #
 # ## How this book is built
 #
-# Each chapter is a notebook. The notebooks *explain* and *launch*; the algorithm lives in one
-# place, the small package `muongrid` in [`scripts/`](https://github.com/muongrid-book/distributed-muon/tree/main/scripts), and the command-line scripts beside it. A
-# chapter that needs several processes runs a script such as [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) as a subprocess:
-# processes spawned from inside a notebook kernel cannot import functions defined in its cells, so
-# distributed code must live in files. The helper `muongrid.lab.notebook.run` streams the script's output
+# Each chapter is a notebook that *explains* and *launches*; the algorithm lives in the small
+# package `muongrid` in [`scripts/`](https://github.com/muongrid-book/distributed-muon/tree/main/scripts) and the command-line scripts beside it. A
+# chapter that needs several processes runs a script such as [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) as a subprocess
+# (processes spawned from a notebook kernel cannot import functions defined in its cells). The helper `muongrid.lab.notebook.run` streams the script's output
 # into the cell and **raises if the script fails**, so a broken script can never leave a green
-# page behind. On Linux it forks the script's process from a Python that has already imported
-# torch (`muongrid.lab.warmstart`), which saves the seconds each new interpreter would spend on
-# that import; the script still runs in a process of its own, as `python scripts/...` would.
-# `MUONGRID_WARM_START=0` starts a new interpreter for every run instead.
+# page behind.
 #
-# When the book is built, every chapter is executed from top to bottom. Every number, table and
-# figure you see was produced by that execution, on the machine that built the book. Where a
-# figure comes from elsewhere (a paper, a report), the text cites it.
-#
-# The set-up cell under each chapter's title (folded in the book) prepares the environment: in
-# Colab it clones the book's repository and installs whatever Colab lacks (never torch); elsewhere
-# it checks that the `muongrid` package is installed.
+# The book is built by executing every chapter from top to bottom: every number, table and
+# figure you see came from that run, on the machine that built the book. A figure from
+# elsewhere (a paper, a report) is cited.
 
 # %% [markdown]
 # ## The machine this page was built on
 #
-# Distributed code is sensitive to its machine, so every chapter that measures something says
-# where it ran. This is where the pages you are reading were executed:
+# Every chapter that measures something says where it ran. These pages ran here:
 
 # %%
 import os
@@ -134,7 +125,7 @@ print(
 # Each rank gets different gradients (as if it saw a different slice of the batch). Rank 0 also
 # runs ordinary single-process Muon on the whole matrices with the *averaged* gradients, and after
 # every step each rank compares its own piece of every matrix with the reference. The five matrix
-# shapes are those of Moonshot's proof of concept.
+# shapes are the proof of concept's.
 
 # %%
 from muongrid.lab.notebook import last_json, run
@@ -142,7 +133,7 @@ from muongrid.lab.notebook import last_json, run
 result = last_json(run("verify.py --dp 2 --tp 2 --steps 3"))
 
 # %% [markdown]
-# The script's last line is a JSON record, which the cell above parsed. Its verdict:
+# The script ends with a JSON record; its verdict:
 
 # %%
 from muongrid.lab.page import keep, listing, say, show
@@ -180,9 +171,8 @@ keep("ch0-buckets", per_bucket.pop())
 keep("ch0-tp-gathers", calls["ns_gather_tp"])
 
 # %% [markdown]
-# A difference of exactly zero is the right standard here: every rank runs the same arithmetic
-# on the same numbers as the single process, just on a different slice of it. Chapter 5 explains
-# why that holds, and shows what happens when it does not.
+# Exactly zero is the right standard: every rank runs the single process's arithmetic on a slice
+# of the same numbers. Chapter 5 explains why, and what happens when it does not hold.
 
 # %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
@@ -190,21 +180,19 @@ The {{ch0-collectives}} collectives are, per bucket of parameters, one gradient
 reduce-scatter, one gather of the momentum for Newton-Schulz and one parameter all-gather
 (`verify.py` puts the matrices into two parameter groups, so there are
 {{ch0-buckets}} buckets), plus {{ch0-tp-gathers}} gathers over TP, one per
-matrix split over TP. Chapter 5 traces a step with one group, hence one bucket and fewer
-collectives; it goes through each of these stages.
+matrix split over TP. Chapter 5 goes through each stage.
 """)
 
 # %% [markdown]
 # ## Three ways to run this book
 #
-# **Read it.** The built pages show every output. Each chapter has a launch button (the rocket
-# icon) that opens it in Colab, and a link to its source.
+# **Read it.** The built pages show every output. Each chapter's launch button (the rocket
+# icon) opens it in Colab.
 #
-# **Colab.** Open a chapter with the Colab button and choose *Runtime > Run all*. The first
-# cell clones the repository into `/content` and installs what that chapter needs beyond
-# Colab's own packages (never torch; most chapters need nothing more). Colab gives you two CPU
-# cores, the same as the machine these pages were built on. Every figure, explorer and number
-# appears under the cell that makes it, as on this page.
+# **Colab.** Open a chapter with the Colab button and choose *Runtime > Run all*. The folded
+# set-up cell under the title clones the repository into `/content` and installs what the
+# chapter needs beyond Colab's own packages (never torch). Colab's two CPU cores match the
+# machine these pages were built on.
 
 # %% jupyter={"source_hidden": true} tags=["remove-input"]
 from muongrid.lab.notebook import repository_is_public, repository_url
@@ -222,8 +210,7 @@ a message that says so. Until it is, run the chapters on your machine, as below.
 
 # %% [markdown]
 # **Your machine.** With Python 3.10 or newer, `git` and `make`, one command sets up the
-# environment and opens the chapters in JupyterLab; "Run all" in a chapter shows what this page
-# shows:
+# environment and opens the chapters in JupyterLab:
 
 # %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(f"""```bash
@@ -233,8 +220,8 @@ make lab     # .venv with torch (CPU), muongrid, JupyterLab; opens notebooks/
 ```""")
 
 # %% [markdown]
-# `make test` runs the test suite and `make book` executes every chapter and builds these pages
-# into `_build/html` (both take a while on a laptop; `make help` lists the rest).
+# `make test` runs the tests, `make book` builds these pages into `_build/html`, and `make help`
+# lists the rest.
 #
 # **A GPU cluster.** Every script the chapters launch also runs under `torchrun`, which starts
 # one process per GPU and lets the script use NCCL:
@@ -247,8 +234,8 @@ make lab     # .venv with torch (CPU), muongrid, JupyterLab; opens notebooks/
 #
 # The appendix {doc}`../book/troubleshooting` has the details and a table of error messages.
 #
-# What that looks like on a GPU: the project's one-GPU record, kept with its provenance in
-# `book/data/` (this page reads it; nothing here ran on a GPU):
+# The project's one-GPU record, kept with its provenance in `book/data/` (nothing on this page
+# ran on a GPU):
 
 # %%
 from IPython.display import Markdown
@@ -270,8 +257,7 @@ Markdown(gpurecord.provenance_text(record).replace("\n  ", "  \n") + "\n\n"
 #
 # ## The road ahead
 #
-# Every page of the book, in order, with the question it answers (generated from the book's table
-# of contents, so it lists every chapter there is):
+# Every page of the book, in order, with the question it answers:
 
 # %% jupyter={"source_hidden": true} tags=["remove-input"]
 from muongrid.lab.roadmap import table_markdown
@@ -281,9 +267,8 @@ Markdown(table_markdown())
 # %% [markdown]
 # ## Summary
 #
-# - The algorithm lives in [`scripts/muongrid`](https://github.com/muongrid-book/distributed-muon/tree/main/scripts/muongrid); chapters explain it and launch it through scripts.
-# - `verify.py` compares a distributed run with a single process after every step; on one machine
-#   they agree exactly.
+# - The algorithm lives in [`scripts/muongrid`](https://github.com/muongrid-book/distributed-muon/tree/main/scripts/muongrid); chapters launch it through scripts.
+# - `verify.py` checks a distributed run against one process after every step: they agree exactly.
 # - The same scripts run on a laptop (gloo) and on GPU clusters (`torchrun`, NCCL).
 #
 # ## Exercises
