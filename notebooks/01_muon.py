@@ -20,7 +20,7 @@
 # ```{admonition} What this chapter runs
 # One process only: a gradient of a tiny GPT, Newton-Schulz and SVD timings, and the tiny GPT
 # trained twice for 100 steps (AdamW, then MuonW). About a minute on a 2-core laptop.
-# Reading: about 15 minutes, plus running it. Read first: nothing but PyTorch.
+# Reading: about 10 minutes, plus running it. Read first: nothing but PyTorch.
 # ```
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}
@@ -59,10 +59,7 @@ elif (importlib.util.find_spec("muongrid") is None
 # %% [markdown]
 # Muon {cite:p}`jordan2024muon` is an optimizer for the weight *matrices* of a network. It keeps
 # a momentum matrix like SGD does, but before using it as the update it replaces the momentum
-# by the nearest "orthogonal" matrix: same directions, every direction the same size. This
-# chapter builds that idea up from a real gradient, derives the Newton-Schulz iteration that does
-# the orthogonalisation with matrix products alone, and then trains a small language model with
-# Muon and with AdamW.
+# by the nearest "orthogonal" matrix: same directions, every direction the same size.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -77,8 +74,8 @@ elif (importlib.util.find_spec("muongrid") is None
 #
 # Our running example is a tiny GPT that predicts the next character of Python's own help texts
 # (`pydoc_data.topics`, which ships with every Python). The model and the data are in
-# [`scripts/muongrid/lab/charlm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/charlm.py). Let us take one batch, compute the gradient, and look at the
-# singular values of the gradient of one weight matrix.
+# [`scripts/muongrid/lab/charlm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/charlm.py). Here are the singular values of one weight matrix's
+# gradient on one batch.
 
 # %%
 import math
@@ -121,22 +118,18 @@ show(fig)
 plt.close(fig)
 
 # %% [markdown]
-# {numref}`fig-ch1-spectrum` shows the skew: a plain gradient step moves the weights mostly along a handful of directions; the many
-# directions with small singular values barely move. Adam's per-element scaling does not fix
-# this, because it knows nothing about the matrix structure. Muon's move is to keep the
-# directions and **equalise their sizes**.
+# {numref}`fig-ch1-spectrum` shows the skew: a plain gradient step moves the weights mostly along a handful of directions.
+# Adam's per-element scaling does not fix this: it knows nothing of the matrix structure. Muon
+# keeps the directions and **equalises their sizes**.
 #
 # ## Orthogonalisation
 #
 # Write the update as a singular value decomposition $G = U \Sigma V^\top$. Its *orthogonalisation*
 # is $O = U V^\top$: the same left and right singular vectors, every singular value set to 1. For
 # a wide or tall matrix, $O$ has orthonormal rows or columns. It is the orthogonal matrix nearest
-# to $G$ in Frobenius norm, and it is the steepest-descent direction when the size of a step
-# is measured by its spectral norm, which is the sense in which a matrix update "moves every
-# direction equally".
-#
-# An SVD computes $O$ exactly, but it is slow and sequential on accelerators. Muon uses a
-# polynomial instead.
+# to $G$ in Frobenius norm, and the steepest-descent direction when a step's size is measured by
+# its spectral norm. An SVD computes $O$ exactly but is slow and sequential on accelerators; Muon
+# uses a polynomial instead.
 #
 # ## Newton-Schulz: a polynomial that pushes singular values to 1
 #
@@ -150,12 +143,12 @@ plt.close(fig)
 # The classical choice $(a, b, c) = (1.5, -0.5, 0)$ converges to exactly 1, but slowly when
 # $\sigma$ is small, where $p(\sigma) \approx 1.5\sigma$. Keller Jordan chose
 # $(3.4445, -4.7750, 2.0315)$: a slope of 3.4 at zero lifts small singular values fast, at the
-# price of not converging exactly. After five steps every singular value that is not tiny
-# (above about a thousandth of the Frobenius norm) lies in a band around 1, which works as well as
-# exact orthogonalisation in practice; directions the update hardly touches stay small. `singular_value_map` in
+# price of not converging exactly. After five steps every singular value above about a
+# thousandth of the Frobenius norm lies in a band around 1, which works as well as exact
+# orthogonalisation in practice. `singular_value_map` in
 # [`muongrid/newton_schulz.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/newton_schulz.py) applies the polynomial to numbers; `zeropower_ns5` applies it to a
 # matrix. {numref}`fig-ch1-nsmap` draws both polynomials: **move its slider** to change the
-# number of steps (it works in this page; every position was computed when the page was built).
+# number of steps (every position was computed when the page was built, so it works here).
 
 # %% mystnb={"figure": {"name": "fig-ch1-nsmap", "caption": "What $k$ steps of Newton-Schulz do to a singular value in $[0, 1]$: the classical cubic (blue) and Keller Jordan's quintic (red). The slider sets $k$; the title gives the band into which the quintic maps $[0.001, 1]$; the cell prints it for five steps."}}
 from muongrid.lab.explorers import Figure, ns_map_explorer
@@ -177,11 +170,10 @@ keep("ch1-band-hi", f"{band.max():.3f}")
 # %% [markdown]
 # ### Explore the coefficients
 #
-# The quintic's coefficients are tuned together. {numref}`fig-ch1-coefficients` keeps Jordan's
-# $a$ and $b$ and moves $c$ (every position was computed when the page was built, so it moves in
-# the static book too; in Jupyter, call `ns_coefficient_explorer(cs=...)` for other values). With
-# $c = 0$ the map overshoots and blows up: the quintic term is what allows a steep start without
-# overshooting wildly. The dashed curve is 3 steps: small singular values are not yet lifted.
+# {numref}`fig-ch1-coefficients` keeps Jordan's $a$ and $b$ and moves $c$ (in Jupyter,
+# `ns_coefficient_explorer(cs=...)` takes other values). With $c = 0$ the map blows up: the
+# quintic term allows a steep start without overshooting wildly. The dashed curve is 3 steps:
+# small singular values are not yet lifted.
 
 # %% mystnb={"figure": {"name": "fig-ch1-coefficients", "caption": "The map after 3 (dashed) and 5 (solid) steps of $p(x) = ax + bx^3 + cx^5$ with Jordan's $a$ and $b$, for the quintic coefficient $c$ on the slider; the title says where 5 steps send $[0.001, 1]$."}}
 from muongrid.lab.explorers import ns_coefficient_explorer
@@ -248,23 +240,19 @@ keep("ch1-s-null-after", f"{s_after.min():.3f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-Now apply five steps to the gradient from above, in bf16 as Muon does, and compare with the
-exact $U V^\top$ from an SVD. One singular value of this gradient is zero up to rounding
-({{ch1-s-null}}, against {{ch1-s-max}} for the largest), for a structural
-reason: `fc` reads the output of a LayerNorm, whose features are centred (they sum to zero; at
-initialisation its gain is 1 and its bias 0), so every input row is orthogonal to the all-ones
-vector and the gradient sends that direction to zero. Exact arithmetic would keep it at zero
-($p(0) = 0$), but NS5 runs in bf16: rounding gives the direction a tiny value, which the quintic
-lifts like any other small singular value, to {{ch1-s-null-after}} here. NS5 sees the
-gradient divided by its Frobenius norm, so the map above applies to singular value / norm: the
-{{ch1-n-below}} singular values (the null one included) below $10^{-3}$ of the norm
-start outside its band and come out below the band, between {{ch1-s-null-after}} and
-{{ch1-band-lo}}; the rest are pulled into the band.
+Five steps on the gradient from above, in bf16 as Muon does, against the exact $U V^\top$
+from an SVD. One singular value is zero up to rounding ({{ch1-s-null}}, against
+{{ch1-s-max}} for the largest): `fc` reads a LayerNorm's output, whose features sum to zero
+(at initialisation), so the gradient sends the all-ones direction to zero. Exact arithmetic
+would keep it there ($p(0) = 0$), but bf16 rounding gives it a tiny value that the quintic lifts
+to {{ch1-s-null-after}}. The map applies to singular value / Frobenius norm: the
+{{ch1-n-below}} singular values below $10^{-3}$ of the norm (the null one included) come out
+below the band, between {{ch1-s-null-after}} and {{ch1-band-lo}}; the rest land in it.
 """)
 
 # %% [markdown]
-# On a CPU the SVD of a small matrix is cheap too; the reason for NS5 is that on GPUs matrix
-# products run at tens to hundreds of TFLOP/s in bf16, while an SVD is a sequential algorithm.
+# On a CPU a small SVD is cheap too; NS5 pays on GPUs, where bf16 matrix products run at tens to
+# hundreds of TFLOP/s and an SVD is sequential.
 # NS5 costs $5\,(4m^2n + 2m^3)$ FLOPs for an $m \times n$ matrix with $m \le n$
 # (`ns5_flops`; a test checks it against PyTorch's own FLOP counter).
 #
@@ -283,28 +271,24 @@ start outside its band and come out below the band, between {{ch1-s-null-after}}
 # \end{aligned}
 # $$
 #
-# Line by line, with the symbols:
-# - $M_t$ is the momentum, an exponential moving average (EMA) of the gradients; $\mu$ is the
-#   momentum coefficient, $\mu = 0.95$ (the default of `muongrid.Muon` and of `torch.optim.Muon`).
+# - $M_t$ is the momentum, an exponential moving average (EMA) of the gradients, with
+#   $\mu = 0.95$ (the default of `muongrid.Muon` and of `torch.optim.Muon`).
 # - $N_t$ is the Nesterov look-ahead: the gradient blended once more with the new momentum.
-# - $O_t$ is $N_t$ orthogonalised by NS5 (the five quintic steps above), in bf16.
-# - $W_t$ is the new weight. $\eta$ is the learning rate and $\lambda$ the weight-decay
-#   coefficient; $(1 - \eta\lambda)$ is decoupled weight decay, as in AdamW. The training below
-#   uses $\eta = 3 \times 10^{-3}$ and $\lambda = 0.1$ for both optimizers. The step is scaled
-#   by $0.2\sqrt{\max(A, B)}$, explained below.
+# - $O_t$ is $N_t$ orthogonalised by NS5, in bf16.
+# - $W_t$ is the new weight: $\eta$ is the learning rate, $(1 - \eta\lambda)$ decoupled weight
+#   decay as in AdamW.
 #
-# Moonshot writes the momentum as a plain sum, $M_t = \mu M_{t-1} + G_t$; that is the EMA form
-# times $1/(1-\mu)$, a scale that NS5 divides away in its first line, so both give the same
-# update up to bf16 rounding (a test in [`tests/test_math.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_math.py) checks exactly this). We use the EMA
-# form so that our Muon can be compared bit for bit with `torch.optim.Muon` {cite:p}`pytorch2025muon`.
+# Moonshot writes the momentum as a plain sum, $M_t = \mu M_{t-1} + G_t$: the EMA times
+# $1/(1-\mu)$, a scale NS5 divides away, so both give the same update up to bf16 rounding (a test
+# in [`tests/test_math.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_math.py) checks it). The EMA form lets our Muon match `torch.optim.Muon`
+# {cite:p}`pytorch2025muon` bit for bit.
 #
 # The factor $0.2\sqrt{\max(A, B)}$ is Moonshot's "match RMS" adjustment
-# {cite:p}`liu2025muonscalable`: an exactly orthogonal $A \times B$ matrix (every singular value 1)
-# has RMS entry $1/\sqrt{\max(A, B)}$, so after scaling it has RMS 0.2, similar to AdamW's update,
-# and AdamW's learning rate and weight decay are a sound place to start ({doc}`chapter 9 <09_training>`
-# tunes from there). NS5's output is only roughly
-# orthogonal (its singular values spread over the band of the map, and small ones stay below it),
-# so its RMS comes out somewhat below 0.2. Let us measure it on our gradients:
+# {cite:p}`liu2025muonscalable`: an exactly orthogonal $A \times B$ matrix has RMS entry
+# $1/\sqrt{\max(A, B)}$, so scaled it has RMS 0.2, like AdamW's update, and AdamW's learning rate
+# and weight decay are a sound start ({doc}`chapter 9 <09_training>` tunes from there). NS5's
+# output is only roughly orthogonal, so its RMS comes out somewhat below 0.2. Measured on our
+# gradients:
 
 # %%
 from muongrid.updates import adjust_lr
@@ -335,13 +319,12 @@ The scaled updates have RMS {{ch1-rms}}: the same order as AdamW's, a little bel
 # ## The hybrid: Muon where it belongs, AdamW elsewhere
 #
 # Muon is for the matrices of hidden layers. Biases and norm gains are vectors, with no
-# singular values to equalise. Embedding tables are lookups: each row is used only when its
-# token appears, so orthogonalising the whole table mixes rows that were never used. The output
-# head's rows are per-class and are usually left to AdamW too. The hybrid, called MuonW here,
-# routes each parameter by what it is ([`muongrid/routing.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/routing.py)): every `nn.Embedding` and the
-# output head go to AdamW, and so do vectors; every other matrix goes to Muon. `routing_table(model)`
-# prints each tensor's route with the reason, and `hybrid_param_groups(model)` makes the two
-# parameter groups from it. For our model:
+# singular values to equalise. Embedding tables are lookups: orthogonalising the whole table
+# mixes rows whose tokens never appeared. The output head's rows are per-class. The hybrid,
+# called MuonW here, routes each parameter by what it is ([`muongrid/routing.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/routing.py)): embeddings,
+# the output head and vectors go to AdamW; every other matrix goes to Muon.
+# `routing_table(model)` prints each route with its reason; `hybrid_param_groups(model)` makes
+# the two parameter groups. For our model:
 
 # %%
 from muongrid.optim import hybrid_param_groups
@@ -357,12 +340,10 @@ print(f"\nparameters optimised by Muon: {counts['Muon']:,}; "
 # %% [markdown]
 # ## Muon vs AdamW on a real task
 #
-# We train the tiny GPT twice from the same initialisation and on the same batches: once with
-# AdamW on every parameter, once with MuonW. Both use the same learning rate and weight decay,
-# which is what the RMS matching promises to allow. The run takes about a minute here. The
-# numbers below are whatever this run produced; they are one seed at one learning rate, an
-# illustration rather than a benchmark (see the exercises). Chapter 9 makes it a benchmark: each
-# optimizer's learning rate tuned over the same sweep, several seeds, equal tokens.
+# We train the tiny GPT twice from the same initialisation on the same batches: AdamW on every
+# parameter, then MuonW, both with $\eta = 3 \times 10^{-3}$ and $\lambda = 0.1$ (what the RMS
+# matching allows). One seed at one learning rate is an illustration, not a benchmark;
+# {doc}`chapter 9 <09_training>` makes it one (tuned learning rates, several seeds, equal tokens).
 
 # %%
 from muongrid.lab.charlm import train
@@ -428,15 +409,14 @@ long as AdamW's ({{ch1-ms}} per step on this machine, forward and backward inclu
 """)
 
 # %% [markdown]
-# Newton-Schulz adds work to every step. In this tiny model the matrices are small and the
-# forward pass is cheap, so the optimizer is a large share of the step; in an LLM, the
-# forward and backward passes grow with the batch while NS5 does not, which is why Moonshot
-# measured the optimizer at 1-3% of the step.
+# In this tiny model the forward pass is cheap, so Newton-Schulz is a large share of the step; in
+# an LLM the forward and backward passes grow with the batch while NS5 does not, which is why
+# Moonshot measured the optimizer at 1-3% of the step.
 #
 # ## Agreement with `torch.optim.Muon`
 #
-# PyTorch ships its own Muon (since 2.9). Ours is written independently but follows the same
-# conventions, so for the same hyperparameters both must produce the same parameters:
+# PyTorch ships its own Muon (since 2.9). Ours is written independently with the same
+# conventions, so both must produce the same parameters:
 
 # %%
 from muongrid.newton_schulz import native_bf16_matmul
@@ -479,17 +459,14 @@ else:
 # %% [markdown]
 # ## Summary
 #
-# - Gradients of weight matrices concentrate in a few directions; Muon equalises them by
-#   replacing the (momentum) update with its orthogonalisation $UV^\top$.
-# - NS5 does that with matrix products only: an odd quintic, applied five times to the
-#   Frobenius-normalised matrix, maps every singular value into a band around 1.
-# - The step: EMA momentum, Nesterov, NS5 in bf16, lr scaled by $0.2\sqrt{\max(A,B)}$ so that
-#   AdamW's learning rate and weight decay are the place to start, decoupled weight decay.
-# - MuonW gives Muon the hidden matrices and AdamW the rest (embeddings, the head, vectors), routed
-#   by what each parameter is.
+# - Muon replaces the momentum update by its orthogonalisation $UV^\top$, equalising the few
+#   dominant directions of a gradient.
+# - NS5 does that with matrix products only: five steps of an odd quintic.
+# - The step: EMA momentum, Nesterov, NS5 in bf16, lr scaled by $0.2\sqrt{\max(A,B)}$,
+#   decoupled weight decay.
+# - MuonW gives Muon the hidden matrices and AdamW the rest.
 #
-# Everything so far ran in one process. Chapter 2 maps what changes when the model and its
-# optimizer state are spread over many.
+# All of it ran in one process. Chapter 2 maps what changes over many.
 #
 # ## Exercises
 #
