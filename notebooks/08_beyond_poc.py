@@ -21,21 +21,17 @@
 # One 6-rank check of three layouts and one 4-rank benchmark on a 4-layer transformer
 # stack, beside three recorded benchmark runs read from `book/data/`: about a minute
 # on a 2-core laptop.
-# Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 5 <05_distributed_step>` and {doc}`chapter 6 <06_communication>`.
+# Reading: about 10 minutes, plus running it. Read first: {doc}`chapter 5 <05_distributed_step>` and {doc}`chapter 6 <06_communication>`.
 # ```
 #
-# Chapters 4 to 7 ran Distributed Muon the way Moonshot's proof of concept does: every rank gathers
-# whole buckets over DP and every matrix over TP, then orthogonalises **every** matrix. The result
-# is exact, and the communication stays within the paper's bound, but the Newton-Schulz work is
-# repeated on all $d \times t$ ranks: a grid of four ranks does four times the work of one process.
-# The systems people train with give each matrix one {term}`owner` (Megatron's layer-wise optimizer
-# {cite:p}`nvidia2025megatronlayerwise`, Dion {cite:p}`ahn2025dion`, modded-nanogpt
-# {cite:p}`jordan2024moddednanogpt`). torchtitan {cite:p}`liang2024torchtitan` added a
+# The proof of concept of chapters 4 to 7 is exact and within the paper's traffic bound, but every
+# one of the $d \times t$ ranks orthogonalises **every** matrix: four ranks do four times one
+# process's Newton-Schulz work. The systems people train with give each matrix one {term}`owner`
+# (Megatron's layer-wise optimizer {cite:p}`nvidia2025megatronlayerwise`, Dion {cite:p}`ahn2025dion`,
+# modded-nanogpt {cite:p}`jordan2024moddednanogpt`, torchtitan's
 # [`DistMuon`](https://github.com/pytorch/torchtitan/blob/main/torchtitan/distributed/flex_shard/dist_muon.py)
-# in August 2026: it moves each matrix from the DTensor shards it is stored in to a compute layout,
-# either whole on one rank (`Owned`) or as batches of whole matrices split across ranks, runs Muon
-# there and moves the result back. This chapter builds owners for ZeRO-1 **with** tensor
-# parallelism, checks it bit for bit against one process, and measures what the grid then costs.
+# {cite:p}`liang2024torchtitan`). This chapter builds owners for ZeRO-1 **with** tensor parallelism,
+# checks them bit for bit against one process, and measures what the grid then costs.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -45,8 +41,8 @@
 # - measure what a grid costs against one process (grid efficiency, Muon overhead ratio), and say
 #   why overlap matters more for owners than for the proof of concept.
 #
-# A layout decides who holds which piece of the optimizer state, so a checkpoint must not depend on
-# it: {doc}`chapter 10 <10_checkpoints_failures>` saves a run on one grid and layout and resumes it, bit for bit, on another.
+# A checkpoint must not depend on the layout: {doc}`chapter 10 <10_checkpoints_failures>` resumes a
+# run bit for bit on another grid and layout.
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
@@ -84,24 +80,21 @@ elif (importlib.util.find_spec("muongrid") is None
 # %% [markdown]
 # ## Why the proof of concept gathers whole buckets
 #
-# ZeRO-1 cuts each bucket into $d$ equal shards wherever the cut falls, often through a matrix
-# ({doc}`chapter 4 <04_zero1_buffer>`). After the momentum step, rank $r$ holds the momentum of its shard only, so no rank
-# holds a whole matrix. The proof of concept's answer is the simplest one: all-gather the whole
-# bucket (bf16), all-gather each matrix's TP shards, and let every rank orthogonalise everything,
-# then keep its own part. Nothing has to decide who does what, and every rank ends with what it
-# needs. The price is work: each matrix is orthogonalised $d \times t$ times.
+# ZeRO-1 cuts each bucket into $d$ equal shards, often through a matrix
+# ({doc}`chapter 4 <04_zero1_buffer>`), so after the momentum step no rank holds a whole matrix. The
+# proof of concept all-gathers the whole bucket (bf16) and each matrix's TP shards, and every rank
+# orthogonalises everything and keeps its part. Nothing has to be decided; the price is that each
+# matrix is orthogonalised $d \times t$ times.
 #
 # An **owner** layout keeps the same ZeRO-1 shards (so the gradient reduce-scatter and the parameter
-# all-gather are exactly AdamW's) and adds one decision: every matrix gets one owner among all
-# $d \times t$ ranks. Only that matrix's pieces travel: from every rank that holds a piece (its DP
-# pieces, on every TP rank) to the owner, in bf16; the owner joins the DP pieces into TP shards and the
-# TP shards into the matrix, runs Newton-Schulz **once**, cuts the result into the same pieces and
-# sends each back. One uneven `all_to_all_single` per bucket goes each way
-# ([`scripts/muongrid/flows.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/flows.py)). A third layout, **aligned**, cuts the ZeRO-1 shards on matrix
-# boundaries, as Megatron's layer-wise optimizer does: a matrix then lies on one DP rank, its owner
-# is one of that rank's TP peers, and nothing crosses DP for Newton-Schulz; the shards are uneven,
-# and every shard travels padded to the largest. {numref}`fig-ch8-layouts` follows one matrix
-# through the three.
+# all-gather are exactly AdamW's) and gives every matrix one owner among the $d \times t$ ranks. Only
+# that matrix's pieces travel to the owner, in bf16; the owner joins them, runs Newton-Schulz
+# **once**, and sends each piece of the result back: one uneven `all_to_all_single` per bucket each way
+# ([`scripts/muongrid/flows.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/flows.py)).
+# A third layout, **aligned**, cuts the ZeRO-1 shards on matrix boundaries, as Megatron's layer-wise
+# optimizer does: a matrix lies on one DP rank, its owner is one of that rank's TP peers, and nothing
+# crosses DP for Newton-Schulz; the uneven shards travel padded to the largest.
+# {numref}`fig-ch8-layouts` follows one matrix through the three.
 
 # %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch8-layouts", "caption": "One matrix (`w3`, 676 x 876, of the proof of concept's five) on three DP ranks under each layout, drawn from the plans `build_plan` makes: the piece of its momentum each rank holds (blue, left), who runs Newton-Schulz on the whole matrix (red, middle), and the orthogonalised pieces each rank keeps (right). Bucket: every rank gathers and orthogonalises everything. Owner: only the pieces travel, to one rank and back. Aligned: the cut falls between matrices, so nothing travels."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
@@ -122,9 +115,8 @@ show(layouts_diagram(plans_by_layout, "w3"))
 plt.close("all")
 
 # %% [markdown]
-# The three layouts are one choice of the plan (`build_plan(..., layout=...)`); the optimizer, the
-# math and the collectives wrapper are the same. First, all three against the single-device
-# reference, on a 3 x 2 grid whose shards cut through matrices:
+# The layout is one argument of the plan (`build_plan(..., layout=...)`). All three against the
+# single-device reference, on a 3 x 2 grid whose shards cut through matrices:
 
 # %%
 from muongrid.lab.page import keep, listing, say, show
@@ -152,20 +144,19 @@ assert layouts["bucket"]["ns_calls"] == n_matrices * 3 * 2
 assert layouts["owner"]["ns_calls"] == layouts["aligned"]["ns_calls"] == n_matrices
 
 # %% [markdown]
-# Every layout gives the single-device parameters bit for bit (the reference runs the same kernels
-# on the same numbers; {doc}`chapter 5 <05_distributed_step>` says why that makes zero the right tolerance). The {term}`bucket layout`
-# ran Newton-Schulz six times per matrix; the {term}`owner layouts <owner layout>` once. Each optimizer's `state_dict()`
-# also loads into a fresh optimizer that then continues bit for bit.
+# Every layout gives the single-device parameters bit for bit (zero tolerance, as in
+# {doc}`chapter 5 <05_distributed_step>`). The {term}`bucket layout` ran Newton-Schulz six times per
+# matrix, the {term}`owner layouts <owner layout>` once, and each `state_dict()` round-trips.
 
 # %% [markdown]
 # ## Who owns what
 #
-# Every rank must pick the same owner for every matrix without talking, so the rule uses only the
-# plan's geometry: take the matrices in order of decreasing Newton-Schulz FLOPs
-# ($5(4m^2n + 2m^3)$ for $m \le n$, {doc}`chapter 1 <01_muon>`) and give each to the rank with the least work so far,
-# ties going to the rank that already holds most of the matrix ([`scripts/muongrid/layouts.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/layouts.py)). This is
-# the *longest processing time first* rule: no rank ends with more than the mean plus one matrix.
-# Here it is for the proof of concept's five matrices on a 2 x 2 grid, computed from the plan alone:
+# Every rank must pick the same owners without talking, so the rule reads only the plan: take the
+# matrices in order of decreasing Newton-Schulz FLOPs ($5(4m^2n + 2m^3)$ for $m \le n$,
+# {doc}`chapter 1 <01_muon>`) and give each to the least-loaded rank, ties to the rank that holds
+# most of it ([`scripts/muongrid/layouts.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/layouts.py)).
+# This *longest processing time first* rule leaves no rank above the mean plus one matrix. The
+# proof of concept's five matrices on a 2 x 2 grid:
 
 # %%
 from muongrid.newton_schulz import ns5_flops
@@ -194,14 +185,13 @@ print(f"NS GFLOP per rank, bucket layout: {[round(total / 1e9, 2)] * 4}")
 assert max(load) <= total / 4 + max(ns5_flops(*m.full_shape) for m in plan.metas[0])
 
 # %% [markdown]
-# One matrix, 676 x 876, holds most of the work, so its owner does most of it: five matrices cannot
-# be spread evenly over four ranks. A real model has many matrices of a few shapes, and there the
-# rule balances well, as the next sections measure.
+# One 676 x 876 matrix holds most of the work, so five matrices cannot be spread evenly over four
+# ranks; a real model's many matrices of a few shapes balance well, as measured below.
 #
-# Balancing FLOPs balances time only if Newton-Schulz runs at the rate of the matmuls it is made
-# of. [`scripts/ns_speed.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/ns_speed.py) times NS5 on a 1024 x 1024 matrix beside one matmul of the same size, in
-# the dtype NS5 really computes in on this machine (bf16 where the CPU has a fast bf16 GEMM,
-# otherwise fp32 on bf16-rounded values, [`muongrid/newton_schulz.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/newton_schulz.py)):
+# Balancing FLOPs balances time only if Newton-Schulz runs at its matmuls' rate.
+# [`scripts/ns_speed.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/ns_speed.py)
+# times NS5 on a 1024 x 1024 matrix beside one matmul of that size, in the dtype NS5 computes in
+# here ([`muongrid/newton_schulz.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/newton_schulz.py)):
 
 # %%
 speed = last_json(run("ns_speed.py"))
@@ -221,19 +211,17 @@ keep("ch8-ns-verdict", close if speed["best_ratio"] >= 0.7 else rough)
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-Here NS5's fastest run reached {{ch8-ns-ratio}} of the fastest matmul's rate: NS5 runs
-{{ch8-ns-verdict}}. The fastest runs are the measure because other work on a shared
-machine only ever adds time; run by run, in back-to-back pairs, the ratio went from
-{{ch8-ns-pairs}}, which is that load, not the kernels.
+NS5's fastest run reached {{ch8-ns-ratio}} of the fastest matmul's rate: NS5 runs
+{{ch8-ns-verdict}}. Fastest runs, because load only adds time; in back-to-back pairs the
+ratio went from {{ch8-ns-pairs}}.
 """)
 
 # %% [markdown]
 # ## What travels: three layouts, rank by rank
 #
-# The owner layouts move different bytes on different ranks (an owner receives more than it sends),
-# so the ledger is read per rank. Each rank's ledger in the check above, phase by phase, against
-# the closed form ([`muongrid/lab/costmodel.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/costmodel.py): byte formulas written from the algorithm, geometry read
-# from the plan), for every rank of the 3 x 2 grid:
+# Under owners, ranks send different bytes, so the ledger is read per rank: each rank's ledger from
+# the check above, phase by phase, against the closed form
+# ([`muongrid/lab/costmodel.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/costmodel.py)):
 
 # %% mystnb={"figure": {"name": "fig-ch8-bytes", "caption": "Bytes each rank of a 3 x 2 grid sends in one step, by phase, under the three layouts (the proof-of-concept matrices): bars from the ledger, black marks from the closed form."}}
 import matplotlib.pyplot as plt
@@ -269,32 +257,23 @@ show(fig)
 plt.close(fig)
 
 # %% [markdown]
-# The black marks in {numref}`fig-ch8-bytes` are the closed form; the bars are what the ledger
-# counted. They are equal on every rank and every layout. Three things to read off:
+# In {numref}`fig-ch8-bytes` ledger and closed form are equal on every rank and layout.
 #
-# - **bucket**: the orange DP gather and light-orange TP gather are the same on every rank (whole
-#   buckets);
-# - **owner**: the two blue ZeRO-1 phases (gradient reduce-scatter, parameter all-gather) are
-#   AdamW's, unchanged; the rest is the pieces that were not already on their owner, there (red)
-#   and back (light red), so ranks that own big matrices send more back;
-# - **aligned**: nothing crosses DP for Newton-Schulz, but the matrix-aligned shards are uneven, so
-#   every shard travels padded to the largest and the ZeRO-1 phases themselves grow.
+# - **bucket**: the DP gather (orange) and TP gather (light orange) are the same on every rank;
+# - **owner**: the blue ZeRO-1 phases are AdamW's; the rest is the pieces not already on their
+#   owner, there (red) and back (light red), so owners of big matrices send more;
+# - **aligned**: nothing crosses DP for Newton-Schulz, but padding grows the ZeRO-1 phases.
 
 # %% [markdown]
 # ## The (1, 1.25] bound as three real layouts
 #
-# {doc}`Chapter 6 <06_communication>` derived the bound for a DP-only grid: the bucket layout sits at exactly 1.25 (4 + 2 + 4
-# over 4 + 4 bytes per element), a layout that gathers nothing over DP at 1. Now all three exist.
-# On a DP-only grid of four ranks and a 4-layer transformer stack (per layer a 1536 x 512 QKV
-# projection, a 512 x 512 output projection, a 2048 x 512 MLP-up and a 512 x 2048 MLP-down), with
-# AdamW beside them, and one process doing the same step with all the cores.
-#
-# The timings in this section are **recorded runs**: seven measured steps each, made once by
-# `make record` and kept in
+# {doc}`Chapter 6 <06_communication>` derived the DP-only bound: bucket at exactly 1.25, a layout
+# that gathers nothing over DP at 1. Here are all three on four DP ranks and a 4-layer transformer
+# stack (per layer a 1536 x 512 QKV, a 512 x 512 output, a 2048 x 512 MLP-up and a 512 x 2048
+# MLP-down), beside AdamW and one process using all the cores. The timings are **recorded runs**
+# (seven steps each, `make record`, kept in
 # [`book/data/`](https://github.com/muongrid-book/distributed-muon/tree/main/book/data) with the
-# command, commit, machine and load average that produced them; each table prints them.
-# A build of this page on a busy machine would otherwise tell another story every time. The
-# 2 x 2 grid then runs again live, below, labelled as this machine's.
+# command, commit, machine and load that produced them); the 2 x 2 grid also reruns live below.
 
 # %%
 from muongrid.lab.provenance import load_recorded, provenance_text
@@ -331,26 +310,22 @@ assert (L["bucket"]["bytes_ratio"] == 1.25 and 1.0 <= L["aligned"]["bytes_ratio"
         and L["owner"]["bytes_ratio"] < 1.25)
 
 # %% [markdown]
-# The bucket layout is at 1.25 exactly. The owner layout is below it: only the pieces that are not
-# already on a matrix's owner travel, twice. The {term}`aligned layout` moves nothing over DP for
-# Newton-Schulz; what it pays above 1 is padding, when whole matrices cannot split the buckets into
-# equal shards. All three byte counts equal the closed form on every rank.
+# Bucket sits at 1.25 exactly; owner below it (only pieces not already on their owner travel,
+# twice); aligned above 1 by its padding.
 #
-# The last three columns say what the grid costs; times are the median (min-max) of the measured
-# steps. **Grid efficiency** is the single-process Muon step divided by the grid's (slowest rank,
-# median); **Muon overhead ratio** is (grid Muon step $-$ grid AdamW step) / (one-process Muon step
-# $-$ one-process AdamW step): the time Muon adds on the grid, in units of what it adds in one
-# process. It is 1.0 when no Newton-Schulz work is repeated and the extra traffic is free, and the
-# ZeRO-1 traffic that both optimizers pay cancels out of it. Its spread comes from pairing each
-# step's Muon and AdamW times, which ran back to back. Four ranks share two cores here, so a grid
-# can at best about match one process that uses both cores.
+# Times are median (min-max) over the measured steps. {term}`Grid efficiency <grid efficiency>` is
+# the one-process Muon step divided by the grid's (slowest rank). The
+# {term}`Muon overhead ratio` is (grid Muon $-$ grid AdamW) / (one-process Muon $-$ one-process
+# AdamW): the time Muon adds on the grid in units of what it adds in one process, 1.0 when no
+# Newton-Schulz work is repeated and the extra traffic is free; ZeRO-1 traffic cancels out of it.
+# Its spread pairs each step's back-to-back Muon and AdamW times. Four ranks share two cores here,
+# so a grid can at best about match one process.
 
 # %% [markdown]
 # ## With tensor parallelism
 #
-# On a 2 x 2 grid every matrix of the stack is split over TP, so even an owner must receive the
-# other TP ranks' shards: the bytes of the owner layouts can no longer reach AdamW's. The bucket
-# layout pays a TP gather of every matrix on every rank on top of its DP gather. The recorded run:
+# On a 2 x 2 grid every matrix is split over TP, so an owner must also receive the other TP
+# shards, and the bucket layout adds a TP gather of every matrix on every rank. The recorded run:
 
 # %%
 print(provenance_text(recorded["2x2"]), end="\n\n")
@@ -401,20 +376,16 @@ keep("ch8-efficiency-note", "none of them above 1" if max(efficiency) <= 1.0 els
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-In {numref}`fig-ch8-times`, the bucket layout's Muon step is {{ch8-bucket-x}} times the
-single process's on the two grids: every rank repeats every Newton-Schulz run, and four ranks on
-two cores run each at a quarter of the machine. The grid efficiencies range over
-{{ch8-efficiency}} ({{ch8-efficiency-note}}). The owner layouts do the work once, spread over the ranks, so their
-median overhead ratio is less than half the bucket layout's on both grids (the cell above checks
-it). What they pay beyond the ideal 1 is the pieces' traffic and the imbalance
-of four shapes over four ranks.
+In {numref}`fig-ch8-times` the bucket layout's Muon step is {{ch8-bucket-x}} times the single
+process's: every rank repeats every Newton-Schulz run at a quarter of the machine. Grid
+efficiencies range over {{ch8-efficiency}} ({{ch8-efficiency-note}}). The owner layouts' median
+overhead ratio is less than half the bucket layout's on both grids (asserted above); beyond the
+ideal 1 they pay the pieces' traffic and the imbalance of four shapes over four ranks.
 """)
 
 # %% [markdown]
-# Now the same 2 x 2 benchmark, live, on the machine that builds this page, with fewer steps and the
-# two layouts the claim compares. Its bytes must equal the recorded run's (they depend only on the shapes and the grid, so a difference
-# means the code changed since the recording and `make record` is due); its times are this
-# machine's, at this moment:
+# The same 2 x 2 benchmark, live, with fewer steps: its bytes must equal the recorded run's (they
+# depend only on shapes and grid); its times are this machine's, now:
 
 # %%
 import os  # noqa: E402
@@ -445,23 +416,19 @@ keep("ch8-live-verdict",
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-The claim above, owner's median below half of bucket's, {{ch8-live-verdict}}. Expect the live
-numbers to differ from the recorded ones by tens of percent on a shared laptop; the byte counts
-never do.
+The claim above, owner's median below half of bucket's, {{ch8-live-verdict}}. Live times differ
+from recorded ones by tens of percent on a shared laptop; the bytes never do.
 """)
 
 # %% [markdown]
 # ## Overlap, done properly
 #
-# {doc}`Chapter 7 <07_profiling>` repeated the community report's asynchronous experiment: issuing every collective with
-# `async_op=True` and waiting for it at once (`naive`) overlaps nothing. For owners, overlap is not
-# an optimisation but a necessity. Without it (`none`), the buckets travel in one all-to-all each
-# way, and the one back waits for the busiest owner, so the transfers and Newton-Schulz take turns.
-# With `prefetch` (the owner layouts' default), the buckets are joined into a few chunks (four by
-# default, `chunks=`), each one all-to-all each way: every chunk's pieces are sent to their owners
-# first; each owner then orthogonalises a chunk's matrices as they arrive, starts sending its results
-# back, and only at the end waits for everything to come home. The transfers travel while Newton-Schulz runs,
-# and no rank waits for another until the end. The recorded run, seven steps of each:
+# {doc}`Chapter 7 <07_profiling>` showed that `naive` async (issue, then wait at once) overlaps
+# nothing. For owners overlap is a necessity: without it (`none`) the way back waits for the
+# busiest owner, so transfers and Newton-Schulz take turns. With `prefetch` (the default) the
+# buckets are joined into a few chunks (`chunks=`, four by default); every chunk's pieces go out
+# first, each owner orthogonalises a chunk as it arrives and sends it back, and ranks wait only at
+# the end. The recorded run, seven steps of each:
 
 # %%
 from muongrid.lab.verdicts import fastest, fastest_text  # noqa: E402
@@ -493,19 +460,18 @@ keep("ch8-overlap-steps", "step: " + fastest_text(steps))
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-"In collectives" is the time rank 0 spent inside or waiting for a collective. Prefetch is built
-to shorten it, because a rank no longer waits for each bucket's busiest owner; in the recorded
-run {{ch8-overlap-waits}} (a winner needs medians 10% apart and ranges that do not
-overlap: [`muongrid/lab/verdicts.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/verdicts.py)). The whole step moves less than the
-waiting does ({{ch8-overlap-steps}}), since the ranks still share the same two cores;
-on a GPU, where collectives run on their own hardware queue, overlap is what hides the traffic.
+"In collectives" is rank 0's time inside or waiting for a collective, which prefetch is built to
+shorten; in the recorded run {{ch8-overlap-waits}} (a winner needs medians 10% apart and
+ranges that do not overlap:
+[`muongrid/lab/verdicts.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/verdicts.py)).
+The step moves less ({{ch8-overlap-steps}}): the ranks share two cores. On a GPU, where
+collectives run on their own queue, overlap is what hides the traffic.
 """)
 
 # %% [markdown]
 # ## When one matrix dominates
 #
-# The community report benchmarked five matrices, one of them 4096 x 4096. Its Newton-Schulz share,
-# from the FLOP count alone:
+# The community report benchmarked five matrices, one of them 4096 x 4096. Its Newton-Schulz share:
 
 # %%
 from muongrid.lab.synthetic import REPORT_SHAPES, REPORT_TP_DIMS
@@ -536,15 +502,13 @@ assert share > 0.98
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-One rank does almost all of it ({{ch8-big-share}} of the FLOPs sit in one matrix), with
-the threads the launcher gives each of four ranks (a quarter of the cores, at least one), while one
-process uses them all. So the owner layout cannot beat that bound on these shapes: its
-Muon overhead ratio is near (cores / cores per rank) x (owner's share), {{ch8-bound}} on this machine,
-whatever else is done right. The way past it is to split the big matrix's work, which
-Newton-Schulz does not allow without communication inside every iteration (each step needs
-$XX^\top$ of the whole matrix); systems with such matrices give the owner more hardware, or batch
-same-shape matrices. On a real model with many matrices of a few shapes, as the stack above, the
-balance is good and the ratio is close to 1.
+One rank does almost all of it ({{ch8-big-share}} of the FLOPs sit in one matrix) with a
+quarter of the cores, while one process uses them all. So the owner layout's Muon overhead ratio
+is near (cores / cores per rank) x (owner's share), {{ch8-bound}} on this machine, whatever else
+is done right. Splitting that matrix needs communication inside every Newton-Schulz iteration
+(each needs $XX^\top$ of the whole matrix; the {term}`group layout` of
+{doc}`chapter 15 <15_muon_at_scale>` does it); many matrices of a
+few shapes, as in the stack above, balance well.
 """)
 
 # %% [markdown]
@@ -558,30 +522,21 @@ balance is good and the ratio is close to 1.
 # | what it needs | nothing to decide | a deterministic owner rule, all-to-all | big buckets, balanced matrices |
 # | use it when | reproducing the paper, checking others | training, by default | few, even matrices and slow DP links |
 #
-# The bucket layout stays in the code as the faithful reference: it is what the paper and the proof
-# of concept describe, and the other two are checked against the same single-device reference.
+# The bucket layout stays as the faithful reference to the paper and the proof of concept.
 #
 # ## Summary
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-- The proof of concept's bucket layout orthogonalises every matrix on all $d \times t$ ranks. An
-  {term}`owner layout <owner layout>` keeps the same ZeRO-1 shards and gives each matrix one owner,
-  chosen from the plan alone (largest Newton-Schulz FLOPs first, to the least-loaded rank), so every
-  rank agrees without talking; the {term}`aligned layout` cuts the shards between matrices instead.
-- All three layouts gave the single-device parameters bit for bit on a 3 x 2 grid whose shards cut
-  through matrices, and ran Newton-Schulz $d \times t$ times (bucket) or once (owner, aligned) per
-  matrix.
-- Every rank's ledger equals the closed form, phase by phase. On a DP-only grid the bucket layout
-  sits at exactly 1.25 x AdamW's bytes, the owner layout below it, the aligned layout at 1 plus
-  padding; with TP the owners must also collect the TP shards.
+- Bucket orthogonalises every matrix on all $d \times t$ ranks; an
+  {term}`owner layout <owner layout>` gives each matrix one owner chosen from the plan alone
+  (largest FLOPs first, to the least-loaded rank); the {term}`aligned layout` cuts the shards
+  between matrices.
+- All three are bit for bit equal to one device on a 3 x 2 grid; every rank's ledger equals the
+  closed form. DP-only bytes: bucket 1.25 x AdamW's, owner below, aligned 1 plus padding.
 - On the 4-layer stack the owner layout's Muon overhead ratio was below half the bucket layout's
-  on both grids in the recorded runs, median against median (the cell that draws {numref}`fig-ch8-times`
-  asserts it), and the live rerun says whether it held on this build's machine; with one dominant matrix the
-  owner of that matrix bounds the ratio ({{ch8-bound}} on this machine), whatever else is
-  done right.
-- Owners need overlap: with `prefetch` every bucket's pieces go out first and each result goes back
-  as soon as it is ready, so a rank no longer waits for each bucket's busiest owner.
+  on both grids (recorded medians, asserted); one dominant matrix bounds it ({{ch8-bound}} here).
+- Owners need overlap: `prefetch` sends every piece out first and each result back when ready.
 """)
 
 # %% [markdown]
