@@ -21,16 +21,14 @@
 # [`scripts/train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/train.py) on four grids, the convergence study's script at a short
 # length, and [`scripts/profile_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/profile_step.py) on three grids. The full study is too long to rerun on
 # every build; its recorded result is read from `book/data/`, with the command that made it.
-# Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 1 <01_muon>` and {doc}`chapter 8 <08_beyond_poc>`.
+# Reading: about 10 minutes, plus running it. Read first: {doc}`chapter 1 <01_muon>` and {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
-# Until now every distributed step in this book worked on synthetic matrices with made-up
-# gradients. That isolates the optimizer, but it leaves two questions a reader who wants to train
-# something cannot skip: does Distributed Muon work on a model split the way people split models,
-# with PyTorch's own tensor-parallel layers; and is it worth it, once AdamW gets the same care in
-# tuning? This chapter trains {doc}`chapter 1 <01_muon>`'s tiny GPT on four grids, looks inside the optimizer while
-# it trains, weighs Muon against AdamW in a study with tuned learning rates and several seeds, and
-# profiles whole training steps on three 4-rank grids.
+# So far every step ran on synthetic matrices. Two questions remain: does Distributed Muon work on
+# a model split with PyTorch's own tensor-parallel layers, and is it worth it once AdamW is tuned as
+# carefully? This chapter trains {doc}`chapter 1 <01_muon>`'s tiny GPT on four grids, looks inside
+# the optimizer, weighs Muon against AdamW with tuned learning rates and several seeds, and
+# profiles whole steps on three 4-rank grids.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -79,15 +77,11 @@ elif (importlib.util.find_spec("muongrid") is None
 # ## The model, split with PyTorch's own layers
 
 # %% [markdown]
-# The optimizer is given no list of which matrix is split how. `DistributedMuon` reads it from each
-# parameter's DTensor placement (`Shard(0)`: rows, `Shard(1)`: columns, `Replicate()` or a plain
-# tensor: not split) and works on the local shards. For Newton-Schulz it gathers a split matrix
-# whole, as {doc}`chapter 5 <05_distributed_step>` did for the synthetic ones, because orthogonalising each shard alone would
-# give a different (wrong) update.
-#
-# The first run trains for 20 steps on a 2 x 2 grid with the hybrid optimizer (Muon for the block
-# matrices, AdamW for embeddings, head and norms) and the owner layout of {doc}`chapter 8 <08_beyond_poc>`. It measures
-# the optimizer-state metrics every 10 steps:
+# `DistributedMuon` reads each matrix's split from its DTensor placement (`Shard(0)`: rows,
+# `Shard(1)`: columns, `Replicate()` or a plain tensor: not split) and gathers split matrices whole
+# for Newton-Schulz, as in {doc}`chapter 5 <05_distributed_step>`. The first run: 20 steps on a
+# 2 x 2 grid, the hybrid optimizer (Muon for the block matrices, AdamW for embeddings, head and
+# norms), the owner layout of {doc}`chapter 8 <08_beyond_poc>`, state metrics every 10 steps:
 
 # %%
 import matplotlib.pyplot as plt
@@ -114,16 +108,13 @@ keep("ch9-model", f"{first['layers']} transformer blocks, width {first['width']}
 
 # %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
-The model is {doc}`chapter 1 <01_muon>`'s character-level GPT ({{ch9-model}}, trained on Python's own
-documentation), made tensor-parallel by [`muongrid/lab/tpgpt.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/tpgpt.py) with
-`torch.distributed.tensor.parallel.parallelize_module` on the grid's "tp" mesh dimension. It is
-Megatron-LM's split {cite:p}`shoeybi2019megatron`: in each block the fused query-key-value
-projection and the first MLP matrix are `ColwiseParallel` (each TP rank holds some of the output
-rows, so whole attention heads and a slice of the MLP's hidden units), and the attention output
-and the second MLP matrix are `RowwiseParallel` (each rank holds the matching input columns; the
-partial outputs are summed by one all-reduce per sub-layer). The embeddings, the norms and the
-output head stay whole on every TP rank: at this size they are a few percent of the work, and a
-whole head keeps the loss a plain cross-entropy.
+The model is {doc}`chapter 1 <01_muon>`'s character-level GPT ({{ch9-model}}), made
+tensor-parallel by [`muongrid/lab/tpgpt.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/tpgpt.py)
+with `parallelize_module` on the grid's "tp" mesh dimension, in Megatron-LM's split
+{cite:p}`shoeybi2019megatron`: the fused query-key-value projection and the first MLP matrix are
+`ColwiseParallel` (each TP rank holds some output rows: whole heads, a slice of the hidden units),
+the attention output and the second MLP matrix `RowwiseParallel` (the matching input columns, the
+partial outputs summed by one all-reduce per sub-layer). Embeddings, norms and head stay whole.
 """)
 
 # %% jupyter={"source_hidden": true} mystnb={"figure": {"caption": "The four matrices of one block, drawn to scale, and what each of the two TP ranks holds, as the optimizer read it from the placements: the column-parallel `qkv` and `fc` are cut into rows, the row-parallel `proj` and `out` into columns.", "name": "fig-ch9-tp-plan"}} tags=["hide-input"]
@@ -160,11 +151,9 @@ plt.close(fig)
 # %% [markdown]
 # ## Same data, four grids, one loss curve
 #
-# `train.py` draws each step's global batch from one seeded generator on every rank, and each DP
-# replica trains on its slice of it (the TP ranks of a replica share theirs). The ZeRO-1
-# reduce-scatter averages the replicas' gradients, so every grid computes the gradient of the same
-# global mean loss. The same run on one process, on two DP ranks and on two TP ranks should
-# therefore follow the 2 x 2 run's loss curve:
+# Every rank draws the same global batch from one seeded generator; each DP replica trains on its
+# slice, and the reduce-scatter averages the replicas' gradients, so every grid follows the same
+# global mean loss. One process, two DP ranks and two TP ranks against the 2 x 2 run:
 
 # %%
 for dp, tp_ in [(1, 1), (2, 1), (1, 2)]:
@@ -205,26 +194,22 @@ keep("ch9-loss-fall", f"{ref[0]:.2f} to {ref[-1]:.2f}")
 # %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
 The curves lie on top of each other (the loss falls from {{ch9-loss-fall}} nats in 20
-steps) and differ by at most {{ch9-grid-drift}} nats. They are not bit for bit the
-same, unlike the synthetic runs of chapters 5 and 8, and should not be: DP sums the gradients of
-two half-batch means where one process takes one mean over the whole batch, and TP splits each
-matrix product in two and adds the halves with an all-reduce. The same numbers are added in
-another order, so fp32 results differ in their last bits, and Newton-Schulz, which runs in bf16,
-can round such a difference up to a bf16 step. [`tests/test_train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_train.py) allows 2e-3 nats, far below
-what a real fault does: it explains the margin, and exercise 4 lets you break the data split and
-watch the curves part.
+steps) and differ by at most {{ch9-grid-drift}} nats. Unlike the synthetic runs of chapters 5
+and 8 they are not bit for bit equal, and should not be: DP and TP add the same numbers in
+another order, and Newton-Schulz in bf16 can round a last-bit difference up to a bf16 step.
+[`tests/test_train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_train.py)
+allows 2e-3 nats, far below what a real fault does (exercise 4 breaks the data split).
 """)
 
 # %% [markdown]
 # ## What Newton-Schulz does to the momentum
 #
-# While it trains, `train.py` can measure, for every Muon matrix, what goes into Newton-Schulz (the
-# momentum) and what comes out (the update), the "optimizer-state metrics" of the original Muon
-# tutorial. They are computed where the matrix is orthogonalised, by its owner, and only the scalars
-# travel: no extra matrix is gathered ([`muongrid/lab/statemetrics.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/statemetrics.py)). The **effective rank** of a
-# matrix's singular values is the exponential of their entropy once normalised: the number of
-# directions that carry weight, equal to the rank when all singular values are equal and 1 when
-# one dominates. **Largest / median** says how lopsided the spectrum is.
+# `train.py` can measure, for every Muon matrix, what enters Newton-Schulz (the momentum) and what
+# leaves it (the update), on the owner, sending only scalars
+# ([`muongrid/lab/statemetrics.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/statemetrics.py)).
+# The **effective rank** is the exponential of the normalised singular values' entropy: the number
+# of directions that carry weight (the rank when all are equal, 1 when one dominates).
+# **Largest / median** says how lopsided the spectrum is.
 
 # %%
 measured = first["state_metrics"]
@@ -282,35 +267,25 @@ assert gain > 1.5, gain
 
 # %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
-The momentum is lopsided: a few directions carry most of it, as {doc}`chapter 1 <01_muon>` showed for gradients.
-Newton-Schulz multiplies every matrix's effective rank by at least {{ch9-rank-gain}}
-and brings largest / median down towards 1: the update moves the weights in many directions
-at once instead of a few. It does not make the spectrum exactly flat: the quintic iteration's
-coefficients trade exactness for speed, and leave singular values spread around 1 ({doc}`chapter 1 <01_muon>`).
-The update RMS, after Moonshot's per-matrix scale `0.2 * sqrt(max(A, B))`, is
-{{ch9-update-rms}} for every matrix, near the 0.2 typical of AdamW's updates, which is
-what that scale is for {cite:p}`liu2025muonscalable`: the same learning rate is a sound start for
-both (the study below tunes it).
+The momentum is lopsided, as {doc}`chapter 1 <01_muon>` showed for gradients. Newton-Schulz
+multiplies every matrix's effective rank by at least {{ch9-rank-gain}} and brings largest /
+median towards 1 (not exactly: the quintic's coefficients leave singular values spread around 1).
+After Moonshot's scale `0.2 * sqrt(max(A, B))` the update RMS is {{ch9-update-rms}} for every
+matrix, near AdamW's typical 0.2 {cite:p}`liu2025muonscalable`, so one learning rate is a sound
+start for both.
 """)
 
 # %% [markdown]
 # ## Is Muon better here? A study with tuned learning rates
 #
-# The paper reports that Muon needs about half of AdamW's training compute for the same loss
-# {cite:p}`liu2025muonscalable`, and the Muon tutorial measured 34% lower loss than AdamW on MNIST
-# after 3 epochs {cite:p}`wei2025muontutorial`. A comparison is only as fair as its baseline: an
-# AdamW run at a poor learning rate makes anything look good. [`scripts/convergence_study.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/convergence_study.py)
-# therefore
-#
-# 1. sweeps the learning rate of each optimizer (AdamW; the hybrid, whose AdamW groups take the same
-#    learning rate as its Muon matrices, since the update-RMS scale makes one value fit both),
-# 2. takes each one's best by final validation loss,
-# 3. repeats each best with more seeds (other initial weights and data order),
-#
-# with the same tokens, warm-up, cosine schedule, weight decay and validation windows for both.
-# It runs on one process: the grids follow the same curve, as above. The full study is many runs
-# of hundreds of steps, too long for every build of the book, so the book reads its recorded
-# result (the file also holds how long each run took):
+# The paper reports that Muon needs about half of AdamW's compute for the same loss
+# {cite:p}`liu2025muonscalable`; the Muon tutorial measured 34% lower loss than AdamW on MNIST after
+# 3 epochs {cite:p}`wei2025muontutorial`. A poorly tuned AdamW makes anything look good, so
+# [`scripts/convergence_study.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/convergence_study.py)
+# sweeps each optimizer's learning rate (the hybrid's groups share one), takes each best by final
+# validation loss and repeats it with more seeds, with the same tokens, schedule, weight decay and
+# validation for both. It runs on one process (the grids follow the same curve); the book reads its
+# recorded result:
 
 # %%
 import json
@@ -423,12 +398,10 @@ At equal tokens ({{ch9-tokens}}), AdamW's final validation loss minus the hybrid
 {{ch9-separated}}. The hybrid reaches AdamW's final loss after
 {{ch9-fraction}} of the tokens AdamW needed.
 
-How far does this carry? It is one small model ({{ch9-params}} parameters, of which
-Muon handles the {{ch9-muon-share}} in the blocks' matrices), one dataset of
-characters, a short run and a few seeds. It agrees in direction with the paper's "about half
-the compute" at scale, and it says nothing about how the gap grows with size: the paper's
-scaling-law fits are what that rests on. What it does show is that the gain does not come from a poorly tuned baseline: both
-optimizers got the same sweep, and the best of each is inside its sweep, not at its edge.
+It is one small model ({{ch9-params}} parameters, {{ch9-muon-share}} of them in Muon
+matrices), one character dataset, a short run and a few seeds: it agrees in direction with the
+paper's "about half the compute" and says nothing about how the gap grows with size. It does
+show the gain is not a poorly tuned baseline: both got the same sweep, each best inside it.
 """)
 
 # %% [markdown]
@@ -447,21 +420,18 @@ keep("ch9-port-ratio", f"{h['lr'] / a['lr']:g}")
 
 # %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
-{doc}`Chapter 12 <12_use_it>` states the recipe once, in its porting table; this study is what
-its learning-rate rule rests on. With one learning rate for both groups, the hybrid at AdamW's
-best learning rate ({{ch9-port-lr}}) already ended at {{ch9-port-hybrid}}
-against AdamW's {{ch9-port-adamw}} (seed 0), and it was best at
-{{ch9-port-best}}, {{ch9-port-ratio}} times AdamW's: start from AdamW's
-learning rate and sweep it upwards, both groups together, as this study did. It is one small
-model's sweep: on a new model, sweep again.
+This is the evidence for {doc}`chapter 12 <12_use_it>`'s learning-rate rule. At AdamW's best
+learning rate ({{ch9-port-lr}}) the hybrid already ended at {{ch9-port-hybrid}} against
+AdamW's {{ch9-port-adamw}} (seed 0), and it was best at {{ch9-port-best}},
+{{ch9-port-ratio}} times AdamW's: start from AdamW's rate and sweep upwards, both groups
+together. On a new model, sweep again.
 """)
 
 # %% [markdown]
 # ## Watch it happen
 #
-# The same script, run here with each optimizer's best learning rate from the recorded study and
-# one seed, for 40 steps (its cosine schedule is therefore shorter, so the curves are not the
-# recorded ones cut short):
+# The same script, live, at the recorded best learning rates, one seed, 40 steps (a shorter cosine
+# schedule, so not the recorded curves cut short):
 
 # %%
 live = last_json(run(f"convergence_study.py --lrs-adamw {a['lr']} "
@@ -492,12 +462,11 @@ in this live run.
 # %% [markdown]
 # ## Where the time of a real step goes
 #
-# {doc}`Chapter 7 <07_profiling>` profiled a data-parallel step. `profile_step.py` now takes the tensor-parallel model
-# too, so the report's comparison of three 4-rank grids {cite:p}`wei2025muonreproducibility` can be
-# made on a real model: DP4, TP4 and DP2 x TP2, with the same 64 sequences per step split over the
-# DP replicas. Each rank alternates a Muon step and an AdamW step of two copies of the model, so
-# both meet the same machine, and the profiler splits every step into forward and backward,
-# waiting for peers, communication, Newton-Schulz and the rest of the optimizer:
+# `profile_step.py` ({doc}`chapter 7 <07_profiling>`) now takes the tensor-parallel model, so the
+# report's three 4-rank grids {cite:p}`wei2025muonreproducibility` run on a real model: DP4, TP4
+# and DP2 x TP2, 64 sequences per step. Each rank alternates a Muon and an AdamW step, and the
+# profiler splits each into forward and backward, waiting, communication, Newton-Schulz and the
+# rest:
 
 # %%
 grids = last_json(run("profile_step.py --grids 4x1,1x4,2x2 --global-batch 64 "
@@ -552,17 +521,13 @@ plt.close(fig)
 assert all(values[0] == max(values) for _, values in bars), bars
 
 # %% [markdown]
-# Forward and backward dominate every step here, and the four processes share two cores, so the
-# figures are the ones of a crowded laptop, not of four GPUs: they locate the time, they do not
-# predict a cluster. The Chrome traces are in `_build/traces/<grid>/trace_rank<r>.json` for
-# Perfetto.
+# Forward and backward dominate every step; four processes share two cores, so this locates the
+# time on a crowded laptop and predicts no cluster. Traces: `_build/traces/<grid>/trace_rank<r>.json`.
 #
 # ## The claims, on a real model
 #
-# {doc}`Chapter 7 <07_profiling>` checked the paper's and the report's claims on the synthetic step and on a
-# data-parallel model. This chapter measures five of them again on a real tensor-parallel model and
-# in the study above; {doc}`the claims appendix <../book/claims>` shows what it found beside
-# {doc}`chapter 7 <07_profiling>`'s figures (the code that computes them is folded below).
+# Five of the claims {doc}`chapter 7 <07_profiling>` checked, measured again on this model and
+# study; {doc}`the claims appendix <../book/claims>` sets them beside chapter 7's (code folded below).
 
 # %% jupyter={"source_hidden": true} tags=["hide-input"]
 from muongrid.lab import claims
@@ -614,15 +579,14 @@ claims.glue_checks("09_training", claim_rows)   # shown in the claims appendix
 # %% [markdown]
 # ## Keeping attention logits in check: MuonClip
 #
-# Kimi K2 was trained with Muon and found the largest attention logits of some heads growing without
-# bound; its fix, QK-clip, runs after each optimizer step {cite:p}`kimi2025k2`. For every head whose
-# largest pre-softmax logit $S_h = \max q_i \cdot k_j / \sqrt{d}$ of the step went over a threshold
-# $\tau$, it multiplies that head's query rows and key rows by $\sqrt{\tau / S_h}$ each, so the next
-# logits are about $\tau$. [`muongrid/qk_clip.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/qk_clip.py) does it on the shards: the model reports each
-# layer's per-head maxima as it runs, the optimizer all-reduces every head's maximum once per step
-# (MAX over the grid: DP ranks saw other rows, TP ranks other heads) and scales the rows it keeps,
-# with no host sync; on five grids it gives one process's parameters bit for bit
-# ([`tests/test_qk_clip.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_qk_clip.py)). Turning it on for your own model is one argument and one line in the attention:
+# Kimi K2, trained with Muon, saw some heads' largest attention logits grow without bound; its fix,
+# QK-clip {cite:p}`kimi2025k2`, runs after each step: for every head whose largest logit
+# $S_h = \max q_i \cdot k_j / \sqrt{d}$ exceeded $\tau$, it scales the head's query and key rows by
+# $\sqrt{\tau / S_h}$ each. [`muongrid/qk_clip.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/qk_clip.py)
+# does it on the shards with one MAX all-reduce of the per-head maxima per step (DP ranks saw other
+# rows, TP ranks other heads), and matches one process bit for bit on five grids
+# ([`tests/test_qk_clip.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_qk_clip.py)).
+# In your model it is one argument and one line in the attention:
 #
 # ```python
 # layers = [QKLayer("layers.0.qkv.weight", "layers.0.qkv.weight",
@@ -633,8 +597,8 @@ claims.glue_checks("09_training", claim_rows)   # shown in the claims appendix
 # clip.record(i, max_logits(q, k))
 # ```
 #
-# Here the book's GPT trains twice on a 2 x 1 grid with a learning rate high enough to make its logits
-# grow, once only watching them (`QKClip(None, ...)`) and once clipping at a threshold of 8:
+# The book's GPT on a 2 x 1 grid, at a learning rate that makes logits grow, watching only
+# (`QKClip(None, ...)`) and clipping at 8:
 
 # %%
 qk = last_json(run("qk_clip_demo.py --dp 2 --steps 60 --threshold 8",
@@ -659,17 +623,15 @@ keep("ch9-qk-clip", f"{max(clipped['max_logit'][20:]):.1f}")
 
 # %% jupyter={"source_hidden": true} tags=["remove-input"]
 say(r"""
-Left alone, the largest logit reached {{ch9-qk-watch}}; clipped, it stayed near the
-threshold after step 20 (at most {{ch9-qk-clip}}: a step's update can push a head a little
-over before the clip pulls it back). One run each, on one seed: this shows what the clip does to the
-logits, not whether it helps the loss on a model this small.
+Left alone, the largest logit reached {{ch9-qk-watch}}; clipped, it stayed near the threshold
+after step 20 (at most {{ch9-qk-clip}}: an update can overshoot before the clip). One run each,
+one seed: this shows what the clip does to the logits, not whether it helps the loss.
 """)
 
 # %% [markdown]
 # ## Run it on a cluster
 #
-# `train.py` is the script a reader takes to more machines. Under `torchrun` with NCCL on GPUs it
-# reads its rank and world size from the environment:
+# Under `torchrun` with NCCL, `train.py` reads its rank and world size from the environment:
 #
 # ```bash
 # torchrun --standalone --nproc-per-node 4 scripts/train.py --dp 2 --tp 2 \
@@ -679,22 +641,18 @@ logits, not whether it helps the loss on a model this small.
 #     --optimizer hybrid --steps 1000 --width 512 --layers 8 --heads 8
 # ```
 #
-# Keep TP within a node (its all-reduces run on every layer), and let DP cross nodes. In your own
-# model the steps are the same as in `train.py`: build the grid, `parallelize_module` your blocks on
-# `grid.mesh["tp"]`, give `DistributedMuon` the hybrid parameter groups, and train.
+# Keep TP within a node (its all-reduces run on every layer); let DP cross nodes. For your model:
+# build the grid, `parallelize_module` your blocks on `grid.mesh["tp"]`, give `DistributedMuon`
+# the hybrid parameter groups, and train.
 #
 # ## Summary
 #
-# - `DistributedMuon` takes a model split by `parallelize_module` as it is: it reads each matrix's
-#   split from its placement, gathers it whole for Newton-Schulz, and keeps its own shard.
-# - Grids agree to reduction-order noise, not bit for bit, on a real model: TP and DP add the same
-#   numbers in another order.
-# - Newton-Schulz raises the effective rank of the momentum several-fold, with an update RMS
-#   near AdamW's.
-# - With both learning rates tuned and several seeds, the hybrid Muon beat AdamW at equal tokens on
-#   this model; how much carries to large models is the paper's evidence, not ours.
-# - On two CPU cores forward and backward dominate the step, so Muon's extra optimizer work shows
-#   more than it would on GPUs.
+# - `DistributedMuon` reads each matrix's split from its `parallelize_module` placement.
+# - On a real model grids agree to reduction-order noise, not bit for bit.
+# - Newton-Schulz raises the momentum's effective rank several-fold; update RMS is near AdamW's.
+# - Tuned and over several seeds, the hybrid beat AdamW at equal tokens on this model; how much
+#   carries to large models is the paper's evidence, not ours.
+# - On two CPU cores forward and backward dominate the step.
 #
 # ## Exercises
 #
