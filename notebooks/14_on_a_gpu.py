@@ -21,13 +21,10 @@
 # No GPU: it reads the project's one-GPU record (a run made outside this build, kept with its
 # provenance in `book/data/`) and counts one optimizer step of today's code on the meta device
 # (the shapes of three real models, no memory, no kernels: about 15 seconds).
-# Reading: about 10 minutes, plus running it. Read first: {doc}`chapter 13 <13_what_to_pick>`.
+# Reading: about 5 minutes, plus running it. Read first: {doc}`chapter 13 <13_what_to_pick>`.
 # ```
 #
-# Every other page of this book runs on a CPU over gloo. This one shows what the same code did on
-# a GPU: what a run printed and how long each command took, how close Newton-Schulz came to the
-# GPU's matmul ceiling, and what one optimizer step cost against `torch.optim.Muon`, measured
-# *before* this version rebuilt the step for GPUs, beside what the rebuilt step moves, counted now.
+# Every other page runs on a CPU over gloo. This one shows what the same code did on one H100.
 #
 # **Learning goals.** After this page you can
 #
@@ -73,10 +70,9 @@ elif (importlib.util.find_spec("muongrid") is None
 # %% [markdown]
 # ## The record
 #
-# The figures below come from one run, made by hand on a lent machine and imported once
+# The figures below come from one run made by hand on a lent machine
 # ([`muongrid/lab/gpurecord.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/gpurecord.py)
-# parses its logs; the chapters read the JSON it wrote). The package was still called `dmuon`
-# then, and the commit is older than this book's: every figure of the record is that commit's.
+# parses its logs). Every figure is that older commit's, when the package was called `dmuon`.
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from IPython.display import Markdown, display
@@ -90,10 +86,9 @@ display(Markdown(gpurecord.provenance_text(record).replace("\n  ", "  \n")))
 display(Markdown(f"**Since then:** {gpurecord.CHANGED_SINCE}."))
 
 # %% [markdown]
-# One GPU means a world of one rank: NCCL ran, but no collective crossed a link (NCCL refuses two
-# ranks on one GPU), so everything that needs several ranks is still checked on gloo and on the
-# meta device. What ran, in order, with each command's exit code and wall time (start-up,
-# compilation of CUDA kernels and the run itself, under `torchrun` where it says so):
+# One GPU is a world of one rank: NCCL ran, but no collective crossed a link, so everything that
+# needs several ranks is still checked on gloo. What ran, with exit code and wall time (start-up and
+# kernel compilation included):
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 table(["step", "command", "exit", "seconds"], gpurecord.command_rows(record),
@@ -108,12 +103,10 @@ keep("ch14-commands", len(record["steps"]))
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-All {{ch14-commands}} commands exited 0, in {{ch14-total-min}} minutes in
-all. What the CPU chapters show is what a GPU prints: the ledger (every phase moves 0 bytes in
-a world of one), the check against one process (a largest difference of 0 on every layout),
-the training loop's progress lines, its resume from a checkpoint, and the FSDP2 run beside
-`torch.optim.Muon` (the last lines of its comparison: ours first, then torch's; the same final
-loss):
+All {{ch14-commands}} commands exited 0, in {{ch14-total-min}} minutes. The GPU
+printed what the CPU chapters show: a ledger of 0 bytes, a largest difference of 0 against one
+process on every layout, the training loop and its resume, and the FSDP2 run beside
+`torch.optim.Muon` (ours first, then torch's: the same final loss):
 """)
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
@@ -122,12 +115,11 @@ print(gpurecord.printed(record))
 # %% [markdown]
 # ## Newton-Schulz against the matmul ceiling
 #
-# Newton-Schulz is fifteen matrix products per matrix per step (five iterations of three), so on
-# a GPU its ceiling is the bf16 matmul rate. The record measured that rate twice, and
-# Newton-Schulz twice: alone on one 4096 x 4096 matrix, and inside the optimizer step on
-# Llama-3.2-1B's 112 matrices (the profiler's Newton-Schulz time against the FLOPs of those
-# matrices). {numref}`fig-ch14-roofline` puts them against NVIDIA's datasheet peak and the rate
-# the book's time model charges ({doc}`chapter 13 <13_what_to_pick>`, `muongrid.hardware`).
+# Newton-Schulz is fifteen matrix products per matrix, so its ceiling is the bf16 matmul rate.
+# The record measured it alone on one 4096 x 4096 matrix and inside the optimizer step on
+# Llama-3.2-1B's 112 matrices (profiled time against their FLOPs). {numref}`fig-ch14-roofline`
+# sets both against the datasheet peak and the rate the time model of
+# {doc}`chapter 13 <13_what_to_pick>` charges.
 
 # %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch14-roofline", "caption": "bf16 throughput on one H100, from the GPU record: matmuls (grey) and Newton-Schulz (red), the fastest of several runs alone and the profiled time inside the optimizer step; dashed, NVIDIA's dense bf16 peak; dotted, the rate the book's time model charges Newton-Schulz (half the peak)."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
@@ -173,22 +165,19 @@ keep("ch14-charged", f"{charged / 1e12:.0f}")
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 On one 4096 x 4096 matrix Newton-Schulz ran at {{ch14-ns-ratio}} of a bf16 matmul of
-the same size: it *is* matmuls, and a well-fed GPU runs them at its ceiling (a little above a
-single product here, since its products are back to back). Inside the optimizer step, on
-Llama-3.2-1B's smaller matrices batched by shape, it ran at {{ch14-ns-step}} TFLOP/s,
-{{ch14-ns-step-share}} of the 8192^3 ceiling. The time model charges
-{{ch14-charged}} TFLOP/s, below every measured rate, so a modelled Muon step errs long.
+the same size: it *is* matmuls, back to back. Inside the step, on Llama-3.2-1B's smaller
+matrices batched by shape, it ran at {{ch14-ns-step}} TFLOP/s, {{ch14-ns-step-share}}
+of the 8192^3 ceiling. The time model charges {{ch14-charged}} TFLOP/s, below every
+measured rate, so a modelled Muon step errs long.
 """)
 
 # %% [markdown]
 # ## One optimizer step, before the rebuild
 #
-# The record timed one `step()` on real model shapes, fp32 parameters with random gradients, one
-# process (`Grid.single("cuda:0")`): CUDA events around the step, median of 10 after 3 warm-up
-# steps; "host" is the time until `step()` returned, "syncs" what
-# `torch.cuda.set_sync_debug_mode` reported in one step. The floor is Newton-Schulz at the
-# measured matmul ceiling plus one fused AdamW pass over every parameter. **These are commit
-# 7b306af's steps**, before this version rebuilt the step; they say where the time went then.
+# One `step()` on real model shapes, fp32 parameters, random gradients, one process: CUDA events,
+# median of 10 after 3 warm-up steps; "host" is the time until `step()` returned, "syncs" what
+# `torch.cuda.set_sync_debug_mode` counted. **These are commit 7b306af's steps**, before the
+# rebuild.
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 table(["shapes", "optimizer", "GPU ms", "host ms", "syncs", "x torch Muon"],
@@ -208,10 +197,9 @@ keep("ch14-torch-ns", f"{(prof['torch_addmm'] + prof['torch_mm']) / 2:.0f}")
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 On Llama-3.2-1B's shapes our step then took {{ch14-old-gap}} ms longer than
-torch's. The profile said where: both spent about the same time in Newton-Schulz's matmuls
-({{ch14-old-ns}} ms a step for ours, {{ch14-torch-ns}} for torch's), and ours
-added {{ch14-old-copies}} ms of device-to-device copies. Newton-Schulz was at the
-ceiling; the step around it was memory traffic, and two host syncs a step.
+torch's. Both spent about the same time in Newton-Schulz ({{ch14-old-ns}} ms a step
+for ours, {{ch14-torch-ns}} for torch's); ours added {{ch14-old-copies}} ms of
+device-to-device copies and two host syncs. The step around Newton-Schulz was memory traffic.
 """)
 
 # %% [markdown]
@@ -259,37 +247,33 @@ keep("ch14-ratio-range", f"{min(ratios):.2f}-{max(ratios):.2f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-A step's GPU time outside Newton-Schulz is the bytes it reads and writes over the memory's
-bandwidth, and those bytes can be counted without a GPU: run the step on the **meta device**
-(tensors with shapes and no data) under a dispatch mode that adds up each operation's bytes
-from its schema ([`muongrid/lab/stepcost.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/stepcost.py)). At the record's commit that count said our step
-moved {{ch14-prior-ours}} GiB outside Newton-Schulz against torch's
-{{ch14-prior-torch}} GiB. Over the memory's bandwidth, between the datasheet's 3.35 TB/s
-and the 2.56 TB/s the record's fused AdamW pass reached, the difference is
-{{ch14-prior-ms}} ms, and the record measured {{ch14-old-gap}} ms. So the
-count predicts the GPU's time. Here it is for today's step (`python scripts/step_bench.py`, run as
-this page was built; "ops" are aten operations, about one kernel each):
+Outside Newton-Schulz a step's GPU time is its bytes over the memory's bandwidth, and the bytes
+can be counted without a GPU: run the step on the **meta device** (shapes, no data) and add up
+each operation's bytes ([`muongrid/lab/stepcost.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/stepcost.py)). At the record's commit
+our step moved {{ch14-prior-ours}} GiB outside Newton-Schulz against torch's
+{{ch14-prior-torch}} GiB. At 3.35 TB/s (datasheet) to 2.56 TB/s (the record's fused
+AdamW pass) the difference is {{ch14-prior-ms}} ms; the record measured
+{{ch14-old-gap}} ms. The count predicts the GPU's time. Today's step
+(`python scripts/step_bench.py`, run as this page was built; "ops" are aten operations, about one
+kernel each):
 """)
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 Today's step moves {{ch14-ratio-range}} times torch's bytes (the extra is the NaN/Inf
-check's one read of the gradients), in far fewer operations (one per shape bank, not one per
-matrix) and with no host sync. On Llama-3.2-1B's shapes it moves
-{{ch14-now-ours}} GiB outside Newton-Schulz against torch's {{ch14-now-torch}}:
-{{ch14-now-ms}} ms more at the same bandwidths, so the count predicts a step of
+check's read of the gradients), in far fewer operations (one per shape bank) and with no host
+sync. On Llama-3.2-1B it moves {{ch14-now-ours}} GiB outside Newton-Schulz against
+torch's {{ch14-now-torch}}: {{ch14-now-ms}} ms more, a predicted step of
 {{ch14-predicted}} ms against torch's measured {{ch14-torch-ms}} ms, if its
-Newton-Schulz runs as fast as torch's (the record found both at about the same time).
+Newton-Schulz runs as fast as torch's.
 """)
 
 # %% [markdown]
 # ```{admonition} Not yet timed on a GPU
 # :class: warning
-# That prediction is a count, not a measurement: **the rebuilt step has not been timed on a GPU**.
-# On a machine with one, `make record-gpu` (`scripts/step_bench.py --device cuda --time`) times it
-# against `torch.optim.Muon` and the floor, with its provenance (GPU, driver, CUDA and NCCL), host and
-# device time apart and peak memory, into `OUT` (`make record-gpu OUT=book/data/step_bench_gpu.json`
-# writes it where this page reads it); this page then shows that record below, in place of this note.
+# That prediction is a count: **the rebuilt step has not been timed on a GPU**. On a machine with
+# one, `make record-gpu OUT=book/data/step_bench_gpu.json` times it against `torch.optim.Muon`,
+# with its provenance, and this page then shows that record below.
 # ```
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
@@ -306,9 +290,8 @@ else:
 # %% [markdown]
 # ## The step in proportion
 #
-# A training step is mostly forward and backward. The record timed those too, on a
-# `transformers` Llama built from Llama-3.2-1B's configuration (random weights, fp32 parameters
-# under bf16 autocast, median of 5 after 2 warm-up steps):
+# A training step is mostly forward and backward. The record timed those on a `transformers`
+# Llama-3.2-1B (random weights, bf16 autocast, median of 5 after 2 warm-up steps):
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 fb = record["fwd_bwd"]
@@ -328,15 +311,13 @@ for k, v in shares.items():
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-At 16,384 tokens a step, the optimizer's share of the step (optimizer over forward + backward +
-optimizer) was {{ch14-share-torch_adamw_fused}} for fused AdamW,
-{{ch14-share-torch_hybrid}} for `torch.optim.Muon` with fused AdamW and
-{{ch14-share-dmuon_owner_batch}} for ours before the rebuild. One GPU is Muon's worst
-case: it orthogonalises every matrix itself. The paper reports 1-3% at scale because data
-parallelism spreads Newton-Schulz over the ranks while forward and backward keep their share of
-tokens. {doc}`Chapter 13 <13_what_to_pick>` models the whole step on real clusters with the
-figures of this record (one hardware table, `muongrid.hardware.H100_TABLE`); its first row is
-this configuration, where the model can be held against the measurement:
+At 16,384 tokens a step the optimizer's share of the step was
+{{ch14-share-torch_adamw_fused}} for fused AdamW, {{ch14-share-torch_hybrid}} for
+`torch.optim.Muon` and {{ch14-share-dmuon_owner_batch}} for ours before the rebuild.
+One GPU is Muon's worst case: it orthogonalises every matrix itself, where data parallelism
+spreads that work over the ranks (the paper reports 1-3% at scale).
+{doc}`Chapter 13 <13_what_to_pick>` models the whole step with this record's figures; its first
+row is this configuration, held against the measurement:
 """)
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
@@ -364,20 +345,18 @@ keep("ch14-model-vs-torch", f"{abs(model_vs_torch - 1):.0%}")
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 The modelled Muon step is within {{ch14-model-vs-torch}} of `torch.optim.Muon`'s
-measured one. Forward and backward are modelled shorter than measured: the model counts
-6 x parameters x tokens and leaves attention out, while the measured rate counted it, so on the
-clusters of {doc}`chapter 13 <13_what_to_pick>` the modelled shares err large.
+measured one. Forward and backward are modelled short (6 x parameters x tokens, attention left
+out), so chapter 13's modelled shares err large.
 """)
 
 # %% [markdown]
 # ## Summary
 #
-# - On one H100 every path of the code ran under `torchrun` and NCCL; Newton-Schulz ran at the
-#   matmul ceiling.
-# - The step's GPU time outside Newton-Schulz is bytes over bandwidth; the bytes counted on the
-#   meta device, over the memory's bandwidth, bracketed the record's gap without a GPU.
-# - Today's rebuilt step moves a few percent more bytes than `torch.optim.Muon` and syncs the host
-#   never; it has not been timed on a GPU yet (`make record-gpu` does, where there is one).
+# - On one H100 every path ran under `torchrun` and NCCL; Newton-Schulz ran at the matmul ceiling.
+# - Outside Newton-Schulz a step's GPU time is bytes over bandwidth; counted on the meta device,
+#   they bracketed the record's gap.
+# - The rebuilt step moves a few percent more bytes than `torch.optim.Muon`, never syncs the host,
+#   and is not yet timed on a GPU (`make record-gpu`).
 #
 # ## Exercises
 
