@@ -23,13 +23,12 @@
 # then the whole training step of four real configurations on the book's H100 table, up to Kimi
 # K2 on 256 GPUs (its plans of 70,000 matrices are most of the time). No process and no kernel.
 # About twenty seconds.
-# Reading: about 20 minutes, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
+# Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
-# The chapters before this one built, checked and measured several ways to run Muon on sharded
-# models. This page puts them side by side: which to pick, and what each costs per rank and per
-# step, computed here from the same plan the optimizer uses, the byte formulas that the tests
-# hold the ledger to (`muongrid.lab.costmodel`, `muongrid.lab.choice`), and a time model built on them
+# This page sets the earlier chapters' layouts side by side: which to pick, and what each costs
+# per rank and per step, computed from the optimizer's own plan, the byte formulas the ledger is
+# tested against (`muongrid.lab.costmodel`, `muongrid.lab.choice`) and a time model built on them
 # (`muongrid.lab.timemodel`).
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}
@@ -70,38 +69,35 @@ elif (importlib.util.find_spec("muongrid") is None
 
 # %% [markdown]
 # 1. **Is the model sharded with FSDP2 (`fully_shard`)?** Use **`FSDPMuon`** ({doc}`chapter 11 <11_fsdp2>`). FSDP2
-#    already reduce-scatters the gradients and gathers the parameters; Muon adds only the trip of
-#    each matrix to its one owner and back, and runs Newton-Schulz once per matrix.
+#    already reduce-scatters the gradients and gathers the parameters; Muon adds only each
+#    matrix's trip to its owner and back, and runs Newton-Schulz once per matrix.
 #    (`torch.optim.Muon` also runs on FSDP2 parameters, but gathers every matrix on every rank.)
 # 2. **Otherwise: ZeRO-1 data parallel, times tensor parallel if the model is tensor-parallel**, with
 #    `DistributedMuon(..., layout="owner")` (chapters 8 and 12). Each matrix is orthogonalised once,
-#    by an owner chosen to balance Newton-Schulz work over all ranks; only the pieces of a matrix
-#    that are not already on its owner travel.
+#    by an owner chosen to balance Newton-Schulz work; only pieces not already on the owner travel.
 # 3. **`layout="aligned"` only for a stack of equal matrices smaller than a bucket.** It cuts the
-#    shards on matrix boundaries, so nothing travels over DP for Newton-Schulz. But every shard
-#    must end on a boundary, so unequal matrices, or matrices larger than a bucket (every matrix
-#    of an 8B model), make the shards uneven, and the gradient reduce-scatter and the parameter
-#    all-gather carry the padding. A real transformer layer is such a case: one layer of
-#    Llama-3-8B, and the whole model's optimizer step, cost more bytes under `aligned` than under
-#    `owner` (the sections below compute both). Price your shapes with `layout_costs` first; on
-#    Llama-shaped models keep `owner`.
+#    shards on matrix boundaries, so nothing travels over DP for Newton-Schulz. But unequal
+#    matrices, or matrices larger than a bucket (every matrix of an 8B model), make the shards
+#    uneven, and the gradient reduce-scatter and parameter all-gather carry the padding: one layer
+#    of Llama-3-8B, and its whole optimizer step, cost more bytes under `aligned` than under
+#    `owner` (computed below). Price your shapes with `layout_costs` first.
 # 4. **One matrix holds more than its fair share of the Newton-Schulz work** (its owner would be the
 #    busiest rank by far, or there are more ranks than matrices): `layout="group"` shares such a
-#    matrix over a group of ranks ({doc}`chapter 15 <15_muon_at_scale>`). It costs bytes and memory
-#    for the group's collectives, so use it where each group stays inside a node.
+#    matrix over a group of ranks ({doc}`chapter 15 <15_muon_at_scale>`). Its collectives cost
+#    bytes and memory, so keep each group inside a node.
 # 5. **`layout="bucket"` only to reproduce the paper and the proof of concept**: every rank gathers
-#    whole buckets and orthogonalises every matrix, so its bytes are the paper's 1.25 x AdamW on a
-#    DP-only grid, and its Newton-Schulz work does not shrink as ranks are added.
+#    whole buckets and orthogonalises every matrix: the paper's 1.25 x AdamW on a DP-only grid,
+#    and Newton-Schulz work that does not shrink as ranks are added.
 
 # %% [markdown]
 # ## What each layout costs
 #
-# Two sets of matrices: the proof of concept's five (uneven shapes, one much larger than the
-# rest) and a small transformer stack (four layers of QKV, attention output, MLP up and down:
-# even shapes). Each on a DP-only grid of 4 and on a 2 x 2 grid. "x AdamW" is the bytes of the
-# Muon step over those of Distributed AdamW on the same plan; "NS runs" is how many ranks run
-# Newton-Schulz on each matrix; "busiest NS" is the Newton-Schulz work of the rank with the most;
-# "state" is the optimizer state a rank keeps (fp32 master and momentum, padding included).
+# Two sets of matrices: the proof of concept's five (uneven, one much larger than the rest) and
+# a small transformer stack (four layers of QKV, attention output, MLP up and down: even shapes),
+# each on a DP-only grid of 4 and on 2 x 2. "x AdamW": the Muon step's bytes over Distributed
+# AdamW's; "NS runs": ranks that run Newton-Schulz on each matrix; "busiest NS": the busiest
+# rank's Newton-Schulz work; "state": optimizer state per rank (fp32 master and momentum,
+# padding included).
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from IPython.display import Markdown, display
@@ -179,48 +175,41 @@ keep(
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-- **bucket** moves exactly 1.25 x AdamW's bytes on a DP-only grid, more with TP (every matrix is
-  also gathered over TP), and every rank runs Newton-Schulz on every matrix.
-- **owner** moves no more than bucket, on every grid here, and runs Newton-Schulz once per
-  matrix: on the stack of equal layers the busiest rank does {{ch13-stack-ns-gain}} times
-  less Newton-Schulz work than under bucket on 4 ranks. On the proof of concept's shapes one
-  matrix holds most of the work, so its owner is the busiest rank and the gain is small: Newton-
-  Schulz of a matrix is not split ({doc}`chapter 8 <08_beyond_poc>`; `layout="group"` splits it,
+- **bucket** moves exactly 1.25 x AdamW's bytes on a DP-only grid, more with TP, and every rank
+  runs Newton-Schulz on every matrix.
+- **owner** moves no more than bucket and runs Newton-Schulz once per matrix: on the stack the
+  busiest rank does {{ch13-stack-ns-gain}} times less Newton-Schulz work than under bucket
+  on 4 ranks. On the proof of concept's shapes one matrix holds most of the work and is not
+  split, so the gain is small ({doc}`chapter 8 <08_beyond_poc>`; `layout="group"` splits it,
   {doc}`chapter 15 <15_muon_at_scale>`).
-- **aligned** moves nothing over DP for Newton-Schulz on the even stack (1.00 x AdamW on 4 x 1),
-  but on the proof of concept's uneven shapes its shards are uneven, the collectives carry the
-  padding, and it costs {{ch13-poc-aligned}} x AdamW, with more state per rank.
+- **aligned** moves nothing over DP for Newton-Schulz on the even stack (1.00 x AdamW on 4 x 1);
+  on the uneven shapes the collectives carry padding: {{ch13-poc-aligned}} x AdamW, with
+  more state per rank.
 - **overlap**: the owner layouts prefetch by default (each bucket's transfers start before any
-  Newton-Schulz), which they need so that the owners work at once; bucket runs as the proof of
-  concept did.
+  Newton-Schulz); bucket runs as the proof of concept did.
 """)
 
 # %% [markdown]
 # ## What it costs in time
 #
-# Bytes and FLOPs become seconds through the hardware. The time model
-# ([`muongrid/lab/timemodel.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/timemodel.py)) prices every collective of a step with the alpha-beta model of
-# {doc}`chapter 6 <06_communication>` (a latency $\alpha$ per hop and a bandwidth $\beta$): the
-# ring reduce-scatters and all-gathers, the bucket layout's gathers for Newton-Schulz, and the
-# owner layouts' all-to-alls, where a rank's time is the larger of what it sends and what it
-# receives, so the owner of a matrix, who receives all its pieces, sets the pace. Newton-Schulz is
-# the FLOPs of the busiest rank at a matmul rate. The step is priced serially (communication, then
-# Newton-Schulz: an upper bound, since overlap can at best hide the smaller), and the element-wise
-# work of both optimizers is left out. A test holds the model, with no latency, to the
-# busiest rank's bytes sent and received in a real run's ledger, phase by phase, on every layout.
+# The time model
+# ([`muongrid/lab/timemodel.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/timemodel.py)) prices every collective of a step with
+# {doc}`chapter 6 <06_communication>`'s alpha-beta model (latency $\alpha$ per hop, bandwidth
+# $\beta$). In an all-to-all a rank's time is the larger of what it sends and receives, so a
+# matrix's owner sets the pace. Newton-Schulz is the busiest rank's FLOPs at a matmul rate. The
+# step is priced serially (an upper bound), element-wise work left out. A test holds the model,
+# without latency, to the busiest rank's bytes in a real run's ledger, phase by phase.
 #
 # Two hardware profiles:
 #
 # - **an H100 cluster**: the book's one hardware table (`H100_TABLE` in
-#   [`scripts/muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py), printed below with the source of every figure),
-#   which {doc}`chapter 15 <15_muon_at_scale>` and the whole-step model below use too: eight
-#   GPUs per node on NVLink, InfiniBand between nodes, Newton-Schulz at half the dense bf16 peak
-#   (below every rate the GPU record of {doc}`chapter 14 <14_on_a_gpu>` measured);
-# - **this machine**, calibrated by [`scripts/calibrate_time_model.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/calibrate_time_model.py) and recorded with its
-#   provenance in [`book/data/time_model_cpu.json`](https://github.com/muongrid-book/distributed-muon/blob/main/book/data/time_model_cpu.json): the matmul rate Newton-Schulz runs at here and
-#   gloo's $\alpha$ and $\beta$ fitted to all-gathers over 4 ranks. All ranks share the
-#   machine's cores, so Newton-Schulz takes every rank's FLOPs at the machine's rate. The record
-#   names the machine it measured (printed below); run the script on yours to price your own.
+#   [`scripts/muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py), printed below with each figure's source):
+#   eight GPUs per node on NVLink, InfiniBand between nodes, Newton-Schulz at half the dense bf16
+#   peak (below every rate {doc}`chapter 14 <14_on_a_gpu>` measured);
+# - **this machine**, calibrated by [`scripts/calibrate_time_model.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/calibrate_time_model.py) into
+#   [`book/data/time_model_cpu.json`](https://github.com/muongrid-book/distributed-muon/blob/main/book/data/time_model_cpu.json) (printed below): its matmul rate, shared by all
+#   ranks, and gloo's $\alpha$ and $\beta$ from all-gathers over 4 ranks. Run the script to price
+#   your own machine.
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab.timemodel import h100, layout_seconds, this_machine
@@ -318,30 +307,25 @@ keep("ch13-h100-ns-ratio", f"{ns_ratio:.1f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-- **On this machine Newton-Schulz is most of the step.** It outweighs communication in
-  {{ch13-cpu-ns-rows}} of the {{ch13-cpu-rows}} Muon rows, and because all
-  ranks share the machine's cores, the bucket layout, where every rank
-  orthogonalises every matrix, pays exactly the number of ranks times the owner layouts'
-  Newton-Schulz. On the stack on 4 x 1 the owner layout's step is modelled
-  {{ch13-cpu-gain}} times shorter than the bucket layout's.
+- **On this machine Newton-Schulz is most of the step**: it outweighs communication in
+  {{ch13-cpu-ns-rows}} of the {{ch13-cpu-rows}} Muon rows. The ranks share the
+  cores, so bucket pays exactly the number of ranks times the owner layouts' Newton-Schulz; on
+  the stack on 4 x 1 the owner layout's step is modelled {{ch13-cpu-gain}} times shorter.
 - **On H100s the proof of concept's matrices do not matter**: every Muon step is modelled at
-  {{ch13-h100-poc-max}} microseconds or less, whatever the layout.
-- **On H100s, the stack**: aligned is the fastest, then owner, then bucket, on both grids. The
-  owner layout saves Newton-Schulz ({{ch13-h100-ns-ratio}} times less on the busiest
-  rank on 4 x 1) more than it saves time on the wire: its communication is
-  {{ch13-h100-comm-ratio}} of the bucket layout's there, because the owner of a matrix
-  receives every piece of it, about what a bucket gather brings to every rank, and sends it all
-  back. Fewer bytes in total is not a faster transfer when one rank carries them.
+  {{ch13-h100-poc-max}} microseconds or less.
+- **On H100s, the stack**: aligned, then owner, then bucket, on both grids. Owner saves
+  Newton-Schulz ({{ch13-h100-ns-ratio}} times less on the busiest rank on 4 x 1) more
+  than wire time: its communication is {{ch13-h100-comm-ratio}} of bucket's, because a
+  matrix's owner receives all of it, about what a bucket gather brings to every rank. Fewer
+  bytes in total is not a faster transfer when one rank carries them.
 """)
 
 # %% [markdown]
 # ## Under FSDP2
 #
-# With an FSDP2 model the gradient reduce-scatter and the parameter gathers are FSDP2's (how many,
-# and in which precision, depends on how it is configured), so the table compares only what Muon
-# adds: the trips of each matrix to its {term}`owner` and back, under ZeRO-1 with the owner layout
-# and under FSDP2 with `FSDPMuon` (the routes `FSDPMuon` computes, on FSDP2's blocks of rows), on
-# DP-only grids.
+# Under FSDP2 the gradient reduce-scatter and the parameter gathers are FSDP2's, so the table
+# compares only what Muon adds: each matrix's trips to its {term}`owner` and back, under ZeRO-1's
+# owner layout and under `FSDPMuon`, on DP-only grids.
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab.choice import fsdp2_extra, zero1_owner_extra
@@ -387,31 +371,24 @@ keep("ch13-stack-buckets", n_buckets)
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-FSDP2 cuts every matrix into blocks of rows on every rank, so every matrix has pieces away from
-its owner; ZeRO-1's flat buffer leaves a matrix that falls inside one rank's shard whole there.
-So Muon's extra traffic under FSDP2 is never below the owner layout's here, and above it on the
-proof of concept's uneven shapes ({doc}`chapter 11 <11_fsdp2>` measures the same on a real
-model). Either way Newton-Schulz runs once per matrix. In time, the model reverses the order on
-the stack: `FSDPMuon` sends all of a step's pieces in one all-to-all each way, where ZeRO-1's
-owner layout runs one per bucket ({{ch13-stack-buckets}} buckets here), each paying
-its latency, so on H100s FSDP2's extra is modelled shorter despite its extra bytes. The choice
-between them is the model's all the same: a model already under `fully_shard` keeps FSDP2 and
-takes `FSDPMuon`.
+FSDP2 cuts every matrix into row blocks on every rank, so every matrix has pieces away from its
+owner, where ZeRO-1's flat buffer leaves a matrix inside one shard whole: Muon's extra traffic
+under FSDP2 is never below the owner layout's, and above it on the uneven shapes
+({doc}`chapter 11 <11_fsdp2>` measures the same). In time the model reverses
+the order on the stack: `FSDPMuon` sends a step's pieces in one all-to-all each way, ZeRO-1's
+owner layout one per bucket ({{ch13-stack-buckets}} here), each paying its latency.
 """)
 
 # %% [markdown]
-# These are models. {doc}`Chapter 7 <07_profiling>` profiles a real step and
-# {doc}`chapter 8 <08_beyond_poc>` measures the layouts against each other on this machine.
+# These are models; {doc}`chapter 8 <08_beyond_poc>` measures the layouts on this machine.
 #
 # ## Explore: layout x grid x shapes
 #
 # {numref}`fig-ch13-explorer` puts every layout beside Distributed AdamW for three sets of
-# matrices: the balanced stack above, the community report's five shapes (one 4096 x 4096 among
-# four small ones) and one layer of Llama-3-8B (its seven matrices, from
-# [`muongrid/lab/model_shapes.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/model_shapes.py)). The menu picks the matrices, the slider the grid; both move in this
-# page, and every position was computed with the functions above when the page was built
-# (`muongrid.lab.layout_explorer`). This machine's bars appear up to 8 ranks, the most the book
-# launches on one machine.
+# matrices: the stack above, the community report's five shapes (one 4096 x 4096 among four small
+# ones) and one layer of Llama-3-8B (its seven matrices, from
+# [`muongrid/lab/model_shapes.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/model_shapes.py)). The menu picks the matrices, the slider the grid;
+# every position was computed when the page was built. This machine's bars stop at 8 ranks.
 
 # %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch13-explorer", "caption": "Every layout against Distributed AdamW, for the matrices set by the menu and the grid (dp x tp) set by the slider: bytes each rank sends per step (mean over ranks), Newton-Schulz on the busiest rank, optimizer state per rank (fp32 master and moments, padding included) and the modelled optimizer step on the two profiles (log scale; hover for communication and Newton-Schulz apart). Axes keep their range while the slider moves."}} jupyter={"source_hidden": true}
 from muongrid.lab.explorers import Figure
@@ -468,26 +445,22 @@ for lay in muon_layouts:
     keep(f"ch13-llama-{lay}-ms", f"{h100_ms(llama[lay]):.0f}")
 
 # %% [markdown]
-# On every position: the owner layout never sends more than bucket, and bucket runs Newton-Schulz
-# dp x tp times per matrix where the owner layouts run it once. Which layout is fastest depends
-# on the matrices:
+# On every position owner sends no more than bucket. The fastest depends on the matrices:
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 - **Llama-3-8B layer**: owner, on every grid, on H100s. On 16 x 4 it sends
-  {{ch13-llama-owner}} x AdamW's bytes (bucket {{ch13-llama-bucket}} x) and
-  its step is modelled at {{ch13-llama-owner-ms}} ms against bucket's
-  {{ch13-llama-bucket-ms}} ms; aligned cuts seven unequal matrices into uneven shards
-  and pays for the padding ({{ch13-llama-aligned}} x, {{ch13-llama-aligned-ms}}
-  ms).
+  {{ch13-llama-owner}} x AdamW's bytes (bucket {{ch13-llama-bucket}} x), modelled
+  at {{ch13-llama-owner-ms}} ms against bucket's {{ch13-llama-bucket-ms}} ms;
+  aligned pads seven unequal matrices ({{ch13-llama-aligned}} x,
+  {{ch13-llama-aligned-ms}} ms).
 - **balanced stack**: aligned, on every grid, on H100s: nothing crosses DP for Newton-Schulz,
-  and the padding of its cuts stays small with equal matrices (at most
-  {{ch13-stack-aligned-max}} x AdamW's bytes, TP traffic included).
-- **report shapes**: one 4096 x 4096 matrix holds almost all the Newton-Schulz work, and under
-  every layout the busiest rank orthogonalises it whole (under bucket, every rank does), so
-  bucket and owner are modelled within {{ch13-report-gap}}% of each other on every
-  grid. One dominant matrix is where
-  orthogonalising a matrix by a group of ranks ({doc}`chapter 15 <15_muon_at_scale>`) pays.
+  and equal matrices keep the padding small (at most {{ch13-stack-aligned-max}} x
+  AdamW's bytes, TP included).
+- **report shapes**: one 4096 x 4096 matrix holds almost all the Newton-Schulz work and the
+  busiest rank orthogonalises it whole under every layout, so bucket and owner are modelled
+  within {{ch13-report-gap}}% of each other on every grid. Here a group of ranks per matrix
+  ({doc}`chapter 15 <15_muon_at_scale>`) pays.
 """)
 
 # %% [markdown]
@@ -495,26 +468,22 @@ say(r"""
 #
 # The optimizer's time decides the layout; whether to use Muon at all depends on what it adds to
 # the *training step*. [`muongrid/lab/wholestep.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/wholestep.py) extends the time
-# model to the step, on the hardware table above:
+# model to the step, on the same hardware table:
 #
-# - **forward + backward**: 6 x parameters x tokens FLOPs, spread over every GPU, at the rate the
-#   GPU record measured for a 1.2B Llama (47% of its measured matmul ceiling). Attention's FLOPs
-#   and tensor parallelism's own traffic are left out, so this part is modelled short and Muon's
-#   shares err large;
-# - **the optimizer**, on the busiest rank: the time model above (the ZeRO-1 reduce-scatter and
-#   all-gather, the layout's transfers for Newton-Schulz, its FLOPs) plus the element-wise passes
-#   over the rank's shard at the memory bandwidth the record measured, 28 bytes an element for
-#   AdamW and 54 for Muon (counted on the meta device, {doc}`chapter 14 <14_on_a_gpu>`);
-# - **two shares**, as the sources report theirs: the optimizer's share of the step, and Muon's
-#   extra over AdamW's whole step. Each is given with the ZeRO-1 collectives in the step (serial)
-#   and, after the slash, hidden behind forward and backward as Megatron overlaps them; Muon's own
-#   transfers and Newton-Schulz are never hidden here.
+# - **forward + backward**: 6 x parameters x tokens FLOPs over every GPU, at the rate the GPU
+#   record measured for a 1.2B Llama (47% of its matmul ceiling). Attention and tensor
+#   parallelism's own traffic are left out, so this part is short and Muon's shares err large;
+# - **the optimizer**, on the busiest rank: the time model above plus the element-wise passes over
+#   the rank's shard at the record's memory bandwidth, 28 bytes an element for AdamW and 54 for
+#   Muon (counted on the meta device for the rebuilt step, which is not yet timed on a GPU:
+#   {doc}`chapter 14 <14_on_a_gpu>`);
+# - **two shares**: the optimizer's share of the step, and Muon's extra over AdamW's whole step,
+#   with the ZeRO-1 collectives serial and, after the slash, hidden behind forward and backward as
+#   Megatron does (Muon's own work is never hidden).
 #
-# The configurations: the GPU record's own (one H100, where {doc}`chapter 14 <14_on_a_gpu>` holds
-# the model against the measurement), Llama-3.2-1B on one node of 8, Llama-3-8B on 64 GPUs as
-# 8 x 8 and 16 x 4 with 4 Mi tokens a step, and Kimi K2 on 256 GPUs as a MoE is trained, with
-# expert parallelism: 64 expert slices, each held by 4 ranks ([`scripts/plan_ep.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_ep.py)'s
-# plans, 16 Mi tokens a step).
+# The configurations: the GPU record's own (one H100), Llama-3.2-1B on 8 GPUs, Llama-3-8B on 64 as
+# 8 x 8 and 16 x 4 at 4 Mi tokens a step, and Kimi K2 on 256 GPUs with expert parallelism (64
+# expert slices of 4 ranks, [`scripts/plan_ep.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_ep.py)'s plans, 16 Mi tokens a step).
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab import wholestep
@@ -553,7 +522,6 @@ for lay in (b8x8, b16x4):
 assert b16x4["aligned"]["optimizer_x_adamw"] > 10
 assert one_b["owner"]["over_adamw"][0] < one_b["bucket"]["over_adamw"][0]
 assert k2["owner"]["over_adamw"][0] < 0.05   # a few percent at most, as reported
-keep("ch13-8b-aligned-x", f"{b16x4['aligned']['optimizer_x_adamw']:.0f}")
 for name, lay in (("8x8", b8x8), ("16x4", b16x4), ("1b", one_b), ("k2", k2)):
     keep(f"ch13-ws-{name}-owner", f"{lay['owner']['over_adamw'][0]:.1%}")
     keep(f"ch13-ws-{name}-owner-hidden", f"{lay['owner']['over_adamw'][1]:.1%}")
@@ -570,39 +538,33 @@ keep("ch13-ws-k2-extra", f"{k2['owner']['muon_only'] * 1e3:,.0f}")
 say(r"""
 - **Llama-3-8B on 64 H100, owner layout: Muon adds {{ch13-ws-8x8-owner}} to the step
   on 8 x 8 and {{ch13-ws-16x4-owner}} on 16 x 4** (its optimizer step
-  {{ch13-ws-8x8-owner-x}} and {{ch13-ws-16x4-owner-x}} x AdamW's). At 4 Mi
-  tokens a step forward and backward take seconds, and each GPU orthogonalises a 64th of the
-  matrices. Under `bucket`, where every rank orthogonalises every matrix, the same step is
-  {{ch13-ws-8x8-bucket}} and {{ch13-ws-16x4-bucket}} longer; under
-  `aligned` the padding of the ZeRO-1 collectives costs more than Newton-Schulz.
-- **Llama-3.2-1B on 8 GPUs**: {{ch13-ws-1b-owner}} (hidden collectives:
-  {{ch13-ws-1b-owner-hidden}}). A small model at 16k tokens per GPU has short
-  forward and backward passes, and each GPU still orthogonalises an eighth of the matrices.
-- **Kimi K2 on 256 GPUs with expert parallelism**: Muon's own work (Newton-Schulz and the owner
-  transfers, each expert among the 4 ranks of its slice) is {{ch13-ws-k2-extra}} ms a
-  step against {{ch13-ws-k2-fb}} s of forward and backward at 16 Mi tokens:
-  {{ch13-ws-k2-owner}} more than AdamW ({{ch13-ws-k2-owner-hidden}} with the
-  collectives hidden). NVIDIA measured 2.1% less throughput for the same model on 256 GB300
-  (below). Not modelled: pipeline parallelism, which that run used, the MoE layers' token
-  all-to-alls (the same for both optimizers) and whether the layout fits in memory.
+  {{ch13-ws-8x8-owner-x}} and {{ch13-ws-16x4-owner-x}} x AdamW's): at 4 Mi
+  tokens forward and backward take seconds, and each GPU orthogonalises a 64th of the matrices.
+  Under `bucket` the step is {{ch13-ws-8x8-bucket}} and {{ch13-ws-16x4-bucket}}
+  longer; under `aligned` the padding costs more than Newton-Schulz.
+- **Llama-3.2-1B on 8 GPUs**: {{ch13-ws-1b-owner}} ({{ch13-ws-1b-owner-hidden}}
+  with hidden collectives): short forward and backward at 16k tokens per GPU, and each GPU
+  orthogonalises an eighth of the matrices.
+- **Kimi K2 on 256 GPUs**: Muon's own work (Newton-Schulz and the owner transfers within each
+  expert slice of 4 ranks) is {{ch13-ws-k2-extra}} ms a step against
+  {{ch13-ws-k2-fb}} s of forward and backward: {{ch13-ws-k2-owner}} over AdamW
+  ({{ch13-ws-k2-owner-hidden}} hidden). NVIDIA measured 2.1% less throughput for the
+  same model on 256 GB300 (below). Not modelled: pipeline parallelism, the MoE token all-to-alls
+  (the same for both optimizers) and memory.
 """)
 
 # %% [markdown]
-# These are models on assumed links and a one-GPU rate, with Newton-Schulz charged slower than
-# the record measured and attention left out: each choice makes Muon look costlier, not cheaper.
-# They agree in size with what the paper and the implementations that published a figure report
-# (one to a few percent), on other hardware and models. Halve the tokens a step and the shares
-# roughly double: the optimizer's time does not depend on the tokens.
+# Every assumption of the model (links, Newton-Schulz slower than measured, attention left out)
+# makes Muon look costlier, not cheaper; it agrees in size with the one to a few percent others
+# report.
 #
 # ## Muon's share against the tokens of a step
 #
-# A share quoted at one batch hides the one knob that moves it most. Below, Muon's extra over
-# AdamW's step for the configurations a reader is likely to run, at 128 Ki to 8 Mi tokens a step,
-# from the same pieces as the table above ([`muongrid/lab/muonshare.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/muonshare.py)): Llama-3-8B
-# on one node of 8 H100 with `DistributedMuon` (ZeRO-1, owner layout), Llama-3-70B on 64 H100
-# under FSDP2 with `FSDPMuon`, and Moonlight-16B-A3B, a MoE of 64 experts a layer, on 64 H100
-# with expert parallelism over 8 slices. Nothing is hidden behind forward and backward (the
-# table's first share).
+# The optimizer's time does not depend on the tokens, so a share at one batch hides the knob
+# that moves it most. Below, Muon's extra over AdamW's step at 128 Ki to 8 Mi tokens, from
+# the same pieces ([`muongrid/lab/muonshare.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/muonshare.py)), nothing hidden: Llama-3-8B on 8
+# H100 with `DistributedMuon` (owner), Llama-3-70B on 64 H100 under FSDP2 with `FSDPMuon`, and
+# Moonlight-16B-A3B (64 experts a layer) on 64 H100 with expert parallelism over 8 slices.
 
 # %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch13-share-tokens", "caption": "Muon's extra over AdamW's whole training step (log scale) against the tokens of one optimizer step, modelled on the book's H100 table for three configurations a reader runs, beside DMuon's measured +8.0% (Llama-3.1-8B on 128 A800, dashed). The optimizer's extra is fixed per step, so the share nearly halves each time the tokens double (more slowly where AdamW's own step is long, as under expert parallelism)."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt  # noqa: E402
@@ -643,12 +605,9 @@ for c in curves:   # fixed extra per step: doubling the tokens nearly halves the
     assert all(a > b for a, b in zip(ext, ext[1:])) and 1.5 < ext[-2] / ext[-1] < 2.0
 assert b8["extra"][2**17] > 0.05 > b8["extra"][2**19] > 0.01
 assert moe["optimizer"]["muon"] - moe["optimizer"]["adamw"] < b8["muon_minus_adamw"]
-a = muonshare.assumed()
-keep("ch13-mf-tflops", f"{a['model_flops'] / 1e12:.0f}")
-keep("ch13-mf-share", f"{a['model_share_of_matmul']:.0%}")
-keep("ch13-ew-tbs", f"{a['elementwise'] / 1e12:.2f}")
-keep("ch13-muon-bytes", a["muon_bytes"])
-keep("ch13-adamw-bytes", a["adamw_bytes"])
+a = muonshare.assumed()   # the figures the whole-step section's text states
+assert f"{a['model_share_of_matmul']:.0%}" == "47%"
+assert (a["adamw_bytes"], a["muon_bytes"]) == (28, 54)
 for name, c in (("8b", b8), ("70b", b70), ("moe", moe)):
     keep(f"ch13-sh-{name}-ms", f"{1e3 * c['muon_minus_adamw']:,.0f}")
     for t in (2**17, 2**19, 2**20, 2**22):
@@ -660,34 +619,23 @@ keep("ch13-sh-8b-tok1pc", f"{one_pc / 2**20:.1f} Mi")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-**The step time it assumes.** Forward and backward are 6 x parameters x tokens FLOPs at
-{{ch13-mf-tflops}} TFLOP/s a GPU, the rate the GPU record measured for a 1.2B Llama
-({{ch13-mf-share}} of its measured matmul rate), with attention and tensor parallelism's own
-traffic left out: a real step is longer, so these shares err large. The optimizer is the time
-model above plus its element-wise passes at the record's measured {{ch13-ew-tbs}} TB/s:
-{{ch13-adamw-bytes}} bytes an element for fused AdamW, and {{ch13-muon-bytes}} for Muon, counted on
-the meta device for *our* rebuilt step ({doc}`chapter 14 <14_on_a_gpu>`). That step has not been
-timed on a GPU yet; the record timed the step before the rebuild, and torch's, which is where the
-model's rates come from. Once `make record-gpu` times ours, these rows can rest on it.
-
 - **Llama-3-8B on 8 H100** adds {{ch13-sh-8b-ms}} ms a step to AdamW's: {{ch13-sh-8b-128Ki}}
   at 128 Ki tokens, {{ch13-sh-8b-512Ki}} at 512 Ki, {{ch13-sh-8b-1Mi}} at 1 Mi and
-  {{ch13-sh-8b-4Mi}} at 4 Mi. Eight GPUs share Newton-Schulz eight ways only, so below about
+  {{ch13-sh-8b-4Mi}} at 4 Mi. Eight GPUs share Newton-Schulz only eight ways, so below about
   {{ch13-sh-8b-tok1pc}} tokens a step Muon costs more than 1%.
-- **Llama-3-70B on 64 H100 under FSDP2** adds {{ch13-sh-70b-ms}} ms, the busiest owner's
-  Newton-Schulz of 80 layers' matrices and their trip to it and back: {{ch13-sh-70b-128Ki}} at
-  128 Ki tokens, {{ch13-sh-70b-1Mi}} at 1 Mi ({{ch13-sh-70b-gpu1mi}} tokens a GPU) and
+- **Llama-3-70B on 64 H100 under FSDP2** adds {{ch13-sh-70b-ms}} ms (the busiest owner's
+  Newton-Schulz of 80 layers' matrices and their trips): {{ch13-sh-70b-128Ki}} at 128 Ki
+  tokens, {{ch13-sh-70b-1Mi}} at 1 Mi ({{ch13-sh-70b-gpu1mi}} tokens a GPU) and
   {{ch13-sh-70b-4Mi}} at 4 Mi.
-- **Moonlight under expert parallelism** adds {{ch13-sh-moe-ms}} ms: each expert is orthogonalised
-  among the 8 ranks that hold its slice. A token uses 6 of 64 experts, so forward and backward are
-  short for the parameters the optimizer updates, and AdamW's own step (its ZeRO-1 collectives)
-  is already long: {{ch13-sh-moe-128Ki}} at 128 Ki tokens, {{ch13-sh-moe-1Mi}} at 1 Mi.
+- **Moonlight under expert parallelism** adds {{ch13-sh-moe-ms}} ms, each expert
+  orthogonalised among the 8 ranks of its slice. A token uses 6 of 64 experts, so forward and
+  backward are short for the parameters updated, and AdamW's own step is already long:
+  {{ch13-sh-moe-128Ki}} at 128 Ki tokens, {{ch13-sh-moe-1Mi}} at 1 Mi.
 """)
 
 # %% [markdown]
-# The expert-parallel row is two optimizers, as `tests/test_expert_parallel.py` runs them bit for
-# bit against one process: one for what every rank holds, one for this rank's experts on the grid
-# of its expert slice.
+# In code, the expert-parallel row is two optimizers (`tests/test_expert_parallel.py` checks them
+# bit for bit against one process):
 #
 # ```python
 # grid = Grid.build(dp=64, tp=1, device=device)  # every rank of the job
@@ -700,9 +648,8 @@ model's rates come from. Once `make record-gpu` times ours, these rows can rest 
 # expert_opt.step()
 # ```
 #
-# The expert groups hold this rank's slice of each layer's experts (banks of experts x out x in);
-# the ranks that hold the same slice average its gradients, shard its state and place its
-# Newton-Schulz among themselves, so no expert travels to a rank that does not hold it.
+# The ranks that hold the same expert slice average its gradients, shard its state and share its
+# Newton-Schulz, so no expert leaves the ranks that hold it.
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # DMuon's measured Llama-3.1-8B row against the model of the same model and world.
@@ -718,45 +665,37 @@ keep("ch13-dm-seqs", f"{gap['sequences_per_gpu_at_their_extra']:.1f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-**The distance to DMuon's +8.0%.** DMuon measured Llama-3.1-8B on 128 A800 under FSDP2 (its
-"FSDP-Z2"), sequences of 4,096: AdamW's step {{ch13-dm-adamw}} ms, DMuon's {{ch13-dm-muon}} ms,
-{{ch13-dm-extra-ms}} ms more. The same model on 128 H100 under `FSDPMuon`,
-modelled as above, adds {{ch13-dm-ours-ms}} ms; over DMuon's own AdamW step that would be
-{{ch13-dm-ours-share}}. So the distance is in the extra milliseconds, about {{ch13-dm-times}} times
-ours, not in the batch: to reach +8.0% on H100s the model needs a step as small as
-{{ch13-dm-tokens}} tokens, {{ch13-dm-seqs}} sequences of 4,096 a GPU. The difference lies in what
-the model leaves out and in what differs between the runs: A800s have less bf16 throughput and
-less NVLink bandwidth than H100s; DMuon moves whole matrices (a reduce of each gradient to its
-owner, a broadcast of each parameter from it) where `FSDPMuon` moves bf16 row blocks once each
-way ({doc}`chapter 16 <16_related_work>`); and the model charges no launch or synchronisation cost,
-which a step-start interval includes. DMuon's README does not give the batch of its LLM runs.
+**The distance to DMuon's +8.0%.** DMuon measured Llama-3.1-8B on 128 A800 under FSDP2
+("FSDP-Z2"), sequences of 4,096: AdamW's step {{ch13-dm-adamw}} ms, DMuon's
+{{ch13-dm-muon}} ms, {{ch13-dm-extra-ms}} ms more. The same model on 128 H100 under
+`FSDPMuon`, modelled as above, adds {{ch13-dm-ours-ms}} ms, {{ch13-dm-ours-share}}
+of DMuon's AdamW step. The distance is in the extra milliseconds, about {{ch13-dm-times}}
+times ours, not in the batch: to reach +8.0% the model needs a step of {{ch13-dm-tokens}}
+tokens, {{ch13-dm-seqs}} sequences a GPU. What differs: A800s have less bf16 throughput and
+NVLink bandwidth; DMuon moves whole matrices (reduce to the owner, broadcast back) where
+`FSDPMuon` moves bf16 row blocks ({doc}`chapter 16 <16_related_work>`); and the model charges no
+launch or synchronisation cost. DMuon's README does not give the batch of its LLM runs.
 """)
 
 # %% [markdown]
 # ## The claims, and where this book checks them
 #
-# Every claim of the paper and of the community report that this book checks is listed once, with
-# its source's figure and each chapter's executed finding, in the {doc}`claims appendix <../book/claims>`.
+# The {doc}`claims appendix <../book/claims>` lists every claim this book checks, with its
+# source's figure and each chapter's finding.
 #
 # ## Summary
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-- FSDP2 model: `FSDPMuon`. Otherwise ZeRO-1 (x TP) with `layout="owner"`.
-- `layout="aligned"` only for equal matrices smaller than a bucket that divide evenly into the
-  DP shards (not a Llama layer); `layout="bucket"` to reproduce the paper's numbers.
-- In time, on the model: owner for transformer layers of unequal matrices, aligned only for a
-  stack of equal ones; when one matrix dominates, bucket and owner come within
-  {{ch13-report-gap}}% of each other on H100s. On a CPU Newton-Schulz is the step,
-  and the owner layouts divide it by the number of ranks.
-- In a whole training step, with the owner layout: about {{ch13-ws-8x8-owner}} more
-  than AdamW for Llama-3-8B on 64 H100s, {{ch13-ws-1b-owner}} for a 1B model on 8,
-  in line with the 1-3% and the few percent that others report. The share halves each time the
-  tokens of a step double: Llama-3-8B on 8 H100s pays {{ch13-sh-8b-128Ki}} at 128 Ki tokens and
-  {{ch13-sh-8b-1Mi}} at 1 Mi.
-- Every figure on this page is computed from the plan, the cost model and the time model;
-  `muongrid.lab.choice`, `muongrid.lab.timemodel`, `muongrid.lab.layout_explorer` and
-  `muongrid.lab.wholestep` give the same for your own shapes, grid and hardware.
+- FSDP2 model: `FSDPMuon`; otherwise ZeRO-1 (x TP) with `layout="owner"`; `aligned` only for
+  equal matrices smaller than a bucket; `bucket` to reproduce the paper.
+- With one dominant matrix bucket and owner are within {{ch13-report-gap}}% on H100s:
+  the group layout's case. On a CPU Newton-Schulz is the step.
+- In a whole step the owner layout adds about {{ch13-ws-8x8-owner}} to AdamW's for
+  Llama-3-8B on 64 H100s, {{ch13-ws-1b-owner}} for a 1B model on 8, in line with the 1-3%
+  others report; the share halves each time the tokens double.
+- `muongrid.lab.choice`, `timemodel`, `layout_explorer` and `wholestep` compute the same for
+  your shapes, grid and hardware.
 """)
 
 # %% [markdown]
