@@ -17,6 +17,7 @@ def test_the_recording_path_on_a_cpu_reports_the_gpu_parts_absent(tmp_path, monk
     from muongrid.lab import gpurecord, stepmodels
 
     monkeypatch.setitem(stepmodels.MODELS, "tiny", (1, [(48, 32), (32, 48)], [(100, 32)]))
+    monkeypatch.setitem(stepmodels.ROWWISE, "tiny", {1})   # its second matrix split by column under TP
     out = tmp_path / "not-yet" / "step_bench_gpu.json"
     argv = ["--time", "--models", "tiny", "--warmup", "1", "--steps", "3", "--out", str(out)]
     assert gpurecord.step_bench().main(argv) == 0
