@@ -20,16 +20,13 @@
 # ```{admonition} What this chapter runs
 # Two optimizers saved in this kernel, a checkpoint saved on a 2 x 2 grid and
 # resumed on two others, a save killed half-way, and five kinds of fault injected into a short run.
-# Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 5 <05_distributed_step>`.
+# Reading: about 10 minutes, plus running it. Read first: {doc}`chapter 5 <05_distributed_step>`.
 # ```
 #
-# A long run on many machines is interrupted sooner or later: a node dies, the job is queued again
-# and lands on other machines, perhaps with fewer of them. Two things must then hold. The run must
-# continue **exactly** where it stopped, even on another grid and another layout; and when something
-# goes wrong, the run must **end**, all of it, with a message that names the rank and the cause.
-# Both are cheap to get wrong in a distributed optimizer: a resume that silently continues from
-# other weights looks like a training instability, and a rank that hangs in a collective can hold a
-# whole allocation for hours. This chapter checks both with the real code.
+# A long run is interrupted sooner or later and may come back on other machines, perhaps fewer.
+# It must then continue **exactly** where it stopped, even on another grid and layout; and when
+# something goes wrong it must **end**, all of it, naming the rank and the cause. A silently wrong
+# resume looks like a training instability; a hung rank can hold an allocation for hours.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -75,11 +72,10 @@ elif (importlib.util.find_spec("muongrid") is None
 # %% [markdown]
 # ## What a Muon checkpoint holds
 #
-# Take the tiny GPT of {doc}`chapter 1 <01_muon>` with the hybrid split (Muon for the attention and MLP matrices,
-# AdamW for embeddings, head, norms and biases), build a Distributed Muon and a Distributed AdamW
-# for it in this process (a 1 x 1 grid), and save each with `muongrid.checkpoint.save`. The checkpoint
-# is a folder written by `torch.distributed.checkpoint` ({term}`DCP`, {cite:t}`pytorch2025dcp`); its metadata lists every tensor it
-# holds, so we can count the bytes of each kind of state without loading any of them:
+# The tiny GPT of {doc}`chapter 1 <01_muon>` with the hybrid split, a Distributed Muon and a
+# Distributed AdamW in this process (1 x 1), each saved with `muongrid.checkpoint.save` into a
+# `torch.distributed.checkpoint` folder ({term}`DCP`, {cite:t}`pytorch2025dcp`), whose metadata
+# gives every tensor's bytes without loading it:
 
 # %%
 import tempfile
@@ -163,33 +159,29 @@ keep("ch10-master-ratio", f"{with_master:.2f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-Muon's optimizer state is one momentum buffer per matrix, where AdamW keeps a first and a second
-moment: on the matrices Muon handles, exactly half. Muon handles {{ch10-muon-share}} of
-this model's parameters (the rest, mostly the embeddings and the head, stay with AdamW), so its
-moments come to {{ch10-state-ratio}} of AdamW's, and {{ch10-master-ratio}}
-once the fp32 master weights, which both keep, are counted. On a large model, where the matrices
-are nearly all the parameters, the moments approach the paper's half.
+Muon keeps one momentum per matrix where AdamW keeps two moments: exactly half, on the matrices
+Muon handles. Those are {{ch10-muon-share}} of this model's parameters (embeddings and head stay
+with AdamW), so its moments come to {{ch10-state-ratio}} of AdamW's, and
+{{ch10-master-ratio}} with the fp32 master weights both keep. On a large model, nearly all
+matrices, the moments approach the paper's half.
 """)
 
 # %% [markdown]
 # **The keys are names, the tensors are whole.** Each state tensor is stored under
 # `optim.state.<parameter name>.<kind>` with the *whole* parameter's shape, whatever grid wrote it:
-# each rank writes the rectangles its ZeRO-1 piece covers (a flat range of a row-major matrix is at
-# most three: a partial row, whole rows, a partial row), and DCP records which file holds which
-# rectangle. This is DCP's own convention: its `get_state_dict` / `set_state_dict` also key
-# optimizer state by fully qualified parameter names and store sharded tensors in global
-# coordinates. They expect the shards to be DTensor placements, and a ZeRO-1 cut through the rows
-# of a matrix is not one, so [`muongrid/checkpoint.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/checkpoint.py) describes the rectangles itself. The grid and
-# layout that wrote the checkpoint, every parameter's shape and kinds, and the hyperparameters go to
-# a small `muongrid.json` beside the data.
+# each rank writes the rectangles its ZeRO-1 piece covers (at most three: a partial row, whole
+# rows, a partial row), and DCP records which file holds which. That is DCP's own convention, but
+# its `get_state_dict` expects DTensor placements, which a ZeRO-1 cut through a matrix's rows is
+# not, so [`muongrid/checkpoint.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/checkpoint.py)
+# describes the rectangles itself. Grid, layout, shapes and hyperparameters go to a small
+# `muongrid.json` beside the data.
 
 # %% [markdown]
 # ## Save on one grid, resume on another
 #
-# Here `verify.py` runs the hybrid optimizer for three steps on a 2 x 2 grid with the bucket
-# layout and saves a checkpoint. Two new runs load it: one on four DP ranks with the owner layout,
-# one in a single process. Each runs three more steps, and `verify.py` compares the parameters after
-# each with a single-device run that started at step 0 and was never interrupted:
+# `verify.py` runs the hybrid optimizer three steps on a 2 x 2 grid (bucket layout) and saves.
+# Two runs load it, on four DP ranks (owner layout) and in one process, run three more steps, and
+# compare each step with a single-device run never interrupted:
 
 # %%
 folder = work / "run"
@@ -219,18 +211,16 @@ table(["saved on", "resumed on", "compared",
 assert all(exact), "a resumed run differs from the uninterrupted one"
 
 # %% [markdown]
-# Zero at every step: the resumed runs are the uninterrupted run, bit for bit, on a grid with
-# another DP size and another layout, and in one process. (The check is exact because the same
-# kernels run on the same numbers everywhere; {doc}`chapter 5 <05_distributed_step>` explains why the synthetic gradients make
-# the DP sum exact in any order.) The tests repeat this from 2 x 2 into 3 x 1, 1 x 4, 3 x 2 and
-# 1 x 1, with every layout.
+# Zero at every step: the resumed runs are the uninterrupted run, bit for bit, on another DP size
+# and layout and in one process (exact for the reason {doc}`chapter 5 <05_distributed_step>`
+# gives). The tests repeat it from 2 x 2 into 3 x 1, 1 x 4, 3 x 2 and 1 x 1, with every layout.
 #
-# People without DCP get one plain file: `checkpoint.export(folder, "ckpt.pt")` writes every tensor
-# whole with `torch.save`, the marker inside; `torch.load("ckpt.pt", weights_only=True)` reads it
-# back without running any pickled code, and `checkpoint.load_single` puts it into the
-# single-device `MuonW`, or into PyTorch's own `torch.optim.Muon`, whose `momentum_buffer` is the
-# same momentum ([`tests/test_checkpoint.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_checkpoint.py) continues a run there: bit for bit where the CPU has a
-# native bf16 matrix product, within a bf16 rounding of the update elsewhere):
+# Without DCP: `checkpoint.export(folder, "ckpt.pt")` writes one plain file that
+# `torch.load(..., weights_only=True)` reads, and `checkpoint.load_single` puts it into the
+# single-device `MuonW` or PyTorch's `torch.optim.Muon`
+# ([`tests/test_checkpoint.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_checkpoint.py)
+# continues a run there: bit for bit with a native bf16 matrix product, within a bf16 rounding of
+# the update elsewhere):
 
 # %%
 checkpoint.export(folder, work / "ckpt.pt")
@@ -243,12 +233,10 @@ for key in sorted(k for k in plain if k.startswith("optim.state.layers.3.weight"
 # %% [markdown]
 # ## A save that dies half-way
 #
-# A checkpoint is written by every rank at once, so a rank can die after some files are written
-# and before others are. `checkpoint.save` writes into `<path>.partial` and only when every rank has
-# finished does rank 0 write `muongrid.json` and move the folder into place; the previous checkpoint at
-# `<path>` is replaced only then. Below, a run saves after step 1, then a second run tries to save
-# after step 2 and rank 1 dies in the middle (`MUONGRID_DIE_WHILE_SAVING=1` makes it exit once its
-# files are written):
+# A rank can die after some files are written. `checkpoint.save` writes into `<path>.partial`;
+# only when every rank has finished does rank 0 write `muongrid.json` and move the folder over the
+# previous checkpoint. Below, a run saves after step 1, then a second run's rank 1 dies while saving
+# after step 2 (`MUONGRID_DIE_WHILE_SAVING=1`):
 
 # %%
 safe = work / "safe"
@@ -268,10 +256,9 @@ assert (not (partial / "muongrid.json").exists()
         and checkpoint.read_marker(safe)[1]["step"] == 1)
 
 # %% [markdown]
-# The half-written folder has data files but no marker, and `checkpoint.load` refuses any folder
-# without one. Loading also checks the marker against the optimizer, by name, shape and kind, before
-# it reads a byte, and reads into fresh tensors before copying anything into the optimizer: a load
-# that fails changes nothing. Three ways to get it wrong, each tried on a single-process optimizer:
+# The half-written folder has no marker, and `checkpoint.load` refuses it. Loading checks the
+# marker against the optimizer (names, shapes, kinds) before it reads a byte, and reads into fresh
+# tensors first, so a failed load changes nothing. Three ways to get it wrong:
 
 # %%
 from muongrid.lab.synthetic import DEFAULT_SHAPES, build_problem  # noqa: E402
@@ -314,21 +301,21 @@ assert all(refused), "a bad checkpoint loaded, or changed the parameters"
 # %% [markdown]
 # ## When a rank fails
 #
-# In a distributed run the failing rank is rarely the one that reports first. If rank 1 raises,
-# ranks 0, 2 and 3 are still waiting in a collective; when the launcher stops them, or when their
-# peer's connection closes, they fail too, with errors that say nothing about the cause. The
-# launcher ([`muongrid/launch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/launch.py)) therefore names the rank that failed **first**, prints its traceback
-# in full and every other rank in one line (`--- then ...`), stops every rank and exits with code
-# 1. A rank killed by a signal is the root cause (nothing else explains it); ranks the launcher
-# stopped itself are never blamed. A rank that hangs is ended by its peers' collective timeout
-# (`--timeout`), or, if the backend never returns, by the {term}`watchdog <collective timeout>` in [`muongrid/comm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/comm.py), which
-# names the collective it was waiting in.
+# The failing rank is rarely the one that reports first: if rank 1 raises, its peers fail too,
+# waiting in a collective, with errors that say nothing about the cause. The launcher
+# ([`muongrid/launch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/launch.py))
+# names the rank that failed **first** with its full traceback, every other rank in one line
+# (`--- then ...`), stops every rank and exits 1. A rank killed by a signal is the root cause;
+# ranks the launcher stopped are never blamed. A hung rank is ended by its peers' collective
+# timeout (`--timeout`) or, if the backend never returns, by the
+# {term}`watchdog <collective timeout>` in [`muongrid/comm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/comm.py).
 #
-# [`scripts/faults.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/faults.py) injects a fault on one rank at step 2. It knows eight; here the five whose
-# endings differ most run on a 2 x 1 grid, rank 1 misbehaving (the logs are folded; the table has
-# the launcher's verdict, the first failing rank's last words, cut at 180 characters, and how long
-# the whole run took, start-up included). The other three (nan, wrong-dtype, watchdog) are
-# described below; [`tests/test_failures.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_failures.py) runs all eight on 2 x 1 and 2 x 2 grids.
+# [`scripts/faults.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/faults.py)
+# knows eight faults, injected on one rank at step 2; the five whose endings differ most run here
+# on a 2 x 1 grid, rank 1 misbehaving (logs folded; the table has the verdict, the first failing
+# rank's last words cut at 180 characters, and the run's time).
+# [`tests/test_failures.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_failures.py)
+# runs all eight on 2 x 1 and 2 x 2 grids.
 
 # %%
 import time  # noqa: E402
@@ -357,41 +344,28 @@ assert not any(judged.values()), judged
 # %% [markdown]
 # How to read the rows:
 #
-# - **raise** (and nan, wrong-dtype, not run here): rank 1 raises; the checks on
-#   gradients (`NaN`, a bf16 gradient on an fp32 parameter) run before any communication
-#   of the step, so the message names the parameter, the rank and the step, and nothing has
-#   changed.
-# - **kill**: rank 1 receives SIGKILL, as from the out-of-memory killer. It leaves no traceback, so
-#   the launcher says how it died; its peer, stuck in the reduce-scatter, is stopped and not blamed.
-# - **hang** (and watchdog, not run here): rank 1 never enters the collective. Its peer's
-#   collective times out after `--timeout` seconds and names the operation, the group and the
-#   phase; a rank the watchdog ends (exit code 3) ends the whole run, even while other ranks hang.
-# - **shape-mismatch**: rank 1 built a model with one matrix one column wider. Every rank compares
-#   its plan with every other's in one small all-gather when the optimizer is built, so all of them
-#   fail at once with the parameter's name, before a collective could hang or, worse, mix two
-#   parameters' elements. Which rank is named first is then a matter of timing.
-# - **corrupt-checkpoint**: every rank saves, rank 1 cuts a data file in half, every rank loads.
-#   DCP gathers the ranks' read errors, so every rank fails with the same message.
+# - **raise** (and nan, wrong-dtype): the gradient checks run before the step's communication, so
+#   the message names the parameter, rank and step, and nothing has changed.
+# - **kill**: SIGKILL, as from the out-of-memory killer, leaves no traceback; the launcher says how
+#   rank 1 died, and its peer, stuck in the reduce-scatter, is not blamed.
+# - **hang** (and watchdog): the peer's collective times out after `--timeout` seconds, naming the
+#   operation, group and phase; a rank the watchdog ends (exit code 3) ends the whole run.
+# - **shape-mismatch**: the ranks compare plans in one all-gather when the optimizer is built, so
+#   all fail at once with the parameter's name, before two parameters' elements could mix.
+# - **corrupt-checkpoint**: DCP gathers the ranks' read errors, so every rank fails alike.
 #
-# `book/troubleshooting.md` lists each message with what to do about it.
-#
-# **Why the launcher is ours.** Under `torchrun`, PyTorch's elastic agent supervises the ranks and
-# `muongrid` only adds its messages. For local runs we tried the same agent in-process
-# (`torch.distributed.launcher.api.elastic_launch`): it ended all nine faults, but on its own it
-# names one failed rank without the grid coordinates, gives a rank that ignores SIGTERM 30 s (a
-# constant in torch) before killing it, and its report itself fails on a half-written error file.
-# Meeting the requirements took our own supervision on top of it, more code than the launcher it
-# would replace. [`muongrid/launch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/launch.py) keeps the small one, and forks the ranks from the launcher once it
-# has imported torch, so the ranks do not each pay for importing it again.
+# {doc}`The troubleshooting page <../book/troubleshooting>` lists each message with what to do.
+# Under `torchrun` PyTorch's elastic agent supervises the ranks; for local runs the book's own
+# small launcher does, because the agent alone names no grid coordinates and waits 30 s on a rank
+# that ignores SIGTERM.
 #
 # ### Every time, and under load
 #
-# A failure path that works once on an idle machine can still hang or leave processes behind on a
-# busy one: a rank is slow to start, or the report is read while a rank writes it. (Both happened
-# to earlier versions of this launcher.) [`scripts/fault_bench.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/fault_bench.py) repeats every fault 20 times
-# while busy processes compete for the CPU, and counts the runs that ended cleanly (exit code 1,
-# the right message, the right rank named first) and the processes left behind. Its result is
-# kept in the repository with the command, commit and machine that produced it:
+# A failure path that works on an idle machine can still hang or leave processes behind on a busy
+# one (both happened to earlier versions of this launcher).
+# [`scripts/fault_bench.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/fault_bench.py)
+# repeats every fault 20 times under CPU load and counts clean endings (exit code 1, right message,
+# right rank first) and processes left behind. The recorded result:
 
 # %%
 from muongrid.lab.provenance import load_recorded, provenance_text  # noqa: E402
@@ -421,21 +395,17 @@ keep("ch10-bench-clean", f"{sum(r['clean'] for r in bench['per_fault'].values())
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-{{ch10-bench-clean}} runs ended cleanly. "Slowest, from the fault" is the time from the
-end of step 1 to the end of the run: for a hang it is bounded by the timeout (5 s here) plus the
-time to notice and stop every rank. The load average is the machine's, when the fault's last run
-ended: the busy process the bench starts, and whatever else the machine was running.
+{{ch10-bench-clean}} runs ended cleanly. "Slowest, from the fault" runs from the end of step 1
+to the end of the run: for a hang, the timeout (5 s here) plus the time to stop every rank. The
+load average is the machine's when the fault's last run ended.
 """)
 
 # %% [markdown]
 # ## Summary
 #
-# - A checkpoint stores every state tensor whole, keyed by parameter name, each rank writing the
-#   rectangles of its piece; so it loads on any grid, any layout, or one process. With the checks'
-#   synthetic gradients, whose DP sums are exact in any order, a resumed run is the uninterrupted
-#   run bit for bit on every grid shown; a real model's gradients are summed in an order that
-#   depends on the grid, so a run resumed on another grid agrees to rounding, not bit for bit
-#   ({doc}`chapter 9 <09_training>` compares grids on a real model).
+# - A checkpoint stores every state tensor whole, keyed by parameter name, so it loads on any
+#   grid, layout or one process; with the checks' synthetic gradients a resume is bit for bit, with
+#   a real model's it agrees to rounding ({doc}`chapter 9 <09_training>`).
 # - Muon's optimizer state is one moment per matrix, AdamW's two: half on the matrices Muon handles.
 # - A save is complete only when its marker exists; a load checks before it reads and changes
 #   nothing when it fails.
