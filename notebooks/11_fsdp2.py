@@ -23,13 +23,12 @@
 # Reading: about 10 minutes, plus running it. Read first: {doc}`chapter 2 <02_distributed_map>` and {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
-# "Does it work with FSDP2?" is the question asked most often in every Muon repository. PyTorch's
-# `torch.optim.Muon` accepts a `fully_shard` model without complaint, and its results are right. But
-# Newton-Schulz needs whole matrices and {term}`FSDP2` {cite:p}`pytorch2025fsdp2` gives every rank a block of rows, so {term}`DTensor` quietly
-# gathers each matrix on every rank, and every rank orthogonalises every matrix. This chapter puts the
-# three ways of sharding a Muon model side by side, ZeRO-1 x TP (chapters 4 to 9), FSDP2, and FSDP2 x
-# TP, and measures `muongrid.fsdp.FSDPMuon`, which sends each matrix to one owner, against
-# `torch.optim.Muon` on the same FSDP2 model, in the same run, on the same batches.
+# "Does it work with FSDP2?" is the question asked most in every Muon repository. PyTorch's
+# `torch.optim.Muon` takes a `fully_shard` model and gets the right result, but {term}`FSDP2`
+# {cite:p}`pytorch2025fsdp2` gives every rank a block of rows, so {term}`DTensor` quietly gathers
+# each matrix on every rank and every rank orthogonalises every matrix. This chapter sets ZeRO-1 x
+# TP, FSDP2 and FSDP2 x TP side by side and measures `muongrid.fsdp.FSDPMuon`, one owner per matrix,
+# against `torch.optim.Muon` on the same FSDP2 model and batches.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -80,18 +79,14 @@ elif (importlib.util.find_spec("muongrid") is None
 # | **FSDP2** (`fully_shard` on "dp") | row blocks (`Shard(0)`), gathered by FSDP2 for forward and backward | reduce-scattered by FSDP2 into row blocks | row blocks, like the parameter | its owner, from the row blocks |
 # | **FSDP2 x TP** (`parallelize_module` on "tp", then `fully_shard` on "dp") | row blocks of each TP shard | row blocks of each TP shard | the same blocks | its owner, from blocks split both ways |
 #
-# Under ZeRO-1 the optimizer does the data-parallel communication itself (gradients in, parameters
-# out). Under FSDP2 it is FSDP2 that gathers the weights before each forward and backward and
-# reduce-scatters the gradients; the optimizer receives its blocks already averaged, and what it
-# moves is only what Newton-Schulz needs. For AdamW that is nothing at all: it is elementwise.
+# Under ZeRO-1 the optimizer moves gradients in and parameters out itself. Under FSDP2, FSDP2 does
+# both; the optimizer gets its blocks already averaged and moves only what Newton-Schulz needs
+# (for AdamW, nothing).
 #
-# Where does each block sit? DTensor knows: `compute_local_shape_and_global_offset` gives every
-# rank's rectangle of the whole matrix, uneven rows included, and for FSDP2 over TP the rows of a TP
-# shard, cut again over DP (a `_StridedShard`). {term}`FSDPMuon` collects every rank's rectangles once when
-# it is built and sends each matrix's blocks to its owner in one bf16 all-to-all, and the results back
-# in another. The owners are chosen by the same rule as the engine's "owner" layout (largest matrices
-# first, each to the least-loaded rank). {numref}`fig-ch11-holders` draws who holds what on a 2 x 2
-# grid.
+# DTensor's `compute_local_shape_and_global_offset` gives every rank's rectangle of each matrix,
+# uneven rows and FSDP2-over-TP's `_StridedShard` included. {term}`FSDPMuon` collects them once and
+# sends each matrix's blocks to its owner (chosen as in {doc}`chapter 8 <08_beyond_poc>`) in one bf16
+# all-to-all, and the results back in another. {numref}`fig-ch11-holders` draws a 2 x 2 grid.
 
 # %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch11-holders", "caption": "Two matrices, `w0` (64 x 64) and `w1` (192 x 64), both split by rows over TP (dashed line), on a 2 x 2 grid: what each rank holds of them. ZeRO-1 x TP (top, from `build_plan` with the owner layout) keeps every weight's whole TP shard on each DP rank, and cuts the optimizer state as one flat buffer: `w0` falls whole into DP rank 0's shard, only `w1` is cut. FSDP2 x TP (bottom, row blocks as `torch.chunk` cuts them; owners from `fsdp_routes.routes`, as `FSDPMuon` picks them) keeps only a block of rows of every weight at rest (it gathers the TP shard for forward and backward) and the state in the same blocks, so every matrix is cut over DP. Under both, one owner per matrix (red) runs Newton-Schulz on the whole matrix; every block not on the owner travels there and back."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
@@ -120,11 +115,9 @@ runs = {name: last_json(run(f"train.py {grid} {TINY}", log="collapsed"))
         for name, grid in GRIDS.items()}
 
 # %% [markdown]
-# Each run trains the same tiny GPT (the hybrid: Muon for the attention and MLP matrices, AdamW for
-# embeddings, head and norms) on the same four batches. The two FSDP2 runs also train a second copy
-# with `torch.optim.Muon` (and `torch.optim.AdamW` for the rest) beside ours. First, what the
-# FSDP2 x TP run's parameters look like to the optimizer: a matrix split by `ColwiseParallel` and
-# then by FSDP2 is `_StridedShard` on "dp" and `Shard(0)` on "tp"; a replicated one (the head) is
+# Each run trains the hybrid tiny GPT on the same four batches; the FSDP2 runs also train a copy
+# with `torch.optim.Muon` (and `torch.optim.AdamW`) beside ours. The FSDP2 x TP run's placements:
+# a `ColwiseParallel` matrix is `_StridedShard` on "dp" and `Shard(0)` on "tp"; the replicated head
 # `Shard(0)` on "dp" only.
 
 # %%
@@ -141,10 +134,8 @@ table(
 # %% [markdown]
 # ## What each one moves per step
 #
-# The optimizer's own traffic, per rank and step, from the ledger (`comm.py`: every collective the
-# optimizer runs, priced as a ring algorithm moves it). Under ZeRO-1 that includes the gradient
-# reduce-scatter and the parameter all-gather; under FSDP2 those are FSDP2's, the same for every
-# optimizer, and not in the ledger.
+# The optimizer's own traffic per rank and step, from the ledger. Under FSDP2 the gradient
+# reduce-scatter and parameter all-gather are FSDP2's, the same for any optimizer, and not in it.
 
 # %%
 phase_rows = []
@@ -183,24 +174,19 @@ keep("ch11-owner-fsdp", f"{owner_bytes['fsdp']:,}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-Read it this way. ZeRO-1's AdamW moves the gradients in and the parameters out; Muon adds the
-trips to and from each matrix's owner. Under FSDP2 the first two belong to FSDP2, so FSDPMuon's
-ledger holds only the owner trips, and for the hybrid's AdamW parameters nothing at all. The owner
-trips are of the same kind in both (bf16 blocks of every Muon matrix that is not already on its
-owner), so their size depends on how much of each matrix lives away from its owner, and that is
-what the sharding decides. FSDP2's `Shard(0)` cuts every matrix's rows over DP, so every matrix
-has pieces elsewhere; ZeRO-1's flat buffer leaves a matrix that falls inside one rank's shard
-whole there. On the same 2 x 2 grid rank 0's owner trips move {{ch11-owner-fsdp}} bytes
-under FSDP2 against {{ch11-owner-zero1}} under ZeRO-1.
+The owner trips are the same kind under both (bf16 blocks of each Muon matrix not already on its
+owner); their size is set by the sharding. FSDP2's `Shard(0)` cuts every matrix over DP, while
+ZeRO-1's flat buffer leaves a matrix inside one rank's shard whole. On the same 2 x 2 grid rank 0's
+owner trips move {{ch11-owner-fsdp}} bytes under FSDP2 against {{ch11-owner-zero1}} under
+ZeRO-1.
 """)
 
 # %% [markdown]
 # ## FSDPMuon against torch.optim.Muon, on the same FSDP2 model
 #
-# `train.py --compare-torch-muon` trains both on the same batches in one run. torch's traffic is
-# counted by `CommDebugMode` around its optimizer step, each collective priced with the same ring
-# formulas as our ledger ([`muongrid/lab/dtensor_comm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/dtensor_comm.py)); its Newton-Schulz calls are counted by
-# wrapping its Newton-Schulz function.
+# `train.py --compare-torch-muon` trains both in one run; torch's traffic is counted by
+# `CommDebugMode` and priced with our ledger's formulas
+# ([`muongrid/lab/dtensor_comm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/dtensor_comm.py)).
 
 # %%
 rows, ratios = [], {}
@@ -243,72 +229,52 @@ keep("ch11-loss-gap", f"{max(abs(a - b) for a, b in loss_pairs):.1e}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-On the 2 x 2 grid torch's optimizer step sends {{ch11-bytes-ratio}} times the bytes of
-ours from rank 0, in {{ch11-coll-torch}} collectives against {{ch11-coll-ours}},
-and its ranks run Newton-Schulz {{ch11-ns-torch}} times per step between them where ours
-run it {{ch11-ns-ours}} times: once per matrix. Its optimizer step took
-{{ch11-time-ratio}} times as long as ours here (times on a shared 2-core CPU are noisy;
-the counts are not). The two loss curves differ by at most {{ch11-loss-gap}} nats per
-step: the same method, summed in another order ([`tests/test_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_fsdp.py) checks FSDPMuon bit for bit
-against single-device Muon on 2x1, 4x1, 2x2 and, after resharding a checkpoint, 3x1 and 1x1, and
-within a stated tolerance of `torch.optim.Muon`).
+On the 2 x 2 grid torch's step sends {{ch11-bytes-ratio}} times our bytes from rank 0, in
+{{ch11-coll-torch}} collectives against {{ch11-coll-ours}}, and runs Newton-Schulz
+{{ch11-ns-torch}} times per step against our {{ch11-ns-ours}} (once per matrix). It took
+{{ch11-time-ratio}} times as long (noisy on a shared 2-core CPU; the counts are not). The loss
+curves differ by at most {{ch11-loss-gap}} nats per step: the same method, summed in another
+order ([`tests/test_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_fsdp.py)
+checks FSDPMuon bit for bit against single-device Muon on 2x1, 4x1, 2x2 and after resharding).
 """)
 
 # %% [markdown]
-# Why so many collectives? DTensor runs Newton-Schulz's matmuls and norms on sharded operands: each
-# `X @ X.T` on a row-sharded `X` needs the other rows, each norm an all-reduce, and every one of the
-# five iterations repeats it, on every rank, for every matrix. Nothing is wrong; it is simply the
-# most expensive correct way.
+# Why so many collectives? Each `X @ X.T` on a row-sharded `X` needs the other rows and each norm
+# an all-reduce, in every iteration, on every rank, for every matrix: correct, and the most
+# expensive way.
 
 # %% [markdown]
 # ## Checkpoints
 #
-# `muongrid.checkpoint.save(opt, path, step=..., scheduler=sched)` and `checkpoint.load` take an
-# FSDPMuon as they take a DistributedMuon. FSDPMuon keeps its state as torch keeps it
-# (`momentum_buffer`, `exp_avg`, `exp_avg_sq`, `step`), as DTensors placed like their parameters, so
-# the checkpoint writes them as they are and DCP reshards them: the tests save on 2 x 2 and continue
-# on 3 x 1, save on 2 x 1 and continue in one process or on 2 x 2, scheduler included, bit for bit
-# with a run that was never interrupted.
+# `muongrid.checkpoint.save` and `load` take an FSDPMuon too. Its state is torch's
+# (`momentum_buffer`, `exp_avg`, `exp_avg_sq`, `step`) as DTensors placed like the parameters, so
+# DCP reshards it: the tests save on 2 x 2 and continue on 3 x 1, on 2 x 1 and continue on 1 x 1 or
+# 2 x 2, bit for bit with an uninterrupted run.
 
 # %% [markdown]
 # ## When to pick which
 #
-# - **ZeRO-1 x TP** (chapters 4 to 9) when the model's weights fit on every DP rank (with TP): the
-#   optimizer owns all data-parallel communication, the gradients and parameters travel once per
-#   step, and its layouts let you trade Newton-Schulz work against bytes.
-# - **FSDP2** when the weights themselves do not fit, or your training code is already built on
-#   `fully_shard`: FSDP2 gathers the weights for forward and backward (with `fully_shard` on each
-#   block, as large models do, one block's weights at a time; `train.py` wraps this tiny model as one
-#   unit), which is more traffic than ZeRO-1's one all-gather per step, and FSDPMuon adds only the
-#   trips to and from the owners.
-# - **FSDP2 x TP** when one layer is too large for one device, or to keep the DP group small: the
-#   matrices are split both ways, and the owner collects the blocks from both.
+# - **ZeRO-1 x TP** when the weights fit on every DP rank (with TP): gradients and parameters
+#   travel once per step, and the layouts trade Newton-Schulz work against bytes.
+# - **FSDP2** when the weights do not fit, or your code is built on `fully_shard`: FSDP2 gathers the
+#   weights for forward and backward (more traffic than ZeRO-1's one all-gather), and FSDPMuon adds
+#   only the owner trips.
+# - **FSDP2 x TP** when one layer is too large for one device, or to keep the DP group small.
 #
-# In every case, give Newton-Schulz whole matrices once, on one rank: never let each rank gather
-# every matrix (that is `torch.optim.Muon` on DTensors), and never orthogonalise a block alone
-# (that is a different and wrong update).
+# In every case, orthogonalise each whole matrix once, on one rank: not on every rank (that is
+# `torch.optim.Muon` on DTensors), and never a block alone (a wrong update).
 
 # %% [markdown]
 # ## Summary
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-- ZeRO-1 x TP, FSDP2 and FSDP2 x TP shard different things (the table at the top); in all three a
-  Muon matrix must be whole on one rank for Newton-Schulz, and {term}`FSDPMuon` sends each matrix's
-  blocks, wherever DTensor placed them, to one owner and the results back, in one bf16 all-to-all
-  each way.
-- Under FSDP2 the optimizer's ledger holds only those owner trips (FSDP2 moves the gradients and
-  weights), and nothing for AdamW. The owner trips depend on the sharding: on the same 2 x 2 grid
-  rank 0 moved {{ch11-owner-fsdp}} bytes under FSDP2 against {{ch11-owner-zero1}}
-  under ZeRO-1 (asserted larger), because `Shard(0)` cuts every matrix over DP.
-- `torch.optim.Muon` on the same FSDP2 model is correct (the loss curves differ by at most
-  {{ch11-loss-gap}} nats per step) but its step sent {{ch11-bytes-ratio}} times the
-  bytes in {{ch11-coll-torch}} collectives against {{ch11-coll-ours}}, and ran
-  Newton-Schulz {{ch11-ns-torch}} times against {{ch11-ns-ours}}: every rank
-  gathers and orthogonalises every matrix.
-- FSDPMuon's state is torch's, placed like the parameters, so DCP reshards its checkpoints
-  (the tests resume on other grids bit for bit). Pick ZeRO-1 x TP when the weights fit on every DP
-  rank, FSDP2 (+ TP) when they do not; {doc}`chapter 13 <13_what_to_pick>` prices the choice.
+- {term}`FSDPMuon` sends each Muon matrix's blocks, wherever DTensor placed them, to one owner
+  and back, one bf16 all-to-all each way; under FSDP2 that is all its ledger holds.
+- `torch.optim.Muon` on the same model is correct but sent {{ch11-bytes-ratio}} times the bytes
+  and ran Newton-Schulz {{ch11-ns-torch}} times against {{ch11-ns-ours}}.
+- DCP reshards FSDPMuon's checkpoints. Pick ZeRO-1 x TP when the weights fit on every DP rank,
+  FSDP2 (+ TP) when they do not; {doc}`chapter 13 <13_what_to_pick>` prices the choice.
 """)
 
 # %% [markdown]
