@@ -57,9 +57,8 @@ elif (importlib.util.find_spec("muongrid") is None
         "book's Colab button.")
 
 # %% [markdown]
-# Before we distribute Muon we need a map of the territory: the ways a training job is split
-# across processes ("ranks"), what each rank then has to store, and the handful of collective
-# operations they use to talk. This chapter computes the first and runs the second for real.
+# A map before we distribute Muon: the ways a training job is split across processes
+# ("ranks"), what each rank then stores, and the collectives they use to talk.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -75,9 +74,9 @@ elif (importlib.util.find_spec("muongrid") is None
 # ## Why one device is not enough
 #
 # Training keeps four things per parameter: the parameter, its gradient, an fp32 master copy that
-# the optimizer updates, and the optimizer's own state. With mixed precision (bf16 parameters and
-# gradients) and AdamW that is 2 + 2 + 4 + 8 = 16 bytes per parameter, before any activations.
-# The calculator in [`muongrid/lab/memory.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/memory.py) does this arithmetic:
+# the optimizer updates, and the optimizer's state. With mixed precision (bf16 parameters and
+# gradients) and AdamW that is 2 + 2 + 4 + 8 = 16 bytes, as
+# [`muongrid/lab/memory.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/memory.py) computes:
 
 # %%
 from muongrid.lab.memory import STRATEGIES, per_rank_bytes
@@ -98,15 +97,14 @@ table(
 )
 
 # %% [markdown]
-# (Activations are not included.) A 7B-parameter model needs more than one 80 GB accelerator holds. Muon keeps one state tensor
-# (momentum) where AdamW keeps two, which saves 4 of the 16 bytes, but that alone does not make a
-# large model fit. We need to split the work.
+# (Activations are not included.) A 7B-parameter model needs more than one 80 GB accelerator holds. Muon's one state tensor
+# (momentum) against AdamW's two saves 4 of the 16 bytes: not enough.
 #
 # ## The strategies
 #
 # **Data parallel (DP).** Every rank holds the whole model and processes a different part of the
-# batch. After the backward pass the ranks average their gradients, so every replica takes the
-# same step. Memory per rank does not shrink at all.
+# batch; the ranks average their gradients, so every replica takes the same step. Memory per rank
+# does not shrink.
 #
 # **ZeRO** {cite:p}`rajbhandari2020zero` removes DP's redundancy in stages. *ZeRO-1* shards the
 # optimizer state (and master weights): each of the `dp` ranks updates only its `1/dp` slice of
@@ -117,16 +115,15 @@ table(
 #
 # **Tensor parallel (TP)** {cite:p}`shoeybi2019megatron` splits the weight matrices of each layer
 # across ranks. A linear layer's weight can be split by rows (dimension 0, "column-parallel" in
-# Megatron's terms, each rank computing some output features) or by columns (dimension 1,
-# "row-parallel", each rank consuming some input features). We call that dimension
-# `tp_split_dim`. TP needs fast links, because the ranks exchange activations inside every layer.
+# Megatron's terms: each rank computes some output features) or by columns (dimension 1,
+# "row-parallel"); we call that dimension `tp_split_dim`. TP needs fast links: the ranks exchange
+# activations inside every layer.
 #
 # **Pipeline parallel (PP)** puts consecutive layers on different ranks and streams
 # micro-batches through them.
 #
-# These compose. Moonshot's Distributed Muon runs on a 2-D grid: TP inside each model replica, and
-# ZeRO-1 data parallelism across replicas. Here is what one rank stores for a 7B model on 8
-# devices under a few layouts (mixed precision), in GB per rank:
+# These compose: Moonshot's Distributed Muon runs TP inside each model replica and ZeRO-1 across
+# replicas. What one rank stores for a 7B model on 8 devices (mixed precision), in GB:
 
 # %%
 import matplotlib.pyplot as plt
@@ -182,10 +179,9 @@ show(fig)
 plt.close(fig)
 
 # %% [markdown]
-# Two things to read off {numref}`fig-ch2-memory`. First, under ZeRO-1 the optimizer state, the biggest item
-# under DP, becomes small, and Muon's state is half of AdamW's: one tensor instead of two. Second,
-# ZeRO-1 leaves each rank with the whole (TP-local) parameters and gradients, which is exactly
-# what makes Muon's update possible: as we will see, Newton-Schulz needs whole matrices.
+# In {numref}`fig-ch2-memory`, ZeRO-1 shrinks the optimizer state, the biggest item under DP, and
+# Muon's is half of AdamW's. ZeRO-1 also leaves each rank the whole (TP-local) parameters and
+# gradients, which Muon's update needs: Newton-Schulz works on whole matrices.
 #
 # ## The collectives, run for real
 #
@@ -198,8 +194,8 @@ plt.close(fig)
 #   reduce-scatter followed by an all-gather.
 #
 # A fourth, **broadcast**, copies one rank's tensor to all. [`scripts/collectives.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/collectives.py) runs all four
-# on 4 processes over gloo. Rank $r$'s values are $100r + i$, so you can see where every number
-# came from; its full printout is folded below, and {numref}`fig-ch2-collectives` draws it.
+# on 4 processes over gloo. Rank $r$'s values are $100r + i$, so every number shows where it came
+# from; {numref}`fig-ch2-collectives` draws the (folded) printout.
 
 # %%
 from muongrid.lab.diagrams import collectives_diagram
@@ -216,26 +212,25 @@ plt.close("all")
 assert demo["allreduce_is_rs_plus_ag"]
 
 # %% [markdown]
-# These are the script's own calls, on every rank (`full` is the rank's whole tensor, `shard` its
-# quarter of it). `comm` is the book's thin wrapper around `torch.distributed`: each method makes
-# one call, such as `dist.reduce_scatter_single` (`reduce_scatter_tensor` before torch 2.13) on a
-# flat tensor, and records its bytes in a ledger (below). Chapter 5 writes a whole distributed
-# Muon step with such calls and no wrapper.
+# The script's own calls, on every rank (`full` is the rank's whole tensor, `shard` its quarter).
+# `comm` ([`muongrid/comm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/comm.py)) is the book's thin wrapper around `torch.distributed`: each method
+# makes one call, such as `dist.reduce_scatter_single` (`reduce_scatter_tensor` before torch
+# 2.13), and records its bytes in a *ledger*. Chapter 5 writes a whole distributed Muon step with
+# such calls and no wrapper.
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 listing("scripts/collectives.py", start_after="BOOK-START collectives",
         end_before="BOOK-END collectives")
 
 # %% [markdown]
-# ZeRO-1 uses a reduce-scatter to average gradients (each rank gets the average for its own
-# slice, which is all it needs to update its slice) and an all-gather to give every rank the
-# updated parameters. Together they move the same bytes as the all-reduce that plain DP uses.
+# ZeRO-1 averages gradients with a reduce-scatter (each rank gets the average for its own slice,
+# all it needs to update it) and gives every rank the updated parameters with an all-gather.
+# Together they move the same bytes as plain DP's all-reduce.
 #
-# **Counting bytes.** In the ring algorithm that NCCL uses for large tensors, the ranks pass shards
-# around a ring: in an all-gather over $n$ ranks with shards of $s$ elements, each rank sends
-# (and receives) $(n-1)s$ elements; a reduce-scatter is the same; an all-reduce is twice that. Every
-# collective in this book goes through one wrapper ([`muongrid/comm.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/comm.py)) that records these counts in a
-# *ledger*. For the run above (fp32, 4 bytes per element):
+# **Counting bytes.** In the ring algorithm that NCCL uses for large tensors, an all-gather over
+# $n$ ranks with shards of $s$ elements has each rank send (and receive) $(n-1)s$ elements; a
+# reduce-scatter is the same; an all-reduce is twice that. The ledger records these counts. For
+# the run above (fp32, 4 bytes per element):
 
 # %%
 n = demo["world"]
@@ -251,15 +246,14 @@ for op, rec in demo["ledger"].items():
     )
 
 # %% [markdown]
-# One caveat that matters later: gloo, the CPU backend, has no native reduce-scatter and runs an
-# all-reduce of the whole input instead. The ledger counts what the ring algorithm moves (what
-# NCCL does on GPUs), not what gloo happens to do, and timings on gloo must be read with that in
-# mind (chapter 6 comes back to it).
+# A caveat for later: gloo, the CPU backend, has no native reduce-scatter and runs an all-reduce
+# of the whole input instead. The ledger counts what the ring moves (what NCCL does on GPUs), not
+# what gloo does; chapter 6 comes back to it.
 #
 # ## A memory calculator
 #
-# Move the slider of {numref}`fig-ch2-explorer` to change the model size (it moves in this page;
-# every position was computed with `per_rank_bytes` when the page was built).
+# Move the slider of {numref}`fig-ch2-explorer` to change the model size (every position was
+# computed with `per_rank_bytes` when the page was built).
 
 # %% mystnb={"figure": {"caption": "GB per rank on 8 devices for each layout of the table above, as the model grows; the dotted line is an 80 GB accelerator. The title counts the rows that fit. The axis stays at 0-240 GB for every size, so the line keeps its place; a longer bar stops at the edge, its total written inside (\u25b6).", "name": "fig-ch2-explorer"}}
 from muongrid.lab.explorers import Figure, memory_explorer
@@ -267,9 +261,8 @@ from muongrid.lab.explorers import Figure, memory_explorer
 show(Figure(memory_explorer()))
 
 # %% [markdown]
-# {numref}`fig-ch2-grid` fixes the model at 7B parameters and moves the grid instead: the DP and
-# TP sizes, under each ZeRO stage (mixed precision). It moves in the static page; in Jupyter,
-# `per_rank_bytes(n, optimizer, zero=..., dp=..., tp=..., mixed_precision=...)` gives any other point.
+# {numref}`fig-ch2-grid` fixes the model at 7B parameters and moves the grid (DP and TP sizes)
+# instead; `per_rank_bytes(n, optimizer, zero=..., dp=..., tp=...)` gives any other point.
 
 # %% mystnb={"figure": {"caption": "GB per rank for a 7B model under each ZeRO stage, AdamW and Muon, on the grid (dp x tp) set by the slider; the dotted line is an 80 GB accelerator, on the same fixed 0-240 GB axis.", "name": "fig-ch2-grid"}}
 from muongrid.lab.explorers import grid_memory_explorer
@@ -279,27 +272,25 @@ show(Figure(grid_memory_explorer(billions=7)))
 # %% [markdown]
 # ## Why Muon is harder to distribute than AdamW
 #
-# AdamW's update is *elementwise*: each parameter's new value depends only on its own gradient and
-# state. So under ZeRO-1 each rank updates its slice with no extra communication.
+# AdamW's update is *elementwise*, so under ZeRO-1 each rank updates its slice with no extra
+# communication.
 #
 # Muon's update is *matrix-wise*: Newton-Schulz multiplies the whole momentum matrix by itself.
-# Under ZeRO-1 a rank holds the momentum for only a slice of the flat parameter buffer, which
-# may cut a matrix in two; under TP the matrix is also split across the TP ranks. Before
+# Under ZeRO-1 a rank holds the momentum of a slice of the flat parameter buffer, which may cut a
+# matrix in two; under TP the matrix is also split across ranks. Before
 # orthogonalising, the pieces must be brought together, and afterwards each rank keeps only its
-# piece of the result. That is Moonshot's Distributed Muon, and the rest of this book takes it
-# apart. (Under FSDP, PyTorch's own `torch.optim.Muon` accepts the sharded parameters, but only
-# because the sharded tensor type gathers the matrix inside every matrix product, many small
-# collectives per step: correct, not efficient.)
+# piece of the result. That is Moonshot's Distributed Muon, which the rest of this book takes
+# apart. (Under FSDP, `torch.optim.Muon` works only because the sharded tensor type gathers the
+# matrix inside every product: correct, not efficient; {doc}`chapter 11 <11_fsdp2>` measures it.)
 #
 # ## Summary
 #
-# - DP replicates, TP and PP split the model, ZeRO-1/2/3 shard optimizer state, gradients and
-#   parameters over DP ranks; FSDP is ZeRO-3.
-# - Per parameter with mixed precision: AdamW needs 16 bytes, Muon 12; ZeRO-1 divides the
-#   master and optimizer part by `dp`.
-# - All-gather and reduce-scatter each move $(n-1)/n$ of the full tensor per rank; all-reduce is
-#   both.
-# - Muon needs whole matrices, so distributing it costs extra gathers: the subject of chapters 3-6.
+# - DP replicates; TP and PP split the model; ZeRO-1/2/3 shard optimizer state, gradients and
+#   parameters over DP ranks (FSDP is ZeRO-3).
+# - Mixed precision: AdamW needs 16 bytes a parameter, Muon 12; ZeRO-1 divides the master and
+#   optimizer part by `dp`.
+# - All-gather and reduce-scatter each move $(n-1)/n$ of the tensor per rank; all-reduce is both.
+# - Muon needs whole matrices, so distributing it costs extra gathers (chapters 3-6).
 #
 # ## Exercises
 #
