@@ -59,8 +59,7 @@ elif (importlib.util.find_spec("muongrid") is None
 # %% [markdown]
 # Distributed Muon runs on a grid of `dp x tp` processes: `tp` ranks share the work of one
 # model replica (tensor parallel), and `dp` such replicas see different data (data parallel,
-# with ZeRO-1). This chapter builds the grid, draws it from the process groups of a real run, and
-# lists what every rank holds.
+# with ZeRO-1).
 #
 # **Learning goals.** After this chapter you can
 #
@@ -78,22 +77,20 @@ elif (importlib.util.find_spec("muongrid") is None
 # $$ r = \mathit{dp\_rank} \cdot tp + \mathit{tp\_rank}. $$
 #
 # So the TP groups are runs of consecutive ranks ($\{0,1,2,3\}, \{4,5,6,7\}$ for a 2 x 4 grid) and
-# the DP groups are the ranks `tp` apart ($\{0,4\}, \{1,5\}, \ldots$). This is the order PyTorch's
-# `init_device_mesh(device, (dp, tp), mesh_dim_names=("dp", "tp"))` uses, and the one place in
-# our code that builds the groups is [`muongrid/grid.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/grid.py).
+# the DP groups are the ranks `tp` apart ($\{0,4\}, \{1,5\}, \ldots$): the order of PyTorch's
+# `init_device_mesh(device, (dp, tp), mesh_dim_names=("dp", "tp"))`. Our groups are built in one
+# place, [`muongrid/grid.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/grid.py).
 #
-# Consecutive ranks are the ones that `torchrun` starts on the same node (`--nproc-per-node`
-# at a time). Putting TP on consecutive ranks therefore keeps each TP group inside a node, on its
-# fast links (NVLink), which matters because TP talks in every layer, and for Muon, once per
-# matrix in every optimizer step. DP traffic happens once per bucket per step and can cross the
-# slower network between nodes.
+# `torchrun` starts consecutive ranks on the same node, so each TP group stays inside a node, on
+# its fast links (NVLink): TP talks in every layer and, for Muon, once per matrix in every
+# optimizer step. DP talks once per bucket per step and can cross the slower network between
+# nodes.
 #
 # ## The grid of a real run
 #
 # [`scripts/inspect_grid.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/inspect_grid.py) starts 8 processes as a 2 x 4 grid ({term}`data parallel (DP)` x
-# {term}`tensor parallel (TP)`). Each builds its groups and its
-# Distributed Muon optimizer, then reports the ranks in its DP and TP group *as the process groups
-# themselves list them*, the part of the optimizer state it owns, and its bytes of state.
+# {term}`tensor parallel (TP)`). Each builds its groups and its optimizer, then reports its DP
+# and TP group *as the process groups list them*, the optimizer state it owns, and its bytes.
 
 # %%
 from muongrid.lab.notebook import last_json, run
@@ -101,8 +98,7 @@ from muongrid.lab.notebook import last_json, run
 grid_run = last_json(run("inspect_grid.py --dp 2 --tp 4"))
 
 # %% [markdown]
-# The drawing below is made from those reported groups (not from the formula), and the cell
-# checks that they agree with the formula in `grid_layout`.
+# The drawing is made from the reported groups; the cell checks them against `grid_layout`.
 
 # %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch3-grid", "caption": "The 2 x 4 grid of the run above, drawn from the groups the processes reported: blue boxes are TP groups (one model replica each), orange lines are DP groups."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
@@ -205,8 +201,7 @@ assert all(
 #
 # **Along TP**, a rank holds a slice of every matrix that is split: rows
 # (`tp_split_dim = 0`) or columns (`tp_split_dim = 1`), `1/tp` of them; matrices that are not
-# split are held whole by every TP rank. The five matrices of Moonshot's proof of concept, on
-# TP rank 0 of this grid:
+# split are held whole by every TP rank. The proof of concept's five matrices on TP rank 0:
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 from muongrid.lab.notebook import table
@@ -229,8 +224,7 @@ table(
 # %% [markdown]
 # **Along DP**, the ranks of a DP group hold the same TP slices (they are replicas) but split the
 # optimizer state between them: ZeRO-1. Each keeps the momentum and fp32 master weights for only
-# its shard of the flat parameter buffer. Chapter 4 looks at those shards closely; here is how much
-# each rank keeps:
+# its shard of the flat parameter buffer (chapter 4 looks at the shards). How much each keeps:
 
 # %%
 rows = []
@@ -263,17 +257,15 @@ assert all(
 ), "with dp = 2 each rank should own half of its TP-local elements"
 
 # %% [markdown]
-# Every rank owns half of its TP-local elements because `dp = 2`, and all ranks keep the same
-# amount of state because the shards are equal by construction (the buffer is padded to a
-# multiple of `dp` to make them so). Here no padding was needed; where it is, the padding lies in
-# the last DP rank's shards, which then hold a few fewer parameter elements in the same state
-# (chapter 4 shows such a case).
+# Every rank owns half of its TP-local elements because `dp = 2`, and the same amount of state
+# because the buffer is padded to a multiple of `dp` (here no padding was needed; chapter 4 shows
+# a case where the last DP rank's shard holds some).
 #
 # ## When a matrix cannot be split
 #
-# TP needs the split dimension to divide by `tp`. The first matrix of the proof of concept is
-# 100 x 100, split on rows; 100 does not divide by 3. The scripts check this before starting any
-# process and say exactly what is wrong:
+# TP needs the split dimension to divide by `tp`. The proof of concept's first matrix is
+# 100 x 100, split on rows; 100 does not divide by 3. The scripts check before starting any
+# process:
 
 # %%
 run("verify.py --dp 1 --tp 3", expect_failure=True);
@@ -281,9 +273,8 @@ run("verify.py --dp 1 --tp 3", expect_failure=True);
 # %% [markdown]
 # ## Summary
 #
-# - Rank `r` is TP rank `r % tp` of replica `r // tp`; TP groups are consecutive ranks, DP groups
-#   are `tp` apart. One function, `Grid.build`, makes them with PyTorch's device mesh.
-# - Keep TP groups inside a node: consecutive ranks share a node under `torchrun`.
+# - Rank `r` is TP rank `r % tp` of replica `r // tp`; TP groups are consecutive ranks (keep
+#   them inside a node), DP groups are `tp` apart. `Grid.build` makes them with a device mesh.
 # - A rank holds `1/tp` of every split matrix and the optimizer state for `1/dp` of its buffer.
 #
 # ## Exercises
