@@ -20,7 +20,7 @@
 # ```{admonition} What this chapter runs
 # The ZeRO-1 plan computed in the notebook, then [`scripts/inspect_grid.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/inspect_grid.py) on 6 processes (3 x 2)
 # to check it. About 15 seconds on a 2-core laptop.
-# Reading: about 10 minutes, plus running it. Read first: {doc}`chapter 2 <02_distributed_map>` and {doc}`chapter 3 <03_grid>`.
+# Reading: about 5 minutes, plus running it. Read first: {doc}`chapter 2 <02_distributed_map>` and {doc}`chapter 3 <03_grid>`.
 # ```
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}
@@ -57,12 +57,12 @@ elif (importlib.util.find_spec("muongrid") is None
         "book's Colab button.")
 
 # %% [markdown]
-# ZeRO-1 gives each data-parallel rank the optimizer state for `1/dp` of the parameters. "Of
-# the parameters" needs a precise meaning when the parameters are matrices of different shapes.
+# ZeRO-1 gives each data-parallel rank the optimizer state for `1/dp` of the parameters, which
+# needs a precise meaning for matrices of different shapes.
 # Moonshot's proof of concept (and Megatron's distributed optimizer {cite:p}`nvidia2025megatrondistopt`) give it one: lay the
 # parameters end to end in a flat {term}`virtual buffer`, cut it into {term}`buckets <bucket>`, and split every
-# bucket evenly over the DP ranks. This chapter draws that plan for real shapes and reads every
-# field of `dist_meta`, the record that tells each rank where a parameter lives.
+# bucket evenly over the DP ranks. `dist_meta` is the record that tells each rank where a
+# parameter lives.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -76,15 +76,14 @@ elif (importlib.util.find_spec("muongrid") is None
 # %% [markdown]
 # ## From parameters to a flat buffer
 #
-# Take one parameter group, the five matrices of the proof of concept, on a grid with `tp = 2`.
-# Each rank holds the TP-local slices (chapter 3); the virtual buffer is those slices laid end
-# to end, in order. Nothing is allocated for it: it is a coordinate system in which "elements
-# 25,088 to 81,632" means "the matrix `w2`".
+# Take one parameter group, the proof of concept's five matrices, with `tp = 2`.
+# The virtual buffer is the TP-local slices (chapter 3) laid end to end. Nothing is allocated
+# for it: it is a coordinate system in which "elements 25,088 to 81,632" means "the matrix `w2`".
 #
 # The buffer is cut into **buckets** on parameter boundaries: a bucket is the unit of one
-# collective. Fewer, larger collectives are faster (each has a fixed latency), but a bucket
-# must fit in memory when gathered, so buckets are capped (here at 100,000 elements; a matrix
-# bigger than the cap gets a bucket of its own). Each bucket is padded to a multiple of `dp` and
+# collective. Fewer, larger collectives are faster (each has a fixed latency), but a gathered
+# bucket must fit in memory, so buckets are capped (here at 100,000 elements; a bigger matrix
+# gets a bucket of its own). Each bucket is padded to a multiple of `dp` and
 # split into `dp` equal **shards**; DP rank `r` owns shard `r` of every bucket. `build_plan` in
 # [`muongrid/plan.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/plan.py) does all of this, as pure arithmetic:
 
@@ -114,8 +113,7 @@ table(["bucket", "starts at", "elements", "padding", "shards", "shard size", "ho
         ", ".join(specs[0][i].name for i in b.param_indices)] for b in buckets])
 
 # %% [markdown]
-# Here is how `build_plan` cuts a group into buckets (the real code, read from the file when the
-# book is built):
+# How `build_plan` cuts a group into buckets (read from the file when the book is built):
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 listing('plan.py', pyobject='split_into_buckets', caption='muongrid/plan.py')
@@ -216,16 +214,16 @@ keep("ch4-n-straddling", len(cut))
 say(r"""
 The dashed shard boundaries cut through {{ch4-n-straddling}} of the matrices:
 {{ch4-straddling}}. Such a matrix **straddles** shard boundaries (a
-{term}`straddling parameter`): no single DP rank holds all of its optimizer state. For AdamW that does not matter (its update is elementwise). For Muon it is the whole
-problem: each owner of a piece of `w3` has only part of its momentum matrix, and Newton-Schulz
-needs all of it.
+{term}`straddling parameter`): no single DP rank holds all of its optimizer state. For elementwise AdamW that does not matter; for Muon it is the whole
+problem: each owner of a piece of `w3` has part of its momentum matrix; Newton-Schulz needs
+all of it.
 """)
 
 # %% [markdown]
 # ## `dist_meta`, field by field
 #
-# For every parameter each rank keeps a `DistMeta` (the proof of concept's `dist_meta`). Here are
-# DP rank 1's:
+# For every parameter each rank keeps a `DistMeta` (the proof of concept's `dist_meta`). DP
+# rank 1's:
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 # One column per matrix (the fields as rows, so that the table fits the page).
@@ -245,31 +243,29 @@ table(["field", *(m.name for m in metas)], [[k, *v] for k, v in fields.items()],
 # %% [markdown]
 # - `buffer_idx`: which parameter group's buffer (one group here, so 0).
 # - `bucket_idx`: which bucket of that buffer.
-# - `shape`: the **TP-local** shape, what this rank holds and what occupies the buffer.
-#   `full_shape` (not in the proof of concept, added here for clarity) is the matrix after the TP
-#   gather, what Newton-Schulz and the lr adjustment see.
+# - `shape`: the **TP-local** shape, what this rank holds in the buffer. `full_shape` (our
+#   addition) is the matrix after the TP gather, what Newton-Schulz and the lr adjustment see.
 # - `global_range`: `[start, end)` of the parameter in the buffer; the same on every rank.
-# - `local_range`: the part of `global_range` inside *this* rank's shard; different on every DP
-#   rank. Where a rank owns none of a matrix, it is empty (`start == end`), anchored at the
-#   start of the rank's shard.
+# - `local_range`: the part of `global_range` inside *this* rank's shard; empty (`start == end`)
+#   where the rank owns none of the matrix.
 # - `tp_split_dim`: 0 (rows) or 1 (columns) split over TP, -1 not split.
 #
-# `build_plan` fills them in for one bucket like this: each matrix takes the next `numel` elements
-# of the buffer (`global_range`), and its `local_range` is where that range meets this rank's shard:
+# In `build_plan`, each matrix takes the next `numel` elements of the buffer (`global_range`);
+# its `local_range` is where that range meets this rank's shard:
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 listing('plan.py', start_after='BOOK-START dist-meta', end_before='BOOK-END dist-meta')
 
 # %% [markdown]
-# The optimizer's state for a matrix is then a view of the rank's shard of the bucket, the elements
-# between the two ends of `local_range` (an empty view where the rank owns none):
+# The optimizer's state for a matrix is a view of the rank's shard, between the two ends of
+# `local_range`:
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 listing('sharding.py', pyobject='local_shard', caption='muongrid/sharding.py')
 
 # %% [markdown]
-# The owned pieces of a matrix, taken over all DP ranks, cover it exactly once. Check it for
-# every matrix (the tests check it for thousands of random layouts):
+# Over all DP ranks, the owned pieces of a matrix cover it exactly once (the tests check it for
+# thousands of random layouts):
 
 # %%
 coverage = []
@@ -296,8 +292,8 @@ assert all(coverage), "some matrix's owned pieces do not cover it exactly once"
 # %% [markdown]
 # ## The plan of a real run
 #
-# The plan above was computed in this notebook. Is it the one the distributed optimizer really
-# uses? Launch the same configuration on 6 processes and compare every rank's `dist_meta` with ours:
+# Is the plan computed above the one the distributed optimizer uses? The same configuration on 6
+# processes, every rank's `dist_meta` compared with ours:
 
 # %%
 from muongrid.lab.notebook import last_json, run
@@ -343,19 +339,18 @@ keep("ch4-state-numel", f"{plans[0].local_state_numel():,}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-Every rank keeps the same optimizer state, {{ch4-state-numel}} elements per state
-tensor, as chapter 3 said: the shards are equal by construction. The *parameter* elements they
-own (the script's "owned elements") are not quite equal: {{ch4-owned-first}} on DP
-ranks 0 and 1, {{ch4-owned-last}} on DP rank 2, because the {{ch4-padding}}
-padding elements sit at the ends of buckets, in the last DP rank's shards.
+Every rank keeps {{ch4-state-numel}} elements per state tensor (equal shards), but owns
+{{ch4-owned-first}} parameter elements on DP ranks 0 and 1 and {{ch4-owned-last}} on DP
+rank 2: the {{ch4-padding}} padding elements sit at the ends of buckets, in the last DP rank's
+shards.
 """)
 
 # %% [markdown]
 # ## Try your own shapes
 #
 # Move the slider of {numref}`fig-ch4-explorer` to change the DP size for the same five matrices
-# (it moves in this page; every position is a plan that `build_plan` computed when the page was
-# built). Hover over a band for its range.
+# (every position is a plan `build_plan` computed when the page was built). Hover over a band for
+# its range.
 
 # %% mystnb={"figure": {"name": "fig-ch4-explorer", "caption": "The plan of {numref}`fig-ch4-plan` for DP sizes 1 to 6 (tp = 2, buckets of at most 100,000 elements); the title names the straddling matrices and the optimizer state each rank keeps."}}
 from muongrid.lab.explorers import Figure, plan_explorer
@@ -364,10 +359,9 @@ show(Figure(plan_explorer(specs, tp=TP, bucket=BUCKET, active_dp=DP)))
 
 # %% [markdown]
 # {numref}`fig-ch4-buckets` keeps dp = 3 and tp = 2 and moves the bucket size instead: smaller
-# buckets cut the buffer in more places and change which matrices straddle two owners. Both
-# explorers move in the static page. To try your own shapes in Jupyter, build
-# `[[ParamSpec(name, (rows, cols), tp_dim), ...]]` and call `plan_explorer` or `bucket_explorer`
-# from `muongrid.lab.explorers` with it.
+# buckets cut the buffer in more places and change which matrices straddle. For your own shapes
+# in Jupyter, pass `[[ParamSpec(name, (rows, cols), tp_dim), ...]]` to `plan_explorer` or
+# `bucket_explorer` (`muongrid.lab.explorers`).
 
 # %% mystnb={"figure": {"name": "fig-ch4-buckets", "caption": "The plan of {numref}`fig-ch4-plan` (dp = 3, tp = 2) for bucket sizes from 5,000 to 800,000 elements; the title gives the number of buckets and the straddling matrices."}}
 from muongrid.lab.explorers import bucket_explorer
@@ -402,9 +396,8 @@ keep("ch4-ex2-count", len(none_on_3))
 # - A parameter group is a virtual flat buffer (`buffer_idx`) of TP-local parameters, cut into
 #   buckets (`bucket_idx`) on parameter boundaries, each padded to a multiple of `dp`.
 # - DP rank `r` owns shard `r` of every bucket; `local_range` is its part of a parameter.
-# - Matrices that cross a shard boundary are *straddling*: no rank holds their whole momentum, so
-#   Newton-Schulz cannot run locally. The proof of concept's answer, all-gathering whole buckets,
-#   is the subject of chapter 5.
+# - *Straddling* matrices cross a shard boundary, so no rank holds their whole momentum; the
+#   proof of concept gathers whole buckets (chapter 5).
 #
 # ## Exercises
 #
