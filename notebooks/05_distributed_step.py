@@ -60,13 +60,10 @@ elif (importlib.util.find_spec("muongrid") is None
 # %% [markdown]
 # Chapters 3 and 4 left every rank with a TP slice of each matrix and the optimizer state for a
 # DP shard of a flat buffer that cuts through matrices. Newton-Schulz needs each momentum matrix
-# whole. Moonshot's Distributed Muon {cite:p}`liu2025muonscalable` solves this with a sequence of
-# gathers and slices that this chapter follows stage by stage, on a real run:
+# whole. Moonshot's Distributed Muon {cite:p}`liu2025muonscalable` brings it together with a
+# sequence of gathers and slices:
 #
 # **DP gather -> TP gather -> Newton-Schulz -> TP shard -> DP shard.**
-#
-# Then we check the result against single-process Muon on several grids, and watch the proof of
-# concept's two bugs {cite:p}`wei2025muondistributed` fail the check.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -113,10 +110,9 @@ say(r"""
 [`scripts/from_scratch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/from_scratch.py) writes the eight stages in
 {{ch5-scratch-lines}} lines of plain `torch.distributed`, for one parameter group.
 `make_groups` builds the DP and TP groups with `new_group` (the launcher has run
-`init_process_group` on every rank). The group's TP-local matrices lie end to end in one flat
-buffer cut into `dp` equal shards, the last one padded, so a matrix may straddle two shards;
-a rank keeps the fp32 master and momentum of its own shard only. Newton-Schulz is chapter 1's
-`zeropower_ns5`, imported: orthogonalising one whole matrix has nothing distributed in it.
+`init_process_group` on every rank). The flat buffer and its shards are chapter 4's, without
+buckets; a rank keeps the fp32 master and momentum of its own shard only. Newton-Schulz is
+chapter 1's `zeropower_ns5`, imported: nothing in it is distributed.
 """)
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
@@ -124,10 +120,10 @@ listing("scripts/from_scratch.py", start_after="BOOK-START from-scratch",
         end_before="BOOK-END from-scratch")
 
 # %% [markdown]
-# The script steps this class and muongrid's `DistributedMuon(layout="bucket")` side by side,
-# with the same hyperparameters, on the same grid and the same gradients (different on every DP
-# rank), over five matrices whose buffers divide by neither 2 nor 3. After each step every rank
-# compares the bits of every parameter. `--plant` adds copies of the class with one line changed:
+# The script steps this class and muongrid's `DistributedMuon(layout="bucket")` side by side on
+# the same grid and gradients (different on every DP rank), over five matrices whose buffers
+# divide by neither 2 nor 3, and compares every parameter's bits after each step. `--plant` adds
+# copies of the class with one line changed:
 
 # %%
 from muongrid.lab.notebook import last_json, run, table
@@ -154,8 +150,7 @@ keep("ch5-tp-lr-diff", f"{planted['tp-lr']['max_abs_diff']:.1e}")
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 On both grids the class equals the engine bit for bit after {{ch5-scratch-steps}} steps:
-the same arithmetic in the same order (torch's momentum form, the Nesterov look-ahead, the
-bf16 gather, the lr scale of the whole matrix) gives the same bits. The check catches a
+the same arithmetic in the same order gives the same bits. The check catches a
 momentum computed and thrown away (`lerp` for `lerp_`) and an lr scaled by the TP-local shape
 (`tp-lr`, off by {{ch5-tp-lr-diff}}). It cannot see a sum of the DP gradients in place of
 their mean (`no-mean`), and rightly: with `dp = 2` the sum is exactly twice the mean, and
@@ -166,8 +161,8 @@ Newton-Schulz divides by the norm first. With `dp = 3` the bits differ (try
 # %% [markdown]
 # ## Where the engine does the same
 #
-# Each stage has its place in `muongrid` (the line counts are read from the source as the chapter
-# runs). The engine is longer for reasons that are not Muon:
+# Each stage has its place in `muongrid` (line counts read from the source). The engine is
+# longer for reasons that are not Muon:
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
 ENGINE = [  # (from scratch, where the engine does it, what its extra lines are for)
@@ -193,21 +188,18 @@ table(["from scratch", "muongrid", "lines", "what the extra lines do"],
        for ours, path, name, why in ENGINE], align="llrl")
 
 # %% [markdown]
-# Two things about the engine's tensors make stages 1, 7 and 8 cheap. A bucket's parameters are *views of one
-# flat buffer*, laid out as the collectives move it (the optimizer makes them so when it is built,
-# [`muongrid/buffers.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/buffers.py)):
-# so the master shard of an fp32 parameter *is* this rank's slice of that buffer (only bf16 and
-# fp16 parameters keep an fp32 master apart), stage 7 updates the parameters' own elements, and
-# stage 8 gathers the other ranks' slices into the buffer in place. And the elementwise stages
-# (2 and 7) run as *one foreach pass* over a list of per-parameter pieces, not one small operation
-# per parameter, which on a GPU is the difference between a few kernels and thousands.
+# Two things make the engine's stages 1, 7 and 8 cheap. A bucket's parameters are *views of one
+# flat buffer* laid out as the collectives move it ([`muongrid/buffers.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/buffers.py)), so an fp32
+# parameter's master shard *is* this rank's slice of it (only bf16 and fp16 parameters keep an
+# fp32 master apart) and stage 8 gathers in place. And the elementwise stages (2 and 7) run as
+# *one foreach pass* over all pieces: on a GPU, a few kernels instead of thousands.
 #
 # ## The code, stage by stage
 #
 # The optimizer is `ZeroOneOptimizer` in [`muongrid/distributed.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/distributed.py)
 # (`DistributedMuon` is a thin subclass of it); stages 3-6 are the layout's *flow*, here the proof
-# of concept's `BucketFlow` in [`muongrid/flows.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/flows.py). The excerpts below
-# are read from those files when the book is built, so they are the code that ran in this chapter.
+# of concept's `BucketFlow` in [`muongrid/flows.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/flows.py). The excerpts are read
+# from those files when the book is built.
 # `step()` first takes up whatever was written to the parameters since the last step
 # (`buffers.refresh()`), then calls one method for stages 1-7 and one for stage 8:
 
@@ -312,8 +304,8 @@ trace = last_json(run("trace_step.py --dp 2 --tp 2 --show w3 --layouts bucket,ow
                       log="collapsed"))
 
 # %% [markdown]
-# Its printout is folded above. {numref}`fig-ch5-flow` draws, for every rank, which part of `w3`
-# it holds at each stage; {numref}`fig-ch5-stages` follows rank 0 with the shapes and dtypes.
+# {numref}`fig-ch5-flow` draws, for every rank, which part of `w3` it holds at each stage;
+# {numref}`fig-ch5-stages` follows rank 0 with the shapes and dtypes.
 
 # %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-flow", "caption": "One Distributed Muon step on a 2 x 2 grid, following the 676 x 876 matrix `w3` (split over TP by columns, dashed). Each row is a rank; the filled part is what the rank holds of `w3`, numbered as the stages of the list above: its DP shard of the momentum (2), the whole TP half after the DP gather (3), the whole matrix after the TP gather (4), orthogonalised (5), and the elements it keeps (6). Labels: shapes (or element counts of flat buffers, the whole bucket for 2 and 3) and dtypes from the run's trace."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
@@ -417,8 +409,7 @@ assert kept[0] + kept[2] == 676 * 438
 
 # %% [markdown]
 # So the proof of concept's layout does **redundant work**: all `dp x tp` ranks run
-# Newton-Schulz on every matrix, and each keeps a sliver. That is the price of gathering whole
-# buckets, and chapter 6 measures it; a layout that gives each matrix a single owner removes it.
+# Newton-Schulz on every matrix, and each keeps a sliver (chapter 6 measures it).
 #
 # ## What each stage costs
 #
@@ -433,19 +424,17 @@ table(["phase", "group", "dtype", "calls", "bytes sent per rank"],
        for name, p in phases.items()] + [total])
 
 # %% [markdown]
-# The DP gather moves half the bytes of the gradient reduce-scatter, because it is in bf16 (2
-# bytes) where the gradients are fp32 (4). That is the paper's arithmetic: Distributed AdamW
-# moves 4 + 4 (reduce-scatter, parameter all-gather) and Distributed Muon 4 + 2 + 4, so on a
-# DP-only grid Muon moves exactly 1.25 x AdamW's bytes when whole buckets are gathered. The TP
-# gather comes on top; chapter 6 works through both.
+# The DP gather moves half the bytes of the gradient reduce-scatter: bf16 (2 bytes) against
+# fp32 (4). Distributed AdamW moves 4 + 4 bytes a parameter and Distributed Muon 4 + 2 + 4, so
+# on a DP-only grid Muon moves 1.25 x AdamW's bytes; the TP gather comes on top
+# ({doc}`chapter 6 <06_communication>`).
 #
 # ## Step through it: the bucket and owner layouts
 #
-# The figures above follow one matrix on one grid. {numref}`fig-ch5-explorer` follows the whole
-# step on four grids, for the proof of concept's layout and for the *owner* layout of chapter 8,
-# which sends each matrix's pieces to one rank, its owner, and runs Newton-Schulz there once. The
-# run above stepped both layouts with the same gradients (`--layouts bucket,owner`); three more
-# runs do the same on the other grids:
+# {numref}`fig-ch5-explorer` follows the whole step on four grids, for the proof of concept's
+# layout and for chapter 8's *owner* layout, which sends each matrix's pieces to one rank, its
+# owner, and runs Newton-Schulz there once. The run above stepped both layouts with the same
+# gradients; three more runs cover the other grids:
 
 # %%
 from muongrid.lab.step_explorer import stage_rows, step_explorer
@@ -462,8 +451,8 @@ steps = [
 # is a rank (rows: DP rank, columns: TP rank) and each bar a matrix, filled as far as the rank
 # holds it after the stage, labelled with the shape (or the element count of a flat piece) and
 # dtype that the run reported. Under each layout, the bytes every rank sent to every other rank in
-# that stage, from the ledger. For a ring collective this is each rank's share for each peer:
-# a ring relays it through neighbours, and the total per rank is the same.
+# that stage, from the ledger (for a ring collective, each rank's share for each peer; the ring
+# relays it, with the same total per rank).
 
 # %% mystnb={"figure": {"name": "fig-ch5-explorer", "caption": "One Distributed Muon step, stage by stage, from traced runs on four grids (buttons), for the bucket layout (left) and the owner layout (right). Top: what each rank holds of each matrix after the stage (bar: its share of the whole matrix; label: shape or element count, and dtype, from the trace). Bottom: the bytes each rank sent to each other rank in the stage (rows: from, columns: to), from the ledger. Stage 0 is before the step."}}
 show(step_explorer(steps, active_grid=(2, 2), active_stage=3))
@@ -517,9 +506,8 @@ sends is cast to bf16. Stages 1 and 8, and the state, are the same in both layou
 #
 # [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) runs Distributed Muon beside single-process Muon (on rank 0) for several
 # steps, with different gradients on every DP rank, and compares every rank's parameters with the
-# reference after each step. Shapes that do not divide evenly, matrices that straddle shards,
-# several parameter groups with different learning rates: all included. Five grids; each run's
-# full log is folded, and the table after them sums them up:
+# reference after each step: uneven shapes, straddling matrices and several parameter groups
+# included. Five grids (each log folded):
 
 # %%
 checks = []
@@ -544,23 +532,19 @@ keep("ch5-verdict",
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-{{ch5-verdict}}. Why is that the right standard, rather than "close"? On one
-machine, each rank runs the *same kernels on the same numbers* as the reference: the
-momentum is elementwise, so computing it on a shard changes nothing; the gathers move bytes
-without touching them; Newton-Schulz runs on the same whole matrix. The one place where the
-order of arithmetic could differ is the gradient average (the backend decides in which order it
-adds the ranks' gradients), so the test gradients are chosen on a grid of multiples of
-$2^{-12}$ whose sums are exact in fp32 in any order. Any nonzero difference therefore means a
-bug. Across machines or GPU models, kernels differ and a tolerance would be needed; `--atol`
-sets one.
+{{ch5-verdict}}, and "exact" is the right standard: on one machine each rank runs the
+*same kernels on the same numbers* as the reference (the momentum is elementwise, the gathers
+move bytes untouched, Newton-Schulz sees the same whole matrix). Only the gradient average
+could add in a different order, so the test gradients are multiples of $2^{-12}$ whose sums
+are exact in fp32 in any order. Any nonzero difference is a bug. Across machines or GPU models
+kernels differ and `--atol` sets a tolerance.
 """)
 
 # %% [markdown]
 # ## The proof of concept's two bugs
 #
-# The community tutorial found two bugs in Moonshot's proof of concept
-# {cite:p}`wei2025muondistributed`. [`muongrid/lab/poc_bugs.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/poc_bugs.py) puts each one back into this engine as a
-# one-method change, and `verify.py --poc-bug ...` runs the check with it.
+# [`muongrid/lab/poc_bugs.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/poc_bugs.py) puts each of the tutorial's two bugs {cite:p}`wei2025muondistributed` back
+# into this engine as a one-method change; `verify.py --poc-bug ...` runs the check with it.
 #
 # **Bug 1: a stale `params`.** The second loop over parameter groups forgot
 # `params = group["params"]` and reused the list left over from the first loop, the last
@@ -577,9 +561,8 @@ print(
 )
 
 # %% [markdown]
-# This is the dangerous kind of bug: silent. Only a comparison with a reference catches it, and only
-# if the test has more than one parameter group, which is why the tests here always use several.
-# (With groups of different shapes, the same bug crashes instead.)
+# A silent bug: only a comparison with a reference catches it, and only with more than one
+# parameter group. (With groups of different shapes it crashes instead.)
 #
 # **Bug 2: a flat view.** After the DP gather, the proof of concept took each matrix out of the flat
 # bucket with `.view(-1)` instead of `.view(dist_meta.shape)`, and Newton-Schulz received a vector:
@@ -590,10 +573,9 @@ flat = run("verify.py --dp 2 --shapes 64x64,64x96 --tp-dims none,none "
 print(next(line for line in flat.splitlines() if line.startswith("ValueError")))
 
 # %% [markdown]
-# The report said this bug "only manifested with certain DP/TP configurations". Here is why:
-# when a matrix is split over TP, the TP gather that follows rebuilds the matrix from
-# `dist_meta.shape` anyway, hiding the flat view. With every matrix split over TP, the buggy code
-# passes the check:
+# The report said this bug "only manifested with certain DP/TP configurations": a matrix split
+# over TP is rebuilt from `dist_meta.shape` by the TP gather, which hides the flat view. With
+# every matrix split over TP, the buggy code passes:
 
 # %%
 hidden = last_json(run("verify.py --tp 2 --shapes 64x64,64x96 --tp-dims 0,1 "
@@ -605,14 +587,8 @@ print(
 
 # %% [markdown]
 # Both bugs have regression tests ([`tests/test_distributed.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_distributed.py)) that assert the check catches them.
-#
-# ## When a rank fails
-#
-# Distributed code must also fail well: if one rank raises in the middle of a step, the others
-# would wait forever in their next collective. Chapter 10 injects nine kinds of failure (an
-# exception, a hang, a rank killed by a signal, a rank with another model, a corrupt checkpoint...)
-# and shows how each run ends: every rank stopped, the rank that failed first named with its
-# traceback, a non-zero exit code.
+# What happens when a rank fails mid-step is {doc}`chapter 10 <10_checkpoints_failures>`'s
+# subject.
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The exercises' answers, computed (the solutions below quote them).
@@ -641,8 +617,8 @@ keep("ch5-ex3-straddlers", f"{straddlers:,.0f}")
 #   then the DP shard, update the fp32 master shard, all-gather the parameters.
 # - The DP and TP gathers are Muon's extra communication; in the proof of concept's layout every
 #   rank also orthogonalises every matrix of the bucket.
-# - On one machine a correct implementation matches single-process Muon exactly, which is a
-#   test strong enough to catch both proof-of-concept bugs.
+# - On one machine a correct implementation matches single-process Muon exactly, a test that
+#   catches both proof-of-concept bugs.
 #
 # ## Exercises
 #
