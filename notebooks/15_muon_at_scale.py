@@ -18,21 +18,18 @@
 # # 15. Muon at a thousand GPUs
 #
 # ```{admonition} What this chapter runs
-# The ZeRO-1 plan for three real models on grids up to 1,024 ranks ([`scripts/plan_at_scale.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_at_scale.py),
-# no process per rank: only the plan and closed forms), a few small Newton-Schulz runs in this
-# kernel, one matrix orthogonalised by a group of three simulated ranks (threads in this
-# kernel), and three steps of the optimizer's "group" layout on four launched ranks
+# The ZeRO-1 plan for three real models on grids up to 1,024 ranks ([`scripts/plan_at_scale.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/plan_at_scale.py):
+# the plan and closed forms, no process per rank), a few small Newton-Schulz runs, one matrix
+# orthogonalised by three simulated ranks, and three steps of the "group" layout on four ranks
 # ([`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py)).
 # About a minute.
-# Reading: about 20 minutes, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>` and {doc}`chapter 13 <13_what_to_pick>`.
+# Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>` and {doc}`chapter 13 <13_what_to_pick>`.
 # ```
 #
 # The owner layout ({doc}`chapter 8 <08_beyond_poc>`) orthogonalises each matrix once, on one
-# rank chosen to balance the work. This chapter asks what happens when there are more ranks than
-# matrices, and shows three answers: one matrix over a group of ranks, same-shape batching, and
-# faster polynomials. All three are built and tested, and the first runs in the optimizer as its
-# "group" layout (checked live below); the plans at 1,024 ranks are plans and projections, not
-# runs.
+# rank. What happens when ranks outnumber matrices? Three answers, all built and tested: one
+# matrix over a group of ranks (the optimizer's "group" layout, run live below), same-shape
+# batching, and faster polynomials. The plans at 1,024 ranks are projections, not runs.
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
@@ -70,11 +67,10 @@ elif (importlib.util.find_spec("muongrid") is None
 # %% [markdown]
 # ## Why one owner per matrix stops scaling
 #
-# Under the owner layout a step ends when the busiest owner finishes its Newton-Schulz. Two
-# things bound it: the largest matrix (its owner cannot go faster than one whole Newton-Schulz of
-# it), and the number of matrices (with more ranks than matrices, the extra ranks have nothing to
-# do). Llama-3-8B has 7 matrices per layer and 32 layers: 224 matrices. Below is the real plan on
-# 64, 256 and 1,024 ranks, built by the same `build_plan` the optimizer runs.
+# The owner layout's step ends when the busiest owner finishes its Newton-Schulz. Two things
+# bound it: the largest matrix (one whole Newton-Schulz of it) and the number of matrices (ranks
+# beyond it idle). Llama-3-8B has 224 (7 per layer, 32 layers). Below, the optimizer's
+# `build_plan` on 64, 256 and 1,024 ranks.
 
 # %%
 from muongrid.lab.page import keep, listing, say, show
@@ -109,11 +105,9 @@ keep("ch15-group-ratio", f"{at_1024['group_ns_max_over_mean']:.2f}")
 say(r"""
 On 64 ranks the owners are balanced (max/mean {{ch15-owner-ratio-64}}). On 1,024
 ranks {{ch15-idle}} ranks own nothing and the busiest does
-{{ch15-owner-ratio}} times the mean: ranks past the number of matrices buy nothing. A
-plan that gives a matrix above the fair share (all Newton-Schulz FLOPs over the ranks) a *group*
-of ranks when that finishes it sooner, counting the group's own traffic
-(`build_plan(..., hw=profile)`, below), brings max/mean to {{ch15-group-ratio}} (the
-"timed groups" column). The build times are one run each, on a shared machine.
+{{ch15-owner-ratio}} times the mean. Giving a matrix above the fair share (all
+Newton-Schulz FLOPs over the ranks) a *group* of ranks, sized by time (below), brings max/mean
+to {{ch15-group-ratio}}. Build times are one run each, on a shared machine.
 """)
 
 # %% [markdown]
@@ -124,12 +118,9 @@ of ranks when that finishes it sooner, counting the group's own traffic
 # blocks $X_1, \dots, X_k$, one per rank. Then $A = \sum_i X_i X_i^\top$: each rank computes its
 # partial Gram, one all-reduce sums them, every rank builds the same small $B$ ($m \times m$),
 # and updates its own block, $X_i \leftarrow aX_i + BX_i$, with no further traffic. Per step: one
-# all-reduce of $m^2$ fp32 numbers (plus one scalar at the start, for the norm). Megatron's
-# distributed Muon (Emerging-Optimizers, `tp_mode="distributed"`) runs the same Gram all-reduce
-# over the TP group a matrix is already split over; here the plan cuts the long side and picks the
-# group's ranks (any ranks, reached through the all-to-all that already carries pieces to their
-# owners), and the optimizer also splits $B$ among the members (below).
-# `muongrid.ns_group.zeropower_sharded` implements it.
+# all-reduce of $m^2$ fp32 numbers (plus one scalar at the start, for the norm).
+# `muongrid.ns_group.zeropower_sharded` implements it ({doc}`chapter 16 <16_related_work>` compares
+# Megatron's TP version).
 
 # %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch15-group-steps", "caption": "One Newton-Schulz step of a matrix over a group of three ranks: the matrix is cut along its long side, each rank forms its block's Gram matrix, one all-reduce sums them, and each rank updates its own block with the same small $B$."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
@@ -168,13 +159,11 @@ show(fig)
 plt.close(fig)
 
 # %% [markdown]
-# It cannot be bit-exact with one process: the group sums each block's Gram and then the $k$
-# partial sums, the same fp32 additions in another order. So the check is a tolerance: relative
-# Frobenius difference at most $10^{-5}$ in fp32
+# It cannot be bit-exact with one process: the group adds the same fp32 numbers in another order.
+# So the check is a tolerance, a relative Frobenius difference of at most $10^{-5}$ in fp32
 # ([`tests/test_ns_group.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_ns_group.py)
-# holds it on several shapes and group sizes). Here, three "ranks" (threads in this kernel with an
-# all-reduce that sums in rank order, `ns_group.simulate`) on a matrix whose long side does not
-# divide by three:
+# holds it on several shapes and group sizes). Here three "ranks" (threads, `ns_group.simulate`)
+# on a matrix whose long side does not divide by three:
 
 # %%
 import torch
@@ -210,29 +199,25 @@ keep("ch15-form-301", f'group_form(96, 301, 3) gives "{group_form(*G.shape, 3)}"
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-The group's result is within {{ch15-group-diff}} of one process's, inside the stated
-$10^{-5}$. The price is in the formula: each step all-reduces an $m \times m$ Gram in fp32, for a
-square matrix as many numbers as the matrix (exercise 1 counts five steps). And every rank still
-builds all of $B$, $2m^3$ FLOPs a step, unless the optimizer splits it (`split_b`): each member
-builds its rows of $B$ and one bf16 all-gather assembles them. So where the sketch above issues
-{{ch15-calls-plain}} collectives per matrix, the optimizer's Gram form issues
-{{ch15-calls-split}} (the norm, five Gram all-reduces and five all-gathers of $B$), with
-{{ch15-split-kb}} kB of input per rank on this 96 x 301 matrix against
-{{ch15-plain-kb}} kB (a ring all-reduce sends about twice its input). For a matrix this
-close to square the optimizer picks a second form, the row form, also eleven collectives a step
-({{ch15-form-301}}; see "The group layout, live").
+The group's result is within {{ch15-group-diff}} of one process's, inside
+$10^{-5}$. The price: each step all-reduces an $m \times m$ Gram in fp32, for a square matrix as
+many numbers as the matrix (exercise 1 counts them). And every rank still builds all of $B$,
+$2m^3$ FLOPs a step, unless the optimizer splits it (`split_b`): each member builds its rows of
+$B$ and one bf16 all-gather assembles them. So the sketch's {{ch15-calls-plain}}
+collectives per matrix become {{ch15-calls-split}} (the norm, five Gram all-reduces, five
+all-gathers of $B$), with {{ch15-split-kb}} kB of input per rank on this 96 x 301 matrix
+against {{ch15-plain-kb}} kB. For a matrix this close to square the optimizer picks a
+second form, the row form, also eleven collectives ({{ch15-form-301}}; see "The group
+layout, live").
 """)
 
 # %% [markdown]
 # ## Idea 2: same-shape batching
 #
-# A mixture-of-experts model turns the opposite problem up: thousands of small matrices.
-# Moonlight-16B-A3B (DeepSeek-V3 architecture, trained with Muon) has 64 routed experts in 26 of
-# its 27 layers, each with its own gate, up and down matrices: thousands of Muon matrices but a
-# handful of distinct shapes. With `DistributedMuon(..., ns_batch=True)` an owner runs one
-# Newton-Schulz call per distinct shape it owns instead of one per matrix (bit-exact with
-# unbatched on this CPU, where a batch runs matrix by matrix inside the call: the gain here is
-# fewer calls; on GPUs a batched GEMM would also be faster, not measured here).
+# A mixture-of-experts model has the opposite problem: Moonlight-16B-A3B has 64 routed experts in 26 of its 27 layers, each with gate, up and down
+# matrices: thousands of matrices, a handful of shapes. With `DistributedMuon(..., ns_batch=True)`
+# an owner runs one Newton-Schulz call per distinct shape it owns (bit-exact with unbatched; on
+# this CPU the gain is fewer calls, and a GPU's batched GEMM is not measured here).
 
 # %%
 moons = last_json(run("plan_at_scale.py --model moonlight-16b-a3b --grids 8x8,128x8 "
@@ -251,21 +236,21 @@ keep("ch15-moon-calls", moon["owner_ns_calls_batched_max"])
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-So on 64 ranks the busiest owner's {{ch15-moon-owned}} matrices become
-{{ch15-moon-calls}} Newton-Schulz calls: the per-call overheads (kernel launches on a
-GPU) are paid per shape, not per expert.
+On 64 ranks the busiest owner's {{ch15-moon-owned}} matrices become
+{{ch15-moon-calls}} Newton-Schulz calls: per-call overheads (kernel launches) are paid
+per shape, not per expert.
 """)
 
 # %% [markdown]
 # ## Idea 3: faster polynomials
 #
-# Muon's five steps use one quintic, $(a, b, c) = (3.4445, -4.7750, 2.0315)$, every step. Polar
-# Express (Amsel et al., 2025) chooses a different quintic per step, each the best for the range
-# of singular values the one before leaves. A cubic ($1.5, -0.5, 0$) is the textbook iteration.
+# Muon uses one quintic, $(a, b, c) = (3.4445, -4.7750, 2.0315)$, every step. Polar Express
+# (Amsel et al., 2025) picks a quintic per step, the best for the singular values the step before
+# leaves. A cubic ($1.5, -0.5, 0$) is the textbook iteration.
 # The *Gram form* computes the same polynomial in another order: only the first Gram and the last
 # product touch the long side, so it does fewer FLOPs on rectangular matrices. Below: the error
-# against the exact polar factor $UV^\top$ ({doc}`chapter 1 <01_muon>`'s orthogonalisation,
-# computed with an SVD in float64) on a 256 x 1024 Gaussian matrix in fp32, and the matmul count.
+# against the exact polar factor $UV^\top$ ({doc}`chapter 1 <01_muon>`, by SVD in float64) on a
+# 256 x 1024 Gaussian matrix in fp32, and the matmul count.
 
 # %%
 import time
@@ -311,23 +296,20 @@ keep("ch15-gram-even", f"{even / 256:.1f}")
 say(r"""
 Polar Express lands closer to the polar factor ({{ch15-err-pe}} against Muon's
 {{ch15-err-muon}}) for the same 15 matmuls; the cubic is far behind in five steps.
-Three caveats keep this from being a verdict on training:
+This is no verdict on training:
 
-- Muon's quintic does not aim at 1: it lifts small singular values fast and leaves them in a
-  band around 1 by design (on this matrix, from {{ch15-sigma-lo}} to
-  {{ch15-sigma-hi}} after five steps), so its larger distance to $UV^\top$ is a
-  choice; whether Polar Express trains better is an experiment not run here.
-- The Polar Express coefficients are the published set for five steps, a lower bound of
-  $10^{-3}$ on the singular values and a safety factor of $2 \times 10^{-2}$
-  (`muongrid.ns_variants`); other set-ups give other sets, and `ns_coefficients` takes any
+- Muon's quintic leaves the singular values in a band around 1 by design
+  ({doc}`chapter 1 <01_muon>`; here {{ch15-sigma-lo}} to {{ch15-sigma-hi}}), so
+  its larger distance is a choice; whether Polar Express trains better is not tested here.
+- The Polar Express coefficients are the published set for five steps (lower bound $10^{-3}$,
+  safety factor $2 \times 10^{-2}$, `muongrid.ns_variants`); `ns_coefficients` takes any
   schedule.
-- The Gram form saves FLOPs only once the long side is more than
-  {{ch15-gram-even}} times the short one, and costs more on square matrices. Its
-  $m \times m$ iteration runs in fp32 even for bf16 input: rounded to bf16 the Gram loses its
-  small eigenvalues and the iteration can diverge.
+- The Gram form saves FLOPs only once the long side exceeds {{ch15-gram-even}} times the
+  short one. Its $m \times m$ iteration runs in fp32 even for bf16 input: in bf16 the Gram loses
+  its small eigenvalues and the iteration can diverge.
 
 On this shape the Gram form gives the same errors with {{ch15-flop-ratio}} times fewer
-FLOPs. Whether that shows as time on this shared 2-core machine is a measurement, repeated:
+FLOPs. Whether that shows as time on this shared machine, measured five times:
 """)
 
 # %%
@@ -359,23 +341,19 @@ is more than 10% lower and the spreads do not overlap, `muongrid.lab.verdicts`).
 # %% [markdown]
 # ## The plans at scale, and what they would cost on H100s
 #
-# `plan_at_scale.py` turns the plan's bytes and FLOPs into seconds, per rank and per step: the
-# Newton-Schulz FLOPs at a stated rate plus, for every group a rank is in, the group's collectives
-# (the forms above) on the link it spans, NVLink if all its members sit on one node of 8
-# consecutive ranks, InfiniBand otherwise (alpha-beta, as in {doc}`chapter 6 <06_communication>`).
-# The figures are the book's hardware table of H100 figures ([`muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py), which
-# {doc}`chapter 13 <13_what_to_pick>` prints with their sources): datasheet peaks and links,
-# **assumed** latencies and an assumed 50% of the peak for Newton-Schulz. The step waits for the
-# busiest rank; "ideal" is the total Newton-Schulz work divided evenly.
+# `plan_at_scale.py` turns the plan into seconds per rank and step: Newton-Schulz FLOPs at a
+# stated rate plus each group's collectives on the link it spans (NVLink inside a node of 8
+# consecutive ranks, InfiniBand otherwise; alpha-beta, {doc}`chapter 6 <06_communication>`). The
+# figures are the book's H100 table ([`muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py), printed with sources in
+# {doc}`chapter 13 <13_what_to_pick>`): datasheet peaks and links, **assumed** latencies and an
+# assumed 50% of peak for Newton-Schulz. The step waits for the busiest rank; "ideal" is the
+# total Newton-Schulz work divided evenly.
 #
-# The same figures also *choose* the groups: `build_plan(..., layout="group", hw=profile)` takes
-# the matrices largest first and puts each where it finishes first, on one owner or on a group of
-# k ranks (its share of the FLOPs plus the group's collectives on its link), k up to the
-# FLOP-fair size; a group that fits in a node takes that node's least-busy ranks. The table
-# compares it with two rules that size groups by FLOPs alone (ceil(FLOPs / fair share)): on the
-# least-loaded ranks anywhere ("FLOP, any ranks") and on contiguous windows that start on a TP
-# group ("FLOP windows": what `DistributedMuon(layout="group")` runs without a profile; given
-# `hw=hardware.h100()`, it runs "group (timed)").
+# The same figures *choose* the groups: `build_plan(..., layout="group", hw=profile)` puts each
+# matrix, largest first, where it finishes first, on one owner or on a group of k ranks (k up to
+# the FLOP-fair size; a group inside a node takes its least-busy ranks). Two rules that size groups
+# by FLOPs alone compare: the least-loaded ranks anywhere ("FLOP, any ranks") and contiguous
+# windows starting on a TP group ("FLOP windows", what `layout="group"` runs without a profile).
 
 # %%
 big_out = run("plan_at_scale.py --model llama3-70b --grids 128x8,64x16 --json",
@@ -436,27 +414,22 @@ keep("ch15-8b-group-k", b8["group_size_max"])
 say(r"""
 Under these assumptions, on 1,024 ranks Llama-3-70B's busiest rank would spend
 {{ch15-70b-owner}} ms on Newton-Schulz per step with one owner per matrix and
-{{ch15-70b-group}} ms with groups sized by time, against an ideal of
-{{ch15-70b-ideal}} ms. Llama-3-8B shows why groups must be priced by time: sized by
-FLOPs its groups grow to {{ch15-8b-flops-k}} ranks, past a node, and each group's
-eleven collectives a step cross InfiniBand, so both FLOP-sized rules are *slower* than one owner
-per matrix ({{ch15-8b-scattered}} ms on any ranks, {{ch15-8b-flops}} ms in
-windows, which must start on a node boundary and so have fewer places to go, against
+{{ch15-70b-group}} ms with groups sized by time (ideal {{ch15-70b-ideal}} ms).
+Llama-3-8B shows why groups must be priced by time: sized by FLOPs they grow to
+{{ch15-8b-flops-k}} ranks, past a node, and each group's eleven collectives a step cross
+InfiniBand, so both FLOP rules are *slower* than one owner per matrix
+({{ch15-8b-scattered}} ms on any ranks, {{ch15-8b-flops}} ms in windows, against
 {{ch15-8b-owner}} ms). The timed plan keeps every group inside a node (at most
-{{ch15-8b-group-k}} ranks) and needs {{ch15-8b-group}} ms. So give the
-optimizer the profile: without one, `layout="group"` runs the FLOP windows, safe only where the
-largest matrices' fair-share groups fit in a node.
+{{ch15-8b-group-k}} ranks): {{ch15-8b-group}} ms. So give the optimizer the
+profile: without one, `layout="group"` is safe only where the largest matrices' groups fit in a
+node.
 """)
 
 # %% [markdown]
-# What the group plan costs besides Newton-Schulz, owner against group on the same grids: the
-# bytes each rank sends (the closed form, as the ledger checks) and how many of them leave its
-# node (`cross_node_bytes_per_rank`: the all-to-alls counted point to point, each ring's bytes
-# sent to the next rank in the ring), the collectives it joins, and
-# the optimizer's step projected serially (ZeRO-1's collectives, the all-to-alls to owners or
-# members, Newton-Schulz with the group collectives): an upper bound on the optimizer alone, with
-# no overlap and no forward, backward or TP activation traffic (so a TP group across two nodes, 64
-# x 16 here, costs more than shown; Moonlight's expert parallelism is not modelled either).
+# What the group plan costs besides Newton-Schulz: the bytes each rank sends (the closed form the
+# ledger checks) and how many leave its node, the collectives it joins, and the optimizer step
+# projected serially (an upper bound, without forward, backward or TP activation traffic, so 64 x
+# 16, whose TP groups span two nodes, costs more than shown).
 
 # %%
 table(["model", "grid", "layout", "NS max/mean", "GB per rank", "GB off node",
@@ -494,17 +467,16 @@ keep("ch15-dp-1024", b8["dp"])
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-The groups add at most {{ch15-extra-bytes}} to the busiest rank's bytes here, because
-ZeRO-1's own traffic is far larger, and eleven collectives per group membership a step; on a
-small problem the share is far larger (the live run below measures how much larger). The projected step falls only modestly: it is dominated by
-ZeRO-1's gradient and parameter collectives over DP groups of {{ch15-dp-1024}} ranks
-(Newton-Schulz is {{ch15-1024-step-share}} of Llama-3-8B's projected group step on
-1,024 ranks). That traffic is also why the projected step *grows* with the ranks: Llama-3-8B's
-owner step from {{ch15-step-8b-64}} ms on 64 ranks to {{ch15-step-8b-1024}} ms
-on 1,024, Moonlight's from {{ch15-step-moon-64}} ms to
-{{ch15-step-moon-1024}} ms: each rank joins about as many collectives a step
-({{ch15-moon-calls-1024}} for Moonlight), but every ring passes through more ranks, one
-latency per hop.
+The groups add at most {{ch15-extra-bytes}} to the busiest rank's bytes, because
+ZeRO-1's own traffic is far larger, and eleven collectives per group membership a step. The
+projected step falls only
+modestly: ZeRO-1's gradient and parameter collectives over DP groups of {{ch15-dp-1024}}
+ranks dominate it (Newton-Schulz is {{ch15-1024-step-share}} of Llama-3-8B's group step
+on 1,024 ranks). They also make it *grow* with the ranks: Llama-3-8B's owner step from
+{{ch15-step-8b-64}} ms on 64 ranks to {{ch15-step-8b-1024}} ms on 1,024,
+Moonlight's from {{ch15-step-moon-64}} ms to {{ch15-step-moon-1024}} ms: about
+as many collectives a step ({{ch15-moon-calls-1024}} for Moonlight), but every ring passes
+more ranks, one latency per hop.
 """)
 
 # %% [markdown]
@@ -565,7 +537,6 @@ sent = {name: max(sum(p["bytes_sent"] for p in ledger["phases"].values())
         for name, layout in (("owner", owner_live), ("group", group_live))}
 keep("ch15-live-owner-kb", f"{sent['owner'] / 1e3:.0f}")
 keep("ch15-live-group-kb", f"{sent['group'] / 1e3:.0f}")
-keep("ch15-live-bytes-ratio", f"{sent['group'] / sent['owner']:.1f}")
 assert sent["group"] > 2 * sent["owner"]
 longest = max(n for n in range(1024, 8 * 1024, 8) if group_form(1024, n, 4) == "rows")
 square = (group_ring_bytes("rows", 1024, 1024, 4)
@@ -577,17 +548,16 @@ keep("ch15-rows-square", f"{square:.0%}")
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 `DistributedMuon(..., layout="group")` is the owner layout, except that a matrix above the fair
-share gets a group of ranks. In the same all-to-all that carries the other matrices' pieces to
-their owners, member $i$ receives block $i$ of the matrix's long side; the members orthogonalise
-it together over a process subgroup, in whichever of two forms sends fewer bytes
-(`ns_group.group_form`): the Gram form `zeropower_sharded`, or, for a matrix not much longer than
-wide, the row form `zeropower_rows` (the matrix, then each step every member's rows of $A$ and of
-$X$, all-gathered in bf16); every element then goes back where it came from. For a group of four
-and a short side of 1,024 the row form wins up to a long side {{ch15-rows-upto}} times
-the short one, and on a square matrix it sends {{ch15-rows-square}} of the Gram form's
-bytes. Below, four ranks (DP 2 x TP 2) run three steps of the owner and group layouts side by
-side against single-device Muon, on one 96 x 230 matrix (nearly all the Newton-Schulz work) and
-three small ones.
+share gets a group of ranks. In the all-to-all that carries other matrices to their owners,
+member $i$ receives block $i$ of the matrix's long side; the members orthogonalise it over a
+process subgroup, in whichever of two forms sends fewer bytes (`ns_group.group_form`): the Gram
+form `zeropower_sharded`, or, for a matrix not much longer than wide, the row form
+`zeropower_rows` (each step every member's rows of $A$ and of $X$, all-gathered in bf16); every
+element then goes back. For a group of four and a short side of 1,024 the row form wins up to a
+long side {{ch15-rows-upto}} times the short one, and on a square matrix sends
+{{ch15-rows-square}} of the Gram form's bytes. Below, four ranks (DP 2 x TP 2) run three
+steps of owner and group against single-device Muon, on one 96 x 230 matrix (nearly all the
+Newton-Schulz work) and three small ones.
 """)
 
 # %%
@@ -645,49 +615,39 @@ keep("ch15-rec-load", f"{record['load_average_1min'][0]:g}")
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 The owner layout matches the reference bit for bit, and so does every matrix the group layout
-leaves to an owner; the one grouped matrix, the 96 x 230, {{ch15-live-group-diff}}
-(the check allows the `--atol 1e-3` given here). It runs in the row form, which splits each GEMM
-by rows, and a kernel may round a block of rows differently from the whole:
+leaves to an owner; the grouped 96 x 230 {{ch15-live-group-diff}} (within
+`--atol 1e-3`). The row form splits each GEMM by rows, and a kernel may round a block of
+rows differently from the whole:
 [`tests/test_group_layout.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_group_layout.py)
-holds grouped matrices within $10^{-2}$ of the reference's update, relative, on 1 x 1 to 2 x 4,
-and the others bit for bit. Each member sends {{ch15-live-gram-kb}} kB a step for the
-group's collectives (the ledger's phase `ns_group_gram`), what the closed form
-(`costmodel.group_bytes`) says, rank by rank; the busiest rank sends
-{{ch15-live-group-kb}} kB a step under the group layout against
+holds grouped matrices within $10^{-2}$, relative, on 1 x 1 to 2 x 4, the others bit for bit.
+Each member sends {{ch15-live-gram-kb}} kB a step for the group's collectives (ledger
+phase `ns_group_gram`), as the closed form (`costmodel.group_bytes`) says, rank by rank; the
+busiest rank sends {{ch15-live-group-kb}} kB a step under group against
 {{ch15-live-owner-kb}} kB under owner.
 
-Time and memory need bigger matrices than a live cell can afford. The issue that asked for the
-group layout set its bar on the report's shapes (one 4096 x 4096 matrix with 99.1% of the
-Newton-Schulz FLOPs, beside four smaller ones) on DP 2 x TP 2, against one process using both
-cores: `bench.py --dp 2 --tp 2 --layout owner,group --single --report-shapes`. Its steps take
-seconds, so `make record` runs it once and keeps the result in `book/data/` with its command,
-commit, machine and load average. The machine was not idle: on its 2 cores the load average
-was {{ch15-rec-load}} when the run started (the benchmark `make record` had just run,
-and other jobs), so read the seconds as a loaded machine's and lean on what was measured side by
-side in one run: the Muon overhead ratio of {doc}`chapter 8 <08_beyond_poc>` (1.0: Muon adds on
-the grid just what it adds in one process), with its spread over the measured steps.
+For time and memory, `make record` runs the report's shapes (one 4096 x 4096 matrix with 99.1% of the Newton-Schulz FLOPs, and four smaller
+ones) on DP 2 x TP 2 against one process using both cores
+(`bench.py --dp 2 --tp 2 --layout owner,group --single --report-shapes`) and keeps the result in
+`book/data/` with its provenance. The load average on the 2 cores was {{ch15-rec-load}}
+when it started, so read the seconds as a loaded machine's and lean on what one run measured
+side by side: the {term}`Muon overhead ratio`, with its spread over the steps.
 """)
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 The overhead ratio {{ch15-rec-verdict}}: {{ch15-rec-owner}} with one owner per
 matrix, {{ch15-rec-group}} with the 4096 x 4096 matrix shared by the four ranks
-(median, then min-max of the steps). The price is in the other columns: the group layout sends
-{{ch15-rec-bytes}} times the owner layout's bytes, and its ranks peak at
-{{ch15-rec-peak}} times the memory (medians over the ranks), because a member holds its
-block and the buffers of the group's collectives (this square matrix runs in the row form, which
-all-gathers the whole matrix on every member). On a GPU cluster the trade is the same: a group
-spends link bandwidth and memory to shorten the busiest rank's Newton-Schulz, which pays only
-where the links are fast.
+(median, then min-max of the steps). The price: the group layout sends {{ch15-rec-bytes}}
+times the owner layout's bytes, and its ranks peak at {{ch15-rec-peak}} times the memory
+(medians over the ranks), because this square matrix runs in the row form, which all-gathers the
+whole matrix on every member.
 """)
 
 # %% [markdown]
-# Those four members were sized by FLOPs. This machine has two cores and each of the four ranks one
-# thread, so only two compute at once: the third and fourth members add traffic and no speed.
-# `make record` runs the same benchmark again with `--hw this-machine`, which turns
-# {doc}`chapter 13 <13_what_to_pick>`'s calibration of this machine into a profile
-# (`timemodel.plan_profile`: each rank's share of the measured matmul rate, the measured link, and
-# `parallel_ranks`, the ranks that compute at once).
+# Those four members were sized by FLOPs, but on this machine's two cores only two ranks compute
+# at once: the other two add traffic and no speed. `make record` reruns the benchmark with
+# `--hw this-machine`, a profile from {doc}`chapter 13 <13_what_to_pick>`'s calibration
+# (`timemodel.plan_profile`).
 
 # %%
 timed_record = load_recorded("bench_group_timed_2x2.json")
@@ -742,18 +702,17 @@ keep("ch15-timed-bytes", f"{G['bytes_ratio'] / TG['bytes_ratio']:.1f}")
 say(r"""
 Sized by time, the 4096 x 4096 matrix goes to two members, {{ch15-timed-members}}.
 Its overhead ratio is {{ch15-timed-ratio}}, {{ch15-timed-vs-flops}}
-({{ch15-rec-group}} above), and the group layout sends {{ch15-timed-bytes}}
-times fewer bytes than with four. The two runs are separate, each against its own one-process
-baseline, so compare their ratios, not their seconds; the owner layout's ratio shows the drift
-between runs: {{ch15-timed-owner}} here against {{ch15-rec-owner}} before.
+({{ch15-rec-group}} above), and it sends {{ch15-timed-bytes}} times fewer bytes
+than with four. Each run has its own one-process baseline, so compare ratios, not seconds; the
+owner layout's ratio shows the drift between runs: {{ch15-timed-owner}} here against
+{{ch15-rec-owner}} before.
 """)
 
 # %% [markdown]
 # ## Turning it on
 #
-# In the training loop of chapter 12 the group layout is one argument, and this chapter's other
-# options are keywords of the same constructor (the group layout with them, Polar Express
-# included, is checked against one process on 2 x 1 to 2 x 4):
+# The group layout and this chapter's other options are keywords of the constructor (checked
+# against one process on 2 x 1 to 2 x 4):
 #
 # ```python
 # from muongrid import DistributedMuon, hardware
@@ -767,14 +726,11 @@ between runs: {{ch15-timed-owner}} here against {{ch15-rec-owner}} before.
 #     ns_form="standard")               # or "gram" (groups too)
 # ```
 #
-# `hw` is the profile of the projections above; `hardware.profile(flops=..., efficiency=...,
-# ranks_per_node=..., intra=(alpha, beta), inter=(alpha, beta))` gives your own cluster's (with
-# `parallel_ranks=` where ranks share a node's cores). Every rank must pass the same profile (the
-# optimizer checks it with the rest of the plan). Left out, groups are sized by FLOPs alone. The
-# profile decides whether a group pays at all, so the same matrices get different plans on
-# different machines. Below, the plan for four ranks and two large matrices with no profile, with
-# the H100 one and with a made-up slow machine (1 GFLOP/s per rank, nodes of four ranks with fast
-# links inside); then the optimizer runs the slow machine's plan against one process.
+# `hardware.profile(flops=..., efficiency=..., ranks_per_node=..., intra=(alpha, beta),
+# inter=(alpha, beta))` describes your cluster (`parallel_ranks=` where ranks share cores); every
+# rank must pass the same one, and without one groups are sized by FLOPs. Below, the plan for four ranks and two large matrices with no
+# profile, the H100 one and a made-up slow machine (1 GFLOP/s per rank, nodes of four); then the
+# optimizer runs the slow machine's plan against one process.
 
 # %%
 import json
@@ -822,43 +778,36 @@ keep("ch15-timed-diff", "bit for bit" if timed["max_abs_diff"] == 0 else
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 Without a profile each large matrix gets a FLOP-sized window of contiguous ranks. On the H100
-figures neither gets a group: each one's Newton-Schulz takes less time than the latency of a
-group's eleven collectives. On the slow machine the first matrix gets ranks 0, 1 and 2, and the
-second ranks 0 and 3: not contiguous, and sharing rank 0, because a group inside a node takes
-that node's least-busy ranks. The run matches one process {{ch15-timed-diff}}, and rank
-0's ledger row for the group collectives names both of its subgroups (`g0-1-2+g0-3`).
+figures neither gets a group: its Newton-Schulz takes less than the latency of eleven
+collectives. On the slow machine the first gets ranks 0, 1 and 2, the second 0 and 3: not
+contiguous, since a group inside a node takes its least-busy ranks. The run matches one
+process {{ch15-timed-diff}}, and rank 0's ledger row names both its subgroups
+(`g0-1-2+g0-3`).
 """)
 
 # %% [markdown]
 # From the command line, `python scripts/train.py --dp 2 --tp 2 --layout group --hw h100` trains
-# the tiny GPT with it (`--hw` also takes a JSON file of the five numbers). Pick `"group"` over
-# `"owner"` when one matrix holds more than its fair share of the Newton-Schulz work. Before
-# training, `python scripts/verify.py --dp D --tp T --layout group --hw PROFILE --shapes ...` shows
-# which ranks each group spans on your grid (ledger rows such as `g0-1`, `groups` in its JSON) and
-# checks the result against one process; `--ns-batch`, `--ns-form gram` and
-# `--ns-coefficients polar_express` add the other options.
+# the tiny GPT with it (`--hw` also takes a JSON file);
+# `python scripts/verify.py --dp D --tp T --layout group --hw PROFILE --shapes ...` shows which
+# ranks each group spans and checks the result against one process; `--ns-batch`, `--ns-form gram`
+# and `--ns-coefficients polar_express` add the other options.
 #
 # ## What is built and what is not
 #
-# Built and tested: everything above in the optimizer, with every option of the owner layout in
-# the group layout (a grouped matrix itself is never batched: each member holds only a block), a
-# third way for a group to share a matrix (with `ns_form="gram"`, `ns_gram_group` all-reduces the
-# norm and one Gram per optimizer step, two collectives instead of eleven), and the plans and
-# projections, for a 1T-class mixture of experts too (`plan_at_scale.py --model kimi-k2`).
-# **Not built**: the projections price neither the Gram form over a group nor expert parallelism,
-# and they are a model, not a measurement; the profile is given, not measured on the cluster
-# (every rank must use the same numbers, so no rank may time its own).
+# Also built: a third way to share a matrix (`ns_form="gram"`: `ns_gram_group` all-reduces the
+# norm and one Gram per step, two collectives instead of eleven) and the projections for a
+# 1T-class mixture of experts (`plan_at_scale.py --model kimi-k2`). **Not built**: the
+# projections price neither the Gram form over a group nor expert parallelism, and are a model,
+# not a measurement; the profile is given, not measured on the cluster.
 #
 # ## Summary
 #
-# - One owner per matrix stops scaling once ranks outnumber matrices: the largest matrix's owner
-#   bounds the step while most ranks idle.
-# - A group of ranks can orthogonalise one matrix with one Gram all-reduce per step (within
-#   $10^{-5}$ of one process in fp32; the optimizer's bf16 runs allow $10^{-2}$ relative), or, for
-#   a near-square matrix, with the row form's all-gathers. A group pays only where its traffic is
-#   cheap next to the FLOPs it saves, so size groups by time on a hardware profile (`hw=`).
-# - Same-shape batching turns an owner's many expert matrices into a few calls; Polar Express is
-#   closer to the polar factor in the same matmuls; the Gram form saves FLOPs on rectangles.
+# - Once ranks outnumber matrices, the largest matrix's owner bounds the step while ranks idle.
+# - A group of ranks orthogonalises one matrix with one Gram all-reduce per step, or the row
+#   form's all-gathers for a near-square one. It pays only where its traffic is cheap next to the
+#   FLOPs it saves, so size groups by time (`hw=`).
+# - Same-shape batching turns many expert matrices into a few calls; Polar Express is closer to
+#   the polar factor in the same matmuls; the Gram form saves FLOPs on rectangles.
 #
 # ## Exercises
 #
