@@ -60,9 +60,7 @@ elif (importlib.util.find_spec("muongrid") is None
 # Moonshot's paper claims that Distributed Muon's communication is between 1 and 1.25 times that of
 # Distributed AdamW {cite:p}`liu2025muonscalable`. The community report measured Muon's
 # communication *time* at 0.57 x AdamW's on four GPUs {cite:p}`wei2025muonreproducibility`, below
-# even the lower end. This chapter counts every byte both optimizers move, derives the bound,
-# measures the time, and explains why bytes and time disagree. It ends with a model that projects
-# the counts to multi-node clusters.
+# even the lower end.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -74,9 +72,9 @@ elif (importlib.util.find_spec("muongrid") is None
 # %% [markdown]
 # ## The ledger of one step
 #
-# [`scripts/bench.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/bench.py) runs Distributed Muon and Distributed AdamW side by side in one job, with the
-# same parameters (the five matrices of the proof of concept), the same gradients and the same
-# 2 x 2 grid, alternating their steps. Each has its own ledger, so every byte is attributed:
+# [`scripts/bench.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/bench.py) runs Distributed Muon and Distributed AdamW in one job on the same 2 x 2 grid,
+# parameters (the proof of concept's five matrices) and gradients, alternating their steps, each
+# with its own ledger:
 
 # %%
 from muongrid.lab.notebook import last_json, run
@@ -116,9 +114,8 @@ print(f"Muon / AdamW bytes: {bench['bytes_ratio']:.4f} (per rank per step)")
 # | NS gather over TP | bf16 | $(t-1)\,m \cdot 2$ per TP-split matrix of $m$ local elements | Muon |
 # | parameter all-gather | fp32 | $(d-1)\,s \cdot 4$ | both |
 #
-# The ledger counts bytes from the tensors that really went through the collectives; the closed
-# form computes them from shapes alone. They agree exactly, here and (the tests check) on every
-# grid from 1 x 1 to 2 x 4:
+# The ledger counts the tensors that went through the collectives; the closed form uses shapes
+# alone. They agree exactly, here and (the tests check) on every grid from 1 x 1 to 2 x 4:
 
 # %%
 from muongrid.lab.costmodel import step_bytes
@@ -147,15 +144,14 @@ assert all(agree), "the ledger and the closed form disagree"
 # $$\frac{4 + 2 + 4}{4 + 4} = 1.25,$$
 #
 # whatever the shapes and the padding (every term of a bucket scales with the same shard).
-# That is the paper's upper bound. The gather exists only because some matrices are cut by shard
-# boundaries ({doc}`chapter 4 <04_zero1_buffer>`). A layout could gather **only the straddling matrices**, among the ranks
-# that share them; and a layout that cuts the shards on matrix boundaries, so that every matrix lies
-# whole on one rank, needs **no DP gather** at all, so Muon moves exactly AdamW's bytes: the
-# bound's lower end, 1, which no layout with balanced shards reaches exactly, hence "(1". {doc}`Chapter 8 <08_beyond_poc>`
-# builds such layouts for real (`owner` and `aligned`). The closed form for all three variants of
-# the gather (`dp_gather_bytes`), for the five proof-of-concept matrices and for the matrices of a
-# 1.2B-parameter transformer: 24 layers, each with a QKV projection (6144 x 2048), an output
-# projection (2048 x 2048) and an MLP (8192 x 2048 and 2048 x 8192), {numref}`fig-ch6-layouts`:
+# That is the paper's upper bound. The gather exists only for matrices cut by shard boundaries
+# ({doc}`chapter 4 <04_zero1_buffer>`). A layout could gather **only the straddling matrices**; one
+# that cuts the shards on matrix boundaries needs **no DP gather**, so Muon moves exactly AdamW's
+# bytes: the lower end, 1, which no layout with balanced shards reaches exactly, hence "(1".
+# {doc}`Chapter 8 <08_beyond_poc>` builds such layouts (`owner` and `aligned`).
+# {numref}`fig-ch6-layouts` prices the three (`dp_gather_bytes`) for the proof of concept's
+# matrices and for a 1.2B-parameter transformer: 24 layers, each with a QKV projection
+# (6144 x 2048), an output projection (2048 x 2048) and an MLP (8192 x 2048 and 2048 x 8192):
 
 # %% mystnb={"figure": {"name": "fig-ch6-layouts", "caption": "Muon's bytes over AdamW's on DP-only grids, from the closed form, for three ways of doing the DP gather (`bucket`: whole buckets, as in the proof of concept; `straddlers`: only straddling matrices; `none`: shards cut between matrices, no gather). Top: the five proof-of-concept matrices; bottom: the matrices of the transformer stack that the cell describes, in buckets of $2^{25}$ elements."}}
 import matplotlib.pyplot as plt
@@ -228,15 +224,13 @@ keep("ch6-n-params", f"{n_params / 1e9:.2f}")
 
 # %% [markdown]
 # With the proof of concept's shapes, gathering only straddlers barely helps: one matrix (676 x 876)
-# is most of the buffer, and it crosses every shard boundary. With many matrices in a bucket, only
-# those that happen to sit on a shard boundary straddle, and the ratio falls towards 1. (The bucket
-# size matters: with one matrix per bucket, every matrix straddles every boundary.) Cutting shards
-# between matrices removes the gather; giving each matrix one owner also removes the repeated
-# Newton-Schulz of {doc}`chapter 5 <05_distributed_step>` ({doc}`chapter 8 <08_beyond_poc>`).
+# is most of the buffer and crosses every shard boundary. With many matrices in a bucket, only
+# those on a shard boundary straddle, and the ratio falls towards 1 (with one matrix per bucket,
+# every matrix straddles). Giving each matrix one owner also removes the repeated Newton-Schulz
+# of {doc}`chapter 5 <05_distributed_step>` ({doc}`chapter 8 <08_beyond_poc>`).
 #
-# **What TP adds on top.** AdamW's TP ranks never talk in the optimizer: its update is elementwise
-# on whatever slice a rank holds. Muon must rebuild every TP-split matrix, so its TP gathers come on
-# top of the DP traffic, and the byte ratio exceeds 1.25:
+# **What TP adds on top.** AdamW's TP ranks never talk in the optimizer (its update is
+# elementwise). Muon must rebuild every TP-split matrix, so the byte ratio exceeds 1.25:
 
 # %%
 for tp in (1, 2, 4):
@@ -249,8 +243,7 @@ for tp in (1, 2, 4):
 
 # %% [markdown]
 # The paper's bound is about the data-parallel traffic that crosses the cluster network; TP gathers
-# stay inside a node ({doc}`chapter 3 <03_grid>`), on links several times faster. Bytes alone do not say what a byte
-# costs, which brings us to time.
+# stay inside a node ({doc}`chapter 3 <03_grid>`), on links several times faster.
 #
 # ## Time is not bytes
 #
@@ -283,17 +276,16 @@ print(
 )
 
 # %% [markdown]
-# The time ratio differs from the byte ratio for reasons that are worth separating:
+# The time ratio differs from the byte ratio for three reasons:
 #
 # 1. **Latency per call.** A collective costs a fixed latency per ring hop plus its bytes over the
-#    bandwidth. Muon makes more calls (one TP gather per split matrix), so small messages cost it
-#    more than their bytes suggest.
+#    bandwidth. Muon makes more calls (one TP gather per split matrix), each paying the latency.
 # 2. **Waiting is inside the time.** A rank that reaches a collective first waits for the others.
-#    Here every rank also orthogonalises every matrix, with four processes on two cores, so Muon's
-#    collective time includes waiting for peers that are still computing.
-# 3. **The backend.** Gloo has no reduce-scatter; it runs an all-reduce of the whole input. The
-#    ledger counts what the ring algorithm moves (what NCCL does); gloo moves more, and does the
-#    additions too. Let us measure that, together with the latency and bandwidth of this machine:
+#    Here every rank orthogonalises every matrix, four processes on two cores, so Muon's
+#    collective time includes waiting for peers still computing.
+# 3. **The backend.** Gloo runs a reduce-scatter as an all-reduce
+#    ({doc}`chapter 2 <02_distributed_map>`), so it moves more than the ledger's ring counts. This
+#    machine's latency and bandwidth, measured:
 
 # %%
 links = last_json(run("measure_links.py --dp 4", log="collapsed"))
@@ -310,9 +302,8 @@ ALPHA, BETA = links["alpha_s"], links["beta_bytes_per_s"] or float(
 )  # None: bandwidth not resolved
 
 # %% [markdown]
-# The model $t = (n-1)(\alpha + \text{shard bytes}/\beta)$, with the constants just fitted, predicts
-# the benchmark's communication time; since it ran on gloo, its reduce-scatters are priced as
-# all-reduces:
+# The model $t = (n-1)(\alpha + \text{shard bytes}/\beta)$ with these constants predicts the
+# benchmark's communication time (its reduce-scatters priced as gloo's all-reduces):
 
 # %%
 from muongrid.lab.costmodel import step_seconds
@@ -333,15 +324,14 @@ for name in ("muon", "adamw"):
     )
 
 # %% [markdown]
-# The model fitted on 4-rank all-gathers is a rough guide on this machine: collective times on two
-# shared CPU cores are noisy, and the measured times include waiting for peers (point 2). The
-# byte counts, by contrast, are exact.
+# The fitted model is a rough guide here: collective times on two shared CPU cores are noisy and
+# include waiting for peers (point 2). The byte counts are exact.
 #
 # **And the report's 0.57x?** It compared a Muon step of 40 calls with an AdamW step of 110 calls on
-# GPUs {cite:p}`wei2025muonreproducibility`; the two optimizers did not run the same collectives. With
-# the same plan and buckets for both, as here, Muon moves at least AdamW's bytes and makes at least
-# as many calls, so on the same links it cannot spend less time communicating, unless its
-# collectives are placed or overlapped better. {doc}`Chapter 7 <07_profiling>` comes back to the report's claims one by one.
+# GPUs {cite:p}`wei2025muonreproducibility`: not the same collectives. With the same plan and
+# buckets, as here, Muon moves at least AdamW's bytes in at least as many calls, so on the same
+# links it cannot spend less time communicating unless its collectives are placed or overlapped
+# better. {doc}`Chapter 7 <07_profiling>` takes the report's claims one by one.
 #
 # ## Projecting to a cluster
 
@@ -412,38 +402,30 @@ keep("ch6-bw-ratio", f"{INTRA[1] / INTER[1]:.2f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-On a cluster the ranks of a node share fast links (NVLink-class) and nodes share a slower
-network (InfiniBand-class); {doc}`chapter 3 <03_grid>`'s layout keeps TP groups inside a node. The model below
-prices the links of an H100 cluster as the book's one hardware table
-([`muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py),
-which {doc}`chapter 13 <13_what_to_pick>` and {doc}`chapter 15 <15_muon_at_scale>` use too) gives them: {{ch6-gpus}} GPUs per node,
-{{ch6-intra}} per GPU inside a node (NVLink), {{ch6-inter}} per GPU between
-nodes (InfiniBand). The bandwidths are datasheet figures and the latencies assumptions, not
-measurements, and you can change them all. The model is the
-same stack of {{ch6-n-matrices}} matrices as above (QKV and MLP-in split by rows over
-TP, output projections by columns, as in Megatron); {numref}`fig-ch6-projection` shows it.
+The model prices an H100 cluster's links from the book's one hardware table
+([`muongrid/hardware.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/hardware.py)):
+{{ch6-gpus}} GPUs per node, {{ch6-intra}} per GPU inside a node (NVLink), {{ch6-inter}} per
+GPU between nodes (InfiniBand). The bandwidths are datasheet figures and the latencies
+assumptions, not measurements. The model is the same stack of {{ch6-n-matrices}} matrices as
+above (QKV and MLP-in split by rows over TP, output projections by columns, as in Megatron);
+{numref}`fig-ch6-projection` shows it.
 """)
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 The jump of the solid lines between 8 and 16 replicas is the node boundary, not Muon: with
-TP 1, eight replicas fit in one node and their DP ring runs on its {{ch6-intra-bw}}
-links; sixteen need two nodes, and a ring is as slow as its slowest link, here
-{{ch6-inter-bw}} between nodes, so the
-same bytes take {{ch6-cliff}} times as long ({{ch6-bw-ratio}} times from the
-bandwidth, the rest from the ring's $(d-1)/d$ and the latency). With TP 8 each node holds one
-replica, so every DP ring crosses nodes from two replicas on, and the dashed lines have no
-jump.
+TP 1, eight replicas share one node's {{ch6-intra-bw}} links; sixteen need two nodes, and a
+ring is as slow as its slowest link ({{ch6-inter-bw}} between nodes), so the same bytes take
+{{ch6-cliff}} times as long ({{ch6-bw-ratio}} times from the bandwidth, the rest from the
+ring's $(d-1)/d$ and the latency). With TP 8 every DP ring crosses nodes from two replicas on:
+no jump.
 """)
 
 # %% [markdown]
-# Read the projection as the model's arithmetic, not a measurement: DP traffic per rank grows
-# towards a constant as DP grows (a ring moves $(d-1)/d$ of the data), and Muon stays near 1.25 x
-# AdamW there; with TP inside the node, Muon's extra TP gathers are many small messages on fast
-# links, and their latency, not their bytes, makes the time ratio larger than the byte ratio. Move
-# the slider of
-# {numref}`fig-ch6-explorer` to change the bandwidth between nodes (it moves in this page; every
-# position was computed with the model when the page was built):
+# This is the model's arithmetic, not a measurement: DP traffic per rank tends to a constant as DP
+# grows, with Muon near 1.25 x AdamW; with TP inside the node, Muon's extra TP gathers are many
+# small messages whose latency, not their bytes, lifts the time ratio above the byte ratio.
+# {numref}`fig-ch6-explorer` moves the bandwidth between nodes:
 
 # %% mystnb={"figure": {"name": "fig-ch6-explorer", "caption": "{numref}`fig-ch6-projection` with the inter-node bandwidth per GPU on a slider (other links as above), in its colours and on one y axis for every position; the title gives Muon's time over AdamW's at the largest DP size."}}
 from muongrid.lab.explorers import Figure, projection_explorer
@@ -459,9 +441,9 @@ show(Figure(explorer))
 assert INTER[1] / 1e9 in inter_gb_s   # the slider starts at the table's figure
 
 # %% [markdown]
-# The latency between nodes matters as much as the bandwidth once the messages are small:
-# {numref}`fig-ch6-latency` moves it (bandwidths as above). In Jupyter,
-# `project(dp, tp, intra=(seconds, bytes/s), inter=(seconds, bytes/s))` prices any other link.
+# Once messages are small, the latency between nodes matters as much:
+# {numref}`fig-ch6-latency` moves it. In Jupyter, `project(dp, tp, intra=(seconds, bytes/s),
+# inter=(seconds, bytes/s))` prices any other link.
 
 # %% mystnb={"figure": {"name": "fig-ch6-latency", "caption": "{numref}`fig-ch6-projection` with the latency between nodes on a slider (bandwidths as above); the title gives Muon's time over AdamW's at the largest DP size."}}
 from muongrid.lab.explorers import link_explorer
@@ -502,13 +484,13 @@ keep("ch6-ex2-at24", f"{straddler_ratio(2**24):.3f}")
 # %% [markdown]
 # ## Summary
 #
-# - Both optimizers reduce-scatter gradients and all-gather parameters; Muon adds a bf16 DP gather
-#   and, with TP, a TP gather per split matrix. The ledger equals the closed form exactly.
-# - Gathering whole buckets costs exactly 1.25 x AdamW's bytes on a DP-only grid, the paper's upper
-#   bound; gathering only straddling matrices costs less; shards cut between matrices cost AdamW's
-#   bytes (plus padding, {doc}`chapter 8 <08_beyond_poc>`).
-# - Time ratios differ from byte ratios: latency per call, waiting for peers, and the backend's own
-#   algorithms (gloo's reduce-scatter is an all-reduce). Compare like with like: same plan, same calls.
+# - Muon adds to AdamW's traffic a bf16 DP gather and, with TP, a TP gather per split matrix. The
+#   ledger equals the closed form exactly.
+# - On a DP-only grid, whole buckets cost exactly 1.25 x AdamW's bytes (the paper's upper bound),
+#   straddlers only less, shards cut between matrices AdamW's bytes (plus padding,
+#   {doc}`chapter 8 <08_beyond_poc>`).
+# - Time ratios differ from byte ratios (latency per call, waiting for peers, the backend).
+#   Compare like with like: same plan, same calls.
 #
 # ## Exercises
 #
