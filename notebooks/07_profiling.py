@@ -58,12 +58,11 @@ elif (importlib.util.find_spec("muongrid") is None
         "book's Colab button.")
 
 # %% [markdown]
-# {doc}`Chapter 6 <06_communication>` counted bytes. A training step also computes: the forward and backward passes, and
-# for Muon, Newton-Schulz. Moonshot reports the optimizer at 1-3% of the step
+# {doc}`Chapter 6 <06_communication>` counted bytes; a step also computes (forward, backward, and for Muon, Newton-Schulz).
+# Moonshot reports the optimizer at 1-3% of the step
 # {cite:p}`liu2025muonscalable`; the community report measured 1.1% on four GPUs
-# {cite:p}`wei2025muonreproducibility`. This chapter profiles real training steps with
-# `torch.profiler`, splits them into their parts, repeats the report's asynchronous-communication
-# experiment, and closes with a table of every claim, each checked with this book's code.
+# {cite:p}`wei2025muonreproducibility`. This chapter profiles real steps and checks these claims
+# and the report's others.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -76,12 +75,11 @@ elif (importlib.util.find_spec("muongrid") is None
 # ## A real training step, profiled
 #
 # [`scripts/profile_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/profile_step.py) trains two copies of {doc}`chapter 1 <01_muon>`'s tiny GPT on two data-parallel ranks,
-# one with Distributed MuonW (Muon on the hidden matrices, AdamW on the rest) and one with
-# Distributed AdamW, alternating their steps, from the same weights on the same batches. Every
-# step is forward, backward, then the ZeRO-1 optimizer. Between them a barrier makes the faster rank
-# wait for the slower one *before* the optimizer starts, so that waiting shows as waiting rather
-# than as slow communication. After two warm-up steps the profiler records everything on every
-# rank; each rank then parses its own trace ([`muongrid/lab/traces.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/traces.py)).
+# one with Distributed MuonW and one with Distributed AdamW, alternating their steps, from the
+# same weights on the same batches. A barrier before the optimizer makes waiting show as waiting,
+# not as slow communication. After two warm-up steps the profiler records every rank, which
+# parses its own trace
+# ([`muongrid/lab/traces.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/traces.py)).
 
 # %%
 from muongrid.lab.notebook import last_json, run
@@ -131,12 +129,11 @@ keep("ch7-batch", f"{profile['batch']} x {profile['context']}")
 # %% [markdown]
 # ## Reading a trace
 #
-# Each rank wrote a {term}`Chrome trace` (`_build/traces/trace_rank0.json` and `..._rank1.json`). To look at
-# one yourself, open <https://ui.perfetto.dev> (or `chrome://tracing`) and drop the file onto the page:
-# every PyTorch operator is a slice, and the ranges this book's code marks (`train_step:muon`,
-# `forward_backward`, `optimizer.step`, `comm:<phase>`, `muon:newton_schulz`) sit above them. Here
-# is the last Muon step and the last AdamW step of rank 0, drawn from its trace
-# ({numref}`fig-ch7-trace`):
+# Each rank wrote a {term}`Chrome trace` (`_build/traces/trace_rank0.json` and `..._rank1.json`). Drop
+# one onto <https://ui.perfetto.dev> (or `chrome://tracing`): every PyTorch operator is a slice, and
+# the ranges this book's code marks (`train_step:muon`, `forward_backward`, `optimizer.step`,
+# `comm:<phase>`, `muon:newton_schulz`) sit above them. {numref}`fig-ch7-trace` draws rank 0's last
+# Muon and AdamW steps:
 
 # %% mystnb={"figure": {"name": "fig-ch7-trace", "caption": "The last Muon step (top) and the last AdamW step (bottom) of rank 0, drawn from its Chrome trace: one row per kind of annotated range."}}
 from muongrid.lab.traces import load_events
@@ -182,9 +179,8 @@ plt.close(fig)
 # %% [markdown]
 # ## The optimizer's share of the step
 #
-# The share depends on how much the model computes per step. The forward and backward passes
-# grow with the tokens in a batch; the optimizer's work does not (it touches each parameter once).
-# Run the same profile with four times the batch:
+# The forward and backward passes grow with the tokens in a batch; the optimizer's work does not.
+# The same profile with four times the batch:
 
 # %%
 profile_big = last_json(run("profile_step.py --dp 2 --steps 5 --batch 128",
@@ -213,26 +209,24 @@ keep("ch7-share-note",
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 (Shares are means over the ranks.) Here the share {{ch7-share-trend}} as the batch grows,
-{{ch7-share-note}}. This tiny model, on a CPU, is still far from the
-1-3% of an LLM run on GPUs: its matrices are small, so each is cheap to multiply in the forward
-pass but the optimizer's per-matrix overheads (several collectives, five Newton-Schulz steps)
-weigh more, and every rank repeats Newton-Schulz for every matrix (the proof of concept's layout,
-{doc}`chapter 5 <05_distributed_step>`). In an LLM, a step processes millions of tokens per optimizer update.
+{{ch7-share-note}}. This tiny model on a CPU is still far from an LLM's 1-3%: its small
+matrices make the optimizer's per-matrix overheads (collectives, five Newton-Schulz steps)
+weigh more, every rank repeats Newton-Schulz for every matrix
+({doc}`chapter 5 <05_distributed_step>`), and an LLM's step processes millions of tokens.
 """)
 
 # %% [markdown]
 # ## The asynchronous-communication experiment
 #
 # The report tried `async_op=True` on every collective and found Muon's communication 2.1 x slower
-# and AdamW's 1.5 x slower {cite:p}`wei2025muonreproducibility`. Issuing a collective
-# asynchronously and then waiting for it at once overlaps nothing; it only adds the cost of the
-# handle. Real overlap needs independent work to do while the bytes travel. Distributed Muon has
-# some: Newton-Schulz of one bucket (or matrix) does not depend on the gather of the next. The
-# engine's {term}`overlap` option has three modes ([`muongrid/distributed.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/distributed.py)): `none`; `naive` (every
-# collective asynchronous, waited for at once, as in the report); and `prefetch` (start every
-# bucket's DP gather and every matrix's TP gather first, then orthogonalise while later ones
-# arrive). All three give identical parameters (the tests check it). Measured side by side, on a
-# 2 x 2 grid with buckets small enough that there are several:
+# and AdamW's 1.5 x slower {cite:p}`wei2025muonreproducibility`. A collective issued
+# asynchronously and waited for at once overlaps nothing. Real overlap needs independent work
+# while the bytes travel, and Distributed Muon has some: Newton-Schulz of one bucket (or matrix)
+# does not depend on the gather of the next. The engine's {term}`overlap` option ([`muongrid/distributed.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/distributed.py))
+# has three modes: `none`; `naive` (every collective asynchronous, waited for at once, as in the
+# report); and `prefetch` (start every bucket's DP gather and every matrix's TP gather first, then
+# orthogonalise while later ones arrive). All three give identical parameters (the tests check
+# it). On a 2 x 2 grid with several buckets:
 
 # %%
 overlap = last_json(run("bench.py --dp 2 --tp 2 --bucket-numel 200000 --steps 5 "
@@ -248,20 +242,17 @@ for name in ("muon-naive", "muon-prefetch", "adamw-naive"):
           "(vs. no overlap)")
 
 # %% [markdown]
-# Read these with the machine in mind: two CPU cores shared by four processes. Gloo runs a
-# collective on its own threads, which here compete with Newton-Schulz for the same two cores, so
-# there is little idle hardware for overlap to use; on a GPU, NCCL kernels run on their own
-# streams beside the compute. The `naive` mode changes only how each call is issued, so any
-# difference from `none` is overhead or noise; `prefetch` changes the order of work, which is the
-# only way to hide communication.
+# Four processes share two CPU cores here, and gloo's threads compete with Newton-Schulz, so
+# overlap has little idle hardware to use (on a GPU, NCCL runs on its own streams). The
+# `naive` mode changes only how calls are issued, so its difference from `none` is overhead or
+# noise; `prefetch` changes the order of work, the only way to hide communication.
 #
 # ## The claims, checked
 #
-# One more run: the three 4-process grids the report compared, with the same benchmark. With it
-# and the runs above, this chapter measures seven of the claims of the paper and the report; the
-# findings go to {doc}`the claims appendix <../book/claims>`, which lists every claim once, with
-# this chapter's figures beside {doc}`chapter 9 <09_training>`'s (the code that computes them
-# is folded below).
+# One more run covers the three 4-process grids the report compared. With the runs above, this
+# chapter measures seven claims of the paper and the report; the findings (computed in the folded
+# cell below) go to {doc}`the claims appendix <../book/claims>`, beside
+# {doc}`chapter 9 <09_training>`'s.
 
 # %%
 sweep = last_json(run("bench.py --sweep --grids 4x1,1x4,2x2 --steps 3",
@@ -354,20 +345,18 @@ assert grids["4x1"]["bytes_ratio"] == 1.25 and g22["state_bytes_ratio"] == 0.5
 claims.glue_checks("07_profiling", rows)   # shown in the claims appendix
 
 # %% [markdown]
-# The three claims about time (the optimizer's share, Muon's step against AdamW's, the fastest
-# grid) are measured again on a real tensor-parallel model in {doc}`09_training`, which also asks
-# whether Muon trains better than a tuned AdamW.
+# {doc}`09_training` measures the three claims about time again on a real tensor-parallel model,
+# and asks whether Muon trains better than a tuned AdamW.
 #
 # ## Summary
 #
 # - `torch.profiler` plus a few named ranges splits a step into forward-backward, communication,
-#   Newton-Schulz and the rest; [`muongrid/lab/traces.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/traces.py) does the arithmetic on the Chrome JSON.
-# - The optimizer's share of a step shrinks as the work per step grows; small models on CPUs
-#   exaggerate it.
-# - `async_op=True` followed by `wait()` is not overlap. Overlap needs independent work, arranged in
-#   advance: here, starting the next gathers before orthogonalising.
-# - The claims about bytes and memory hold exactly; the claims about time depend on hardware,
-#   model size and how like-for-like the comparison is.
+#   Newton-Schulz and the rest.
+# - The optimizer's share shrinks as the work per step grows; small models on CPUs exaggerate it.
+# - `async_op=True` followed by `wait()` is not overlap; `prefetch` starts the next gathers before
+#   orthogonalising.
+# - The claims about bytes and memory hold exactly; those about time depend on hardware, model
+#   size and how like-for-like the comparison is.
 #
 # ## Exercises
 #
