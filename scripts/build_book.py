@@ -4,7 +4,7 @@
     python scripts/build_book.py --force      # execute every chapter again
     python scripts/build_book.py --only 05_distributed_step   # execute one chapter (no render)
 
-Each chapter runs once in a guarded nbclient (``muongrid.lab.nbexec``: no silent stalls; a stalled
+Each chapter runs once in a guarded nbclient (``booktools.nbexec``: no silent stalls; a stalled
 cell is named and its chapter executed again), its executed copy is kept in ``_build/executed/``,
 and the book is rendered from those copies with ``jupyter-book build -W -n --keep-going``. The time
 per chapter is printed at the end. Exits non-zero if a chapter fails or the render warns.
@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 os.chdir(ROOT)  # muongrid.lab.notebook finds the checkout from the working directory
 
-from muongrid.lab import bookbuild, warmstart
-from muongrid.lab.nbexec import Report, quiet_openmp, timing_table
+from booktools import bookbuild, warmstart
+from booktools.nbexec import Report, quiet_openmp, timing_table
 
 
 def main(argv=None) -> int:
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
         stems = [s for s in stems if s in wanted]
 
     started, reports = time.monotonic(), []
-    # One warm start server for every chapter's scripts (muongrid.lab.warmstart): torch imported once,
+    # One warm start server for every chapter's scripts (booktools.warmstart): torch imported once,
     # in the environment the kernels get (OpenMP reads its policy when torch loads).
     quiet_openmp()
     to_run = args.force or not all(bookbuild.is_fresh(s) for s in stems)

@@ -16,7 +16,7 @@ in the socket, and nothing wakes the wait:
 * ``jupyter_client``'s ``AsyncZMQSocketChannel`` returns it only when the timeout expires (pyzmq's
   poll makes a last non-blocking check then), with no error: the stall ``make book`` showed, where
   the timeout was a cell's 900 s.
-* ``muongrid.lab.nbexec.SlicedChannel`` polls in slices of 0.5 s and returns it within one slice.
+* ``booktools.nbexec.SlicedChannel`` polls in slices of 0.5 s and returns it within one slice.
 
 ``scripts/nbstress.py`` shows the same stall arising by itself while chapters execute.
 """
@@ -33,7 +33,7 @@ import zmq.asyncio
 from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.session import Session
 
-from muongrid.lab.nbexec import SlicedChannel
+from booktools.nbexec import SlicedChannel
 
 
 async def lost_wakeup(channel_class, timeout: float) -> tuple[float, str]:

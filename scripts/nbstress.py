@@ -12,7 +12,7 @@ A *stall* is a cell for which the client received the kernel's reply more than `
 seconds (default 5) after the kernel stamped it; every cell's reply normally arrives within
 milliseconds. A chapter whose cell fails counts under *errors* (its last lines are printed) and the
 rounds go on; the exit code is 1 when any run stalled or failed. With ``--client guarded``
-(``muongrid.lab.nbexec``, what the build and tests use) the table also counts *late wake-ups*: polls
+(``booktools.nbexec``, what the build and tests use) the table also counts *late wake-ups*: polls
 that found a reply only when their 0.5 s slice ran out, i.e. the lost wake-ups that stall plain
 nbclient, each absorbed in under a second.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from muongrid.lab import nbexec
+from booktools import nbexec
 from muongrid.lab.notebook import chapters
 
 ROOT = Path(__file__).resolve().parents[1]

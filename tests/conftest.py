@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 # Before anything imports torch (OpenMP reads it when it loads): this process and every one the tests
-# start. muongrid.lab.nbexec.quiet_openmp says why; importing it here would import torch first.
+# start. booktools.nbexec.quiet_openmp says why; importing it here would import torch first.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ SCRIPTS = ROOT / "scripts"
 
 
 from muongrid.lab.faultcheck import processes_with_tag  # noqa: F401  (a run's leftover processes)
-from muongrid.lab import warmstart  # noqa: E402
+from booktools import warmstart  # noqa: E402
 from muongrid.lab.notebook import last_json  # noqa: F401  (the tests read scripts' JSON lines as the book does)
 
 # Small shapes that divide unevenly by every DP size tested (so buckets need padding and matrices
@@ -28,7 +28,7 @@ ODD_TP_DIMS = "0,1,none,1,0"
 
 
 # A script run here is forked from a Python that has imported torch already, as the chapters' are
-# (muongrid.lab.warmstart: seconds of the suite's CPU per run, on two cores shared with the chapters).
+# (booktools.warmstart: seconds of the suite's CPU per run, on two cores shared with the chapters).
 _WARM = warmstart.WarmStarter(sys.executable, str(SCRIPTS)) if warmstart.enabled() else None
 
 
@@ -99,14 +99,14 @@ def pytest_itemcollected(item):
 
 # ---- the built book, shared by the book and browser tests ---------------------------------------
 
-from muongrid.lab import bookbuild  # noqa: E402
+from booktools import bookbuild  # noqa: E402
 
 BUILD = bookbuild.BUILD
 
 
 def execute_notebook(nb, timeout: float = 300):
     """Run ``nb`` in notebooks/ with the guarded client the book build uses, in place."""
-    from muongrid.lab.nbexec import GuardedClient
+    from booktools.nbexec import GuardedClient
 
     GuardedClient(nb, label="test notebook", timeout=timeout,
                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()

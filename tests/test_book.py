@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from muongrid.lab.bookbuild import toc_files  # noqa: F401  (test_browser imports it from here)
+from booktools.bookbuild import toc_files  # noqa: F401  (test_browser imports it from here)
 from muongrid.lab.notebook import chapters, repository_url
 from conftest import ROOT
 

@@ -154,7 +154,7 @@ def test_the_checks_catch_what_they_are_for():
 # ---- the front door: the road map comes from _toc.yml, the first page says how to start --------------
 
 def test_the_road_map_lists_every_page_of_the_toc():
-    from muongrid.lab.bookbuild import toc_files
+    from booktools.bookbuild import toc_files
     from muongrid.lab.roadmap import rows, table_markdown
 
     listed = toc_files()[1:]
@@ -168,7 +168,7 @@ def test_the_road_map_lists_every_page_of_the_toc():
 
 def test_the_index_routes_every_chapter_by_goal_and_does_not_repeat_the_road_map():
     """The first page says which chapters to read for each goal; chapter 0 holds the one table of pages."""
-    from muongrid.lab.bookbuild import toc_files
+    from booktools.bookbuild import toc_files
 
     index = (ROOT / "book" / "index.md").read_text()
     assert "{chapter-table}" not in index and "| Page |" not in index

@@ -3,8 +3,8 @@
 A page fails if it does not load, if a notebook output is an error, if a figure is missing or has
 no caption, if any math is left as raw LaTeX (MathJax must have typeset every math element), if
 the browser logs an error (a failed script, a missing font file, a CDN it could not reach), or on
-the layout checks of ``muongrid.lab.pagecheck`` (they also run on a partial build:
-``python -m muongrid.lab.pagecheck DIR``): at 1280 px a code cell, a table or an output that scrolls
+the layout checks of ``booktools.pagecheck`` (they also run on a partial build:
+``python -m booktools.pagecheck DIR``): at 1280 px a code cell, a table or an output that scrolls
 sideways, a table cell that breaks inside a word or a number (also at 400 px, where a table may
 scroll as a whole), a displayed equation wider than its column (at 1280 and 400 px: long ones are
 broken into aligned lines), or an ipywidgets control (without a kernel it moves and changes nothing).
@@ -30,7 +30,7 @@ import pytest
 from conftest import BUILD, executed_notebook
 from test_book import toc_files
 
-from muongrid.lab.pagecheck import layout_problems, math_problems, narrow, open_page, table_problems
+from booktools.pagecheck import layout_problems, math_problems, narrow, open_page, table_problems
 
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -126,7 +126,7 @@ def test_page_reads_well_offline(built_book, browser, name):
     assert typeset >= n_math, f"{n_math} formulas, {typeset} typeset"
 
     # Layout at 1280 px: no code cell, table or output scrolls sideways, no table breaks a word,
-    # no ipywidgets control (muongrid.lab.pagecheck says what each check selects and exempts).
+    # no ipywidgets control (booktools.pagecheck says what each check selects and exempts).
     problems = layout_problems(browser)
     assert not problems, f"at 1280 px: {problems}"
 
@@ -232,7 +232,7 @@ BAD_PAGE = """<!doctype html><html><body><article>
 def test_layout_checks_catch_what_they_should(browser, tmp_path):
     """The checks fail where they should (a page with one of each defect) and accept a break after
     a hyphen; they run on any built page, not only on the whole book."""
-    from muongrid.lab.pagecheck import code_problems, math_problems, widget_problems
+    from booktools.pagecheck import code_problems, math_problems, widget_problems
 
     page = tmp_path / "bad.html"
     page.write_text(BAD_PAGE.format(long_line="x = 1  # " + "y" * 400, wide_row="wide&nbsp;" * 80,

@@ -85,7 +85,7 @@ def test_every_collected_test_has_exactly_one_suite_mark(request):
 
 # The one module still loading a script: lab/gpurecord.py loads scripts/step_bench.py for its ``ours`` (the step
 # bench is being rewritten under issue 42's store work; moving ``ours`` into lab/stepmodels.py belongs there).
-LOADS_BY_PATH_STILL = {"lab/gpurecord.py", "lab/warmstart.py"}
+LOADS_BY_PATH_STILL = {"lab/gpurecord.py"}
 
 
 def test_no_package_module_executes_a_file_by_path():

@@ -13,7 +13,7 @@ import pytest
 from jupyter_client.channels import AsyncZMQSocketChannel
 
 
-from muongrid.lab import nbexec
+from booktools import nbexec
 from conftest import last_json, script
 
 from nb_stall_repro import lost_wakeup

@@ -148,7 +148,7 @@ def test_a_downloaded_chapter_stops_in_its_first_cell_and_says_what_to_do(tmp_pa
     from nbclient.exceptions import CellExecutionError
 
     from conftest import ROOT
-    from muongrid.lab.nbexec import GuardedClient
+    from booktools.nbexec import GuardedClient
 
     nb = nbformat.read(ROOT / "notebooks" / "01_muon.ipynb", as_version=4)
     nb.cells = nb.cells[:2] + [nbformat.v4.new_code_cell('print("the chapter went on")')]

@@ -99,9 +99,9 @@ def test_a_failing_script_fails_the_notebook(tmp_path):
 
 
 def test_expected_failure_that_succeeds_also_fails(tmp_path):
-    from muongrid.lab import notebook as booktools
+    from muongrid.lab import notebook
 
-    with pytest.raises(booktools.ScriptFailed, match="expected to fail"):
-        booktools.run("verify.py", "--shapes", "8x8", "--steps", "1", expect_failure=True)
+    with pytest.raises(notebook.ScriptFailed, match="expected to fail"):
+        notebook.run("verify.py", "--shapes", "8x8", "--steps", "1", expect_failure=True)
     # the command as one string, as the chapters write it, runs the same script with the same arguments
-    assert json.loads(booktools.run("verify.py --shapes 8x8 --steps 1").strip().splitlines()[-1])["ok"]
+    assert json.loads(notebook.run("verify.py --shapes 8x8 --steps 1").strip().splitlines()[-1])["ok"]

@@ -194,8 +194,8 @@ def test_the_wheel_installs_into_a_fresh_environment_and_verifies_a_grid_there(t
 
     # Build from a copy of what the wheel is made of, so nothing (build/, egg-info) is written into the checkout.
     src = tmp_path / "src"
-    shutil.copytree(ROOT / "scripts" / "muongrid", src / "scripts" / "muongrid",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    # All of scripts/: the entry points and the book's tooling (booktools) lie beside the package, as in a checkout.
+    shutil.copytree(ROOT / "scripts", src / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("pyproject.toml", "README.md", "LICENSE", "LICENSE-TEXT"):
         shutil.copy(ROOT / name, src / name)
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
@@ -215,6 +215,11 @@ def test_the_wheel_installs_into_a_fresh_environment_and_verifies_a_grid_there(t
     for must in ("muongrid/verify.py", "muongrid/bench.py", "muongrid/requires.py", "muongrid/lab/synthetic.py",
                  f"{info}/licenses/LICENSE", f"{info}/licenses/LICENSE-TEXT", f"{info}/entry_points.txt"):
         assert must in names, must
+    # The package alone: none of the book's tooling (the notebook executor, the build, the warm-start server, the
+    # page checker), no entry point of scripts/.
+    tooling = {p.stem for p in (ROOT / "scripts" / "booktools").glob("*.py")} - {"__init__"}
+    assert len(tooling) >= 4 and not [n for n in names if Path(n).stem in tooling or n.startswith("booktools/")]
+    assert [n for n in names if not n.startswith(("muongrid/", f"{info}/"))] == []
     meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
     assert "License-Expression: BSD-3-Clause AND CC-BY-4.0" in meta
     declared = re.findall(r"^Requires-Dist: (.+)$", meta, flags=re.M)

@@ -1,4 +1,4 @@
-"""The warm start server (muongrid.lab.warmstart): a script forked from it behaves as the same script
+"""The warm start server (booktools.warmstart): a script forked from it behaves as the same script
 started as ``python script.py`` would, and the server never serves stale source or a stale environment."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import ROOT, SCRIPTS
-from muongrid.lab import warmstart
+from booktools import warmstart
 
 pytestmark = pytest.mark.skipif(not warmstart.enabled(), reason="the warm start server forks: Linux only")
 
@@ -176,3 +176,35 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_server_that_runs_another_thread_refuses_to_fork_and_the_client_starts_interpreters(monkeypatch, tmp_path):
+    """``fork_hazard``: a thread besides the two of a fresh ``import torch`` (here one the server starts before
+    it serves, as tensor work would start an OpenMP pool) makes a fork unsafe; the server says so instead of
+    forking, and the client gives up on warm starts (``run`` then starts a new interpreter)."""
+
+    def with_a_thread(python, path0, entry, sock, env):
+        code = (f"import sys, threading, time; sys.path[0] = {path0!r}; "
+                "threading.Thread(target=time.sleep, args=(600,), daemon=True).start(); "
+                f"from booktools.warmstart import {entry}; {entry}({sock.fileno()})")
+        return subprocess.Popen([python, "-c", code], stdin=subprocess.DEVNULL, pass_fds=[sock.fileno()], env=env)
+
+    monkeypatch.setattr(warmstart, "_start_python", with_a_thread)
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    starter = warmstart.WarmStarter(sys.executable, str(SCRIPTS))
+    try:
+        assert starter.start([str(probe), "ok"], str(ROOT), dict(os.environ)) is None
+        assert starter.failed and "3 threads run in it" in starter.refusal
+    finally:
+        starter.close()
+
+
+def test_the_fork_check_sees_a_thread_started_after_the_imports():
+    code = ("import threading, time; from booktools import warmstart as w; _, base = w._preload(); "
+            "print(w.fork_hazard(base)); threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); "
+            "print(w.fork_hazard(base))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=SCRIPTS, capture_output=True, text=True, timeout=240)
+    first, second = out.stdout.splitlines()
+    assert first == "None" and second.startswith(f"{int(second.split()[0])} threads run in it (")
+    assert int(second.split()[0]) == int(second.split("(")[1].split()[0]) + 1

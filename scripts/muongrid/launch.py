@@ -214,7 +214,7 @@ def _spawn(worker, args) -> int:
     world = args.dp * args.tp
     threads = max(1, (os.cpu_count() or 1) // world)
     os.environ.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see muongrid.lab.nbexec.quiet_openmp
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see scripts/booktools/nbexec.py, quiet_openmp
     ctx = _context()
     # The ranks start before the store exists (so a forked rank copies no store thread) and wait for
     # its port, which each reads from its own pipe once the store listens.

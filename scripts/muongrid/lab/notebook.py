@@ -33,7 +33,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import warmstart
 from .provenance import repository_root
 
 ROOT = repository_root()
@@ -76,9 +75,10 @@ def run(command: str, *args, expect_failure: bool = False, timeout: float = 900,
     itself; an unexpected failure is always shown in full. ``env`` adds environment variables (shown
     in front of the command, as a shell would take them).
 
-    On Linux the script's process is forked from a Python that has already imported torch
-    (``muongrid.lab.warmstart``: seconds saved per call); ``MUONGRID_WARM_START=0`` starts a new
-    interpreter each time instead.
+    Inside a book build (``make book``), the script's process is forked from a Python that has already
+    imported torch: the build's warm-start server (``scripts/booktools/warmstart.py``, named by
+    ``MUONGRID_WARM_SOCKET``; seconds saved per call). Anywhere else, and with ``MUONGRID_WARM_START=0``,
+    it is a new interpreter.
     """
     if log not in ("stream", "collapsed"):
         raise ValueError("log must be 'stream' or 'collapsed'")
@@ -120,12 +120,18 @@ _warm = None
 
 
 def _start(cmd: list[str], env: dict):
-    """The script's process: forked by the warm start server where it can be, else a new interpreter."""
+    """The script's process: forked by the book build's warm-start server if this kernel runs inside one,
+    else a new interpreter."""
     global _warm
-    if warmstart.enabled():
-        if _warm is None:
-            _warm = warmstart.WarmStarter(cmd[0], str(SCRIPTS), os.environ.get("MUONGRID_WARM_SOCKET"))
+    if _warm is None and os.environ.get("MUONGRID_WARM_SOCKET"):
+        try:   # the book's tooling: beside the package in a checkout (scripts/booktools), never in the wheel
+            from booktools import warmstart
+        except ImportError:
+            warmstart = None
+        if warmstart is not None and warmstart.enabled():
+            _warm = warmstart.WarmStarter(cmd[0], str(SCRIPTS), os.environ["MUONGRID_WARM_SOCKET"])
             atexit.register(_warm.close)
+    if _warm is not None:
         proc = _warm.start(cmd[1:], str(ROOT), env)
         if proc is not None:
             return proc
@@ -222,7 +228,7 @@ def _imports(path: Path) -> set[str]:
 @functools.lru_cache(maxsize=None)
 def _imports_of(path: Path, mtime_ns: int) -> frozenset[str]:
     """Module names ``path`` imports anywhere (a chapter's py:percent source or a module), relative
-    imports of the package made absolute (``from .bookbuild import x`` -> ``muongrid.lab.bookbuild``,
+    imports of the package made absolute (``from .costmodel import x`` -> ``muongrid.lab.costmodel``,
     ``from . import y`` -> ``muongrid.lab.y``)."""
     import ast
 
@@ -272,6 +278,8 @@ def needed_modules(chapter: Path) -> set[str]:
                         todo.append(found)
             elif (SCRIPTS / f"{top}.py").is_file():  # an entry point beside the package (scripts/)
                 todo.append(SCRIPTS / f"{top}.py")
+            elif (SCRIPTS / top / "__init__.py").is_file():  # the book's tooling (booktools): a build's, not Colab's
+                continue
             elif top not in sys.stdlib_module_names and top != "__future__":
                 third_party.add(top)
     # ``from muongrid.lab import explorers``: a module named as an imported attribute

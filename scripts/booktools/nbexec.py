@@ -26,7 +26,7 @@ The work-around here, in three parts:
 
 Use (what ``scripts/build_book.py`` and the test fixture call)::
 
-    from muongrid.lab.nbexec import execute_chapter
+    from booktools.nbexec import execute_chapter
     nb, report = execute_chapter("notebooks/05_distributed_step.ipynb")   # report: seconds, cells, retries
 """
 from __future__ import annotations

@@ -1,10 +1,16 @@
-"""Start a chapter's scripts from a Python that has already imported torch.
+"""Start the book build's and the tests' scripts from a Python that has already imported torch.
 
-Every ``run("verify.py ...")`` in a chapter is a new process, and a new Python spends 2.5-4.5 s of
-CPU importing torch, ``torch._dynamo`` and muongrid before the script's first line: most of a small
-chapter's time on a 2-core machine. ``run`` therefore asks a *warm start server* to fork a process
-that runs the script instead: a Python that imported those modules once and then does nothing but
-fork. The forked process is the script's own process, as ``python scripts/<script> <args>`` would be:
+Why it exists: every ``run("verify.py ...")`` in a chapter, and every script a test launches, is a new
+process, and a new Python spends 2.5-4.5 s of CPU importing torch, ``torch._dynamo`` and muongrid before
+the script's first line: most of a small chapter's time on a 2-core machine. The build (``shared``, one
+server for every chapter's kernel) and the test session (``tests/conftest.py``) therefore ask a *warm
+start server* to fork a process that runs the script instead: a Python that imported those modules once
+and then does nothing but fork. Measured on the project's 2-core machine under load (CHANGELOG, issue 42):
+``verify.py --dp 2 --shapes 64x64,64x96 --steps 1`` took 5.7-7.5 s from a new interpreter and 0.7-1.3 s
+forked; ``tests/test_loops.py`` with ``tests/test_measure.py`` 49-84 s without it and 26-37 s with it.
+A chapter run anywhere else (Jupyter, Colab) starts new interpreters: this module is the book's tooling,
+not part of the installed package. The forked process is the script's own process, as ``python
+scripts/<script> <args>`` would be:
 
 * ``sys.argv``, ``sys.path[0]`` (the script's folder), the working directory and the environment (the
   caller's, with ``run``'s additions) are set before the script runs as ``__main__`` (``runpy``);
@@ -16,8 +22,12 @@ fork. The forked process is the script's own process, as ``python scripts/<scrip
   the signal's number for a process killed by one (SIGINT for an uncaught KeyboardInterrupt).
 
 A fork is safe here for the reason it is safe in ``muongrid.launch``: the server has done no tensor work
-and runs no thread but the one ``import torch`` starts (which ``launch`` allows for too). What a fork
-cannot reproduce, the client avoids:
+and runs no thread but the one ``import torch`` starts (which ``launch`` allows for too). The server checks
+that before every fork (``fork_hazard``): more threads than after its imports, more than two then, or a
+CUDA runtime initialised (neither threads nor a CUDA context survive a fork; a forked child would hang on
+the locks they held, or fail on its first CUDA call) and it refuses, saying why; the client then starts a
+new interpreter, as it does for any server that cannot serve. What a fork cannot reproduce, the client
+avoids:
 
 * a server serves only the environment it started with (a variable read at import, ``OMP_*`` or
   ``TORCH_*``, would otherwise be stale), except variables no import reads (``_PER_SCRIPT``); any other
@@ -130,17 +140,43 @@ def _sources() -> dict[str, int]:
     return times
 
 
-def _preload() -> dict[str, int]:
+def _preload() -> tuple[dict[str, int], int | None]:
+    """Import ``PRELOAD``; (the muongrid sources imported, the threads running now: the safe baseline)."""
     for name in PRELOAD:
         __import__(name)
-    return _sources()
+    return _sources(), _threads()
+
+
+def _threads() -> int | None:
+    """Threads of this process, native ones included (an OpenMP pool, torch's); None off Linux."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+def fork_hazard(baseline: int | None) -> str | None:
+    """Why forking this process now would be unsafe, or None. ``baseline``: its threads right after its
+    imports. A fork copies only the calling thread, so any other thread's locks stay held in the child
+    forever (an OpenMP pool's, left by tensor work, makes the child's first parallel region hang); and a
+    CUDA context does not survive a fork at all."""
+    now = _threads()
+    if now is None or baseline is None:
+        return "its threads cannot be counted here (no /proc/self/task)"
+    if baseline > 2 or now > baseline:
+        return (f"{now} threads run in it ({baseline} after its imports; at most 2 are safe to fork: the main "
+                "thread and the one import torch starts)")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "it has initialised CUDA, which a forked child cannot use"
+    return None
 
 
 def serve(fd: int) -> None:
     """Import ``PRELOAD``, then fork one process per request on socket ``fd`` until the client goes."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupted cell kills its script, not the server
-    _session(socket.socket(fileno=fd), _preload())
+    _session(socket.socket(fileno=fd), *_preload())
 
 
 def listen(fd: int) -> None:
@@ -151,37 +187,45 @@ def listen(fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     server = socket.socket(fileno=fd)
     environment = _served_environment(dict(os.environ))  # as started: importing torch sets variables
-    imported = _preload()
+    imported, baseline = _preload()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # sessions that end are reaped by the kernel
     while True:
         conn, _ = server.accept()
+        hazard = fork_hazard(baseline)
+        if hazard:   # the session would be a fork of this process: refused, and the client starts its own
+            with contextlib.suppress(OSError):
+                _send(conn, {"unsafe": hazard})
+            conn.close()
+            continue
         if os.fork() == 0:
             try:
                 server.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a session waits for its scripts
                 _die_with_parent()
                 _send(conn, {"environment": environment})
-                _session(conn, imported)
+                _session(conn, imported, baseline)
             finally:
                 os._exit(0)
         conn.close()
 
 
-def _session(sock: socket.socket, imported: dict[str, int]) -> None:
+def _session(sock: socket.socket, imported: dict[str, int], baseline: int | None) -> None:
     """Serve one client until it goes (a client that goes while a reply is on its way is no error)."""
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        _serve_requests(sock, imported)
+        _serve_requests(sock, imported, baseline)
 
 
-def _serve_requests(sock: socket.socket, imported: dict[str, int]) -> None:
+def _serve_requests(sock: socket.socket, imported: dict[str, int], baseline: int | None) -> None:
     while True:
         request, fds = _receive(sock)
         if request is None:
             return
-        if _sources() != imported:
+        refusal = {"stale": True} if _sources() != imported else None
+        hazard = refusal is None and fork_hazard(baseline)
+        if refusal or hazard:
             for f in fds:
                 os.close(f)
-            _send(sock, {"stale": True})
+            _send(sock, refusal or {"unsafe": hazard})
             return
         pid = os.fork()
         if pid == 0:
@@ -292,7 +336,7 @@ def _start_python(python: str, path0: str | None, entry: str, sock: socket.socke
     """A server: ``python`` with ``path0`` first on its path (as the scripts have their folder), running
     ``entry`` (``serve`` or ``listen``) on the socket ``sock``, which it inherits."""
     code = (f"import sys; sys.path[0] = {path0!r}; "
-            f"from muongrid.lab.warmstart import {entry}; {entry}({sock.fileno()})")
+            f"from booktools.warmstart import {entry}; {entry}({sock.fileno()})")
     return subprocess.Popen([python, "-c", code], stdin=subprocess.DEVNULL, pass_fds=[sock.fileno()], env=env)
 
 
@@ -333,6 +377,7 @@ class WarmStarter:
         self.python, self.path0, self.shared = python, path0, shared
         self.proc = self.sock = self.environment = self.running = None
         self.failed = False   # no server could serve: a new interpreter per script from now on
+        self.refusal = None   # why a server last refused to fork (``fork_hazard``), if one did
 
     def _join_shared(self, env: dict) -> bool:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -343,6 +388,8 @@ class WarmStarter:
             sock.settimeout(None)
         except OSError:
             hello = None
+        if hello and "unsafe" in hello:
+            self.refusal = hello["unsafe"]
         if not hello or hello.get("environment") != _served_environment(env):
             sock.close()
             self.shared = None  # from now on, a server of our own
@@ -398,9 +445,14 @@ class WarmStarter:
                 return self.running
             for r, _ in pipes:
                 os.close(r)
-            self.close()  # stale source, or a server that could not start: one more try with our own
+            if reply and "unsafe" in reply:
+                self.refusal = reply["unsafe"]
+            self.close()  # stale source, unsafe to fork, or a server that could not start: one more try, our own
             self.shared = None
         self.failed = True   # twice no server (an import that fails, say): new interpreters from now on
+        if self.refusal:
+            print(f"[warm start] the server would not fork ({self.refusal}): new interpreters from now on",
+                  file=sys.stderr)
         return None
 
 

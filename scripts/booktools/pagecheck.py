@@ -3,7 +3,7 @@
 ``tests/test_browser.py`` runs these on every page of the built book; they also run on any other
 build (a partial book rendered from a subset toc, say), from the command line:
 
-    python -m muongrid.lab.pagecheck path/to/_build/html [page.html ...]
+    python -m booktools.pagecheck path/to/_build/html [page.html ...]
 
 Each ``*_problems`` function takes a selenium driver with the page loaded and returns a list of
 readable problems (empty when the page is fine):

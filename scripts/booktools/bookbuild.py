@@ -5,7 +5,7 @@ chapter executed by one is reused by the other when nothing it depends on has ch
 
 Why not let ``jupyter-book build`` execute the chapters itself: its executor (myst-nb through
 nbclient) waits on ZeroMQ sockets in a way that can stall for a whole cell timeout
-(``muongrid.lab.nbexec`` explains and works around it), and it cannot report time per chapter.
+(``booktools.nbexec`` explains and works around it), and it cannot report time per chapter.
 
 The flow:
 1. ``executed(stem)``: run ``notebooks/<stem>.ipynb`` in ``notebooks/`` with ``nbexec`` and keep the
@@ -25,9 +25,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from muongrid.lab.notebook import ROOT
+from muongrid.lab.roadmap import toc_chapters, toc_files  # noqa: F401  (the build's pages; read by tests too)
+
 from .nbexec import Report, execute_chapter
-from .notebook import ROOT
-from .roadmap import toc_chapters, toc_files  # noqa: F401  (the build's pages; read by tests too)
 
 BUILD = ROOT / "_build"
 EXECUTED = BUILD / "executed"
