@@ -39,7 +39,7 @@ def tp_split_dim(model: str, name: str) -> int:
         return 0
     if name.endswith("norm.weight"):
         return -1
-    return 1 if int(name.split(".w")[1].split(".")[0]) in ROWWISE[model] else 0
+    return 1 if int(name.split(".w")[1].split(".")[0]) in ROWWISE.get(model, ()) else 0   # unknown: colwise
 
 
 def named_params(model: str, device="meta", layers: int | None = None, seed: int = 0, tp: int = 1) -> list:
@@ -51,7 +51,7 @@ def named_params(model: str, device="meta", layers: int | None = None, seed: int
     gen = None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
 
     def tensor(*shape, scale=0.02, dim=-1):
-        if dim != -1:
+        if dim != -1 and tp > 1:
             shape = tuple(n // tp if d == dim else n for d, n in enumerate(shape))
         if device.type == "meta":
             return torch.empty(shape, device=device)
