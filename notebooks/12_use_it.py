@@ -21,19 +21,17 @@
 # Both loops as real scripts on a 2 x 2 grid with bf16, two micro-batches a step and
 # evaluation, each saved half-way and resumed on another grid (the template on 4 x 1, the FSDP2
 # variant on 2 x 1), and a Hugging Face Llama's routing: about a minute in all.
-# Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 1 <01_muon>` and {doc}`chapter 8 <08_beyond_poc>`.
+# Reading: about 10 minutes, plus running it. Read first: {doc}`chapter 1 <01_muon>` and {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
-# The chapters so far explain distributed Muon and check it against one process. This one is the
-# code you copy: **one template**, [`scripts/loop_zero1_tp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py) (`DistributedMuon`,
-# ZeRO-1 x tensor parallel), with what a cluster run needs: bf16, gradient accumulation, a
-# compiled model, evaluation and checkpoints that resume on any grid. Beside it,
-# [`scripts/loop_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_fsdp.py) is the same loop for a model already under FSDP2
-# (`fully_shard`): it imports the template's helpers and writes only the lines FSDP2 changes.
-# [`scripts/train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/train.py), which chapters 9 to 11 run, is the book's measuring harness (the
-# ledger, profiles, state metrics, comparisons with `torch.optim`): read it, do not copy it.
-# Then the commands that start the loop on one machine, one node or two, the learning rate and
-# weight decay to use, and the few things that differ from a single-device optimizer, and why.
+# This chapter is the code you copy: **one template**,
+# [`scripts/loop_zero1_tp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py)
+# (`DistributedMuon`, ZeRO-1 x TP) with bf16, gradient accumulation, a compiled model, evaluation
+# and checkpoints that resume on any grid, and
+# [`scripts/loop_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_fsdp.py),
+# the lines FSDP2 changes. (`scripts/train.py` of chapters 9 to 11 is the measuring harness: read
+# it, do not copy it.) Then how to start it, the learning rate and weight decay, and what differs
+# from a single-device optimizer.
 #
 # **Learning goals.** After this chapter you can
 #
@@ -79,13 +77,11 @@ elif (importlib.util.find_spec("muongrid") is None
 # %% [markdown]
 # ## The loop, ZeRO-1 x TP
 #
-# The template is the whole program: the grid, the tiny GPT made tensor-parallel with PyTorch's
-# `parallelize_module` on `grid.mesh["tp"]`, the hybrid parameter groups (Muon for the hidden
-# matrices, AdamW for embeddings, head and norms), `DistributedMuon(..., layout="owner")`, a
-# `DataLoader` keyed by the DP rank, a warm-up then a cosine decay, clipping, evaluation and a
-# checkpoint every N steps that any grid can resume. Each of bf16, accumulation and compilation is
-# one flag (the docstring lists them); `--lr` has no default, because it is your recipe's. Replace
-# the model and the dataset with yours; the rest stays.
+# The template is the whole program: the grid, the tiny GPT under `parallelize_module`, the hybrid
+# parameter groups, `DistributedMuon(..., layout="owner")`, a `DataLoader` keyed by the DP rank,
+# warm-up and cosine decay, clipping, evaluation and checkpoints. bf16, accumulation and
+# compilation are flags; `--lr` has no default, because it is your recipe's. Replace the model and
+# the dataset; the rest stays.
 
 # %%
 from pathlib import Path
@@ -100,28 +96,20 @@ Code(Path("../scripts/loop_zero1_tp.py").read_text(), language="python")
 # %% [markdown]
 # A few lines differ from a single-device loop, each for a reason:
 #
-# - `opt.clip_grad_norm_(1.0)` instead of `torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`:
-#   under ZeRO-1 the gradients are averaged over the DP ranks *inside* `step()`, so `.grad` holds this
-#   rank's own gradient; the optimizer clips the mean, by its norm over every rank's shards (a TP
-#   shard counted once, a replicated parameter once) and returns that norm, as torch's function does.
-# - `save_run(...)` on every rank: each rank holds only its shard of the optimizer state, so a save
-#   is collective; it goes through `muongrid.checkpoint` (global coordinates), so it loads on any grid.
-# - The data comes through a `torch.utils.data.DataLoader` whose sampler is keyed by the **DP rank**,
-#   not the global rank (`muongrid.data`, below). The TP ranks of one replica compute one forward
-#   together, each on its shard of the weights, so they must read the same rows; keyed by the
-#   global rank they would each train other rows against shards of one model, and nothing would
-#   fail. The replicas read disjoint slices of one global batch, so every grid trains on the same
-#   rows step by step, and the loader's position (global batches taken, the same on any grid) is
-#   saved with the checkpoint: a resume reads on where the run stopped.
-# - Micro-batches need nothing from the optimizer: backward adds their gradients in `.grad`, and
-#   `step()` averages over DP once. (Under FSDP2 the micro-batches before the last skip FSDP2's
-#   reduce-scatter: `set_requires_gradient_sync`.)
-# - `--precision bf16` casts the model's weights to bf16 before the optimizer is built; the
-#   optimizer keeps an fp32 master of its shard, updates it and writes the rounded value back, so
-#   small updates are not lost to bf16's 8 bits of mantissa. `--precision autocast` keeps fp32
-#   weights and runs the matmuls in bf16.
-# - `torch.compile` wraps the model for forward and backward only; the optimizer and the
-#   checkpoints see the model itself.
+# - `opt.clip_grad_norm_(1.0)`, not torch's: under ZeRO-1 `.grad` holds this rank's own gradient
+#   (the DP mean is formed *inside* `step()`), so the optimizer clips the mean by its norm over
+#   every rank's shards and returns that norm.
+# - `save_run(...)` on every rank: each holds only its shard, so a save is collective; it goes
+#   through `muongrid.checkpoint`, so it loads on any grid.
+# - The `DataLoader`'s sampler is keyed by the **DP rank** (`muongrid.data`, below): the TP ranks of
+#   a replica compute one forward together and must read the same rows; keyed by the global rank
+#   they would silently train other rows against shards of one model. Its position is saved with
+#   the checkpoint.
+# - Micro-batches need nothing from the optimizer: `step()` averages over DP once. (Under FSDP2,
+#   `set_requires_gradient_sync` skips the reduce-scatter before the last.)
+# - `--precision bf16` casts the weights to bf16; the optimizer keeps an fp32 master of its shard,
+#   so small updates are not lost. `--precision autocast` keeps fp32 weights, bf16 matmuls.
+# - `torch.compile` wraps the model for forward and backward only.
 #
 # The sampler, the one part of the data to keep when you bring your own `Dataset`:
 
@@ -129,9 +117,8 @@ Code(Path("../scripts/loop_zero1_tp.py").read_text(), language="python")
 listing("data.py", pyobject="DPBatchSampler")
 
 # %% [markdown]
-# Now run it for real: 20 steps on a 2 x 2 grid with bf16 weights, two micro-batches a step and
-# an evaluation every 10 steps, saving at steps 10 and 20; then the second half again from step
-# 10 on a 4 x 1 grid.
+# 20 steps on a 2 x 2 grid (bf16, two micro-batches, evaluation every 10 steps, saves at 10 and
+# 20); then the second half again from step 10 on a 4 x 1 grid.
 
 # %%
 import shutil  # noqa: E402
@@ -161,25 +148,20 @@ halves(first, again, "2 x 2, uninterrupted", "4 x 1, resumed from step 10")
 assert [s for s, _ in first["evals"]] == [10, 20] and again["first_step"] == 11
 
 # %% [markdown]
-# The resumed run continues the curve on another grid: the model, the optimizer state (fp32
-# masters, momentum, AdamW moments, step counts), the scheduler, the data loader's position and
-# the RNG all came back, and the validation loss agrees too. The differences are in the last digits,
-# larger than in fp32 since the weights are bf16: a 4 x 1 grid adds its numbers in another order
-# than a 2 x 2 grid (the DP mean of four gradients instead of two, whole matmuls instead of TP
-# partial sums), and a bf16 weight rounds that difference to its own 8 bits. [`tests/test_resume.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_resume.py) resumes on another layout of the same grid, where the order is the
-# same, and requires the curves to be equal bit for bit.
+# The resumed run continues the curve on another grid, validation loss included: model, optimizer
+# state, scheduler, loader position and RNG all came back. It differs in the last digits: another
+# grid adds in another order ({doc}`chapter 9 <09_training>`), and bf16 weights round that up.
+# [`tests/test_resume.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_resume.py)
+# resumes on another layout of the same grid, same order, and requires bit-for-bit equality.
 
 # %% [markdown]
 # ## The loop, FSDP2
 #
-# With `fully_shard` the parameters are row blocks (DTensors) and FSDP2 does the data-parallel
-# communication itself; `FSDPMuon` sends each matrix's blocks to one owner for Newton-Schulz
-# ({doc}`chapter 11 <11_fsdp2>`). The loop is the template's but for the lines marked `# FSDP2`:
-# `fully_shard(model, mesh=grid.mesh["dp"])`, bf16 as FSDP2's `MixedPrecisionPolicy` (fp32
-# shards, bf16 gathers, fp32 gradient reduction), `set_requires_gradient_sync` on micro-batches
-# and `FSDPMuon(groups, grid)`; `save_run` and `load_run` take it as they are
-# (`muongrid.checkpoint` saves the DTensors as FSDP2 places them, through DCP). Here it runs
-# FSDP2 x TP on 2 x 2, and resumes on 2 x 1 (FSDP2 alone, on half the ranks).
+# The FSDP2 loop ({doc}`chapter 11 <11_fsdp2>`) is the template's but for the lines marked
+# `# FSDP2`: `fully_shard(model, mesh=grid.mesh["dp"])`, bf16 as a `MixedPrecisionPolicy` (fp32
+# shards, bf16 gathers, fp32 gradient reduction), `set_requires_gradient_sync` on micro-batches and
+# `FSDPMuon(groups, grid)`; `save_run` and `load_run` are unchanged. FSDP2 x TP on 2 x 2, resumed on
+# 2 x 1:
 
 # %%
 Code(Path("../scripts/loop_fsdp.py").read_text(), language="python")
@@ -214,19 +196,17 @@ assert [s for s, _ in first["evals"]] == [10, 20] and again["first_step"] == 11
 #     --dp 8 --tp 1 --compile inductor --steps 1000 --resume ckpt/step500
 # ```
 #
-# Keep a TP group inside one node (ranks are TP-fastest: ranks 0-3 are one TP group), where the links
-# are fast; DP crosses nodes. On GPUs compile with `inductor`; this chapter's CPU runs leave
-# compilation out, since on a 2-core machine inductor's C++ build of the kernels takes 20 to 50
-# seconds a launch; [`tests/test_loops.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_loops.py) runs the template with `--compile inductor`
-# on one rank and compares its losses with the uncompiled loop's.
+# Keep a TP group inside one node (ranks are TP-fastest: ranks 0-3 are one TP group); DP crosses
+# nodes. This chapter's CPU runs leave out `inductor` (20 to 50 s of C++ build a launch on 2 cores);
+# [`tests/test_loops.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_loops.py)
+# checks a compiled run's losses against the uncompiled loop's.
 #
 # ## Your own model: a Hugging Face Llama (and a MoE)
 #
-# Replace the tiny GPT with the model you train. A `transformers` model built from its config (random
-# weights, nothing downloaded) is what most readers bring; `hybrid_param_groups(model)` reads what each
-# parameter is from the model's modules, not from its name: every `nn.Embedding` and the output head
-# (`get_output_embeddings()`, or a head tied to the embedding) go to AdamW with norms, biases and MoE
-# routers; hidden matrices and 3-D expert banks go to Muon. `routing_table` says which and why:
+# A `transformers` model built from its config (random weights, nothing downloaded):
+# `hybrid_param_groups(model)` sorts parameters by module, not name. Embeddings, the output head
+# (tied or not), norms, biases and MoE routers go to AdamW; hidden matrices and 3-D expert banks to
+# Muon. `routing_table` says which and why:
 
 # %%
 import transformers  # noqa: E402
@@ -263,27 +243,21 @@ show(routing_table(mixtral))
 # %% [markdown]
 # ### The Llama, tensor-parallel
 #
-# The template splits its GPT with `parallelize_module` and a plan of module paths. A Hugging Face
-# Llama (Mistral and Qwen2 name their layers the same) splits as Megatron-LM splits a transformer:
-# q, k, v and the MLP's gate and up projections by rows (`ColwiseParallel`: each TP rank computes its
-# own attention heads and its own hidden units), the attention output and the MLP's down projection
-# by columns (`RowwiseParallel`: the partial products are summed over TP), and the embedding, the
-# norms and the head whole on every TP rank. The plan is the package's, the one the tests train:
+# A Hugging Face Llama (Mistral and Qwen2 name their layers the same) splits as the tiny GPT does
+# in {doc}`chapter 9 <09_training>`: q, k, v, gate and up `ColwiseParallel`, the attention output
+# and down projection `RowwiseParallel`, embedding, norms and head whole. The package's plan:
 
 # %%
 listing("tp_plans.py", pyobject="llama_layer_plan")
 listing("tp_plans.py", pyobject="parallelize_llama")
 
 # %% [markdown]
-# In the template, `parallelize_llama(model, grid.mesh["tp"])` takes the place of
-# `parallelize_module(model, grid.mesh["tp"], tp_plan(2))`, before the optimizer is built, which
-# reads each matrix's split from its DTensor. The model's output is an object with `.loss`
-# (`model(input_ids=x, labels=x).loss`); everything else is the template's. Without the split, a
-# `Grid.build(dp=2, tp=4)` would run: the four TP ranks of a replica would each compute the whole
-# model on the same rows, four times the work for one replica's result. [`tests/test_hf_models.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_hf_models.py) trains this Llama, a
-# GPT-2 (tied head, fused QKV) and the Mixtral under `DistributedMuon` and `FSDPMuon` (`fully_shard`
-# per decoder layer) on 2 x 1 ranks, the Llama also tensor-parallel on 2 x 2, with gradient
-# accumulation and a compiled model, against one process, bit for bit.
+# In the template, `parallelize_llama(model, grid.mesh["tp"])` replaces the `parallelize_module`
+# call, before the optimizer is built; the loss is `model(input_ids=x, labels=x).loss`. Forget the
+# split and a `dp=2, tp=4` grid still runs, at four times the work.
+# [`tests/test_hf_models.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_hf_models.py)
+# trains this Llama, a GPT-2 and the Mixtral under `DistributedMuon` and `FSDPMuon` on 2 x 1, the
+# Llama also on 2 x 2 with TP, against one process, bit for bit.
 #
 # ## Learning rate and weight decay, porting from AdamW
 
@@ -301,15 +275,12 @@ keep("ch12-lr-ratio", f"{best['hybrid'] / best['adamw']:g}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-One rule, used by both loops, the README and this chapter: **one learning rate for both
-groups, starting from AdamW's**. `DistributedMuon` and `FSDPMuon` scale each Muon matrix's step
-by Moonshot's `match_rms_adamw` (lr x 0.2 x sqrt(max(A, B))), which brings Muon's update to the
-size of an AdamW update, so AdamW's tuned lr is where to start for both groups. Then sweep that
-one lr upwards: in {doc}`chapter 9 <09_training>`'s tuned study AdamW was best at
-{{ch12-adamw-lr}} and the hybrid, both groups at one lr, at {{ch12-hybrid-lr}}
-({{ch12-lr-ratio}} x AdamW's). The loops require `--lr`, one value for both groups; this
-chapter passes 0.01, AdamW's best in that study. After `--warmup` steps the lr follows a cosine
-down to a tenth of it at the last step.
+One rule: **one learning rate for both groups, starting from AdamW's**. Moonshot's
+`match_rms_adamw` scale (lr x 0.2 x sqrt(max(A, B))) gives a Muon step an AdamW step's size, so
+AdamW's tuned lr is the start; then sweep it upwards. In {doc}`chapter 9 <09_training>`'s study
+AdamW was best at {{ch12-adamw-lr}} and the hybrid at {{ch12-hybrid-lr}}
+({{ch12-lr-ratio}} x AdamW's). This chapter passes 0.01, AdamW's best there; after `--warmup`
+steps the lr follows a cosine down to a tenth.
 """)
 
 # %% [markdown]
@@ -327,44 +298,32 @@ down to a tenth of it at the last step.
 # %% [markdown]
 # ## What differs from a single-device optimizer, and why
 #
-# Everything else behaves as `torch.optim` documents, and [`tests/test_contract.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_contract.py) checks it against
-# `torch.optim.Muon` and `torch.optim.AdamW` at world sizes 1 to 4: a step starts from the parameters'
-# current values (load weights or clamp them whenever you like); a parameter whose gradient is None on
-# every rank is skipped (frozen layers can stay in the groups), and None on only some ranks counts as
-# zeros there; `OneCycleLR` and `CyclicLR` cycle Muon's momentum; the step and load hooks run;
-# `copy.deepcopy` works; float64 parameters stay float64; negative lr, momentum or weight decay and
-# complex or integer parameters are refused when the optimizer is built.
+# Everything else behaves as `torch.optim` documents, checked against `torch.optim.Muon` and
+# `torch.optim.AdamW` at world sizes 1 to 4 by
+# [`tests/test_contract.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_contract.py):
+# frozen parameters (gradient None on every rank) are skipped, None on some ranks counts as zeros,
+# schedulers, hooks and `copy.deepcopy` work, and bad hyperparameters are refused at build time.
+# What differs, and what to do:
 #
-# What differs from a single-device (`torch.optim`) optimizer, each with why and what to do:
-#
-# - **Default lr scaling.** `torch.optim.Muon` (`adjust_lr_fn=None`): "original",
-#   lr x sqrt(max(1, A/B)). Ours: "match_rms_adamw", lr x 0.2 x sqrt(max(A, B)), Moonshot's, so
-#   a Muon step has an AdamW step's size and AdamW's lr is the starting point (the rule above).
-#   Porting a `torch.optim.Muon` run with its lr: pass `adjust_lr_fn=None`.
-# - **Clipping.** Single device: `torch.nn.utils.clip_grad_norm_(params, 1.0)`. Ours:
-#   `opt.clip_grad_norm_(1.0)`. ZeRO-1 averages over DP inside `step()`, and FSDP2's `.grad` are
-#   blocks, so the optimizer clips the DP mean by its global norm.
-# - **`state_dict()`.** Single device: the whole state. Ours: this rank's shard; loading another
-#   rank's is refused, saying so. Save on every rank, or use `muongrid.checkpoint` / `save_run` to
-#   change grids.
-# - **Pickling (`torch.save(opt)`).** Single device: works. Ours: refused, naming the fix, since
-#   process groups cannot be pickled; `copy.deepcopy(opt)` works (`DistributedMuon`).
-# - **`add_param_group`.** Single device: adds a group. Ours: refused, because the ZeRO-1 plan (and
-#   FSDPMuon's owners) are fixed when the optimizer is built.
-# - **A step without any gradient.** Single device: a no-op. Ours: a no-op plus one small
-#   all-reduce of flags on the device (no host collective), because every rank must agree which
-#   parameters to skip; only a rank that lacks a gradient reads the agreed flags back.
+# - **Default lr scaling**: ours is Moonshot's `match_rms_adamw` (the rule above), torch's
+#   "original" lr x sqrt(max(1, A/B)); to port a `torch.optim.Muon` run with its lr, pass
+#   `adjust_lr_fn=None`.
+# - **Clipping**: `opt.clip_grad_norm_(1.0)`, as above (FSDP2's `.grad` are blocks too).
+# - **`state_dict()`**: this rank's shard; loading another rank's is refused. Use
+#   `muongrid.checkpoint` / `save_run` to change grids.
+# - **Pickling (`torch.save(opt)`)**: refused, naming the fix (process groups cannot be pickled).
+# - **`add_param_group`**: refused; the ZeRO-1 plan and FSDPMuon's owners are fixed at build time.
+# - **A step without any gradient**: a no-op plus one small on-device all-reduce of flags, since
+#   every rank must agree which parameters to skip.
 #
 # ## Summary
 #
-# - Build the grid, make the model tensor-parallel (or `fully_shard` it), build `DistributedMuon`
-#   (or `FSDPMuon`) from `hybrid_param_groups`, and train as with any torch optimizer.
-# - Clip with `opt.clip_grad_norm_`, and checkpoint on every rank; a checkpoint resumes on any grid.
-# - One lr for both groups, starting from AdamW's and swept upwards; weight decay 0.1 on every
-#   group unless you set it. The default lr scaling is Moonshot's; pass `adjust_lr_fn=None` for
-#   `torch.optim.Muon`'s step.
-# - Copy [`scripts/loop_zero1_tp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py): bf16, accumulation, compilation and evaluation are flags, and
-#   [`scripts/loop_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_fsdp.py) shows the lines that change under FSDP2.
+# - Build the grid, split the model (or `fully_shard` it), build `DistributedMuon` (or
+#   `FSDPMuon`) from `hybrid_param_groups`, and train as with any torch optimizer.
+# - Clip with `opt.clip_grad_norm_`; checkpoint on every rank, resume on any grid.
+# - One lr for both groups, from AdamW's, swept upwards; weight decay 0.1 unless you set it.
+# - Copy [`scripts/loop_zero1_tp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py)
+#   (or [`scripts/loop_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_fsdp.py)).
 #
 # ## Exercises
 #
