@@ -18,32 +18,28 @@
 # # 16. Other distributed Muon implementations, and how they differ
 #
 # ```{admonition} What this chapter runs
-# One 4-rank check of two layouts ([`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py)), for its
-# communication ledger, and arithmetic: the ZeRO-1 plan and closed forms of the earlier chapters
-# for Llama-3-8B's matrices, beside the other implementations' formulas
-# ([`muongrid/lab/rivals.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/rivals.py)). About twenty seconds on
-# two idle cores, most of it the 4-rank run.
-# Reading: about 20 minutes, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
+# One 4-rank check of two layouts ([`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py)) for its
+# communication ledger, and arithmetic: the ZeRO-1 plan and closed forms for Llama-3-8B's
+# matrices beside the other implementations' formulas
+# ([`muongrid/lab/rivals.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/rivals.py)). About twenty seconds on two idle cores.
+# Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
-# This book's package was called `dmuon` until version 0.4.0. X-Square-Robot publishes a
-# distributed Muon under the same name {cite:p}`chen2026dmuon`, so ours is now `muongrid`, and
-# this page says how the projects that distribute Muon differ: Moonshot's proof of concept
-# {cite:p}`moonshot2025moonlight`, X-Square's DMuon, torchtitan's `DistMuon`
+# This page compares the projects that distribute Muon: Moonshot's proof of concept
+# {cite:p}`moonshot2025moonlight`, X-Square-Robot's DMuon {cite:p}`chen2026dmuon` (whose name this
+# book's package bore until version 0.4.0; ours is now `muongrid`), torchtitan's `DistMuon`
 # {cite:p}`liang2024torchtitan`, Megatron-LM's layer-wise optimizer
 # {cite:p}`nvidia2025megatronlayerwise` with NVIDIA's Emerging-Optimizers
-# {cite:p}`nvidia2025emergingoptimizers`, and Microsoft's Dion repository {cite:p}`ahn2025dion`.
-# Each was read in its own code, at the commit named below; what we could not check there is
-# said as such. Their communication formulas are then set beside this book's ledger and cost
-# model, for the same matrices on the same number of ranks.
+# {cite:p}`nvidia2025emergingoptimizers`, and Microsoft's Dion {cite:p}`ahn2025dion`. Each was
+# read in its own code, at the commit named below; what we could not check there is said. Their
+# communication formulas are then set beside this book's ledger, for the same matrices and ranks.
 #
 # **Learning goals.** After this chapter you can
 #
 # - say, for each implementation, where Newton-Schulz runs, what crosses the network in a step,
-#   how tensor parallelism is handled, how checkpoints are written and how it is tested;
-# - turn a published per-step communication formula into elements per rank and check it against
-#   a ledger of what moved;
-# - place muongrid's layouts (bucket, owner, aligned, group) and `FSDPMuon` among them.
+#   and how it handles tensor parallelism, checkpoints and tests;
+# - turn a published communication formula into elements per rank and check it against a ledger;
+# - place muongrid's layouts and `FSDPMuon` among them.
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}
 # Set-up (written by `python -m muongrid.lab.notebook sync`).
@@ -83,13 +79,13 @@ elif (importlib.util.find_spec("muongrid") is None
 #
 # Every implementation must give Newton-Schulz a whole matrix (or a whole Gram matrix), while the
 # training system keeps the matrix cut into pieces. They differ in which rank does the work and
-# how the pieces get there and back.
+# how the pieces travel.
 #
 # | implementation | Newton-Schulz runs on | what moves for a Muon matrix, per step | tensor parallel |
 # |---|---|---|---|
 # | Moonshot's proof of concept | every rank, every matrix | ZeRO-1's reduce-scatter and all-gather, plus whole buckets gathered over DP | every TP rank gathers the matrix |
 # | X-Square's DMuon 0.2.0 | one owner rank | the gradient reduced to the owner, the parameter broadcast from it | shards gathered to one TP owner, update scattered back |
-# | torchtitan `DistMuon` | one owner, or a share of a batch of blocks | an all-to-all from FSDP2's shards to the owner and one back | storage layouts it can route (not checked for TP) |
+# | torchtitan `DistMuon` | one owner, or a share of a stack of blocks | an all-to-all from FSDP2's shards to the owner and back | not checked |
 # | Megatron-LM + Emerging-Optimizers | the DP rank that owns the matrix | reduce-scatter and all-gather in buckets cut on matrix boundaries | gather the matrix, or one Gram all-reduce per step |
 # | Dion's `Muon` | one rank per matrix of a same-shape batch | an all-to-all per shape there and one back, zero-padded | not supported for Muon |
 # | muongrid `DistributedMuon` | every rank (bucket), one owner (owner, aligned) or a group (group) | ZeRO-1's reduce-scatter and all-gather, plus pieces to owners and back | TP shards travel with the DP pieces |
@@ -97,134 +93,91 @@ elif (importlib.util.find_spec("muongrid") is None
 #
 # | implementation | checkpoints | tests |
 # |---|---|---|
-# | Moonshot's proof of concept | not read here | not read here; rebuilt and checked in this book's chapters 4-6 |
-# | X-Square's DMuon 0.2.0 | a full state dict gathered to rank 0, `torch.save` | distributed tests on 2-8 GPUs (NCCL), by hand; CI builds the docs |
+# | Moonshot's proof of concept | not read here | not read here; rebuilt and checked in chapters 4-7 |
+# | X-Square's DMuon 0.2.0 | gathered to rank 0, `torch.save` | on 2-8 GPUs, by hand; CI builds the docs |
 # | torchtitan `DistMuon` | DTensor state through DCP | need 2 or 4 CUDA devices |
-# | Megatron-LM + Emerging-Optimizers | Megatron's sharded (distributed) checkpoints | Emerging-Optimizers: gloo, 4 and 8 processes, in CI; Megatron: CUDA |
-# | Dion's `Muon` | DTensor state through DCP | CUDA (NCCL); no CI workflow in the repository |
+# | Megatron-LM + Emerging-Optimizers | Megatron's distributed checkpoints | Emerging-Optimizers: gloo, 4 and 8 processes, in CI; Megatron: CUDA |
+# | Dion's `Muon` | DTensor state through DCP | CUDA; no CI workflow |
 # | muongrid (both) | DCP in global coordinates, any grid and layout | gloo on a CPU in CI, bit for bit against one process |
 #
 # ## Each one, read in its code
 #
 # ### Moonshot's proof of concept
 #
-# Moonshot's code {cite:p}`moonshot2025moonlight` (its README links the Megatron-LM pull request
-# [#1428](https://github.com/NVIDIA/Megatron-LM/pull/1428), "a proof of concept for Distributed
-# Muon", still open) is what {doc}`chapters 4 to 7 <04_zero1_buffer>` rebuild: ZeRO-1's
-# flat buffer cut evenly over DP, every bucket all-gathered over DP in bf16 and every matrix over
-# TP, Newton-Schulz on every matrix on every rank. muongrid's `layout="bucket"` is that flow, and
-# the paper's bound of 1.25 x AdamW is exactly what it sends on a DP-only grid
-# ({doc}`chapter 6 <06_communication>`). Its tests are not read here; the two bugs the community
-# found in it have regression tests in this book ({doc}`chapter 5 <05_distributed_step>`).
+# Moonshot's code {cite:p}`moonshot2025moonlight` (Megatron-LM pull request
+# [#1428](https://github.com/NVIDIA/Megatron-LM/pull/1428), still open) is what
+# {doc}`chapters 4 to 7 <04_zero1_buffer>` rebuild: muongrid's `layout="bucket"` is its flow, and
+# the paper's 1.25 x AdamW is exactly what it sends on a DP-only grid
+# ({doc}`chapter 6 <06_communication>`). The two bugs the community found in it have regression
+# tests here ({doc}`chapter 5 <05_distributed_step>`).
 #
 # ### X-Square-Robot's DMuon 0.2.0
 #
-# Read at commit [f002f24](https://github.com/X-Square-Robot/dmuon/blob/f002f24a7e7397ae4b92ee6fd33fe62c75e9deb2/README.md) (6 August 2026, version 0.2.0, Apache-2.0), with its
-# paper's abstract {cite:p}`chen2026dmuon`; the paper's full text was not available to us, so
-# its formulas come from the repository's documentation.
+# Read at commit [f002f24](https://github.com/X-Square-Robot/dmuon/blob/f002f24a7e7397ae4b92ee6fd33fe62c75e9deb2/README.md) (6 August 2026, Apache-2.0), with its
+# paper's abstract {cite:p}`chen2026dmuon` (the full text was not available to us).
 #
-# Checked in the code:
-#
-# - **One owner per matrix, beside FSDP2 rather than inside it.** `dedicate_params` marks the
-#   Muon matrices and gives each an owner by a longest-processing-time rule over the whole model
-#   (`dmuon/_core/partition.py`: a cost mixing Newton-Schulz FLOPs and size; matrices under 5 M
-#   elements of one layer packed into one unit). Importing `dmuon` patches FSDP2's
-#   `_get_managed_states` so that `fully_shard` leaves those matrices alone
-#   ([architecture page](https://github.com/X-Square-Robot/dmuon/blob/f002f24a7e7397ae4b92ee6fd33fe62c75e9deb2/docs/design/architecture.md), section 6). The owner keeps the
-#   matrix; DMuon's own layer hooks broadcast it before forward (and again before backward when
-#   it was freed: the default `reshard_after_forward=True`, "DMuon-Z3") and reduce the gradient
-#   to the owner after backward (`dist.reduce` with `ReduceOp.AVG`,
-#   `dmuon/_backends/fsdp2/group.py`). The broadcast runs in the parameter's dtype, or in
-#   `compute_dtype` when one is given; the reduce in the gradient's dtype unless a `grad_dtype`
-#   policy says otherwise. A DDP backend (`dedicate_params_ddp`) does the same without FSDP2.
-# - **Gram Newton-Schulz by default**: `Muon(..., ns_backend="gram")`, a Gram-space iteration
-#   with restarts adapted from Dao-AILab's gram-newton-schulz (their `NOTICE`), with SYRK kernels
-#   chosen per GPU; `"direct"` is the classic iteration.
-# - **CUDA-graph replay of Newton-Schulz**, on by default (`dmuon/optim/ns_graph.py`: one graph per
-#   input shape, captured on the second call; `DMUON_NS_CUDA_GRAPH=0` turns it off).
-# - **Tensor parallelism**: a matrix split over TP is gathered to one TP owner (`dist.gather`),
-#   orthogonalised whole and scattered back (`dist.scatter`), per
-#   [their TP guide](https://github.com/X-Square-Robot/dmuon/blob/f002f24a7e7397ae4b92ee6fd33fe62c75e9deb2/docs/guides/tp-support.md); an option (`tp_distributed_gram`) runs a
-#   distributed Gram iteration over the TP group instead.
-# - **Checkpoints are gathered to rank 0**: `get_model_state_dict` and `get_optimizer_state_dict`
-#   (`dmuon/checkpoint.py`, `rank0_only=True` by default) broadcast every owned matrix and its
-#   momentum so that rank 0 holds the whole state, which the guide then writes with `torch.save`.
-# - **Tests**: the unit tests of the partition and policies run on a CPU; the distributed tests
-#   call `init_process_group("nccl")` (all but two) and are launched by hand with `torchrun` on 2,
-#   4 or 8 GPUs (`dmuon/tests/README.md`). The only workflow in the repository builds the
-#   documentation.
+# - **One owner per matrix, beside FSDP2.** `dedicate_params` gives each Muon matrix an owner by a
+#   longest-processing-time rule (`dmuon/_core/partition.py`); importing `dmuon` patches FSDP2 so
+#   that `fully_shard` leaves those matrices alone
+#   ([architecture page](https://github.com/X-Square-Robot/dmuon/blob/f002f24a7e7397ae4b92ee6fd33fe62c75e9deb2/docs/design/architecture.md), section 6). Its layer
+#   hooks broadcast each matrix from its owner before forward (and before backward: "DMuon-Z3",
+#   the default) and reduce its gradient to the owner after backward (`dist.reduce`). A DDP
+#   backend does the same without FSDP2.
+# - **Newton-Schulz**: a Gram-space iteration by default (`ns_backend="gram"`), with SYRK kernels
+#   and CUDA-graph replay (`dmuon/optim/ns_graph.py`).
+# - **Tensor parallelism**: a TP-split matrix is gathered to one TP owner and scattered back
+#   ([their TP guide](https://github.com/X-Square-Robot/dmuon/blob/f002f24a7e7397ae4b92ee6fd33fe62c75e9deb2/docs/guides/tp-support.md)), or (`tp_distributed_gram`)
+#   orthogonalised by a Gram iteration over the TP group.
 # - **Communication**: their [cost page](https://github.com/X-Square-Robot/dmuon/blob/f002f24a7e7397ae4b92ee6fd33fe62c75e9deb2/docs/reference/communication-cost.md) states, per
 #   step and per rank, $2\frac{N-1}{N}P_M$ for the DDP backend and for DMuon-Z2,
 #   $3\frac{N-1}{N}P_M$ for DMuon-Z3, $3$ or $4\frac{N-1}{N}P_M$ for FSDP2 with a Muon
 #   that gathers every matrix, and an HSDP table ($P_M$: elements of the Muon matrices, $N$: the
-#   shard group). The page says its byte-level NCCL trace check is still planned.
-#
-# Not checked: the paper's speed-ups (no GPU cluster here, no full text), the SYRK kernels, and
-# whether their LPT reaches the bound it quotes on real models.
+#   shard group); a byte-level check is still planned. Not checked here: the paper's speed-ups,
+#   the kernels, and how well the partition balances real models.
 #
 # ### torchtitan's `DistMuon`
 #
 # Read at commit [b5bcd76](https://github.com/pytorch/torchtitan/blob/b5bcd76c66d0acb1a08b176d9639425bc55e0b2a/torchtitan/distributed/flex_shard/README.md) (21 August 2026),
-# `torchtitan/distributed/flex_shard/`. `build_dist_muon` takes DTensor parameters and, per
-# parameter, a compute layout: `Owned` (the whole matrix on one rank, chosen per bucket by a
-# longest-processing-time rule on an estimate of Newton-Schulz FLOPs, `dist_muon.py`) or
-# `BlockShard` (a parameter that stacks many small matrices, such as heads or experts, shared out
-# in whole blocks). Momentum is applied on the storage shards; the Newton-Schulz input travels to
-# the compute layout and the result back by packed `all_to_all_single` calls, one pair per bucket,
-# in buffers of the parameter's dtype (`_optimizer_reshard_runtime.py`); Newton-Schulz runs in
-# bf16. The optimizer refuses anything but one CUDA device per process, so its tests need two or
-# four CUDA devices (`skipUnless`). The compute layout is not saved; a checkpoint restores the
-# DTensor state into an optimizer rebuilt with the same layouts (its README). Not checked: which
-# tensor-parallel storage layouts it can route, and its speed.
+# `torchtitan/distributed/flex_shard/`. Each DTensor parameter gets a compute layout: `Owned`
+# (the whole matrix on one rank, chosen per bucket by a longest-processing-time rule on FLOPs) or
+# `BlockShard` (a stack of small matrices, such as heads or experts, shared out in whole blocks).
+# Momentum is applied on the storage shards; the Newton-Schulz input travels to the compute
+# layout and back by `all_to_all_single`, one pair per bucket, in the parameter's dtype. Not
+# checked: which tensor-parallel layouts it can route, and its speed.
 #
 # ### Megatron-LM and Emerging-Optimizers
 #
 # Read at Megatron-LM [d98e8a6](https://github.com/NVIDIA/Megatron-LM/blob/d98e8a64ddf34856e74b24714e3bedb2f5a39553/megatron/core/optimizer/layer_wise_optimizer.py) (22 August
 # 2026) and Emerging-Optimizers [fd77292](https://github.com/NVIDIA-NeMo/Emerging-Optimizers/blob/fd7729267109a8848709e9406bf19e53e970c3f4/emerging_optimizers/orthogonalized_optimizers/muon_utils.py).
-# Megatron's `LayerWiseDistributedOptimizer` gives each DP rank whole matrices: its gradient
-# buckets are cut so that no matrix crosses a shard boundary, matrices packed by a
-# longest-processing-time rule on their Newton-Schulz cost with a cap on padding; gradients are
-# reduce-scattered and the updated parameters all-gathered. Under TP, Emerging-Optimizers'
-# `newton_schulz_tp` (used by Megatron's `TensorParallelMuon`) has two modes: "duplicated"
-# all-gathers the matrix over TP and every TP rank orthogonalises it whole; "distributed" keeps
-# the shards and all-reduces, at every step, the Gram matrix of the dimension that is not split
-# (the function warns that splitting the short side wastes work). Megatron adds "blockwise",
-# which orthogonalises each TP shard alone: a different update, not the same math. `split_qkv`
-# orthogonalises Q, K and V separately. **QK-clip** (`megatron/core/optimizer/qk_clip.py`, run
-# after `optimizer.step()` in training): each attention layer's per-head maximum logit is
-# all-reduced (max) over the data-parallel group, and where a group of heads exceeds the
-# threshold, its query and key rows are scaled down on each rank's TP share of heads, in the
-# fp32 master and the model weight. Checkpoints go through Megatron's distributed checkpointing
-# (`sharded_state_dict`). Emerging-Optimizers runs its distributed Newton-Schulz tests on a CPU
-# with gloo, with 4 and 8 processes, in its CI (`L0_Tests_CPU.sh`); Megatron's layer-wise tests
-# need CUDA. Not checked: padding in practice, and speed.
+# Megatron's `LayerWiseDistributedOptimizer` gives each DP rank whole matrices: gradient buckets
+# are cut on matrix boundaries, packed by a longest-processing-time rule with a cap on padding;
+# gradients are reduce-scattered and parameters all-gathered. Under TP, `newton_schulz_tp` has
+# two modes: "duplicated" all-gathers the matrix over TP and every TP rank orthogonalises it;
+# "distributed" keeps the shards and all-reduces, every step, the Gram of the unsplit dimension.
+# Megatron's "blockwise" orthogonalises each TP shard alone: a different update. Its QK-clip
+# ({doc}`chapter 9 <09_training>`) all-reduces per-head maximum logits over DP. Not checked:
+# padding in practice, and speed.
 #
 # ### Dion's `Muon` (microsoft/dion)
 #
-# Read at commit [0a059a4](https://github.com/microsoft/dion/blob/0a059a4542e5aa74b40dcd1dce363836c7afcd48/dion/megabatch_base.py) (7 August 2026). For FSDP2 models, its
-# `Muon` puts every parameter of one shape in one batch ("megabatch"), pads the batch with zero
-# matrices to a multiple of the world size and each rank's block to `ceil(rows / n)` rows, and
-# runs one `all_to_all` there and one back per shape, in bf16: rank $j$ receives whole matrices
-# $jk, \dots, jk + k - 1$ of the padded batch ($k = \lceil c / n \rceil$ of $c$ matrices) and
-# orthogonalises them. Work is balanced by count, not FLOPs. Its README's table marks FSDP2 + TP
-# as unsupported for Muon (only the older Dion supports it). Optimizer states are DTensors saved
-# with DCP. Its tests that launch ranks need CUDA (NCCL), and the repository has no CI workflow.
-# Not checked: the Triton kernels and speed.
+# Read at commit [0a059a4](https://github.com/microsoft/dion/blob/0a059a4542e5aa74b40dcd1dce363836c7afcd48/dion/megabatch_base.py) (7 August 2026). For FSDP2 models its
+# `Muon` puts every parameter of one shape in one "megabatch", pads it with zero matrices to a
+# multiple of the world size and each rank's block to `ceil(rows / n)` rows, and runs one bf16
+# `all_to_all` there and one back per shape: rank $j$ orthogonalises whole matrices
+# $jk, \dots, jk + k - 1$ ($k = \lceil c / n \rceil$ of $c$). Work is balanced by count, not
+# FLOPs; FSDP2 + TP is unsupported for Muon. Not checked: the Triton kernels and speed.
 
 # %% [markdown]
 # ## Their formulas against our ledger
 #
 # Bytes per step are deterministic, so formulas can be checked exactly. The unit is **elements
-# one rank sends per step, averaged over the ranks**: a ring all-gather or reduce-scatter of $P$
-# elements over $N$ ranks has each rank send $\frac{N-1}{N}P$; a pipelined broadcast or reduce
-# has $N-1$ of the $N$ ranks forward the tensor once, the same $\frac{N-1}{N}P$ on average. That
-# is the convention of DMuon's page and of this book's ledger, so the two can be compared
-# directly; dtypes come after.
+# one rank sends per step, averaged over the ranks**: in a ring all-gather or reduce-scatter of $P$
+# elements over $N$ ranks each rank sends $\frac{N-1}{N}P$; in a pipelined broadcast or reduce
+# $N-1$ of the $N$ ranks forward it once, the same on average. DMuon's page and this book's ledger
+# both count this way.
 #
-# First on a grid this machine runs: `verify.py` on 4 ranks, owner and aligned layouts, one
-# step, and each rank's ledger. DMuon's formula for its DDP backend (reduce to the owner,
-# broadcast back) is $2\frac{N-1}{N}P_M$. ZeRO-1's reduce-scatter and all-gather move the
-# same share of every element, but of the flat shards, padding included.
+# First on a grid this machine runs: `verify.py` on 4 ranks, owner and aligned layouts, one step,
+# against DMuon's DDP formula (reduce to the owner, broadcast back), $2\frac{N-1}{N}P_M$.
 
 # %%
 import math
@@ -274,27 +227,23 @@ keep("ch16-live-aligned-pad", f"{live_pad['aligned']:.2f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-The ledger's reduce-scatter and all-gather equal DMuon's formula applied to what the shards hold
-(the cell asserts it, for the mean over the ranks). The owner layout's even shards hold the
-matrices' elements {{ch16-live-owner-pad}} times over (padding only rounds up to a
-multiple of the ranks); the aligned layout's, cut on matrix boundaries,
-{{ch16-live-aligned-pad}} times: five matrices of very different sizes cannot be split
-into four equal runs of whole matrices, and every shard is padded to the largest. DMuon's
-reduce and broadcast are one collective per owner, with no shard to pad; the owner layout pays
-instead in pieces of matrices that cross a shard boundary, sent to their owner and back in bf16
-(the last column). `tests/test_rivals.py` checks the same identity on other grids.
+The ledger's reduce-scatter and all-gather equal DMuon's formula applied to what the shards hold,
+padding included (the cell asserts it, for the mean over the ranks). The owner layout's even
+shards hold the matrices' elements {{ch16-live-owner-pad}} times over; the aligned
+layout's {{ch16-live-aligned-pad}} times: five matrices of very different sizes cannot
+make four equal runs, so every shard is padded to the largest. On top, the owner layout sends
+the pieces that cross a shard boundary to their owner and back in bf16 (the last column).
+`tests/test_rivals.py` checks the identity on other grids.
 """)
 
 # %% [markdown]
 # ### A real model: Llama-3-8B's matrices on 8 and 64 ranks
 #
-# The same comparison for the 224 Muon matrices of Llama-3-8B (32 layers of q, k, v, o, gate,
-# up and down; the shapes of [`muongrid/lab/model_shapes.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/model_shapes.py)), on one
-# node of 8 ranks and on 64, data parallel only. Our side comes from the plan and the closed form
-# the ledger is tested against (`costmodel`; `scale.bytes_per_rank` for every rank at
-# once), and for `FSDPMuon` from the routes it runs (`choice.fsdp2_extra`). FSDP2's own gathers
-# and reduce-scatters are priced by their definition (`rivals.fsdp2`), the same for every
-# FSDP2-based row. The rows marked "derived" are our reading of code that states no formula.
+# The same for Llama-3-8B's 224 Muon matrices ([`muongrid/lab/model_shapes.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/model_shapes.py)), data parallel only, on 8 and
+# 64 ranks. Our side comes from the plan and the closed form the ledger is tested against, and for
+# `FSDPMuon` from its routes (`choice.fsdp2_extra`); FSDP2's own collectives are priced by
+# definition (`rivals.fsdp2`). Rows marked "derived" are our reading of code that states no
+# formula.
 
 # %%
 from muongrid.plan import DEFAULT_BUCKET_NUMEL, build_plan
@@ -392,44 +341,38 @@ keep("ch16-z3-gap-8", f"{gap / P:.3f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-What the rows say, all for the same {{ch16-p}} elements:
+The rows, all for the same {{ch16-p}} elements:
 
-- **DMuon's design is the floor of its family.** Reducing the gradient straight to its owner
-  and broadcasting the result moves $2\frac{N-1}{N}P_M$, what a ring all-reduce moves: the
-  least a scheme that leaves the whole parameter on every rank can move, as their page says. muongrid's owner layout moves that in its reduce-scatter
-  and all-gather, and on top the pieces of each matrix that lie away from its owner:
-  {{ch16-owner-extra-8}} $P_M$ on 8 ranks and {{ch16-owner-extra-64}} on 64.
-  Every Llama matrix is larger than the default bucket ($2^{20}$ elements), so each is cut over
-  all $N$ ranks and $\frac{N-1}{N}$ of it travels to its owner and back.
-- **The aligned layout is the one that can reach that floor, but not with default buckets.** It
-  cuts shards on matrix boundaries, so nothing travels for Newton-Schulz; but a matrix larger
-  than a bucket then sits on one rank and every other rank's shard is padded to its size:
-  {{ch16-aligned-8}} $P_M$ on 8 ranks, {{ch16-aligned-64}} on 64. With one
+- **DMuon's design is the floor of its family.** Reducing the gradient to its owner and
+  broadcasting the result moves $2\frac{N-1}{N}P_M$, what a ring all-reduce moves: the least
+  for a scheme that leaves the whole parameter on every rank. muongrid's owner layout moves that
+  plus the pieces of each matrix away from its owner: {{ch16-owner-extra-8}} $P_M$ more
+  on 8 ranks and {{ch16-owner-extra-64}} on 64, since every Llama matrix is larger than a
+  bucket ($2^{20}$ elements) and so cut over all $N$ ranks.
+- **The aligned layout can reach that floor, but not with default buckets**: a matrix larger
+  than a bucket sits on one rank and every other shard is padded to its size
+  ({{ch16-aligned-8}} $P_M$ on 8 ranks, {{ch16-aligned-64}} on 64). With one
   bucket for all matrices the shards balance, to {{ch16-aligned-one-pad-8}} times the
   floor on 8 ranks and {{ch16-aligned-one-pad-64}} on 64 (224 matrices of three sizes do
-  not split evenly 64 ways). This is Megatron's layer-wise design, which packs whole matrices into
-  shards with a cap on the padding; DMuon's per-owner reduce has no padding at all.
+  not split evenly 64 ways). Megatron's layer-wise design caps this padding.
 - **Among the FSDP2 designs**, DMuon-Z3 replaces FSDP2's three collectives on the Muon matrices
-  with three transfers of its own, and needs no optimizer-side gather: $3\frac{N-1}{N}P_M$.
-  `FSDPMuon`, torchtitan's `Owned` and Dion's megabatch leave FSDP2 as it is and add an
-  all-to-all there and back, $2\frac{N-1}{N^2}P_M$ ({{ch16-z3-gap-8}} $P_M$ on 8
-  ranks): the same pieces in all three, since every Llama row count divides by 8 and 64. Dion
-  pads its batches: on 64 ranks the 32 down projections are padded with 32 zero matrices, and
-  {{ch16-dion-zeros-64}} of its all-to-all traffic is zeros.
+  with three of its own: $3\frac{N-1}{N}P_M$. `FSDPMuon`, torchtitan's `Owned` and Dion's
+  megabatch keep FSDP2's and add an all-to-all there and back, $2\frac{N-1}{N^2}P_M$
+  ({{ch16-z3-gap-8}} $P_M$ on 8 ranks), the same pieces in all three since every Llama
+  row count divides by 8 and 64. Dion pads its batches: on 64 ranks the 32 down projections get
+  32 zero matrices, and {{ch16-dion-zeros-64}} of its all-to-all traffic is zeros.
 """)
 
 
 # %% [markdown]
 # ### The same in bytes
 #
-# Elements become bytes through dtypes, and here the implementations differ as much as in design.
-# muongrid's ZeRO-1 reduce-scatters gradients in the fp32 master dtype, all-gathers parameters in
-# their own dtype (`DistributedMuon._all_gather_params`) and moves Newton-Schulz pieces in bf16.
-# DMuon broadcasts in the parameter's dtype, or in the `compute_dtype` it is given, and reduces
-# in the gradient's dtype (bf16 when the forward copy is bf16) unless a `grad_dtype` policy says
-# fp32. FSDP2 is taken with the usual mixed precision (`param_dtype=bfloat16`,
-# `reduce_dtype=float32`: bf16 gathers, fp32 reduce-scatter, fp32 shards); torchtitan's
-# all-to-all buffers take the shards' dtype (fp32), Dion's and `FSDPMuon`'s travel in bf16.
+# Elements become bytes through dtypes, where the implementations differ as much as in design.
+# muongrid's ZeRO-1 reduce-scatters gradients in fp32, all-gathers parameters in their own dtype
+# and moves Newton-Schulz pieces in bf16. DMuon broadcasts in the parameter's dtype (or a given
+# `compute_dtype`) and reduces in the gradient's, bf16 with a bf16 forward copy, unless a
+# `grad_dtype` policy says fp32. FSDP2 is taken with bf16 gathers and an fp32 reduce-scatter;
+# torchtitan's all-to-all travels in fp32, Dion's and `FSDPMuon`'s in bf16.
 
 # %%
 def fsdp2_bytes(n: int) -> float:
@@ -492,24 +435,22 @@ keep("ch16-bytes-bf16-reduce", f"{1 - bf16_reduce:.0%}")
 say(r"""
 With the same dtypes on both sides, muongrid's owner layout sends {{ch16-bytes-fp32}}
 times DMuon's bytes on 8 ranks with fp32 parameters and {{ch16-bytes-bf16}} times with
-bf16 parameters (the pieces sent to owners). DMuon's default with a bf16 forward copy also
-reduces gradients in bf16, {{ch16-bytes-bf16-reduce}} fewer bytes than with an fp32
-reduce: a precision choice (summing N bf16 gradients), not a saving of the design, and one that
-muongrid does not make. Under FSDP2, the all-to-all's dtype separates the three that share a
-design: torchtitan's fp32 buffers send twice the bytes of the bf16 ones for the same pieces.
+bf16 parameters. With a bf16 forward copy DMuon reduces gradients in bf16 by default,
+{{ch16-bytes-bf16-reduce}} fewer bytes than in fp32: a precision choice (summing N bf16
+gradients) that muongrid does not make, not a saving of the design. Under FSDP2, torchtitan's
+fp32 all-to-all sends twice the bytes of the bf16 ones.
 """)
 
 # %% [markdown]
 # ### HSDP: the page's table and the algorithm
 #
-# DMuon's HSDP mode adds a replicate axis of $R$ copies of the shard group (one per node, say):
-# each matrix's gradient is reduced inside the owner's row, then across the $R$ rows within the
-# owner's shard column; after the step the owner broadcasts it back along that column. Their
-# page writes $\frac{R-1}{R}P_M$ per rank for each of the two replicate phases. But only one
-# rank in $N$ of each row is in a given matrix's shard column, so averaged over all $NR$ ranks the
-# two phases move $\frac{R-1}{NR}P_M$ each. The check: with that, HSDP moves exactly what one
-# flat reduce and broadcast over $NR$ ranks would, as it must (both move every element to one
-# owner and back), and what our ZeRO-1 reduce-scatter and all-gather move on $NR$ ranks.
+# DMuon's HSDP mode adds $R$ replicas of the shard group: a matrix's gradient
+# is reduced in the owner's row, then across the $R$ rows in the owner's column, and the result is
+# broadcast back along that column. Their page writes $\frac{R-1}{R}P_M$ per rank for each
+# replicate phase. But only one rank in $N$ of each row is in a given matrix's column, so averaged
+# over all $NR$ ranks each phase moves $\frac{R-1}{NR}P_M$. The check: HSDP then moves exactly
+# what one flat reduce and broadcast over $NR$ ranks would, as it must, and what our ZeRO-1
+# collectives move on $NR$ ranks.
 
 # %%
 N8, R8 = 8, 8
@@ -535,18 +476,14 @@ assert math.isclose(derived["total"], flat)  # rows divide by 64: ZeRO-1 has no 
 
 # %% [markdown]
 # We read the page's figure as the traffic of a rank that takes part for every matrix, an upper
-# bound rather than a mean; the repository's own byte-level check of HSDP is still to come, so
-# this is our derivation from the algorithm as the architecture page describes it, stated here so
-# that it can be checked.
+# bound rather than a mean. This is our derivation; their byte-level check of HSDP is still to
+# come.
 #
 # ### With tensor parallelism: 8 DP x 8 TP
 #
-# On 64 ranks as 8 x 8, each matrix is split over TP (q, k, v, gate and up by rows, o and down by
-# columns). DMuon dedicates each TP shard over DP and gathers a matrix's shards to one TP owner
-# (derived from its TP guide); Megatron's layer-wise optimizer gives the matrix to one DP rank,
-# whose TP group either gathers it whole on every member or all-reduces a Gram matrix at every
-# Newton-Schulz step (derived from `newton_schulz_tp`); muongrid's owner layout sends the TP
-# shards to the owner in the same all-to-all as the DP pieces (closed form).
+# On 8 x 8 each matrix is split over TP (q, k, v, gate and up by rows, o and down by columns). The
+# rows for DMuon and Megatron are derived from their code as read above; muongrid's owner layout
+# sends the TP shards to the owner in the same all-to-all as the DP pieces (closed form).
 
 # %%
 N, T = 8, 8
@@ -569,59 +506,42 @@ keep("ch16-tp-gram-ratio",
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-Under TP every design moves the DP share of each TP rank's $P_M/T$, and they differ in how a
-matrix is made whole. Gathering it to one rank (DMuon, muongrid) costs least; gathering it on
-every member of the owner's TP group (Megatron's "duplicated") more; the Gram all-reduce
-(Megatron's "distributed") {{ch16-tp-gram-ratio}} times the duplicated total here,
-because a Llama matrix's Gram over its unsplit 4,096-wide side, five times, is larger than the
-matrix. That mode saves memory and idle TP ranks, not bytes.
+Under TP every design moves the DP share of each TP rank's $P_M/T$; they differ in how a matrix
+is made whole. Gathering it to one rank (DMuon, muongrid) costs least, gathering it on every
+member of the TP group (Megatron's "duplicated") more, and the Gram all-reduce ("distributed")
+{{ch16-tp-gram-ratio}} times the duplicated total: five 4,096-wide Grams are larger than
+a Llama matrix. That mode saves memory and idle TP ranks, not bytes.
 """)
 
 # %% [markdown]
 # ## How muongrid's layouts compare
 #
-# - **`bucket`** is Moonshot's proof of concept: every rank gathers and orthogonalises everything.
-#   It is kept to reproduce the paper's numbers ({doc}`chapter 6 <06_communication>`).
-# - **`owner`** shares DMuon's principle, one owner per matrix balanced by a
-#   longest-processing-time rule, but on top of ZeRO-1's even flat shards instead of beside FSDP2. It pays the pieces that cross
-#   shard boundaries twice, in bf16; DMuon reduces the gradient straight to the owner and pays
-#   nothing extra in elements, but its broadcast and reduce run one collective per owner and layer.
-# - **`aligned`** has the idea of Megatron's layer-wise optimizer: shards on matrix boundaries. It reaches the
-#   floor only when its buckets hold many matrices; with matrices larger than a bucket it pads
-#   badly (the table above), so on such models use `owner`, or buckets larger than the matrices.
-# - **`group`** has no counterpart in the others for a matrix on ZeRO-1: the nearest are
-#   Megatron's "distributed" mode and DMuon's optional TP Gram, both over the TP group the matrix
-#   is split over; muongrid picks a group of any ranks when one matrix holds more than its share
-#   of the work ({doc}`chapter 15 <15_muon_at_scale>`).
-# - **`FSDPMuon`** is the design torchtitan's `Owned` and Dion's megabatch share: FSDP2 unchanged,
-#   one all-to-all there and back. Ours sends bf16 (torchtitan: the parameter's dtype), balances
-#   owners by Newton-Schulz FLOPs over all matrices (Dion: by count per shape, with zero padding)
-#   and supports FSDP2 x TP (Dion's Muon does not).
+# `bucket` is Moonshot's proof of concept. `owner` is DMuon's principle on ZeRO-1's even flat
+# shards: it pays, twice and in bf16, the pieces that cross shard boundaries, where DMuon pays
+# nothing extra in elements but runs one collective per owner and layer. `aligned` is Megatron's
+# idea; with matrices larger than a bucket it pads badly, so use `owner` or larger buckets there.
+# `group` has no counterpart on ZeRO-1 (the nearest, Megatron's "distributed" mode and DMuon's TP
+# Gram, work over the TP group). `FSDPMuon` is the design of torchtitan's `Owned` and Dion's
+# megabatch, in bf16, balanced by FLOPs, with FSDP2 x TP.
 #
-# What muongrid offers that we did not find in the others' repositories: every layout's step
-# checked bit for bit against one process on CPU grids in CI, checkpoints that load on any grid
-# and layout, and a ledger held to a closed form. What they have and muongrid does not: DMuon's
-# CUDA-graph and SYRK Newton-Schulz and its HSDP scheduling; torchtitan's per-head and
-# per-expert blocks; Megatron's QK-clip in the training loop and its pipeline parallelism;
-# Dion's low-rank optimizers and Triton kernels.
+# Not found in the others' repositories: every layout checked bit for bit against one process on
+# CPU grids in CI, checkpoints that load on any grid and layout, and a ledger held to a closed
+# form. Not in muongrid: DMuon's CUDA-graph and SYRK Newton-Schulz and its HSDP; torchtitan's
+# per-head and per-expert blocks; Megatron's QK-clip in the loop and pipeline parallelism; Dion's
+# low-rank optimizers and Triton kernels.
 #
 # ## Summary
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
-- Five other projects distribute Muon; all but Moonshot's proof of concept give each matrix one
-  owner over data parallelism. They differ in how the pieces reach it: a reduce and a broadcast
-  (DMuon), ZeRO-1 shards cut on matrix boundaries (Megatron), or an all-to-all next to FSDP2
-  (torchtitan, Dion, muongrid's `FSDPMuon`).
-- DMuon's stated formulas hold as mean elements per rank for one shard group: our ledger's
-  reduce-scatter and all-gather equal its $2\frac{N-1}{N}$ on the elements our shards hold.
-  Its HSDP table counts each replicate phase $N$ times over the mean.
-- For Llama-3-8B on 8 and 64 ranks, muongrid's owner layout moves {{ch16-owner-extra-8}}
-  and {{ch16-owner-extra-64}} $P_M$ per rank more than DMuon's floor; with matrices
-  larger than a bucket the aligned layout pads far more. In bytes, dtypes (a bf16 gradient
-  reduce, an fp32 all-to-all) move the totals as much as the designs do.
-- The numbers on this page come from `muongrid.lab.rivals` (their formulas, derived where they
-  state none), the plan and the closed form; the commits read are named in each section.
+- All but Moonshot's proof of concept give each matrix one owner over data parallelism, reached
+  by a reduce and a broadcast (DMuon), shards cut on matrix boundaries (Megatron), or an
+  all-to-all beside FSDP2 (torchtitan, Dion, `FSDPMuon`).
+- DMuon's formulas hold as mean elements per rank for one shard group; its HSDP table counts
+  each replicate phase $N$ times over the mean.
+- For Llama-3-8B on 8 and 64 ranks the owner layout moves {{ch16-owner-extra-8}} and
+  {{ch16-owner-extra-64}} $P_M$ per rank above DMuon's floor; in bytes, dtypes move the
+  totals as much as the designs do.
 """)
 
 # %% [markdown]
