@@ -110,8 +110,9 @@ say(r"""
 [`scripts/from_scratch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/from_scratch.py) writes the eight stages in
 {{ch5-scratch-lines}} lines of plain `torch.distributed`, for one parameter group.
 `make_groups` builds the DP and TP groups with `new_group` (the launcher has run
-`init_process_group` on every rank). The flat buffer and its shards are chapter 4's, without
-buckets; a rank keeps the fp32 master and momentum of its own shard only. Newton-Schulz is
+`init_process_group` on every rank). The flat buffer and its `dp` padded shards are chapter
+4's, with the whole group as one bucket; a rank keeps the fp32 master and momentum of its own
+shard only. Newton-Schulz is
 chapter 1's `zeropower_ns5`, imported: nothing in it is distributed.
 """)
 
