@@ -57,7 +57,7 @@ def worker(grid, comm, args) -> int:
         shapes[2] = (shapes[2][0], shapes[2][1] + 1)
     problem = build_problem("muon", shapes, TP_DIMS, 1, 0, grid.tp)
     say(f"rank {grid.rank}: pid {os.getpid()}")  # to kill a rank from outside
-    opt = DistributedMuon(problem.param_groups(grid.tp, grid.tp_rank, grid.device), grid, comm=comm)
+    opt = DistributedMuon(problem.param_groups(grid.tp, grid.tp_rank, grid.device), grid, comm=comm, layout="bucket")
     for step in range(1, args.steps + 1):
         set_grads(opt.param_groups, problem.grads(step, grid.dp_rank, grid.dp), grid)
         if step == args.step:

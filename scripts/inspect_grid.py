@@ -23,7 +23,8 @@ from muongrid.lab.synthetic import add_problem_args, build_problem, check_proble
 
 def worker(grid, comm, args) -> int:
     problem = build_problem("muon", args.shapes, args.tp_dims, 1, args.seed, grid.tp)
-    opt = DistributedMuon(problem.param_groups(grid.tp, grid.tp_rank), grid, comm=comm, bucket_numel=args.bucket_numel)
+    opt = DistributedMuon(problem.param_groups(grid.tp, grid.tp_rank), grid, comm=comm,
+                          layout="bucket", bucket_numel=args.bucket_numel)
     mine = dict(grid.describe(),
                 params=[dict(dataclasses.asdict(m), held_shape=list(p.shape)) for m, p in
                         zip(opt.plan.metas[0], opt.param_groups[0]["params"])],

@@ -135,3 +135,19 @@ def test_param_groups_are_fixed_once_the_plan_is_built():
 def test_a_non_matrix_in_a_muon_group_is_a_clear_error():
     with pytest.raises(ValueError, match="'bias' has shape \\(4,\\) but Muon orthogonalises 2-D matrices and 3-D banks"):
         DistributedMuon([{"params": [torch.nn.Parameter(torch.zeros(4))], "names": ["bias"]}], GRID)
+
+
+def test_the_default_is_the_owner_layout_and_state_saved_under_the_old_default_says_how_to_load_it():
+    """Issue 43: no layout argument runs the layout the book recommends ("owner"), with batched Newton-Schulz only
+    on a GPU; a state_dict saved under the old default ("bucket") is refused with the way out in the message."""
+    from muongrid.distributed import default_ns_batch
+
+    problem = build_problem("muon", n_groups=2)
+    opt = DistributedMuon(problem.param_groups(), GRID)
+    assert (opt.layout, opt.ns_batch, opt.overlap) == ("owner", False, "prefetch")
+    assert default_ns_batch("owner", torch.device("cuda")) and not default_ns_batch("bucket", torch.device("cuda"))
+    assert not default_ns_batch("owner", torch.device("cpu"))
+    old = DistributedMuon(problem.param_groups(), GRID, layout="bucket")
+    with pytest.raises(ValueError, match="pass layout='bucket' to load this state as it was saved"):
+        opt.load_state_dict(old.state_dict())
+    DistributedMuon(problem.param_groups(), GRID, layout="bucket").load_state_dict(old.state_dict())
