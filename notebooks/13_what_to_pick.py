@@ -73,8 +73,11 @@ elif (importlib.util.find_spec("muongrid") is None
 #    matrix's trip to its owner and back, and runs Newton-Schulz once per matrix.
 #    (`torch.optim.Muon` also runs on FSDP2 parameters, but gathers every matrix on every rank.)
 # 2. **Otherwise: ZeRO-1 data parallel, times tensor parallel if the model is tensor-parallel**, with
-#    `DistributedMuon(..., layout="owner")` (chapters 8 and 12). Each matrix is orthogonalised once,
-#    by an owner chosen to balance Newton-Schulz work; only pieces not already on the owner travel.
+#    `DistributedMuon(groups, grid)`, whose default is `layout="owner"` (chapters 8 and 12). Each
+#    matrix is orthogonalised once, by an owner chosen to balance Newton-Schulz work; only pieces
+#    not already on the owner travel. The other knobs rarely need touching: `overlap` (prefetch by
+#    default), `chunks` (exchanges per step), `ns_batch` (batched by shape on a GPU by default),
+#    `bucket_numel`, `check_finite`; the {doc}`API reference <../book/api>` says what each does.
 # 3. **`layout="aligned"` only for a stack of equal matrices smaller than a bucket.** It cuts the
 #    shards on matrix boundaries, so nothing travels over DP for Newton-Schulz. But unequal
 #    matrices, or matrices larger than a bucket (every matrix of an 8B model), make the shards
