@@ -335,7 +335,7 @@ keep("ch15-verdict", verdict)
 say(r"""
 Verdict over five interleaved rounds: {{ch15-verdict}} (a form wins only if its median
 is more than 10% lower and the spreads do not overlap, `muongrid.lab.verdicts`).
-[`scripts/ns_variants.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/ns_variants.py) gives the full table per shape and dtype, with bf16.
+[`scripts/compare_ns_variants.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/compare_ns_variants.py) gives the full table per shape and dtype, with bf16.
 """)
 
 # %% [markdown]

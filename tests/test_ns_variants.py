@@ -169,7 +169,7 @@ def test_ns_batch_in_one_process_counts_one_call_per_shape_and_refuses_the_bucke
 
 def test_variants_script_prints_every_row_and_the_bf16_path(capsys):
     import json
-    import ns_variants as script
+    import compare_ns_variants as script
     assert script.main(["--shapes", "16x24", "--repeats", "1", "--json"]) == 0
     out = capsys.readouterr().out
     assert "bf16 path: " + ("native" if newton_schulz.native_bf16_matmul(torch.device("cpu")) else "emulated") in out

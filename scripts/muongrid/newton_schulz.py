@@ -22,16 +22,13 @@ Other coefficient schedules (Polar Express, the cubic) and the Gram form are opt
 function (``ns_coefficients``, ``ns_form``; see ``ns_variants.py``); one matrix sharded over a group of
 ranks is ``ns_group.py``. The defaults are the paper's, computed exactly as before.
 
-Run ``python scripts/muongrid/newton_schulz.py`` to see the singular values before and after.
+Run ``python -m muongrid.newton_schulz`` to see the singular values before and after.
 """
 from __future__ import annotations
 
 import torch
 
-if __package__:
-    from .ns_variants import check_ns_form, ns_flops, ns_schedule  # noqa: F401 (ns_flops: re-exported)
-else:  # run as a file (python scripts/muongrid/newton_schulz.py): its folder is on the path
-    from ns_variants import check_ns_form, ns_flops, ns_schedule  # noqa: F401
+from .ns_variants import check_ns_form, ns_flops, ns_schedule  # noqa: F401 (ns_flops: re-exported)
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5

@@ -17,7 +17,7 @@ import torch
 from .contract import MomentumSync, check_group_contract, fill_group, lr_of, no_autocast, normalize_hyper
 from .newton_schulz import NS_COEFFICIENTS, NS_FORM, NS_STEPS, zeropower_ns5
 from .ns_variants import check_ns_options
-from .routing import Route, RoutingTable, routes_to_muon, routing_table  # noqa: F401 (re-exported)
+from .routing import RoutingRow, RoutingTable, routes_to_muon, routing_table  # noqa: F401 (re-exported)
 from .updates import LR_ADJUSTMENTS, adamw_step_, adjust_lr, apply_update_, muon_momentum_
 
 # Hyperparameters of both kinds of group. Muon's defaults are torch.optim.Muon's except the lr

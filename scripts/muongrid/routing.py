@@ -56,7 +56,7 @@ NAMES_OF_OWNER = {"output", "shared", "score", "gate", "router", "shared_expert_
 
 
 @dataclass(frozen=True)
-class Route:
+class RoutingRow:
     """One tensor's routing: its name (the first, if tied), shape, optimizer (MUON or ADAMW), the rule that
     decided, the other names the same tensor has (a tied head), and the tensor itself."""
     name: str
@@ -72,7 +72,7 @@ class Route:
 
 
 class RoutingTable(list):
-    """A list of ``Route``, in the order of the model's parameters; ``print(table)`` shows it as a table."""
+    """A list of ``RoutingRow``, in the order of the model's parameters; ``print(table)`` shows it as a table."""
 
     def names(self, optimizer: str) -> list[str]:
         """The names routed to ``optimizer`` ("Muon" or "AdamW")."""
@@ -133,7 +133,7 @@ def _entries(named: Iterable) -> list[tuple[torch.Tensor, list[str]]]:
 
 
 def _route_named(named: Iterable) -> RoutingTable:
-    return RoutingTable(Route(names[0], tuple(p.shape), *_route_by_name(names[0], p), tuple(names[1:]), p)
+    return RoutingTable(RoutingRow(names[0], tuple(p.shape), *_route_by_name(names[0], p), tuple(names[1:]), p)
                         for p, names in _entries(named))
 
 
@@ -157,7 +157,7 @@ def _route_module(model: torch.nn.Module, head) -> RoutingTable:
     table = RoutingTable()
     for p, names in _entries(model.named_parameters(remove_duplicate=False)):
         optimizer, why = _route_one(p, names[0], modules, embeddings, heads, banks)
-        table.append(Route(names[0], tuple(p.shape), optimizer, why, tuple(names[1:]), p))
+        table.append(RoutingRow(names[0], tuple(p.shape), optimizer, why, tuple(names[1:]), p))
     return table
 
 
@@ -231,7 +231,7 @@ def _vocab_size(model: torch.nn.Module) -> int | None:
     return vocab if isinstance(vocab, int) else None
 
 
-def _warn_if_vocab_sized(r: Route, vocab: int | None, stacklevel: int) -> None:
+def _warn_if_vocab_sized(r: RoutingRow, vocab: int | None, stacklevel: int) -> None:
     if not (r.use_muon and len(r.shape) == 2):
         return
     sized = vocab in r.shape if vocab is not None else max(r.shape) >= VOCAB_SIZED

@@ -17,7 +17,7 @@ The bf16 path is printed: native bf16 GEMMs where the CPU has them (AVX-512 BF16
 bf16 emulated with fp32 GEMMs on bf16 values (``muongrid.newton_schulz``). Machines are shared and
 noisy: read the spread, not one number. Run:
 
-    python scripts/ns_variants.py [--shapes 512x512,512x2048,2048x512] [--repeats 5] [--json]
+    python scripts/compare_ns_variants.py [--shapes 512x512,512x2048,2048x512] [--repeats 5] [--json]
 """
 from __future__ import annotations
 
