@@ -1,7 +1,8 @@
 """The house a newcomer walks (issue 42): the module maps name the modules that exist, and the test suite is
 split by what each test needs.
 
-* ``scripts/muongrid/__init__.py``'s map names every module of the engine, and only those; the layout block
+* ``scripts/muongrid/__init__.py``'s map names every module of the engine, and only those, and so do the maps of
+  ``muongrid/lab/__init__.py`` and ``booktools/__init__.py``; the layout block
   of ``CONTRIBUTING.md`` (the README's map until issue 43) names only files that exist (it is a selection).
 * No module of the package executes a file by path (``spec_from_file_location``, ``runpy.run_path``): the
   library parts of the entry points live in the package (``lab/scale.py``, ``lab/model_shapes.py``), and the
@@ -42,6 +43,21 @@ def test_the_package_map_names_every_engine_module_and_only_those():
     assert sorted(names) == modules
 
 
+def docstring_map(doc: str) -> list[str]:
+    """The module names at the start of a package docstring's map lines (four spaces, a name, two spaces)."""
+    return [m.group(1) for m in re.finditer(r"^    ([a-z_0-9]+)\s{2,}\S", doc, flags=re.M)]
+
+
+def test_the_lab_and_booktools_maps_name_every_module_and_only_those():
+    import booktools
+    import muongrid.lab
+
+    for package, folder in ((muongrid.lab, PACKAGE / "lab"), (booktools, ROOT / "scripts" / "booktools")):
+        names = docstring_map(package.__doc__)
+        assert len(names) == len(set(names)), f"{folder.name}: a module is named twice"
+        assert sorted(names) == sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__"), folder.name
+
+
 def test_the_layout_map_names_only_files_that_exist():
     text = (ROOT / "CONTRIBUTING.md").read_text()   # the README's map moved there (issue 43)
     block = text[text.index("## Layout"):]
@@ -51,14 +67,15 @@ def test_the_layout_map_names_only_files_that_exist():
     for line in block.splitlines():
         if not line.startswith(" "):
             head = line.split()[0] if line else ""
-            folder = {"scripts/muongrid/": PACKAGE, "scripts/muongrid/lab/": PACKAGE / "lab"}.get(head)
+            folder = {"scripts/muongrid/": PACKAGE, "scripts/muongrid/lab/": PACKAGE / "lab",
+                      "scripts/booktools/": ROOT / "scripts" / "booktools"}.get(head)
         if folder is not None and line.startswith("  "):
             for name in re.findall(r"\b([a-z_0-9]+)\.py\b", line):
                 seen += 1
                 if not (folder / f"{name}.py").exists():
                     missing.append(f"{folder.name}/{name}.py")
     entries = block[block.index("scripts/*.py"):block.index("notebooks/")]
-    scripts = re.findall(r"\b([a-z_]+)(?=,|\n)", entries.split(":", 1)[1])
+    scripts = re.findall(r"\b([a-z_0-9]+)(?=,|\n)", entries.split(":", 1)[1])
     missing += [f"scripts/{n}.py" for n in scripts if not (ROOT / "scripts" / f"{n}.py").exists()]
     assert seen > 20 and len(scripts) > 5, "the layout block was not found where it was"
     assert missing == []
