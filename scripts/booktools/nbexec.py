@@ -149,7 +149,7 @@ class GuardedClient(NotebookClient):
         if self._idle_at is not None and now - self._idle_at > STALL_GRACE_S:
             raise KernelStall(f"{self.label}, cell {self._cell}: the kernel went idle "
                               f"{now - self._idle_at:.0f} s ago but the cell's reply never "
-                              "arrived (a lost ZeroMQ wake-up; see muongrid/lab/nbexec.py)")
+                              "arrived (a lost ZeroMQ wake-up; see scripts/booktools/nbexec.py)")
         if self._sent_at is not None and not self._heard and now - self._sent_at > STALL_GRACE_S:
             raise KernelStall(f"{self.label}, cell {self._cell}: sent {now - self._sent_at:.0f} s ago and "
                               "the kernel has said nothing about it (not even busy)")
