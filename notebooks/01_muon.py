@@ -503,6 +503,11 @@ with FlopCounterMode(display=False) as counter:  # torch counts the real functio
     zeropower_ns5(torch.empty(rows, cols, device="meta"))
 assert counter.get_total_flops() == by_hand == ns5_flops(rows, cols)
 train_flops = 6 * rows * cols * tokens
+table_shape = tuple(model.embed["tok"].weight.shape)
+moved = math.prod(table_shape)
+keep("ch1-ex3-shape", " x ".join(map(str, table_shape)))
+keep("ch1-ex3-share", f"{moved / (counts['Muon'] + moved):.0%}")
+keep("ch1-ex3-flops", f"{ns5_flops(*table_shape) / 1e6:.1f}")
 keep("ch1-ex5-tflops", f"{by_hand / 1e12:.2f}")
 keep("ch1-ex5-train", f"{train_flops / 1e15:.2f}")
 keep("ch1-ex5-share", f"{by_hand / train_flops:.2%}")
@@ -527,9 +532,10 @@ say(r"""
 3. The routing recognises the embedding by its module (an `nn.Embedding`, whatever its name), so
    it has to be moved by hand: `groups[1]` holds it (the Muon group comes first). Muon then
    orthogonalises the whole table as one matrix, although its rows are separate lookups, one per
-   character. The training cell prints the new run's `validation loss ... after N steps`; compare it
-   with the run above. The answer is that run's output (one seed, so compare it with the
-   seed-to-seed spread of exercise 2 before calling it a change).
+   character: a {{ch1-ex3-shape}} table, {{ch1-ex3-share}} of the parameters Muon then holds,
+   and one more Newton-Schulz run per step ({{ch1-ex3-flops}} MFLOP). The training cell prints the
+   new run's `validation loss ... after N steps`; compare it with the run above (one seed, so
+   compare it with the seed-to-seed spread of exercise 2 before calling it a change).
 4. `"original"` scales the step by $\sqrt{\max(1, A/B)}$, so the update's RMS is about
    $1/\sqrt{\max(A,B)}$ times that, far from AdamW's 0.2: the same learning rate would then mean a
    much smaller step for the Muon matrices than for the AdamW ones.
