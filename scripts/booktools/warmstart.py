@@ -7,7 +7,8 @@ server for every chapter's kernel) and the test session (``tests/conftest.py``) 
 start server* to fork a process that runs the script instead: a Python that imported those modules once
 and then does nothing but fork. Measured on the project's 2-core machine under load (CHANGELOG, issue 42):
 ``verify.py --dp 2 --shapes 64x64,64x96 --steps 1`` took 4.0-8.2 s from a new interpreter and 0.5-1.3 s
-forked; ``tests/test_loops.py`` with ``tests/test_measure.py`` 49-99 s without it and 26-46 s with it.
+forked; ``tests/test_loops.py`` with ``tests/test_measure.py`` 49-99 s without it and 26-46 s with it; all
+the chapters executed (``build_book.py --force``) 320 s without it and 198 s with it.
 A chapter run anywhere else (Jupyter, Colab) starts new interpreters: this module is the book's tooling,
 not part of the installed package. The forked process is the script's own process, as ``python
 scripts/<script> <args>`` would be:
