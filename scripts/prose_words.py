@@ -15,10 +15,11 @@ from pathlib import Path
 
 from bs4 import BeautifulSoup
 
+from muongrid.lab.page import WORD   # the same word as the chapters' reading times count
+
 DROP = ["pre", "code", ".math", "mjx-container", "script", "style", ".cell_input", ".output.stream",
         ".output.text_plain", ".output.text_html", ".headerlink", "svg", ".plotly-graph-div", ".caption-number"]
 MATH = re.compile(r"\$\$.*?\$\$|\\\(.*?\\\)|\\\[.*?\\\]", re.S)
-WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
 
 
 def page_words(html: str) -> int:

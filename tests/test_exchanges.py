@@ -31,6 +31,16 @@ def buckets_of(bucket_numel) -> int:
     return len(build_plan(specs, 2, 0, 1, bucket_numel, "owner", [True]).buckets[0])
 
 
+def second_step_exchanges(opt, params, comm) -> collections.Counter:
+    """Two steps on zero gradients; the owner exchanges the second (steady-state) one issued, by phase."""
+    for _ in range(2):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+    step = comm.ledger.step
+    return collections.Counter(r.phase for r in comm.ledger.records if r.step == step and r.phase in EXCHANGES)
+
+
 def exchanges(dp: int, tp: int, layout: str, bucket_numel, overlap: str, ns_batch: bool, chunks=None) -> dict:
     """Per rank, the all-to-alls of its second step, by phase."""
     from muongrid.distributed import DistributedMuon
@@ -41,13 +51,7 @@ def exchanges(dp: int, tp: int, layout: str, bucket_numel, overlap: str, ns_batc
         opt = DistributedMuon([dict(params=params, tp_split_dims=[-1] * len(SHAPES))], grid, comm=comm,
                               layout=layout, bucket_numel=bucket_numel, overlap=overlap, ns_batch=ns_batch,
                               chunks=chunks)
-        for _ in range(2):
-            for p in params:
-                p.grad = torch.zeros_like(p)
-            opt.step()
-        step = comm.ledger.step
-        counts[grid.rank] = collections.Counter(r.phase for r in comm.ledger.records
-                                                if r.step == step and r.phase in EXCHANGES)
+        counts[grid.rank] = second_step_exchanges(opt, params, comm)
 
     audit = simulate(worker, dp, tp, None)
     assert audit.steps == 2 * dp * tp
@@ -101,13 +105,7 @@ def test_fsdp_exchanges_once_per_direction():
         fully_shard(model, mesh=grid.mesh["dp"])
         params = list(model.parameters())
         opt = FSDPMuon(params, grid, comm=comm)
-        for _ in range(2):
-            for p in params:
-                p.grad = torch.zeros_like(p)
-            opt.step()
-        step = comm.ledger.step
-        counts[grid.rank] = collections.Counter(r.phase for r in comm.ledger.records
-                                                if r.step == step and r.phase in EXCHANGES)
+        counts[grid.rank] = second_step_exchanges(opt, params, comm)
 
     simulate(worker, 2, 1, None, passes=2)
     assert {rank: dict(c) for rank, c in counts.items()} == {r: {p: 1 for p in EXCHANGES} for r in range(2)}

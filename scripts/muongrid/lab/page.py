@@ -174,9 +174,12 @@ def listings_of(cells) -> list[tuple[dict, str]]:
     return found
 
 
+WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")   # a word of prose: letters, so numbers do not count
+
+
 def prose_words(cells) -> int:
     """Words of prose a reader reads in a chapter (``shown_markdown`` without code blocks, inline code and
     math): what its reading time is counted from."""
     text = re.sub(r"```.*?```", " ", shown_markdown(cells), flags=re.S)
     text = re.sub(r"\$\$.*?\$\$|\$[^$\n]*\$|`[^`]*`", " ", text, flags=re.S)
-    return len(re.findall(r"[A-Za-z][A-Za-z'-]*", text))
+    return len(WORD.findall(text))
