@@ -87,6 +87,30 @@ def test_defer_is_read_by_check_finite_now_and_off_means_off():
     assert torch.isnan(ps[0]).all() and opt.check_finite_now() is None
 
 
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_defer_on_one_process_finds_a_muon_matrix_by_its_update(bad, nesterov):
+    """One process under "defer" reads no Muon gradient for the check: the norm of each matrix's update (made in
+    the step) is not finite exactly when its gradient held a NaN or an Inf (``finite.late_codes``). One bad
+    element of one matrix, of each kind, with and without Nesterov, is found and named at the next read, and a
+    finite step beside it is not."""
+    gen = torch.Generator().manual_seed(1)
+    ps = [torch.nn.Parameter(torch.randn(12, 8, generator=gen)), torch.nn.Parameter(torch.randn(6, 8, generator=gen)),
+          torch.nn.Parameter(torch.randn(8, generator=gen))]
+    opt = DistributedMuon([{"params": ps[:2], "names": ["w", "v"], "nesterov": nesterov},
+                           {"params": ps[2:], "names": ["b"], "use_muon": False}], Grid.single(), check_finite="defer")
+    for p in ps:
+        p.grad = torch.randn(p.shape, generator=gen)
+    opt.step()
+    assert opt.check_finite_now() is None
+    for p in ps:
+        p.grad = torch.randn(p.shape, generator=gen)
+    ps[1].grad[3, 5] = bad
+    opt.step()
+    with pytest.raises(FloatingPointError, match=r"parameter 'v' had NaN/Inf values on rank 0, step 2"):
+        opt.check_finite_now()
+
+
 def test_muon_keep_changes_nothing_when_false_and_nothing_else_when_true():
     """The masked Muon pieces (``updates.py``'s ``keep``): kept, the same bits as the plain functions; not kept
     (a NaN gradient), the momentum and the master as they were. Grids run them in tests/test_agree.py."""

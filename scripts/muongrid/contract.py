@@ -189,7 +189,7 @@ def where_of(grid, step: int) -> str:
     return f"rank {rank} (dp {rank // tp}, tp {rank % tp}), step {step}"
 
 
-def vote(opt, params: list, named: list, index: list[int], where: str):
+def vote(opt, params: list, named: list, index: list[int], where: str, later: frozenset = frozenset()):
     """The step's one decision, the same on every rank (``finite.py``): which parameters have a gradient
     somewhere, and whether the step goes on. ``named``: this rank's (name, local gradient) pairs, at places
     ``index`` of ``params``. Returns (present, keep, agreed): ``keep`` and ``agreed`` are the device verdict and
@@ -206,12 +206,16 @@ def vote(opt, params: list, named: list, index: list[int], where: str):
       host sync); a rank missing one reads the agreed presence (one sync, in the step that lost a gradient);
     * ``check_finite="raise"`` reads it once, after that all-reduce (the step's one host sync), since raising
       is a decision the host makes;
-    * ``"defer"`` keeps the verdict on the device (``keep``) and reads it at the next host read."""
+    * ``"defer"`` keeps the verdict on the device (``keep``) and reads it at the next host read.
+
+    ``later``: places in ``params`` whose NaN/Inf check the step makes itself, in a pass it makes anyway, so the
+    vote leaves them out (used only in a job of one rank under "defer", where nothing is masked and the verdict is
+    read after the step: ``_vote_alone``)."""
     job_rank, job_world, slot, ep = job_place(opt.grid)
     names, n, mode = [name for g in opt.param_groups for name in g["names"]], len(params), opt.check_finite
     mine = [p.grad is not None for p in params]
     if job_world == 1 or not params:
-        return _vote_alone(opt, mine, named, index, where, names, job_rank, job_world)
+        return _vote_alone(opt, mine, named, index, where, names, job_rank, job_world, later)
     import torch.distributed as dist
     device, here = opt.grid.device, all(mine)
     ballot = torch.zeros(ep * n + (n if mode else 0), dtype=torch.int32, device=device)
@@ -240,9 +244,11 @@ def vote(opt, params: list, named: list, index: list[int], where: str):
 
 
 def _vote_alone(opt, mine: list, named: list, index: list[int], where: str, names: list, job_rank: int,
-                job_world: int):
+                job_world: int, later: frozenset = frozenset()):
     """``vote`` in a job of one rank: presence is this rank's, and no one can disagree. "raise" reads the flags
-    once; "defer" keeps its vote and does not mask the step (no extra pass: the next read raises)."""
+    once; "defer" keeps its vote and does not mask the step (the next read raises). Under "defer" the gradients
+    at places ``later`` are not read here: the step adds their codes to the returned vote itself (a Muon
+    matrix's from the norm of its orthogonalised update, ``finite.late_codes``), before the vote is read."""
     n, mode = len(mine), opt.check_finite
     if mode == "raise":
         norms = grad_norms(named)
@@ -254,6 +260,9 @@ def _vote_alone(opt, mine: list, named: list, index: list[int], where: str, name
         return mine, None, None
     if mode != "defer":
         return mine, None, None
+    if later:
+        kept = [k for k, i in enumerate(index) if i not in later]
+        named, index = [named[k] for k in kept], [index[k] for k in kept]
     norms = grad_norms(named)
     return mine, None, spread(None if norms is None else local_codes(norms, job_rank, job_world), index, n,
                               opt.grid.device)

@@ -67,7 +67,7 @@ from .buffers import Buffers
 from .comm import Comm
 from .contract import (MomentumSync, deepcopy_sharing, job_place, lr_of, no_autocast, refuse_ddp, refuse_grad_scaler,
                        refuse_pickle, vote, where_of)
-from .finite import Deferred, resolve_mode
+from .finite import Deferred, late_codes, resolve_mode
 from .flows import BucketFlow
 from .group_flow import GroupFlow
 from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names
@@ -293,6 +293,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 self.comm.ledger.begin_step(self.steps_taken)
                 self.buffers.refresh()         # start from the parameters' current values
                 self._update_master_shards()   # stages 1-7
+                self._launch_deferred()        # "defer": the vote on its way to the host, read at the next read
                 # MuonClip: this step's logits, on the updated masters
                 if self.qk_clip is not None:
                     self.qk_clip.apply_zero1(self)
@@ -309,11 +310,32 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 steps.add_(1)
             elif any(present):
                 steps.add_(torch.tensor(present, dtype=steps.dtype))
-        if self._prepared["agreed"] is not None:
-            self._deferred.launch(self._prepared["agreed"], self._prepared["keep"],
-                                  [n for g in self.param_groups for n in g["names"]], self.steps_taken + 1,
-                                  self.grid.tp, job_place(self.grid)[1],
-                                  self._uncount_steps(self._prepared["present"], self.steps_taken + 1))
+
+    def _launch_deferred(self) -> None:
+        """Once the step has run: ``check_finite="defer"``'s vote, with the codes the step itself found (one rank:
+        its Muon matrices', from their updates, ``Applier.flush``), on its way to the host (``finite.Deferred``)."""
+        prepared = self._prepared
+        agreed, late = prepared["agreed"], prepared.get("late")
+        if agreed is None:
+            return
+        if late is not None:
+            rank, world = job_place(self.grid)[:2]
+            agreed = torch.maximum(agreed, late_codes(late, agreed.numel(), rank, world, agreed.device))
+        self._deferred.launch(agreed, prepared["keep"], [n for g in self.param_groups for n in g["names"]],
+                              self.steps_taken, self.grid.tp, job_place(self.grid)[1],
+                              self._uncount_steps(prepared["present"], self.steps_taken))
+
+    def _checked_in_step(self) -> frozenset:
+        """Places (in the order of all parameters) whose NaN/Inf check the step makes itself: in a job of one rank
+        under "defer", where nothing is masked, every Muon matrix's, from its update (``finite.late_codes``)."""
+        if self.check_finite != "defer" or job_place(self.grid)[1] != 1:
+            return frozenset()
+        places, i = set(), 0
+        for g, group in enumerate(self.param_groups):
+            if self.muon_groups[g]:
+                places.update(range(i, i + len(group["params"])))
+            i += len(group["params"])
+        return frozenset(places)
 
     def _uncount_steps(self, present: list, steps_taken: int):
         """What ``_count_steps`` did for a step that turned out skipped ("defer": known at the next host read)."""
@@ -336,12 +358,14 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             self._ddp_checked = True
         grads, index, where = self._check_grads()
         params = [p for g in self.param_groups for p in g["params"]]
-        flat, keep, agreed = vote(self, params, grads, index, where)
+        later = self._checked_in_step()
+        flat, keep, agreed = vote(self, params, grads, index, where, later)
         present, i = [], 0
         for group in self.param_groups:
             present.append(flat[i: i + len(group["params"])])
             i += len(group["params"])
-        self._prepared = dict(present=present, grads={}, keep=keep, agreed=agreed)
+        self._prepared = dict(present=present, grads={}, keep=keep, agreed=agreed,
+                              late=[] if later and agreed is not None else None)
 
     def check_finite_now(self) -> int | None:
         """With ``check_finite="defer"``: if the last step was skipped for a NaN/Inf gradient on some rank, say
@@ -419,6 +443,15 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 f"planned for Newton-Schulz here but not run {sorted(map(name, planned - ran))}, run but not "
                 f"planned {sorted(map(name, ran - planned))}, held here but given no update "
                 f"{sorted(metas[i].name for i in held - updated)}")
+
+    def _place(self, group: dict, param_idx: int) -> int:
+        """A parameter's place in the order of all parameters (the vote's)."""
+        i = 0
+        for gr in self.param_groups:
+            if gr is group:
+                return i + param_idx
+            i += len(gr["params"])
+        raise KeyError("not a parameter group of this optimizer")
 
     def _momentum(self, g: int, group: dict):
         """(bucket, this rank's gradient pieces through Muon's momentum) per bucket: the pieces to orthogonalise
@@ -514,17 +547,21 @@ class Applier:
             self.bucket = meta.bucket_idx
         whole = self.opt.state[self.group["params"][meta.param_idx]]["master"]
         scaled = adjust_lr(self.lr, meta.full_shape[-2:], self.group["adjust_lr"])   # a bank: per matrix
-        masters, pieces = self.todo.setdefault(scaled, ([], []))
+        masters, pieces, places = self.todo.setdefault(scaled, ([], [], []))
         # the piece is flat, or the whole TP-local matrix or bank (maybe a transposed view), or a list of
         # (offset, rows) rectangles of a transposed result (owner_flow._block_piece): the master shaped alike
         for offset, part in (piece if isinstance(piece, list) else [(0, piece)]):
             if part.numel():
                 masters.append(whole[offset: offset + part.numel()].view(part.shape))
                 pieces.append(part)
+                places.append(self.opt._place(self.group, meta.param_idx))
 
     def flush(self) -> None:
         keep = self.opt._prepared["keep"]   # a "defer" step that may be skipped (finite.py)
-        for scaled, (masters, pieces) in self.todo.items():
+        late = self.opt._prepared.get("late")   # one rank, "defer": the NaN/Inf check rides this pass
+        for scaled, (masters, pieces, places) in self.todo.items():
+            if late is not None:   # the max-abs norm of the bf16 update: half the gradient's bytes
+                late += zip(places, torch._foreach_norm(pieces, float("inf")))
             apply_update_foreach_(masters, pieces, self.lr, self.group["weight_decay"], scaled, keep)
         self.todo = {}
 

@@ -21,7 +21,8 @@ and a MAX all-reduce gives every rank the same vector: which parameters were bad
   step (a ``SkippedStep`` warning naming the parameter, the rank and the step; ``opt.skipped_steps`` lists them)
   and takes back the step counts the host had already advanced. The mask costs one select over each bucket's
   gradient shard (a job of one rank, with no one to disagree with, skips it: its bad step is taken and the next
-  read raises ``FloatingPointError``, as before).
+  read raises ``FloatingPointError``, as before; it also reads no Muon gradient for the check, but the norm of
+  each Muon matrix's bf16 update, in the step, half the bytes: ``late_codes``).
 * ``False``: no check (as torch's optimizers): a NaN spreads through the reduce-scatter to every rank alike.
 
     named = [("w0", g0), ("w1", g1)]
@@ -112,6 +113,33 @@ def spread(codes: torch.Tensor | None, index: list[int], n: int, device) -> torc
     zero = torch.zeros((), dtype=torch.int32, device=device)
     at = dict(zip(index, range(len(index))))
     return torch.stack([codes[at[i]] if i in at else zero for i in range(n)])
+
+
+def late_codes(norms: list[tuple[int, torch.Tensor]], n: int, job_rank: int, job_world: int,
+               device) -> torch.Tensor:
+    """A vote (as ``spread`` makes it) from the max-abs norms of the step's own results: (place, norm) pairs, a
+    place's code non-zero when any of its norms is not finite. Made on the device with no host-to-device copy.
+
+    A job of one rank under "defer" checks a Muon matrix here instead of reading its gradient before the step:
+    Newton-Schulz's output holds a NaN exactly when its input held a NaN or an Inf (an Inf becomes NaN in
+    Nesterov's lerp, or in the division by the norm, and a matmul spreads a NaN), and that input is made from the
+    gradient and the momentum, so the norm of the bf16 update reads half the gradient's bytes in a pass that
+    was not otherwise made, and flags the gradient's NaN/Inf at the same step. It flags an Inf or NaN already in
+    the momentum as well (which only a step taken with a bad gradient leaves there), and a finite gradient
+    within 0.4% of float32's largest value, which rounds to Inf in bf16."""
+    by: dict = {}
+    for i, norm in norms:
+        by.setdefault(i, []).append(norm)
+    if not by:
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    flat = [x for i in by for x in by[i]]
+    codes = local_codes(torch.stack(flat).float(), job_rank, job_world)
+    at, k = {}, 0
+    for i in by:
+        at[i] = codes[k] if len(by[i]) == 1 else codes[k: k + len(by[i])].amax()
+        k += len(by[i])
+    zero = torch.zeros((), dtype=torch.int32, device=device)
+    return torch.stack([at.get(i, zero) for i in range(n)])
 
 
 def raise_agreed(agreed: list[int], names: list[str], named: list[tuple[str, torch.Tensor]], where: str,
