@@ -30,8 +30,8 @@ Two parts, side by side in one run:
   parameter, measured. On a CPU the script says whether bf16 matmuls are native or emulated
   (``newton_schulz.native_bf16_matmul``): emulated, Newton-Schulz dominates everything.
 
-Models (``muongrid/lab/stepmodels.py``): GPT-2 124M, Llama-3.2-1B, four layers of Llama-3-8B. Ends with one JSON
-line (and ``--out`` FILE) with the provenance of the run.
+Models (``lab/stepmodels.BENCH``, shapes from ``lab/model_shapes``): GPT-2 124M, Llama-3.2-1B, four layers of
+Llama-3-8B. Ends with one JSON line (and ``--out`` FILE) with the provenance of the run.
 """
 from __future__ import annotations
 
@@ -44,17 +44,11 @@ import warnings
 
 import torch
 
-from muongrid import DistributedMuon, Grid, hybrid_param_groups
 from muongrid.lab.gpurecord import time_step
 from muongrid.lab.provenance import device_provenance, provenance
 from muongrid.lab.stepcost import GiB, measure, measure_grid, measure_landing, param_bytes, persistent_bytes
-from muongrid.lab.stepmodels import MODELS, is_muon, named_params, torch_hybrid
+from muongrid.lab.stepmodels import BENCH, is_muon, named_params, ours_hybrid, torch_hybrid
 from muongrid.newton_schulz import native_bf16_matmul, ns5_flops
-
-
-def ours(named, device):
-    groups = hybrid_param_groups(named, muon={"lr": 0.02}, adamw={"lr": 1e-3})
-    return DistributedMuon(groups, Grid.single(device), layout="owner", ns_batch=True)
 
 
 def proxies(model: str, layers: int | None = None) -> dict:
@@ -141,7 +135,7 @@ def time_model(model: str, device, warmup: int, steps: int, rate: float, layers:
                                               lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.1, eps=1e-8,
                                               amsgrad=False, maximize=False), device, warmup, steps)
     runs = {}
-    for label, make in (("torch", lambda: torch_hybrid(named)), ("ours", lambda: ours(named, device).step)):
+    for label, make in (("torch", lambda: torch_hybrid(named)), ("ours", lambda: ours_hybrid(named, device).step)):
         step = make()
         runs[label] = dict(time_step(step, device, warmup, steps), host_syncs=host_syncs(step, device))
         del step
@@ -156,7 +150,7 @@ def time_model(model: str, device, warmup: int, steps: int, rate: float, layers:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="gpt2-124m,llama-1b,llama-8b-4layers",
-                   help=f"comma-separated, from {', '.join(MODELS)}")
+                   help=f"comma-separated, from {', '.join(BENCH)}")
     p.add_argument("--device", default="cpu", help="where --time runs (cpu or cuda)")
     p.add_argument("--time", action="store_true", help="also time the steps on --device")
     p.add_argument("--warmup", type=int, default=2)
@@ -165,9 +159,9 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, help="each model with this many layers (a quick check)")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
-    unknown = [m for m in models if m not in MODELS]
+    unknown = [m for m in models if m not in BENCH]
     if unknown:
-        p.error(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
+        p.error(f"unknown model(s) {unknown}; choose from {sorted(BENCH)}")
     if args.warmup < 0 or args.steps < 1:
         p.error("--warmup must be >= 0 and --steps >= 1")
     device = torch.device(args.device)

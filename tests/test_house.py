@@ -100,11 +100,6 @@ def test_every_collected_test_has_exactly_one_suite_mark(request):
     assert wrong == []
 
 
-# The one module still loading a script: lab/gpurecord.py loads scripts/step_bench.py for its ``ours`` (the step
-# bench is being rewritten under issue 42's store work; moving ``ours`` into lab/stepmodels.py belongs there).
-LOADS_BY_PATH_STILL = {"lab/gpurecord.py"}
-
-
 def test_no_package_module_executes_a_file_by_path():
     needles = ("spec_from_file_location", "run_path(", "SourceFileLoader", "exec(open(")
     found = set()
@@ -112,4 +107,4 @@ def test_no_package_module_executes_a_file_by_path():
         code = "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())
         if any(n in code for n in needles):
             found.add(path.relative_to(PACKAGE).as_posix())
-    assert found == LOADS_BY_PATH_STILL
+    assert found == set(), found

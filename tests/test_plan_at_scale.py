@@ -170,7 +170,8 @@ def test_split_b_lowers_the_group_floor():
 
 
 def test_model_shapes_add_up_to_the_published_sizes():
-    """Parameter totals of the shape builders against the published sizes (Llama-3-8B 8.03B, Llama-3-70B
+    """Parameter totals of the shape builders against the published sizes (GPT-2 124M's 124,439,808 less its
+    102,144 bias elements (linear layers and layer norms), which the builder leaves out; Llama-3-8B 8.03B, Llama-3-70B
     70.55B, Llama-3.2-1B 1,235,814,400 as the GPU record's transformers model counted it, Moonlight-16B-A3B "16B", Kimi K2 "1.04T"; MLA and per-expert matrices as in moonlight_16b_a3b's docstring)."""
     import math
     totals, counts = {}, {}
@@ -181,10 +182,11 @@ def test_model_shapes_add_up_to_the_published_sizes():
         assert muon == [True, False]
     assert abs(totals["llama3-8b"] - 8.03) < 0.01 and abs(totals["llama3-70b"] - 70.55) < 0.01
     assert totals["llama3.2-1b"] * 1e9 == 1_235_814_400
+    assert round(totals["gpt2-124m"] * 1e9) == 124_439_808 - 102_144
     assert 15.8 < totals["moonlight-16b-a3b"] < 16.1
     # Kimi K2: "1.04T" in its report; the builder gives 1.026T (within 1.5%: its simplifications, see kimi_k2)
     assert 1020 < totals["kimi-k2"] < 1040
-    assert counts == {"llama3-70b": 560, "llama3-8b": 224, "llama3.2-1b": 112, "moonlight-16b-a3b": 7 + 26 * (4 + 3 + 64 * 3),
+    assert counts == {"gpt2-124m": 48, "llama3-70b": 560, "llama3-8b": 224, "llama3.2-1b": 112, "moonlight-16b-a3b": 7 + 26 * (4 + 3 + 64 * 3),
                       "kimi-k2": 5 + 3 + 60 * (5 + 3 + 384 * 3)}
     with pytest.raises(ValueError, match="unknown model"):
         scale.grid_report(2, 2, model="llama-4")

@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import json
 
+import step_bench  # the entry point, as make record-gpu runs it
+
 from conftest import ROOT
 
 
 def test_the_recording_path_on_a_cpu_reports_the_gpu_parts_absent(tmp_path, monkeypatch):
-    from muongrid.lab import gpurecord, stepmodels
+    from muongrid.lab import gpurecord, model_shapes, stepmodels
+    from muongrid.plan import ParamSpec
 
-    monkeypatch.setitem(stepmodels.MODELS, "tiny", (1, [(48, 32), (32, 48)], [(100, 32)]))
-    monkeypatch.setitem(stepmodels.ROWWISE, "tiny", {1})   # its second matrix split by column under TP
+    def tiny(layers):   # two small matrices, the second split by column under TP, an embedding and a gain
+        return [[ParamSpec("layers.0.up", (48, 32), 0), ParamSpec("layers.0.down", (32, 48), 1)],
+                [ParamSpec("embed", (100, 32), 0), ParamSpec("norm.0", (32,), -1)]], [True, False]
+
+    monkeypatch.setitem(model_shapes.MODELS, "tiny", (tiny, 1))
+    monkeypatch.setitem(stepmodels.BENCH, "tiny", ("tiny", None))
     out = tmp_path / "not-yet" / "step_bench_gpu.json"
     argv = ["--time", "--models", "tiny", "--warmup", "1", "--steps", "3", "--out", str(out)]
-    assert gpurecord.step_bench().main(argv) == 0
+    assert step_bench.main(argv) == 0
     record = json.loads(out.read_text())
     assert record["command"] == "python scripts/step_bench.py " + " ".join(argv)
     assert record["device"] == "cpu"

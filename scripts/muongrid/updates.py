@@ -147,8 +147,11 @@ def adamw_foreach_(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
         for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
             adamw_step_(p, g, m, v, s, lr, betas, eps, weight_decay, keep)
         return
-    made: dict = {}
-    device_steps = [made.setdefault(s, torch.full((), float(s), device=device)) for s in steps]
+    made: dict = {}   # one device scalar per distinct step count (setdefault would fill one per tensor)
+    for s in steps:
+        if s not in made:
+            made[s] = torch.full((), float(s), device=device)
+    device_steps = [made[s] for s in steps]
     torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], device_steps, lr=lr, beta1=betas[0],
                         beta2=betas[1], weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False,
                         found_inf=None if keep is None else (~keep).float())   # 1: the kernel changes nothing

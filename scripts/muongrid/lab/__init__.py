@@ -5,8 +5,8 @@ Problems, models and measurements:
     synthetic      seeded problems (parameters, groups, per-rank dyadic gradients) for verify and bench
     charlm         a tiny character-level GPT on Python's own documentation (pydoc_data)
     tpgpt          that GPT made tensor-parallel with torch's parallelize_module
-    model_shapes   real models' parameter shapes as ParamSpec groups (Llama-3, Moonlight, Kimi K2)
-    stepmodels     real models' optimizer shapes and the step torch users run, for step_bench and stepcost
+    model_shapes   real models' parameter shapes as ParamSpec groups (GPT-2, Llama-3, Moonlight, Kimi K2)
+    stepmodels     step_bench's models (model_shapes at some layers) as parameters with gradients, and torch's step
     profiling      peak memory of one step, slowest-rank timing
     traces         a small parser of torch.profiler Chrome traces (communication vs compute)
     statemetrics   Muon state metrics (update RMS, spectra) where Newton-Schulz runs

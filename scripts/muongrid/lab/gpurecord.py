@@ -14,8 +14,6 @@ Only this module parses the record's logs; the chapters read the JSON it writes.
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import re
 import sys
@@ -86,24 +84,15 @@ def import_record(folder: Path) -> dict:
             torch_mm=_profile_ms(profile, "torch_hybrid", "aten::mm")))
 
 
-@functools.lru_cache(maxsize=1)
-def step_bench():
-    """``scripts/step_bench.py`` of the checkout as a module (its ``proxies``: one step counted on the meta device)."""
-    spec = importlib.util.spec_from_file_location("step_bench", ROOT / "scripts" / "step_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def count_step(model: str) -> dict:
     """One step of ours and of torch's on ``model``'s shapes (``lab/stepmodels.py``), counted on the meta device:
     ``step_bench.py``'s table without its two-rank columns (a third of its time)."""
     from .stepcost import measure
-    from .stepmodels import named_params, torch_hybrid
+    from .stepmodels import named_params, ours_hybrid, torch_hybrid
 
     named = named_params(model, "meta")
     theirs = measure(torch_hybrid(named)).summary()
-    mine = measure(step_bench().ours(named, "meta").step).summary()
+    mine = measure(ours_hybrid(named, "meta").step).summary()
     return dict(torch=theirs, ours=mine, bytes_ratio=mine["bytes_gib"] / theirs["bytes_gib"])
 
 

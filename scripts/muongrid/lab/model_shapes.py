@@ -1,6 +1,6 @@
 """The Muon and AdamW parameter shapes of real models, as ``muongrid.plan.ParamSpec`` groups (no weights).
 
-Llama-3-70B, Llama-3-8B, Llama-3.2-1B, and two mixtures of experts with one matrix per routed expert
+GPT-2 124M, Llama-3-70B, Llama-3-8B, Llama-3.2-1B, and two mixtures of experts with one matrix per routed expert
 (Moonlight-16B-A3B, Kimi K2, a 1T-class model); each builder's docstring gives the published configuration
 it follows. ``MODELS`` maps a name to (builder, layers). ``muongrid.lab.scale`` prices their ZeRO-1 plans on
 large grids (``scripts/plan_at_scale.py``, ``scripts/plan_ep.py``); the time model and chapters 13, 15 and 16
@@ -12,6 +12,20 @@ read their shapes.
 from __future__ import annotations
 
 from muongrid.plan import ParamSpec
+
+
+def gpt2(layers: int = 12, hidden: int = 768, vocab: int = 50257, positions: int = 1024):
+    """GPT-2 124M: hidden 768, 12 layers, fused QKV (2304 x 768), MLP 3072, vocabulary 50,257, 1,024 learned
+    positions, the head tied to the embedding. Per layer four Muon matrices (QKV and MLP up colwise: TP split dim
+    0; attention out and MLP down rowwise: 1); the embeddings and the layer norms' gains go to AdamW (biases are
+    left out: vectors like the gains, they change no Muon shape)."""
+    muon = []
+    for i in range(layers):
+        muon += [ParamSpec(f"layers.{i}.qkv", (3 * hidden, hidden), 0), ParamSpec(f"layers.{i}.o", (hidden, hidden), 1),
+                 ParamSpec(f"layers.{i}.up", (4 * hidden, hidden), 0), ParamSpec(f"layers.{i}.down", (hidden, 4 * hidden), 1)]
+    adamw = [ParamSpec("embed", (vocab, hidden), 0), ParamSpec("embed_positions", (positions, hidden), 0)]
+    adamw += [ParamSpec(f"norm.{i}", (hidden,), -1) for i in range(2 * layers + 1)]
+    return [muon, adamw], [True, False]
 
 
 def llama3(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, head_dim: int = 128,
@@ -115,5 +129,5 @@ def kimi_k2(layers: int = 61, experts: int = 384):
     return [muon, adamw], [True, False]
 
 
-MODELS = {"llama3-70b": (llama3_70b, 80), "llama3-8b": (llama3_8b, 32), "llama3.2-1b": (llama3_2_1b, 16),
+MODELS = {"gpt2-124m": (gpt2, 12), "llama3-70b": (llama3_70b, 80), "llama3-8b": (llama3_8b, 32), "llama3.2-1b": (llama3_2_1b, 16),
           "moonlight-16b-a3b": (moonlight_16b_a3b, 27), "kimi-k2": (kimi_k2, 61)}

@@ -224,16 +224,14 @@ def measure_grid(model: str, dp: int, layout: str = "owner", ns_batch: bool = Tr
     (a loop that zeroes with ``set_to_none=True``, torch's default); else they are zeroed in place, so backward
     writes into the optimizer's gradient buffers (``buffers.py``)."""
     from ..distributed import DistributedMuon
-    from ..optim import hybrid_param_groups
     from .devicecheck import simulate
-    from .stepmodels import named_params
+    from .stepmodels import hybrid_tp_groups, named_params
 
     costs = {}
 
     def worker(grid, comm, _):
         named = named_params(model, grid.device, layers)
-        opt = DistributedMuon(hybrid_param_groups(named, muon={"lr": 0.02}, adamw={"lr": 1e-3}), grid, comm=comm,
-                              layout=layout, ns_batch=ns_batch)
+        opt = DistributedMuon(hybrid_tp_groups(model, named), grid, comm=comm, layout=layout, ns_batch=ns_batch)
         opt.step()
         if fresh_grads:
             for _, p in named:

@@ -1,89 +1,85 @@
-"""Real models' optimizer shapes, and the step torch users run today, for ``step_bench.py`` and ``stepcost``.
+"""The step benchmark's models as parameters with gradients, and the step torch users run today (``step_bench.py``,
+``stepcost``).
 
-Each model is its parameter shapes only (an optimizer step does not need the model): per layer the
-matrices that Muon takes, one norm gain, and once the embedding (and an untied head); gradients are
-filled in, so a step can run. Shapes are the published configurations': GPT-2 124M (fused QKV 768 x 2304,
-MLP 3072, vocabulary 50,257, tied head), Llama-3.2-1B (hidden 2048, 16 layers, 8 KV heads of 64, MLP 8192,
-vocabulary 128,256, tied head) and four layers of Llama-3-8B (hidden 4096, 8 KV heads of 128, MLP 14,336,
-its untied embedding and head), the stack chapter 13 prices.
+A benchmark model is a model of ``model_shapes.MODELS`` at some number of layers (``BENCH``): GPT-2 124M,
+Llama-3.2-1B, and four layers of Llama-3-8B (its untied embedding and head: the stack chapter 13 prices). An
+optimizer step needs only the shapes, so each is a list of parameters with gradients filled in; the Muon group is
+``model_shapes``'s first group, AdamW's the second, and a parameter's TP split is its ``ParamSpec``'s (Megatron's:
+the matrices that leave the residual stream colwise, split dim 0; the ones that return to it rowwise, 1; the
+embeddings by vocabulary rows, 0; gains whole, -1).
 
-    named = named_params("llama-1b", "meta")            # [(name, nn.Parameter with .grad)]
-    step = torch_hybrid(named)                            # torch.optim.Muon + fused AdamW, as a user runs it
-    named = named_params("llama-8b-4layers", "meta", tp=2)   # one TP rank's shards (Megatron's split)
-    groups = hybrid_tp_groups("llama-8b-4layers", named, tp=2)   # DistributedMuon's groups, with tp_split_dims
-
-Under tensor parallelism a layer's matrices are split as Megatron splits them: the first ones of a block (GPT-2's
-fused QKV and MLP up; Llama's q, k, v, gate, up) by rows (colwise, ``tp_split_dim`` 0), the ones that return
-to the residual stream (attention out, MLP down) by columns (rowwise, 1); embeddings and the head by vocabulary
-rows (0); norm gains whole (-1).
+    named = named_params("llama-1b", "meta")                  # [(name, nn.Parameter with .grad)]
+    step = torch_hybrid(named)                                  # torch.optim.Muon + fused AdamW, as a user runs it
+    opt = ours_hybrid(named, "meta")                            # DistributedMuon on one rank, as step_bench runs it
+    named = named_params("llama-8b-4layers", "meta", tp=2)     # one TP rank's shards
+    groups = hybrid_tp_groups("llama-8b-4layers", named, tp=2)  # DistributedMuon's groups, with tp_split_dims
 """
 from __future__ import annotations
 
 import torch
 
-ROWWISE = {"gpt2-124m": {1, 3}, "llama-1b": {3, 6}, "llama-8b-4layers": {3, 6}}   # per-layer matrices split by column
+from . import model_shapes
 
-MODELS = {
-    # name: (layers, per-layer Muon matrices (rows, cols), embedding-like tensors once)
-    "gpt2-124m": (12, [(2304, 768), (768, 768), (3072, 768), (768, 3072)], [(50257, 768), (1024, 768)]),
-    "llama-1b": (16, [(2048, 2048), (512, 2048), (512, 2048), (2048, 2048), (8192, 2048), (8192, 2048),
-                      (2048, 8192)], [(128256, 2048)]),
-    "llama-8b-4layers": (4, [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096), (14336, 4096),
-                             (14336, 4096), (4096, 14336)], [(128256, 4096), (128256, 4096)]),
-}
+# benchmark name -> (a key of model_shapes.MODELS, layers; None: all of them)
+BENCH = {"gpt2-124m": ("gpt2-124m", None), "llama-1b": ("llama3.2-1b", None), "llama-8b-4layers": ("llama3-8b", 4)}
 
 
-def tp_split_dim(model: str, name: str) -> int:
-    """How tensor parallelism splits parameter ``name`` of ``model`` (see the module docstring)."""
-    if name.startswith("embed"):
-        return 0
-    if name.endswith("norm.weight"):
-        return -1
-    return 1 if int(name.split(".w")[1].split(".")[0]) in ROWWISE.get(model, ()) else 0   # unknown: colwise
+def specs(model: str, layers: int | None = None) -> tuple[list, list[bool]]:
+    """(ParamSpec groups, muon flags) of benchmark ``model``; ``layers`` overrides its layer count."""
+    if model not in BENCH:
+        raise ValueError(f"unknown model {model!r}: choose from {', '.join(BENCH)}")
+    name, bench_layers = BENCH[model]
+    build, all_layers = model_shapes.MODELS[name]
+    return build(layers or bench_layers or all_layers)
 
 
 def named_params(model: str, device="meta", layers: int | None = None, seed: int = 0, tp: int = 1) -> list:
-    """The model's parameters by name (``layers`` overrides the layer count), each with a gradient; with ``tp``
-    > 1 one TP rank's shards (``tp_split_dim``). On ``meta`` nothing is allocated; elsewhere values are small and
-    random (seeded)."""
-    n_layers, mats, others = MODELS[model]
+    """The model's parameters by name, each with a gradient; with ``tp`` > 1 one TP rank's shards. On ``meta``
+    nothing is allocated; elsewhere values are small and random (seeded). Muon's matrices come first."""
+    groups, _ = specs(model, layers)
     device = torch.device(device)
     gen = None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
 
-    def tensor(*shape, scale=0.02, dim=-1):
-        if dim != -1 and tp > 1:
-            shape = tuple(n // tp if d == dim else n for d, n in enumerate(shape))
+    def tensor(shape, scale):
         if device.type == "meta":
             return torch.empty(shape, device=device)
         return torch.randn(shape, device=device, generator=gen) * scale
 
     named = []
-    for layer in range(n_layers if layers is None else layers):
-        for i, (r, c) in enumerate(mats):
-            name = f"layers.{layer}.w{i}.weight"
-            named.append((name, torch.nn.Parameter(tensor(r, c, dim=tp_split_dim(model, name)))))
-        named.append((f"layers.{layer}.norm.weight", torch.nn.Parameter(tensor(mats[0][1]) + 1)))
-    for i, (r, c) in enumerate(others):
-        named.append((f"embed.{i}.weight", torch.nn.Parameter(tensor(r, c, dim=0))))
+    for spec in (s for group in groups for s in group):
+        shape = tuple(n // tp if d == spec.tp_split_dim and tp > 1 else n for d, n in enumerate(spec.full_shape))
+        named.append((spec.name, torch.nn.Parameter(tensor(shape, 0.02) + (1 if len(shape) == 1 else 0))))
     for _, p in named:
-        p.grad = tensor(*p.shape, scale=1e-3)
+        p.grad = tensor(p.shape, 1e-3)
     return named
 
 
-def hybrid_tp_groups(model: str, named, tp: int = 1, muon: dict | None = None, adamw: dict | None = None) -> list:
-    """``hybrid_param_groups`` for these parameters (Muon lr 0.02, AdamW 1e-3 unless given), each group with its
-    ``tp_split_dims`` when ``tp`` > 1 (``named`` made by ``named_params(..., tp=tp)``)."""
-    from ..optim import hybrid_param_groups
+def is_muon(name: str, p: torch.Tensor) -> bool:
+    """Whether a benchmark parameter is in the Muon group (a matrix that is neither an embedding nor the head)."""
+    return p.ndim == 2 and not name.startswith(("embed", "head"))
 
-    groups = hybrid_param_groups(named, muon=muon or {"lr": 0.02}, adamw=adamw or {"lr": 1e-3})
-    if tp > 1:
-        for g in groups:
-            g["tp_split_dims"] = [tp_split_dim(model, n) for n in g["names"]]
+
+def hybrid_tp_groups(model: str | None, named, tp: int = 1, muon: dict | None = None, adamw: dict | None = None) -> list:
+    """DistributedMuon's Muon and AdamW groups for these parameters (lr 0.02 and 1e-3 unless given), with their
+    names and, when ``tp`` > 1, their ``tp_split_dims`` (``named`` made by ``named_params(..., tp=tp)``)."""
+    dims = {s.name: s.tp_split_dim for group in specs(model)[0] for s in group} if tp > 1 else None
+    groups = []
+    for use_muon, hyper in ((True, muon or {"lr": 0.02}), (False, adamw or {"lr": 1e-3})):
+        mine = [(n, p) for n, p in named if is_muon(n, p) == use_muon]
+        group = dict(hyper, use_muon=use_muon, params=[p for _, p in mine], names=[n for n, _ in mine])
+        if dims is not None:
+            group["tp_split_dims"] = [dims[n] for n, _ in mine]
+        groups.append(group)
     return groups
 
 
-def is_muon(name: str, p: torch.Tensor) -> bool:
-    return p.ndim == 2 and not name.startswith("embed")
+def ours_hybrid(named, device):
+    """``DistributedMuon`` on one rank, as ``step_bench.py`` measures it: the owner layout, Newton-Schulz batched
+    by shape (the GPU's defaults), Muon lr 0.02 and AdamW 1e-3."""
+    from ..distributed import DistributedMuon
+    from ..grid import Grid
+
+    return DistributedMuon(hybrid_tp_groups(None, named), Grid.single(device), layout="owner", ns_batch=True)
 
 
 def torch_hybrid(named, lr: float = 0.02, adamw_lr: float = 1e-3, weight_decay: float = 0.1):
