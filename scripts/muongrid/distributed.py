@@ -293,7 +293,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 self.comm.ledger.begin_step(self.steps_taken)
                 self.buffers.refresh()         # start from the parameters' current values
                 self._update_master_shards()   # stages 1-7
-                self._launch_deferred()        # "defer": the vote on its way to the host, read at the next read
+                self._launch_deferred()        # "defer": the vote, to the host
                 # MuonClip: this step's logits, on the updated masters
                 if self.qk_clip is not None:
                     self.qk_clip.apply_zero1(self)
