@@ -29,6 +29,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     ns_variants    Newton-Schulz variants: per-iteration coefficient schedules and the Gram form (pure)
     distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses)
     contract       what every torch optimizer promises (keywords, checks, skipped gradients, schedulers)
+    capture        capturable=True: hyperparameters and step counts as device tensors, what a captured step refuses
     clipping       opt.clip_grad_norm_: the DP-mean gradient's global norm, TP counted once
     launch         one entry point for local gloo processes and torchrun
     devices        a rank's device (cuda:{LOCAL_RANK % visible GPUs}), device-inclusive clocks, CUDA-event spans

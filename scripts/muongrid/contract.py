@@ -37,6 +37,7 @@ import weakref
 
 import torch
 
+from .capture import PINNED, pinned_write
 from .finite import grad_norms, local_codes, raise_agreed, spread
 from .newton_schulz import NS_EPS
 
@@ -114,7 +115,12 @@ class LinkedGroup(dict):
     is written: a scheduler that writes ``betas[0]`` (``OneCycleLR``, ``CyclicLR``) is seen in ``momentum`` at
     once, as ``torch.optim.Muon``'s own ``momentum`` would show it (not only at the next step)."""
 
+    pinned = False   # capturable=True: lr, weight decay, momentum and betas are device tensors (capture.py)
+
     def __setitem__(self, key, value):
+        if self.pinned and key in PINNED and key in self:
+            pinned_write(self, key, value)   # in place: a captured step reads these tensors where they are
+            return
         super().__setitem__(key, value)
         if not self.get("use_muon"):
             return
@@ -158,10 +164,15 @@ class MomentumSync:
         for i, group in enumerate(param_groups):   # in place: the optimizer's own list
             if not isinstance(group, LinkedGroup):
                 param_groups[i] = LinkedGroup(group)
+        if any(g.pinned for g in param_groups):
+            self.seen = [(None, None)] * len(param_groups)   # never compared: nothing read from the tensors
+            return
         self.seen = [(g.get("momentum"), tuple(g["betas"])[0] if "betas" in g else None) for g in param_groups]
 
     def __call__(self, param_groups: list[dict]) -> None:
         for g_idx, (group, (m_seen, b_seen)) in enumerate(zip(param_groups, self.seen)):
+            if getattr(group, "pinned", False):
+                continue   # capturable: momentum and betas[0] are one tensor, written in place (capture.py)
             if group["use_muon"] and "betas" in group:
                 m, b = group["momentum"], tuple(group["betas"])[0]
                 if m != m_seen and b != b_seen and m != b:

@@ -64,6 +64,8 @@ import torch
 from torch.profiler import record_function
 
 from .buffers import Buffers
+from .capture import need_every_grad, pin_group
+from .capture import refuse as refuse_capture
 from .comm import Comm
 from .contract import (MomentumSync, deepcopy_sharing, job_place, lr_of, no_autocast, refuse_ddp, refuse_grad_scaler,
                        refuse_pickle, vote, where_of)
@@ -75,7 +77,7 @@ from .owner_flow import OwnerFlow
 from .placements import is_dtensor, local, resolve_tp_split_dims
 from .plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan, disagreement, plan_key
 from .sharding import local_shard
-from .updates import adamw_foreach_, adjust_lr, apply_update_foreach_, muon_momentum_foreach_
+from .updates import adamw_foreach_, adjust_lr, apply_update_foreach_, lr_key, muon_momentum_foreach_
 
 FLOWS = {"bucket": BucketFlow, "owner": OwnerFlow, "aligned": OwnerFlow, "group": GroupFlow}
 
@@ -109,7 +111,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                  bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
                  check_finite: bool | str | None = None, overlap: str | None = None, ns_batch: bool | None = None,
                  hw: dict | None = None, param_buffers: bool | str = True, qk_clip=None, chunks: int | None = None,
-                 **hyper):
+                 capturable: bool = False, **hyper):
         hyper = check_hyper(hyper)
         overlap = overlap or default_overlap(layout)
         if overlap not in OVERLAP_MODES:
@@ -143,6 +145,12 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                                      f"{dim}); a bank must be whole on every TP rank (tp_split_dims -1): split its "
                                      "experts over ranks instead (expert parallelism, not yet here)")
         MomentumSync.of(self)
+        self.capturable = bool(capturable)   # hyperparameters and step counts on the device (capture.py)
+        if self.capturable:
+            refuse_capture(self, qk_clip)
+            for group in self.param_groups:
+                pin_group(group, grid.device)
+            MomentumSync.of(self).reset(self.param_groups)
         self.master_dtypes = [master_dtype(g, i) for i, g in enumerate(self.param_groups)]
         specs = [[ParamSpec(n, self._full_shape(p, d), d) for n, p, d in zip(g["names"], g["params"], g["tp_split_dims"])]
                  for g in self.param_groups]
@@ -221,6 +229,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         for g, group in enumerate(self.param_groups):
             steps = torch.tensor([float(self.state[p].get("step", 0)) if p in self.state else 0.0
                                   for p in group["params"]], dtype=torch.float32)
+            if self.capturable:   # counted on the device, where AdamW's bias corrections are computed
+                steps = steps.to(self.grid.device)
             self._steps.append(steps)
             for i, (p, meta) in enumerate(zip(group["params"], self.plan.metas[g])):
                 shard = self.shards[g][meta.bucket_idx]
@@ -272,7 +282,12 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             for k, t in self.state[p].items():
                 t.copy_(torch.as_tensor(state_dict["state"][i][k]))  # a Python-number step too
         for ours, theirs in zip(self.param_groups, groups):
-            ours.update({k: v for k, v in theirs.items() if k != "params"})
+            if not self.capturable:
+                ours.update({k: v for k, v in theirs.items() if k != "params"})
+                continue
+            for k, v in theirs.items():   # the hyperparameter tensors are written in place (capture.py)
+                if k != "params":
+                    ours[k] = v
         MomentumSync.of(self).after_load(self.param_groups)
         self._prepared = None
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
@@ -304,7 +319,13 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     def _count_steps(self) -> None:
         """Every parameter with a gradient somewhere counts a step (one op per group on the host). A step that
-        "defer" may skip is reported at the next host read, where these counts are taken back (``finite.py``)."""
+        "defer" may skip is reported at the next host read, where these counts are taken back (``finite.py``).
+        Capturable: counted on the device, every parameter (each has its gradient), masked by the agreed verdict."""
+        if self.capturable:
+            keep = self._prepared["keep"]
+            for steps in self._steps:
+                steps.add_(1 if keep is None else keep.to(steps.dtype))
+            return
         for steps, present in zip(self._steps, self._prepared["present"]):
             if all(present):
                 steps.add_(1)
@@ -323,7 +344,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             agreed = torch.maximum(agreed, late_codes(late, agreed.numel(), rank, world, agreed.device))
         self._deferred.launch(agreed, prepared["keep"], [n for g in self.param_groups for n in g["names"]],
                               self.steps_taken, self.grid.tp, job_place(self.grid)[1],
-                              self._uncount_steps(prepared["present"], self.steps_taken))
+                              self._uncount_steps(prepared["present"], self.steps_taken), hold=self.capturable)
 
     def _checked_in_step(self) -> frozenset:
         """Places (in the order of all parameters) whose NaN/Inf check the step makes itself: in a job of one rank
@@ -340,7 +361,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     def _uncount_steps(self, present: list, steps_taken: int):
         """What ``_count_steps`` did for a step that turned out skipped ("defer": known at the next host read)."""
         def undo():
-            for steps, flags in zip(self._steps, present):
+            for steps, flags in zip(self._steps, present if not self.capturable else ()):   # capturable: masked
                 steps.sub_(torch.tensor(flags, dtype=steps.dtype))
             self.steps_taken = min(self.steps_taken, steps_taken - 1)
         return undo
@@ -350,7 +371,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         decide, the same on every rank, which parameters have a gradient somewhere (the others are skipped)."""
         if self._prepared is not None:
             return
-        self.check_finite_now()   # the last step's deferred NaN/Inf check (check_finite="defer")
+        if not self.capturable:   # capturable: read between steps, by check_finite_now() (capture.py)
+            self.check_finite_now()   # the last step's deferred NaN/Inf check (check_finite="defer")
         self.comm.ledger.begin_step(self.steps_taken + 1)  # clip_grad_norm_'s reduce-scatter belongs to this step
         MomentumSync.of(self)(self.param_groups)
         if self.steps_taken == 0 and not getattr(self, "_ddp_checked", False):
@@ -404,7 +426,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         """Reduce-scatter the gradients and update this rank's master shard of every bucket. A parameter
         with no gradient on any rank keeps its master and state (its Newton-Schulz input is zeros)."""
         for g, group in enumerate(self.param_groups):
-            lr = lr_of(group)
+            lr = group["lr"] if self.capturable else lr_of(group)   # capturable: a device scalar
             if group["use_muon"]:
                 # BOOK-START muon-group (chapter 5 shows the lines up to BOOK-END)
                 present = self._prepared["present"][g]
@@ -420,7 +442,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 self._guard(g, apply.seen)
                 # BOOK-END muon-group
                 continue
-            steps, todo = self._steps[g].tolist(), []   # AdamW, elementwise: one fused pass over every piece
+            # AdamW, elementwise: one fused pass over every piece (capturable: the step counts stay on the device)
+            steps, todo = list(self._steps[g]) if self.capturable else self._steps[g].tolist(), []
             for bucket in self.plan.buckets[g]:
                 views, grads = self.views[(g, bucket.bucket_idx)], self._grad_pieces(g, bucket)
                 todo += [(views, grads, k, i) for k, i in enumerate(bucket.param_indices)
@@ -501,6 +524,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             for name, p in zip(group["names"], group["params"]):
                 i += 1
                 if p.grad is None:  # skipped if no rank has one, zeros here if another rank has one
+                    if self.capturable:
+                        raise need_every_grad(name, where)
                     continue
                 if p.grad.shape != p.shape:
                     raise ValueError(f"parameter {name!r}: gradient shape {tuple(p.grad.shape)} differs from "
@@ -546,7 +571,7 @@ class Applier:
             self.flush()
             self.bucket = meta.bucket_idx
         whole = self.opt.state[self.group["params"][meta.param_idx]]["master"]
-        scaled = adjust_lr(self.lr, meta.full_shape[-2:], self.group["adjust_lr"])   # a bank: per matrix
+        scaled = self._scaled(meta.full_shape[-2:])   # a bank: per matrix
         masters, pieces, places = self.todo.setdefault(scaled, ([], [], []))
         # the piece is flat, or the whole TP-local matrix or bank (maybe a transposed view), or a list of
         # (offset, rows) rectangles of a transposed result (owner_flow._block_piece): the master shaped alike
@@ -555,6 +580,18 @@ class Applier:
                 masters.append(whole[offset: offset + part.numel()].view(part.shape))
                 pieces.append(part)
                 places.append(self.opt._place(self.group, meta.param_idx))
+
+    def _scaled(self, shape) -> float | torch.Tensor:
+        """The shape's scaled lr: a number, or (capturable) one device scalar per distinct value, so the pieces of
+        one shape still go in one pass (the dict of passes is keyed by it)."""
+        mode = self.group["adjust_lr"]
+        if not isinstance(self.lr, torch.Tensor):
+            return adjust_lr(self.lr, shape, mode)
+        made = self.__dict__.setdefault("_made", {})
+        key = lr_key(shape, mode)
+        if key not in made:
+            made[key] = adjust_lr(self.lr, shape, mode)
+        return made[key]
 
     def flush(self) -> None:
         keep = self.opt._prepared["keep"]   # a "defer" step that may be skipped (finite.py)

@@ -173,10 +173,20 @@ class Deferred:
         self.skipped: list[int] = []   # the steps skipped so far (their numbers as they were reported)
 
     def launch(self, agreed: torch.Tensor, keep: torch.Tensor, names: list[str], step: int, tp: int, job_world: int,
-               undo) -> None:
-        self.pending = dict(agreed=_to_host(agreed), keep=None if keep is None else _to_host(keep), names=names,
-                            step=step, tp=tp,
-                            world=job_world, undo=undo)
+               undo, hold: bool = False) -> None:
+        """``hold`` (``capturable=True``): copy the vote into device buffers made at the first launch and kept
+        (no host allocation, copy or event in the step); ``check`` reads them, outside the step."""
+        if hold:
+            self.held = held = self.__dict__.get("held") or {}
+            for key, t in (("agreed", agreed), ("keep", keep)):
+                if t is not None:
+                    if key not in held or held[key].shape != t.shape:
+                        held[key] = torch.empty_like(t)
+                    held[key].copy_(t)
+            agreed, keep = (held["agreed"], None), None if keep is None else (held["keep"], None)
+        else:
+            agreed, keep = _to_host(agreed), None if keep is None else _to_host(keep)
+        self.pending = dict(agreed=agreed, keep=keep, names=names, step=step, tp=tp, world=job_world, undo=undo)
 
     def check(self) -> int | None:
         """If the launched step was skipped: take back what the host advanced, warn on every rank alike, and
@@ -227,4 +237,4 @@ def _read(pair) -> torch.Tensor:
     host, event = pair
     if event is not None and not event.query():
         event.synchronize()
-    return host
+    return host if host.device.type == "cpu" else host.cpu()   # a held device buffer (capturable), read now

@@ -36,11 +36,12 @@ import torch
 LR_ADJUSTMENTS = ("match_rms_adamw", "original", "none")
 
 
-def adjust_lr(lr: float, shape: tuple[int, ...], mode: str = "match_rms_adamw") -> float:
+def adjust_lr(lr, shape: tuple[int, ...], mode: str = "match_rms_adamw"):
     """Per-matrix Muon learning rate for a matrix of full (unsharded) ``shape`` = (A, B).
 
     "match_rms_adamw": lr * 0.2 * sqrt(max(A, B)) (Moonshot). "original": lr * sqrt(max(1, A/B))
-    (Keller Jordan). "none": lr unchanged.
+    (Keller Jordan). "none": lr unchanged. ``lr`` may be a float64 0-dim tensor (``capturable=True``): the same
+    products in the same order, so the same double as for the Python number, computed on the device.
     """
     A, B = shape[0], shape[1]
     if mode == "match_rms_adamw":
@@ -52,10 +53,29 @@ def adjust_lr(lr: float, shape: tuple[int, ...], mode: str = "match_rms_adamw") 
     raise ValueError(f"unknown lr adjustment {mode!r}; choose one of {LR_ADJUSTMENTS}")
 
 
-def _decay(keep: torch.Tensor, lr_wd: float, like: torch.Tensor) -> torch.Tensor:
+def lr_key(shape: tuple[int, ...], mode: str = "match_rms_adamw"):
+    """What ``adjust_lr``'s result depends on besides lr: shapes with equal keys get equal scaled lrs."""
+    A, B = shape[0], shape[1]
+    return (mode, max(A, B) if mode == "match_rms_adamw" else max(1.0, A / B) if mode == "original" else None)
+
+
+def _decay(keep: torch.Tensor, lr_wd, like: torch.Tensor) -> torch.Tensor:
     """``1 - lr*wd`` where ``keep``, else 1: a device scalar in at least fp32 (as a Python number is applied)."""
     dtype = torch.promote_types(like.dtype, torch.float32)
+    if isinstance(lr_wd, torch.Tensor):
+        return torch.where(keep, (1 - lr_wd).to(dtype), 1.0)
     return torch.where(keep, torch.full((), 1 - lr_wd, dtype=dtype, device=keep.device), 1.0)
+
+
+def _as(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A float64 hyperparameter tensor in the precision a Python number is applied in to ``like`` (a scalar
+    argument is rounded to the tensor's floating type: fp32 for fp32 and bf16 tensors, fp64 for fp64 ones)."""
+    return value.to(torch.promote_types(like.dtype, torch.float32))
+
+
+def _listed(weight, tensors: list) -> list:
+    """A 0-dim tensor weight repeated for a ``_foreach_`` op's List overload (one per tensor, broadcast)."""
+    return [weight] * len(tensors)
 
 
 def _kept(keep: torch.Tensor | None, grad: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
@@ -81,6 +101,8 @@ def muon_momentum_foreach_(bufs: list, grads: list, momentum: float,
     if not bufs:
         return []
     grads = [_kept(keep, g, b) for g, b in zip(grads, bufs)]
+    if isinstance(momentum, torch.Tensor):   # capturable=True
+        return _momentum_on_device_(bufs, grads, momentum, nesterov)
     torch._foreach_lerp_(bufs, grads, 1 - momentum)
     return torch._foreach_lerp(grads, bufs, momentum) if nesterov else list(bufs)
 
@@ -103,6 +125,8 @@ def apply_update_foreach_(params: list, updates: list, lr: float, weight_decay: 
     changes no bit)."""
     if not params:
         return
+    if isinstance(lr, torch.Tensor):   # capturable=True
+        return _apply_on_device_(params, updates, lr, weight_decay, scaled_lr, keep)
     decay = 1 - lr * weight_decay
     if keep is not None:   # a step that may be skipped: finite updates, x * 0 is 0
         updates = torch._foreach_mul(updates, keep.to(updates[0].dtype))
@@ -110,6 +134,29 @@ def apply_update_foreach_(params: list, updates: list, lr: float, weight_decay: 
     if lr * weight_decay != 0:
         torch._foreach_mul_(params, decay)
     torch._foreach_add_(params, updates, alpha=-scaled_lr)
+
+
+def _momentum_on_device_(bufs: list, grads: list, momentum: torch.Tensor, nesterov: bool) -> list:
+    """``muon_momentum_foreach_`` with a float64 0-dim ``momentum`` (``capturable=True``): the weights as
+    device scalars in the buffers' precision, which round as the Python numbers do (tests/test_capturable.py)."""
+    torch._foreach_lerp_(bufs, grads, _listed(_as(1 - momentum, bufs[0]), bufs))
+    if not nesterov:
+        return list(bufs)
+    return torch._foreach_lerp(grads, bufs, _listed(_as(momentum, bufs[0]), bufs))
+
+
+def _apply_on_device_(params: list, updates: list, lr: torch.Tensor, weight_decay: torch.Tensor,
+                      scaled_lr: torch.Tensor, keep: torch.Tensor | None) -> None:
+    """``apply_update_foreach_`` with float64 0-dim ``lr``, ``weight_decay`` and ``scaled_lr``
+    (``capturable=True``). The decay always multiplies (x * 1 changes no bit, and the value is not known on
+    the host); ``p + u * (-s)`` rounds as ``p.add_(u, alpha=-s)`` on the CPUs we checked."""
+    if keep is not None:   # a step that may be skipped: finite updates, x * 0 is 0
+        updates = torch._foreach_mul(updates, keep.to(updates[0].dtype))
+        decay = _decay(keep, lr * weight_decay, params[0])
+    else:
+        decay = _as(1 - lr * weight_decay, params[0])
+    torch._foreach_mul_(params, decay)
+    torch._foreach_addcmul_(params, updates, _listed(_as(-scaled_lr, params[0]), params))
 
 
 def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
@@ -133,6 +180,34 @@ def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
     param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
 
 
+def adamw_tensor_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                       step: torch.Tensor, lr: torch.Tensor, betas: tuple, eps: float, weight_decay: torch.Tensor,
+                       keep: torch.Tensor | None = None) -> None:
+    """``adamw_step_`` with its hyperparameters and step count as device scalars (``capturable=True``): float64
+    0-dim ``lr``, ``weight_decay`` and ``betas``, the step a 0-dim tensor. Every product, power and quotient is the
+    one ``adamw_step_`` computes in Python doubles, done in float64 on the device, and a scalar argument becomes a
+    tensor factor where the kernel rounds alike (``(v*g)*g``, ``(s*m)/d``), so on a CPU the result is
+    ``adamw_step_``'s bit for bit (``tests/test_capturable.py``). ``eps`` stays a number (no scheduler moves it).
+    The powers are taken one 0-dim tensor at a time: a vectorised ``pow`` rounds differently from the C
+    library's."""
+    if keep is not None:
+        tensors = (param, exp_avg, exp_avg_sq)
+        old = [t.clone() for t in tensors]
+        adamw_tensor_step_(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay)
+        for t, o in zip(tensors, old):
+            t.copy_(torch.where(keep, t, o))
+        return
+    beta1, beta2 = betas
+    step = step.to(torch.float64)
+    param.mul_(_as(1 - lr * weight_decay, param))
+    exp_avg.lerp_(grad, _as(1 - beta1, exp_avg))
+    exp_avg_sq.mul_(_as(beta2, exp_avg_sq)).addcmul_(grad * _as(1 - beta2, grad), grad)
+    bias_correction1 = 1 - torch.pow(beta1, step)
+    bias_correction2_sqrt = torch.pow(1 - torch.pow(beta2, step), torch.full_like(step, 0.5))   # pow, not sqrt
+    denom = (exp_avg_sq.sqrt() / _as(bias_correction2_sqrt, exp_avg_sq)).add_(eps)
+    param.addcdiv_(exp_avg * _as(-lr / bias_correction1, exp_avg), denom)
+
+
 def adamw_foreach_(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list, lr: float,
                    betas: tuple[float, float], eps: float, weight_decay: float, fused: bool | None = None,
                    keep: torch.Tensor | None = None) -> None:
@@ -141,6 +216,10 @@ def adamw_foreach_(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
     ``fused`` forces either path (None: fused off the CPU); torch's fused kernel runs on a CPU too, which is how
     the tests reach the GPU's path without a GPU (tests/test_precision.py)."""
     if not params:
+        return
+    if isinstance(lr, torch.Tensor):   # capturable=True: device scalars, tensor by tensor
+        for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+            adamw_tensor_step_(p, g, m, v, s, lr, betas, eps, weight_decay, keep)
         return
     device = params[0].device
     if not (device.type != "cpu" if fused is None else fused):
