@@ -132,7 +132,7 @@ def one_process(capturable: bool, layout: str = "owner"):
     gen = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in SHAPES]
     opt = DistributedMuon(hybrid(params, ["a", "b", "g"], [-1, -1, -1]), Grid.single(), layout=layout,
-                          check_finite="defer" if capturable else None, capturable=capturable)
+                          capturable=capturable)   # check_finite: "raise" (CPU default), "defer" when capturable
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 / (1 + k))
     return opt, params, audited_steps(opt, params, gen, scheduler)
 
@@ -229,7 +229,11 @@ def test_schedulers_write_into_the_tensors_and_muon_momentum_is_betas0():
 def test_what_capturable_refuses():
     params = [torch.nn.Parameter(torch.randn(s)) for s in SHAPES]
     with pytest.raises(ValueError, match="capturable=True cannot use check_finite='raise'"):
-        DistributedMuon(hybrid(params, ["a", "b", "g"], [-1, -1, -1]), Grid.single(), capturable=True)
+        DistributedMuon(hybrid(params, ["a", "b", "g"], [-1, -1, -1]), Grid.single(), capturable=True,
+                        check_finite="raise")
+    # the default check is the one a capturable step can make, on a CPU too
+    assert DistributedMuon(hybrid(params, ["a", "b", "g"], [-1, -1, -1]), Grid.single(),
+                           capturable=True).check_finite == "defer"
     opt = DistributedAdamW(hybrid(params, ["a", "b", "g"], [-1, -1, -1]), Grid.single(), check_finite=False,
                            capturable=True)
     for p in params[1:]:

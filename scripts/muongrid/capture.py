@@ -17,7 +17,8 @@ on the device, as torch's own capturable optimizers do:
 * step counts live on the device, counted by a device add (masked by the agreed NaN/Inf verdict under
   ``check_finite="defer"``), and AdamW's bias corrections are computed there;
 * no host read, no host-to-device copy and no host collective inside ``step()``: ``check_finite="raise"`` (a host
-  decision) is refused; under ``"defer"`` the step keeps its vote in buffers made once, and the host reads them
+  decision) is refused, and the default check becomes ``"defer"`` on every device (on a CPU it is "raise"
+  otherwise); under ``"defer"`` the step keeps its vote in buffers made once, and the host reads them
   only when asked (``opt.check_finite_now()``, ``state_dict()``), never inside ``step()``: call it between
   replays to learn of a skipped step; timing the collectives with CUDA events (``Comm(time_device=True)``) is
   refused;

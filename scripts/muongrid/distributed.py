@@ -56,6 +56,10 @@ A gradient that is None on every rank skips its parameter as torch does; None on
 zeros there (one small all-reduce per step decides, the same on every rank). Gradients are averaged
 over DP inside the step, so clipping the mean gradient is ``opt.clip_grad_norm_`` (``clipping.py``).
 
+``capturable=True`` (opt-in; ``capture.py``) keeps lr, weight decay, momentum, betas and step counts in device
+tensors and makes ``step()`` read nothing back and copy nothing from the host, so that a CUDA graph could capture
+it; the step has not been captured on a GPU yet.
+
 Run it: ``python scripts/verify.py --dp 2 --tp 2 --layout bucket,owner`` (or under ``torchrun``).
 """
 from __future__ import annotations
@@ -128,7 +132,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         if chunks is not None and (isinstance(chunks, bool) or int(chunks) != chunks or chunks < 1):
             raise ValueError(f"chunks must be a whole number >= 1 (exchanges per direction), got {chunks!r}")
         self.chunks = chunks   # exchanges per direction with "prefetch" (owner_flow.exchange_chunks)
-        self.check_finite = resolve_mode(check_finite, torch.device(grid.device))
+        self.check_finite = resolve_mode(check_finite, torch.device(grid.device), bool(capturable))
         self._deferred = Deferred()
         self.comm = comm or Comm(grid)
         self.comm.naive_async = overlap == "naive"

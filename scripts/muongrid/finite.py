@@ -41,11 +41,12 @@ class SkippedStep(RuntimeWarning):
     """A ``check_finite="defer"`` step found a NaN/Inf gradient on some rank and was skipped by every rank."""
 
 
-def resolve_mode(check, device: torch.device):
+def resolve_mode(check, device: torch.device, capturable: bool = False):
     """``check_finite`` as given (True, False, "raise", "defer" or None) -> "raise", "defer" or None (off).
-    None means the device's default: "raise" on a CPU, "defer" elsewhere."""
+    None means the device's default: "raise" on a CPU, "defer" elsewhere, and "defer" everywhere for a
+    ``capturable=True`` optimizer (which cannot read the verdict inside ``step()``: ``capture.py``)."""
     if check is None:
-        return "raise" if device.type == "cpu" else "defer"
+        return "raise" if device.type == "cpu" and not capturable else "defer"
     if check is True:
         return "raise"
     if check is False:
