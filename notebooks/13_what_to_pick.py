@@ -424,8 +424,16 @@ for (name, dp, tp), c in cells.items():
     assert c["owner"]["ns_runs_per_matrix"] == c["aligned"]["ns_runs_per_matrix"] == 1
     if name == "Llama-3-8B layer":
         assert fastest(c) == "owner", (dp, tp)
-    if name == "balanced stack":
-        assert fastest(c) == "aligned", (dp, tp)
+    if name == "balanced stack":   # aligned while buckets are 2^20; owner once "auto" has grown them
+        assert fastest(c) == "aligned" or (dp > 4 and fastest(c) == "owner"), (dp, tp)
+stack_wins = {lay: [f"{dp} x {tp}" for (name, dp, tp), c in cells.items()
+                    if name == "balanced stack" and fastest(c) == lay] for lay in ("aligned", "owner")}
+assert stack_wins["aligned"]
+keep("ch13-stack-aligned-grids", ", ".join(stack_wins["aligned"]))
+keep("ch13-stack-owner-note", "" if not stack_wins["owner"] else
+     f" On {', '.join(stack_wins['owner'])} owner is faster: past 4 DP ranks the default buckets grow "
+     "with DP (`bucket_numel=\"auto\"`), so the owner layout's gradient and parameter collectives are "
+     "fewer and larger, while aligned's buckets had already grown.")
 report_gap = max(
     max(h100_ms(c["owner"]), h100_ms(c["bucket"]))
     / min(h100_ms(c["owner"]), h100_ms(c["bucket"]))
@@ -457,9 +465,9 @@ say(r"""
   at {{ch13-llama-owner-ms}} ms against bucket's {{ch13-llama-bucket-ms}} ms;
   aligned pads seven unequal matrices ({{ch13-llama-aligned}} x,
   {{ch13-llama-aligned-ms}} ms).
-- **balanced stack**: aligned, on every grid, on H100s: nothing crosses DP for Newton-Schulz,
-  and equal matrices keep the padding small (at most {{ch13-stack-aligned-max}} x
-  AdamW's bytes, TP included).
+- **balanced stack**: aligned on H100s on {{ch13-stack-aligned-grids}}: nothing crosses DP for
+  Newton-Schulz, and equal matrices keep the padding small (at most {{ch13-stack-aligned-max}} x
+  AdamW's bytes, TP included).{{ch13-stack-owner-note}}
 - **report shapes**: one 4096 x 4096 matrix holds almost all the Newton-Schulz work and the
   busiest rank orthogonalises it whole under every layout, so bucket and owner are modelled
   within {{ch13-report-gap}}% of each other on every grid. Here a group of ranks per matrix

@@ -17,7 +17,7 @@ import sys
 
 from muongrid.lab.model_shapes import MODELS
 from muongrid.lab.scale import H100, grid_report, profile
-from muongrid.plan import DEFAULT_BUCKET_NUMEL
+from muongrid.plan import bucket_limit
 
 
 def main(argv=None) -> int:
@@ -25,9 +25,10 @@ def main(argv=None) -> int:
     p.add_argument("--grids", default="8x8,32x8,128x8,64x16,1024x1")
     p.add_argument("--model", default="llama3-70b", choices=sorted(MODELS))
     p.add_argument("--layers", type=int, default=None, help="fewer layers than the model's (for a quick look)")
-    p.add_argument("--bucket-numel", type=int, default=DEFAULT_BUCKET_NUMEL,
-                   help="elements per ZeRO-1 bucket (default 2**20); a matrix larger than a bucket gets its own, so on "
-                        "a model of many large matrices this sets the collectives per step")
+    p.add_argument("--bucket-numel", type=lambda x: x if x == "auto" else int(x), default="auto",
+                   help="elements per ZeRO-1 bucket (default 'auto': 2**20, grown with DP so each rank's shard keeps "
+                        "2**18, plan.bucket_limit); a matrix larger than a bucket gets its own, so on a model of many "
+                        "large matrices this sets the collectives per step")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -35,8 +36,10 @@ def main(argv=None) -> int:
         assert all(len(g) == 2 and min(g) > 0 for g in grids)
     except (ValueError, AssertionError):
         p.error(f"--grids takes DPxTP,... e.g. 128x8; got {args.grids!r}")
-    if args.bucket_numel < 1:
-        p.error(f"--bucket-numel must be at least 1, got {args.bucket_numel}")
+    try:
+        bucket_limit(args.bucket_numel, 1)
+    except ValueError as e:
+        p.error(f"--bucket-numel: {e}")
     rows = []
     print(f"{args.model}: owner plan vs the optimizer's group plan (build_plan(layout='group', hw=profile(H100))); NS "
           "FLOPs per rank max/mean (1.0 = balanced); GB sent per rank per step (closed form), and GB of them sent to "

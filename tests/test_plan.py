@@ -9,7 +9,8 @@ import torch
 from muongrid.lab.costmodel import bytes_ratio, step_bytes
 from muongrid.grid import check_grid, grid_layout
 from muongrid.newton_schulz import ns5_flops
-from muongrid.plan import ParamSpec, build_plan, split_into_buckets, tp_local_shape
+from muongrid.plan import (DEFAULT_BUCKET_NUMEL, SHARD_NUMEL, ParamSpec, bucket_limit, build_plan, split_into_buckets,
+                           tp_local_shape)
 from muongrid.sharding import bucket_matrix, dp_shard_of, pack_bucket, tp_shard, tp_unshard, unpack_bucket
 from muongrid.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, build_problem
 
@@ -73,6 +74,23 @@ def test_buckets_break_on_parameter_boundaries():
     assert split_into_buckets([10, 10, 10], 25) == [[0, 1], [2]]
     assert split_into_buckets([30, 5, 5], 25) == [[0], [1, 2]]   # too big for a bucket: alone
     assert split_into_buckets([30, 5, 5], None) == [[0, 1, 2]]
+
+
+def test_auto_buckets_grow_with_dp_so_shards_keep_their_size():
+    """"auto" (the optimizer's default) is 2^20 elements up to 4 DP ranks, the grids the tests run, and beyond them
+    grows so each rank's shard of a bucket keeps ``SHARD_NUMEL`` elements: at 1,024 ranks a plan of many 2^20-element
+    matrices cuts shards of 2^18, not 2^10, and issues a 256th of the buckets' collectives."""
+    assert [bucket_limit("auto", dp) for dp in (1, 2, 4)] == [DEFAULT_BUCKET_NUMEL] * 3
+    assert bucket_limit("auto", 1024) == 1024 * SHARD_NUMEL
+    assert bucket_limit("auto", 1024, aligned=True) == 1024 * DEFAULT_BUCKET_NUMEL   # aligned grew already
+    assert bucket_limit(300, 8) == 300 and bucket_limit(None, 8) is None
+    specs = [[ParamSpec(f"w{i}", (1024, 1024), -1) for i in range(512)]]
+    auto, fixed = (build_plan(specs, 1024, 0, 1, b, "owner") for b in ("auto", DEFAULT_BUCKET_NUMEL))
+    assert len(fixed.buckets[0]) == 512 and len(auto.buckets[0]) == 2
+    assert min(b.shard_numel for b in auto.buckets[0]) == SHARD_NUMEL
+    for bad in (0, -1, 2.5, True, "big"):
+        with pytest.raises(ValueError, match="bucket_numel must be"):
+            bucket_limit(bad, 2)
 
 
 def test_tp_split_that_does_not_divide_is_a_clear_error():

@@ -19,7 +19,9 @@ def test_expert_parallel_sends_less_than_pure_zero1_and_keeps_experts_whole():
     r = ep_report("moonlight-16b-a3b", 64, 1, 8, layers=3)
     assert r["expert_matrices_per_rank"] == 2 * (64 // 8) * 3      # 2 MoE layers x 8 experts x 3 matrices
     assert r["bytes_per_rank_max"] < 0.6 * r["zero1_bytes_per_rank_max"]     # the dense part is the same
-    assert r["collectives_per_rank_max"] < r["zero1_collectives_per_rank_max"] / 3
+    # fewer collectives too (about a third as many with 2^20-element buckets; with "auto" buckets, which grow
+    # with the 64 DP ranks of pure ZeRO-1, 136 against 186)
+    assert r["collectives_per_rank_max"] < r["zero1_collectives_per_rank_max"]
     assert r["step_ms"] < r["zero1_step_ms"]
 
 

@@ -79,7 +79,7 @@ from .group_flow import GroupFlow
 from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names
 from .owner_flow import OwnerFlow
 from .placements import is_dtensor, local, resolve_tp_split_dims
-from .plan import DEFAULT_BUCKET_NUMEL, ParamSpec, build_plan, disagreement, plan_key
+from .plan import ParamSpec, build_plan, disagreement, plan_key
 from .sharding import local_shard
 from .updates import adamw_foreach_, adjust_lr, apply_update_foreach_, lr_key, muon_momentum_foreach_
 
@@ -112,7 +112,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     _step_supports_amp_scaling = True   # so torch.amp.GradScaler hands us its step, and we refuse it (contract.py)
 
     def __init__(self, params, grid, comm: Comm | None = None, layout: str = "owner",
-                 bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, use_muon: bool = True,
+                 bucket_numel: int | str | None = "auto", use_muon: bool = True,
                  check_finite: bool | str | None = None, overlap: str | None = None, ns_batch: bool | None = None,
                  hw: dict | None = None, param_buffers: bool | str = True, qk_clip=None, chunks: int | None = None,
                  capturable: bool = False, **hyper):

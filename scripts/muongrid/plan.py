@@ -40,7 +40,23 @@ from .hardware import check_hw
 from .layouts import EvenCuts, HeldRuns, Matrix, aligned_cuts, assign_owners, assign_owners_and_groups, check_layout
 from .newton_schulz import ns5_flops
 
-DEFAULT_BUCKET_NUMEL = 2**20  # 4 MiB of fp32 per bucket
+DEFAULT_BUCKET_NUMEL = 2**20  # 4 MiB of fp32 per bucket, up to 4 DP ranks ("auto" grows it beyond: bucket_limit)
+SHARD_NUMEL = 2**18           # "auto": each rank's shard of a bucket holds at least this many elements (1 MiB fp32)
+
+
+def bucket_limit(bucket_numel: int | str | None, dp: int, aligned: bool = False) -> int | None:
+    """The most elements a bucket holds. ``bucket_numel`` as given (None: one bucket per group), or "auto":
+    ``DEFAULT_BUCKET_NUMEL``, grown with ``dp`` so that each rank's shard keeps ``SHARD_NUMEL`` elements (at 1,024
+    DP ranks a 2^20-element bucket would cut 4 KiB shards, and a reduce-scatter or all-gather per bucket would pay
+    its latency for almost no bytes; Megatron-LM grows its buckets with DP for the same reason). Aligned shards
+    hold whole matrices, so an aligned bucket holds ``dp`` times as many elements (each shard is then about the
+    limit), "auto" meaning ``DEFAULT_BUCKET_NUMEL`` there."""
+    if bucket_numel == "auto":
+        bucket_numel = DEFAULT_BUCKET_NUMEL if aligned else max(DEFAULT_BUCKET_NUMEL, dp * SHARD_NUMEL)
+    elif bucket_numel is not None and (isinstance(bucket_numel, bool) or not isinstance(bucket_numel, int)
+                                       or bucket_numel < 1):
+        raise ValueError(f"bucket_numel must be a whole number >= 1, None (one bucket) or 'auto', got {bucket_numel!r}")
+    return bucket_numel * dp if aligned and bucket_numel is not None else bucket_numel
 
 
 @dataclass(frozen=True)
@@ -205,7 +221,7 @@ def split_into_buckets(numels: list[int], bucket_numel: int | None) -> list[list
 
 
 def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1,
-               bucket_numel: int | None = DEFAULT_BUCKET_NUMEL, layout: str = "bucket",
+               bucket_numel: int | str | None = "auto", layout: str = "bucket",
                muon: list[bool] | None = None, hw: dict | None = None) -> Plan:
     """Lay out every group's TP-local parameters in buffers and buckets, shard them over ``dp``, and
     (for the "owner" and "aligned" layouts) give every matrix of a Muon group (``muon[g]``, default
@@ -224,9 +240,7 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
         buckets, metas = [], [None] * len(specs)
         offset = 0
         aligned = layout == "aligned" and muon[buffer_idx]
-        # Aligned shards hold whole matrices: a bucket needs several per DP rank to balance them, so
-        # it may hold dp times as many elements (each shard is then about ``bucket_numel``).
-        limit = bucket_numel * dp if aligned and bucket_numel is not None else bucket_numel
+        limit = bucket_limit(bucket_numel, dp, aligned)
         for bucket_idx, members in enumerate(split_into_buckets(numels, limit)):
             sizes_in = [numels[i] for i in members]
             numel = sum(sizes_in)

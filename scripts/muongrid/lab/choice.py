@@ -89,10 +89,9 @@ def zero1_owner_extra(groups: list[dict], dp: int, bucket_numel: int | None) -> 
 
 
 if __name__ == "__main__":
-    from ..plan import DEFAULT_BUCKET_NUMEL
     from .synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
 
     groups = [dict(shapes=DEFAULT_SHAPES, tp_split_dims=DEFAULT_TP_DIMS, use_muon=True)]
     for dp, tp in ((4, 1), (2, 2)):
-        for row in layout_costs(groups, dp, tp, DEFAULT_BUCKET_NUMEL):
+        for row in layout_costs(groups, dp, tp, "auto"):
             print(dp, tp, row)

@@ -51,10 +51,8 @@ def explorer_rows(sets: dict | None = None, grids=GRIDS, bucket_numel: int | Non
     """One row per (shapes, grid, layout in ``timemodel.CLASSIC_LAYOUTS``): mean bytes sent per rank and that
     over AdamW's, Newton-Schulz runs per matrix and the busiest rank's FLOPs, optimizer state per rank
     (largest shard, padding included) and the modelled step on each profile (``seconds``, by name)."""
-    from ..plan import DEFAULT_BUCKET_NUMEL
-
     sets = shape_sets() if sets is None else sets
-    bucket_numel = DEFAULT_BUCKET_NUMEL if bucket_numel is None else bucket_numel
+    bucket_numel = "auto" if bucket_numel is None else bucket_numel
     profiles = [timemodel.h100(), timemodel.this_machine()] if profiles is None else profiles
     rows = []
     for name, groups in sets.items():

@@ -48,7 +48,7 @@ from .timemodel import piece_exchange
 from muongrid.layouts import assign_owners_and_groups, group_ns_flops, group_seconds
 from muongrid.newton_schulz import NS_STEPS, ns5_flops
 from muongrid.owner_flow import PREFETCH_CHUNKS
-from muongrid.plan import DEFAULT_BUCKET_NUMEL, _owner_candidates, _piece_runs, build_plan
+from muongrid.plan import _owner_candidates, _piece_runs, build_plan
 
 from .model_shapes import MODELS
 
@@ -281,7 +281,7 @@ def group_assignment(plan, muon: list[bool], rule: str, prof: dict):
 
 
 def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama3-70b", hw: dict = H100,
-                bucket_numel: int = DEFAULT_BUCKET_NUMEL, rules: tuple[str, ...] = ("scattered", "flops")) -> dict:
+                bucket_numel: int | str = "auto", rules: tuple[str, ...] = ("scattered", "flops")) -> dict:
     """One model on one grid: the owner plan and the optimizer's group plan (``build_plan(layout="group",
     hw=profile(hw))``), built and timed, each with its NS load, bytes, collectives and projected times
     per rank; and, for comparison, the NS time of the other group ``rules`` (``group_assignment``)."""
@@ -363,7 +363,7 @@ def priced(plan, muon: list[bool], prof: dict) -> dict:
                 step_s=step_seconds_per_rank(plan, bytes_, ns_s, prof, muon))
 
 
-def ep_report(model: str, dp: int, tp: int, ep: int, bucket_numel: int = DEFAULT_BUCKET_NUMEL,
+def ep_report(model: str, dp: int, tp: int, ep: int, bucket_numel: int | str = "auto",
               layers: int | None = None) -> dict:
     """One MoE on one grid with ``ep`` expert slices, against pure ZeRO-1 x TP (see the module docstring)."""
     if dp % ep:

@@ -340,12 +340,11 @@ def layout_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | Non
 
 
 if __name__ == "__main__":
-    from ..plan import DEFAULT_BUCKET_NUMEL
     from .synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS
 
     groups = [dict(shapes=DEFAULT_SHAPES, tp_split_dims=DEFAULT_TP_DIMS, use_muon=True)]
     for hw in (this_machine(), h100()):
         for dp, tp in ((4, 1), (2, 2)):
-            for layout, t in layout_seconds(groups, dp, tp, DEFAULT_BUCKET_NUMEL, hw).items():
+            for layout, t in layout_seconds(groups, dp, tp, "auto", hw).items():
                 print(f"{hw['name']:>40} {dp}x{tp} {layout:>8}: comm {t['comm'] * 1e3:9.3f} ms, "
                       f"NS {t['newton_schulz'] * 1e3:9.3f} ms, total {t['total'] * 1e3:9.3f} ms")

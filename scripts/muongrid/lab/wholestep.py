@@ -38,7 +38,6 @@ import math
 from dataclasses import dataclass
 
 from .. import hardware
-from ..plan import DEFAULT_BUCKET_NUMEL
 from . import scale, timemodel
 from .model_shapes import MODELS
 
@@ -125,7 +124,7 @@ def optimizer_seconds(c: Config) -> dict:
         out["owner"] = dict(zero1=zero1, muon_only=r["step_ms"] / 1e3 - zero1)
     else:
         for layout in ("adamw", *DENSE_LAYOUTS):
-            t = timemodel.step_seconds(groups, c.dp, c.tp, DEFAULT_BUCKET_NUMEL, layout, hw)
+            t = timemodel.step_seconds(groups, c.dp, c.tp, "auto", layout, hw)
             zero1 = t["grad_reduce_scatter"] + t["param_all_gather"]
             out[layout] = dict(zero1=zero1, muon_only=t["total"] - zero1)
     for layout, t in out.items():
@@ -142,8 +141,8 @@ def expert_parallel_zero1_seconds(c: Config) -> float:
     specs, muon = model_specs(c.model)
     dense, experts = scale.split_experts(specs, muon, c.ep)
     prof = scale.profile(scale.H100)
-    return (scale.zero1_seconds(build_plan(dense, c.dp, 0, c.tp, DEFAULT_BUCKET_NUMEL, "owner", muon), prof)
-            + scale.zero1_seconds(build_plan(experts, c.dp // c.ep, 0, c.tp, DEFAULT_BUCKET_NUMEL, "owner", [True]),
+    return (scale.zero1_seconds(build_plan(dense, c.dp, 0, c.tp, "auto", "owner", muon), prof)
+            + scale.zero1_seconds(build_plan(experts, c.dp // c.ep, 0, c.tp, "auto", "owner", [True]),
                                 prof))
 
 
