@@ -6,7 +6,9 @@ Every case gives one rank (the job's last) a NaN in one gradient at step ``BAD``
 * ``check_finite="raise"``: every rank raises at ``BAD``, with everything (parameters, state, step counts) as it was
   just before, and the loop's end equals, bit for bit, a run that never saw that batch;
 * ``check_finite="defer"``: nothing raises; at ``BAD`` every rank leaves its parameters and state as they were,
-  the next ``step()`` warns (``SkippedStep``) on every rank naming the step, and the end equals the same run.
+  the next ``step()`` warns (``SkippedStep``) on every rank naming the step, and the end equals the same run;
+* ``"capturable"`` (ZeRO-1 only): "defer" with ``capturable=True``, whose step reads nothing back, so the loop
+  reads the verdict after every step (``opt.check_finite_now()``) and the warning names ``BAD`` right after it.
 
 A split (one rank skipping while another enters a collective) would abort or time out the launch instead.
 The cases: ZeRO-1 on the launch's grid (2x1 or 2x2, TP-split matrices on 2x2), an expert grid (4x1, ep 2: a
@@ -69,7 +71,7 @@ def same(a, b) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def loop(opts, params, give, skip=None, together=False) -> dict:
+def loop(opts, params, give, skip=None, together=False, read_each=False) -> dict:
     """The user's loop: ``give(step)`` sets the gradients; a FloatingPointError skips the batch."""
     raised, unchanged, warned = [], [], []
     first = snapshot(opts, params)[:len(params)]
@@ -85,6 +87,8 @@ def loop(opts, params, give, skip=None, together=False) -> dict:
                     prepare_together(opts)
                 for opt in opts:
                     opt.step()
+                    if read_each:   # capturable: the step leaves its verdict on the device; read it between steps
+                        opt.check_finite_now()
             warned += [(step, str(w.message)) for w in caught if issubclass(w.category, SkippedStep)]
             if step == BAD and skip is None:   # "defer": the step ran, masked; its host counts wait for the read
                 unchanged.append(same([t for t in before if t.dim()], [t for t in snapshot(opts, params) if t.dim()]))
@@ -111,7 +115,7 @@ def compare(bad: dict, clean: dict) -> dict:
 # ---- the cases -------------------------------------------------------------------------------------------
 
 def zero1(grid, comm, mode: str) -> dict:
-    last = grid.dp * grid.tp - 1
+    last, capturable = grid.dp * grid.tp - 1, mode == "capturable"
 
     def run(skip):
         vals = start(DENSE, grid.tp, grid.tp_rank)
@@ -120,14 +124,14 @@ def zero1(grid, comm, mode: str) -> dict:
         opt = DistributedMuon([dict(params=[params[n] for n in mats], names=mats,
                                     tp_split_dims=[DENSE[n][1] for n in mats], weight_decay=0.1),
                                dict(params=[params["c.b"]], names=["c.b"], use_muon=False, tp_split_dims=[-1])],
-                              grid, layout="owner", check_finite=mode)
+                              grid, layout="owner", check_finite="defer" if capturable else mode, capturable=capturable)
 
         def give(step):
             for n, p in params.items():
                 p.grad = grad_of(n, p.shape, step, grid.rank)
             if step == BAD and grid.rank == last:
                 params["b.w"].grad[1, 2] = float("nan")
-        return loop([opt], list(params.values()), give, skip)
+        return loop([opt], list(params.values()), give, skip, read_each=capturable)
     return compare(run(None), run(BAD))
 
 
@@ -242,9 +246,12 @@ def worker(grid, comm, args):
     for case in args.cases.split(","):
         if case in ("zero1", "expert", "fsdp"):
             fn = globals()[case]
-            out[case] = {mode: fn(grid, comm, mode) for mode in ("raise", "defer")}
+            modes = ("raise", "defer") + (("capturable",) if case == "zero1" else ())
+            out[case] = {mode: fn(grid, comm, mode) for mode in modes}
             # the masked ("defer") steps take the same numbers as the plain ones, bit for bit
-            out[case]["defer"]["same_as_raise"] = out[case]["defer"].pop("clean_end") == out[case]["raise"].pop("clean_end")
+            plain = out[case]["raise"].pop("clean_end")
+            for mode in modes[1:]:
+                out[case][mode]["same_as_raise"] = out[case][mode].pop("clean_end") == plain
         else:
             out[case] = globals()[case](grid, comm)
     everyone = comm.gather_objects(out, "report")

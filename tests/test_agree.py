@@ -68,6 +68,21 @@ def test_defer_skips_the_step_on_every_rank_and_says_so_at_the_next_read(case):
         assert r["same_as_raise"], (rank, "a masked step differs from a plain one")
 
 
+@pytest.mark.parametrize("case", ["zero1 2x1", "zero1 2x2"])
+def test_capturable_skips_the_step_on_every_rank_and_takes_the_plain_steps_bit_for_bit(case):
+    """``capturable=True`` (its check is "defer", its step counts masked on the device, its verdict read between
+    steps by ``check_finite_now()``): the bad step changes nothing on any rank, is reported right after it, and
+    the run ends where the plain "raise" run that never saw the batch ends, bit for bit."""
+    ranks, key = CASES[case]
+    for rank, r in enumerate(ranks()):
+        r = r[key]["capturable"]
+        assert r["raised"] == [] and r["unchanged"] == [True], (rank, r)
+        assert r["skipped"] == [[STEPS_BAD]], (rank, r["skipped"])
+        assert r["warned"] and all(step == STEPS_BAD and f"step {STEPS_BAD} was skipped on every rank" in m
+                                   for step, m in r["warned"]), (rank, r["warned"])
+        assert r["equal"] and r["moved"] and r["same_as_raise"], (rank, "capturable differs from the plain run")
+
+
 def test_the_expert_grid_groups_carry_the_job_timeout():
     for r in four():
         assert r["expert"]["raise"]["timeouts"] == ["0:01:00"], r["expert"]["raise"]["timeouts"]
