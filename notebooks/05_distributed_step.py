@@ -171,7 +171,7 @@ ENGINE = [  # (from scratch, where the engine does it, what its extra lines are 
      "a device mesh; a timeout on every group; checks the layout"),
     ("offsets, shard", "plan.py", "build_plan",
      "buckets bound each collective; four layouts; owners"),
-    ("1. reduce_scatter, /= dp", "buffers.py", "Buffers.reduce_scatter",
+    ("1. reduce_scatter, /= dp", "store.py", "Store.reduce_scatter",
      "the next backward writes into the buffer; missing gradients"),
     ("2. lerp_, lerp", "updates.py", "muon_momentum_foreach_",
      "one foreach pass over many pieces; a step that may be skipped"),
@@ -181,7 +181,7 @@ ENGINE = [  # (from scratch, where the engine does it, what its extra lines are 
      "every TP gather started before the first Newton-Schulz; a trace hook"),
     ("7. mul_, add_", "distributed.py", "Applier",
      "one pass per lr scale; records what was updated, for a guard"),
-    ("8. all_gather (fp32)", "buffers.py", "Buffers.gather",
+    ("8. all_gather (fp32)", "store.py", "Store.gather",
      "parameters are views of the buffer: gathered in place"),
 ]
 table(["from scratch", "muongrid", "lines", "what the extra lines do"],
@@ -190,7 +190,7 @@ table(["from scratch", "muongrid", "lines", "what the extra lines do"],
 
 # %% [markdown]
 # Two things make the engine's stages 1, 7 and 8 cheap. A bucket's parameters are *views of one
-# flat buffer* laid out as the collectives move it ([`muongrid/buffers.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/buffers.py)), so an fp32
+# flat buffer* laid out as the collectives move it, in the optimizer's *store* ([`muongrid/store.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/store.py)), so an fp32
 # parameter's master shard *is* this rank's slice of it (only bf16 and fp16 parameters keep an
 # fp32 master apart) and stage 8 gathers in place. And the elementwise stages (2 and 7) run as
 # *one foreach pass* over all pieces: on a GPU, a few kernels instead of thousands.
@@ -202,13 +202,13 @@ table(["from scratch", "muongrid", "lines", "what the extra lines do"],
 # of concept's `BucketFlow` in [`muongrid/flows.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/flows.py). The excerpts are read
 # from those files when the book is built.
 # `step()` first takes up whatever was written to the parameters since the last step
-# (`buffers.refresh()`), then calls one method for stages 1-7 and one for stage 8:
+# (`store.refresh()`), then calls one method for stages 1-7 and one for stage 8:
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 listing('distributed.py', pyobject='ZeroOneOptimizer.step')
 
 # %% [markdown]
-# Stages 1-7 for a Muon group. The generator `updates` hands the flow each bucket's momentum-updated
+# Stages 1-7 for a Muon group. The generator `updates` (the store's) hands the flow each bucket's momentum-updated
 # gradient pieces (stages 1-2); the flow hands back this rank's piece of every orthogonalised matrix
 # (stages 3-6), which stage 7 applies to the master shard. The last line checks, after every step,
 # that exactly the matrices the plan gives this rank ran Newton-Schulz here and that every matrix it
@@ -226,7 +226,7 @@ listing('distributed.py', start_after='BOOK-START muon-group', end_before='BOOK-
 # gradients that did not come that way (set by hand, say), and writes zeros for a missing one:
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
-listing('buffers.py', pyobject='Buffers.reduce_scatter')
+listing('store.py', pyobject='Store.reduce_scatter')
 
 # %% [markdown]
 # Of that shard, each parameter's piece is a view (`local_shard`), and those pieces are what the
@@ -289,7 +289,7 @@ listing('updates.py', pyobject='apply_update_foreach_', caption='muongrid/update
 # its parameters:
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
-listing('buffers.py', pyobject='Buffers.gather')
+listing('store.py', pyobject='Store.gather')
 
 # %% [markdown]
 # ## A step, traced

@@ -50,8 +50,8 @@ def test_a_matrix_that_gets_no_update_fails_the_step(layout):
     opt = build(layout, ns_batch=True)
     real = opt.flow.run
 
-    def drops_bank(group, updates):
-        return ((meta, piece) for meta, piece in real(group, updates) if meta.name != "bank")
+    def drops_bank(group, updates, options):
+        return ((meta, piece) for meta, piece in real(group, updates, options) if meta.name != "bank")
 
     opt.flow.run = drops_bank
     with pytest.raises(RuntimeError, match=r"held here but given no update \['bank'\]"):

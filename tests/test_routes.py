@@ -37,7 +37,7 @@ def flows_for(specs, dp, tp, bucket_numel, layout):
     for rank in range(world):
         plan = build_plan([specs], dp, rank // tp, tp, bucket_numel, layout)
         grid = SimpleNamespace(rank=rank, tp=tp, dp=dp, dp_rank=rank // tp, tp_rank=rank % tp, device=torch.device("cpu"))
-        out.append(OwnerFlow(SimpleNamespace(plan=plan, comm=None, grid=grid)))
+        out.append(OwnerFlow(plan, grid, None))
     return out
 
 

@@ -2,7 +2,7 @@
 
 The gradient buffers, this rank's reduce-scattered gradient shards and the bucket flow's gather buffers (the DP
 gather in place in a pool of bf16 slots, the TP gathers into slots beside them) are made once, from the plan, when
-the optimizer is built (``buffers.py``, ``flows.BucketFlow``). A ``TorchDispatchMode`` records every tensor an
+the optimizer is built (``store.py``, ``flows.BucketFlow``). A ``TorchDispatchMode`` records every tensor an
 op returns in new storage during ``step()``, outside Newton-Schulz (whose temporaries are its own), on 2x1 and
 2x2 grids over the fake process group (``devicecheck.simulate``): none may have a store buffer's size (a bucket's
 shard or padded size) in the first step or the second, nothing may be allocated by the collectives' wrappers
@@ -10,6 +10,12 @@ shard or padded size) in the first step or the second, nothing may be allocated 
 tensors per rank here (the reduce-scatter shard and its NaN-step select, the bf16 send shard, the gathered
 bucket, the AdamW bucket's shard). What remains per step is per matrix: the TP gather's join and slice
 (``sharding.tp_unshard``/``tp_shard``) and the momentum's Nesterov look-ahead.
+
+The owner, aligned and group layouts (``owner_flow.py``) keep their all-to-all send and receive buffers, their
+Newton-Schulz banks and, under "group", each member's block and its pieces of grouped matrices from the first
+step on: the same counts on 2x1 and 2x2 (a matrix above the fair share, so the group layout makes a group), with
+buckets small enough to travel in several chunks, must find the same storages in both steps and no store-sized
+or ``comm.py`` allocation.
 
     python -m pytest -q tests/test_store_buffers.py
 """
@@ -46,17 +52,34 @@ class NewStorage(TorchDispatchMode):
         return out
 
 
-def two_steps(dp: int, tp: int) -> dict:
-    """rank -> (per step: the store-sized and the comm.py allocations, the gather slots' storages)."""
+GROUPED = [0]   # matrices the last plan gave a group
+
+
+def kept(flow) -> list:
+    """The storages a flow keeps between steps: the bucket flow's gather slots, or the owner flow's route buffers,
+    banks and members' blocks."""
+    if hasattr(flow, "gathered"):
+        tensors = flow.gathered + flow.tp_gathered
+    else:
+        tensors = [t for route in flow._routes.values() for t in route.buffers.values()]
+        tensors += [m.block for route in flow._routes.values() for m in route.members]
+        tensors += [t for banks in flow._banks.values() for t in banks.values()]
+    return sorted(t.untyped_storage()._cdata for t in tensors)
+
+
+def two_steps(dp: int, tp: int, layout: str = "bucket", **options) -> dict:
+    """rank -> (per step: the store-sized and the comm.py allocations, the kept storages)."""
     found = {}
+    shapes, dims = (SHAPES, TP_DIMS) if layout == "bucket" else (SHAPES + [(96, 230)], TP_DIMS + [0])
 
     def worker(grid, comm, _):
         mats = [torch.nn.Parameter(tp_shard(torch.empty(s, device=grid.device), d, grid.tp, grid.tp_rank).clone())
-                for s, d in zip(SHAPES, TP_DIMS)]
+                for s, d in zip(shapes, dims)]
         gains = [torch.nn.Parameter(torch.empty(n, device=grid.device)) for n in (57, 31)]
-        opt = DistributedMuon([dict(params=mats, tp_split_dims=TP_DIMS, lr=0.02),
+        opt = DistributedMuon([dict(params=mats, tp_split_dims=dims, lr=0.02),
                                dict(params=gains, use_muon=False, tp_split_dims=[-1, -1], lr=1e-3)],
-                              grid, comm=comm, layout="bucket")
+                              grid, comm=comm, layout=layout, **options)
+        GROUPED[0] = len(opt.plan.groups)
         sizes = {n for buckets in opt.plan.buckets for b in buckets for n in (b.shard_numel, b.padded_numel)}
         steps = []
         for _ in range(2):
@@ -65,7 +88,7 @@ def two_steps(dp: int, tp: int) -> dict:
             with NewStorage() as mode:
                 opt.step()
             made = [m for m in mode.made if not m[3]]
-            slots = [t.untyped_storage()._cdata for t in opt.flow.gathered + opt.flow.tp_gathered]
+            slots = kept(opt.flow)
             steps.append(([m for m in made if m[1] in sizes], [m for m in made if m[2].startswith("muongrid/comm.py")],
                           slots))
         found[grid.rank] = steps
@@ -83,3 +106,20 @@ def test_a_steady_state_step_allocates_no_store_buffer(dp, tp):
             assert store_sized == [], (rank, n, store_sized)
             assert by_comm == [], (rank, n, by_comm)
         assert steps[0][2] == steps[1][2] and len(steps[0][2]) >= 2, (rank, steps[0][2], steps[1][2])
+
+
+@pytest.mark.parametrize("layout", ["owner", "aligned", "group"])
+@pytest.mark.parametrize("dp, tp", [(2, 1), (2, 2)])
+@pytest.mark.parametrize("ns_batch", [False, True])
+def test_the_owner_layouts_keep_their_banks_and_exchange_buffers(layout, dp, tp, ns_batch):
+    """The first step makes the routes' buffers; the second allocates nothing store-sized but the momentum's
+    Nesterov look-ahead (``updates.py``, per matrix as in torch.optim.Muon: with one matrix per bucket it has the
+    shard's size) and nothing in ``comm.py``, and moves data through the same storages."""
+    found = two_steps(dp, tp, layout, bucket_numel=4000, ns_batch=ns_batch)
+    assert len(found) == dp * tp
+    for rank, steps in found.items():
+        store_sized, by_comm, _ = steps[1]
+        assert [m for m in store_sized if not m[2].startswith("muongrid/updates.py")] == [], (rank, store_sized)
+        assert by_comm == [], (rank, by_comm)
+        assert steps[0][2] == steps[1][2] and len(steps[0][2]) >= 4, (rank, steps[0][2], steps[1][2])
+    assert (layout == "group") == (GROUPED[0] > 0)   # the group layout did make a group

@@ -18,7 +18,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     plan           the ZeRO-1 plan: virtual buffers, buckets, padding, dist_meta, owners (pure)
     sharding       moving tensors by the plan: TP shard/unshard, pack/unpack buckets
     placements     DTensor placements -> tp_split_dim, and a DTensor's local shard
-    buffers        each bucket's parameters, master shard and gradients as flat buffers (views)
+    store          the step's store: each bucket's parameters, gradients, master shard and state as flat buffers
     comm           every collective, with the communication ledger (bytes and Newton-Schulz work)
     flows          momentum shards -> orthogonalised shards, per layout (the bucket layout's gathers)
     owner_flow     the owner layouts' flow: pieces to each matrix's owner and back, K all-to-alls each way

@@ -332,10 +332,11 @@ class Comm:
         return Pending(out, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
 
     def all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: str,
-                   phase: str, wait_now: bool = True) -> Pending:
+                   phase: str, wait_now: bool = True, out: torch.Tensor | None = None) -> Pending:
         """Send ``send_counts[q]`` consecutive elements of flat ``send`` to rank ``q`` of ``group`` and receive
         ``recv_counts[q]`` from each: uneven sizes are fine. Returns a ``Pending`` whose ``wait()`` gives the
-        received elements, rank by rank. Only what crosses to another rank is counted."""
+        received elements, rank by rank, in ``out`` if given (kept between steps). Only what crosses to another
+        rank is counted."""
         pg, size = self._group(group)
         me = self.grid.rank if group == "world" else self.grid.dp_rank if group == "dp" else self.grid.tp_rank
         sent = sum(send_counts) - send_counts[me]
@@ -344,7 +345,8 @@ class Comm:
         rec.counts = send_counts   # the caller's list, kept (not copied): who gets what, for ``peers``
         if size == 1:
             return Pending(send)
-        out = torch.empty(sum(recv_counts), dtype=send.dtype, device=send.device)
+        if out is None:
+            out = torch.empty(sum(recv_counts), dtype=send.dtype, device=send.device)
         work = self._collective(rec, lambda a: dist.all_to_all_single(out, send, recv_counts, send_counts, group=pg,
                                                                         async_op=a), wait=wait_now)
         return Pending(out, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))

@@ -10,7 +10,7 @@ step, bucket by bucket:
      AdamW groups AdamW on my shard, elementwise (one fused kernel on a GPU), into my master shard
   3. parameters   all-gather the master shards over DP, into the parameters in place
 
-The tensors these stages read and write live in per-bucket buffers (``buffers.py``): the parameters are
+The tensors these stages read and write live in per-bucket buffers (``store.py``): the parameters are
 views of one flat tensor per bucket, so an fp32 parameter is its own master and the all-gather writes into
 it where it is; with one DP rank the gradients are read where autograd left them. Every pass runs once
 over a list of pieces (``updates.py``'s ``_foreach_`` functions), not once per parameter, and nothing in a
@@ -64,28 +64,27 @@ Run it: ``python scripts/verify.py --dp 2 --tp 2 --layout bucket,owner`` (or und
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch.profiler import record_function
 
-from .buffers import Buffers
 from .capture import need_every_grad, pin_group
 from .capture import refuse as refuse_capture
 from .comm import Comm
 from .contract import (MomentumSync, deepcopy_sharing, job_place, lr_of, no_autocast, refuse_ddp, refuse_grad_scaler,
                        refuse_pickle, vote, where_of)
 from .finite import Deferred, late_codes, resolve_mode
-from .flows import BucketFlow
-from .group_flow import GroupFlow
+from .flows import OVERLAP_MODES, BucketFlow, FlowOptions  # noqa: F401 (OVERLAP_MODES: bench, verify)
 from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names
 from .owner_flow import OwnerFlow
 from .placements import is_dtensor, local, resolve_tp_split_dims
 from .plan import ParamSpec, build_plan, disagreement, plan_key
 from .sharding import local_shard
-from .updates import adamw_foreach_, adjust_lr, apply_update_foreach_, lr_key, muon_momentum_foreach_
+from .store import Store
+from .updates import adamw_foreach_, adjust_lr, apply_update_foreach_, lr_key
 
-FLOWS = {"bucket": BucketFlow, "owner": OwnerFlow, "aligned": OwnerFlow, "group": GroupFlow}
-
-OVERLAP_MODES = ("none", "naive", "prefetch")
+FLOWS = {"bucket": BucketFlow, "owner": OwnerFlow, "aligned": OwnerFlow, "group": OwnerFlow}
 
 
 def default_ns_batch(layout: str, device: torch.device) -> bool:
@@ -103,8 +102,6 @@ def default_overlap(layout: str) -> str:
     owner, so the ranks take turns at Newton-Schulz instead of working at once."""
     return "none" if layout == "bucket" else "prefetch"
 
-MUON_STATE, ADAMW_STATE = ("master", "momentum"), ("master", "exp_avg", "exp_avg_sq")
-
 
 class ZeroOneOptimizer(torch.optim.Optimizer):
     """The engine: ZeRO-1 sharded state, Muon or AdamW per group. Use the two classes below."""
@@ -118,8 +115,6 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                  capturable: bool = False, **hyper):
         hyper = check_hyper(hyper)
         overlap = overlap or default_overlap(layout)
-        if overlap not in OVERLAP_MODES:
-            raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {overlap!r}")
         if layout == "group" and getattr(grid, "ep", 1) > 1:
             raise ValueError("layout='group' on an expert grid (grid.expert(ep)) is not supported: its Newton-Schulz "
                              "groups are made by every rank of the job; use 'owner' or 'aligned' for expert groups")
@@ -128,10 +123,8 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         if ns_batch and layout == "bucket":
             raise ValueError("ns_batch=True batches same-shape matrices on their owner: it needs layout='owner', "
                              "'aligned' or 'group' (the bucket layout orthogonalises every matrix on every rank)")
-        self.grid, self.overlap, self.ns_batch = grid, overlap, bool(ns_batch)
-        if chunks is not None and (isinstance(chunks, bool) or int(chunks) != chunks or chunks < 1):
-            raise ValueError(f"chunks must be a whole number >= 1 (exchanges per direction), got {chunks!r}")
-        self.chunks = chunks   # exchanges per direction with "prefetch" (owner_flow.exchange_chunks)
+        self.grid = grid
+        self.options = FlowOptions(overlap, chunks, bool(ns_batch))   # what the flow is told (flows.py)
         self.check_finite = resolve_mode(check_finite, torch.device(grid.device), bool(capturable))
         self._deferred = Deferred()
         self.comm = comm or Comm(grid)
@@ -166,8 +159,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         if self.plan.groups:  # collective: every rank has the same plan (checked above), so the same groups
             self.comm.add_subgroups(self.plan.groups.values())
         self.flow = self._make_flow(layout)
-        self.buffers = Buffers(self, bind=param_buffers)
-        self.shards = [[self._init_shard(g, b) for b in buckets] for g, buckets in enumerate(self.plan.buckets)]
+        self.store = Store(self.plan, [g["params"] for g in self.param_groups], self.master_dtypes, self.muon_groups,
+                           grid, self.comm, bind=param_buffers)
+        self.shards = self.store.shards
         self._bind_state()
         self.qk_clip = qk_clip   # MuonClip (qk_clip.py): query and key rows rescaled after each update
         if qk_clip is not None:
@@ -175,14 +169,34 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         self.steps_taken = 0
         self._prepared = None  # this step's gradient decisions and shards, once clip_grad_norm_ or step made them
         self._planned = True
-        self.trace = None  # optional callable(stage, name, tensor), called at each stage (see trace_step.py)
 
     @property
     def layout(self) -> str:
         return self.plan.layout
 
+    @property
+    def overlap(self) -> str:
+        return self.options.overlap
+
+    @property
+    def ns_batch(self) -> bool:
+        return self.options.ns_batch
+
+    @property
+    def chunks(self) -> int | None:
+        return self.options.chunks
+
+    @property
+    def trace(self):
+        """None, or a callable(stage, name, tensor) called at each stage of a step (``scripts/trace_step.py``)."""
+        return self.options.trace
+
+    @trace.setter
+    def trace(self, fn) -> None:
+        self.options = dataclasses.replace(self.options, trace=fn)
+
     def _make_flow(self, layout: str):
-        return FLOWS[layout](self)
+        return FLOWS[layout](self.plan, self.grid, self.comm, self.muon_groups)
 
     def _check_ranks_agree(self, key: dict) -> None:
         """One small all-gather when the optimizer is built: every rank must plan the same parameters
@@ -217,13 +231,6 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     # ---- state: bucket shards for the collectives, per-parameter views for torch -------------------
 
-    def _init_shard(self, g: int, bucket) -> dict:
-        """The bucket's master shard (``buffers.py``: the parameters themselves where they can be) and Muon's
-        or AdamW's state for it."""
-        master = self.buffers.master(g, bucket)
-        kinds = MUON_STATE if self.muon_groups[g] else ADAMW_STATE
-        return {k: master if k == "master" else torch.zeros_like(master) for k in kinds}
-
     def _bind_state(self) -> None:
         """``self.state[p]`` holds views of this rank's part of every shard tensor, plus a step count (a view of
         one host tensor per group, so a step counts every parameter with one op). The same views, per bucket,
@@ -244,6 +251,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 self.views[(g, bucket.bucket_idx)] = {
                     k: [self.state[group["params"][i]][k] for i in bucket.param_indices]
                     for k in self.shards[g][bucket.bucket_idx]}
+        self._masters = [[self.state[p]["master"] for p in group["params"]] for group in self.param_groups]
 
     def state_dict(self) -> dict:
         self.check_finite_now()   # never hand out a state the deferred NaN/Inf check has not cleared
@@ -260,7 +268,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
         refuse_pickle(self)
 
     def __deepcopy__(self, memo):
-        return deepcopy_sharing(self, memo, ("grid", "comm", "trace"))
+        return deepcopy_sharing(self, memo, ("grid", "comm", "options"))
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: dict) -> None:
@@ -310,7 +318,7 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 self._count_steps()
                 self.steps_taken += 1
                 self.comm.ledger.begin_step(self.steps_taken)
-                self.buffers.refresh()         # start from the parameters' current values
+                self.store.refresh()         # start from the parameters' current values
                 self._update_master_shards()   # stages 1-7
                 self._launch_deferred()        # "defer": the vote, to the host
                 # MuonClip: this step's logits, on the updated masters
@@ -414,17 +422,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
 
     def _grad_pieces(self, g: int, bucket) -> list:
         """This rank's DP-mean gradient of each parameter of the bucket, flat (None: skipped), made once per
-        step (``buffers.grad_pieces``: the reduce-scatter, or ``p.grad`` itself on one DP rank)."""
+        step (``Store.grad_pieces``: the reduce-scatter, or ``p.grad`` itself on one DP rank)."""
         self._prepare()
-        cache, key = self._prepared["grads"], (g, bucket.bucket_idx)
-        if key not in cache:
-            keep = self._prepared["keep"] if self.muon_groups[g] else None   # "defer": a NaN-free shard
-            toward = None if keep is None else self.shards[g][bucket.bucket_idx]["momentum"]
-            cache[key] = self.buffers.grad_pieces(g, bucket, self._prepared["present"][g], keep, toward)
-            if self.trace is not None and self.grid.dp > 1:
-                self._trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}",
-                            torch.cat([x for x in cache[key] if x is not None] or [torch.zeros(0)]))
-        return cache[key]
+        return self.store.grad_pieces(g, bucket, self._prepared, self.trace)
 
     def _update_master_shards(self) -> None:
         """Reduce-scatter the gradients and update this rank's master shard of every bucket. A parameter
@@ -435,10 +435,10 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                 # BOOK-START muon-group (chapter 5 shows the lines up to BOOK-END)
                 present = self._prepared["present"][g]
                 # stages 1-2 (reduce-scatter, momentum) per bucket, as the flow asks for them
-                updates = self._momentum(g, group)
-                apply = Applier(self, group, lr, per_bucket=self.flow.lazy)
+                updates = self.store.momentum(g, group, self._prepared, self.flow.lazy, self.trace)
+                apply = Applier(self._masters[g], group, lr, self._prepared, self._place(group, 0), self.flow.lazy)
                 self.flow.done.clear()
-                for meta, piece in self.flow.run(group, updates):  # stages 3-6: the layout's flow
+                for meta, piece in self.flow.run(group, updates, self.options):  # stages 3-6: the layout's flow
                     if present[meta.param_idx]:
                         # stage 7, in passes of one matrix shape
                         apply.add(meta, piece)
@@ -480,25 +480,6 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             i += len(gr["params"])
         raise KeyError("not a parameter group of this optimizer")
 
-    def _momentum(self, g: int, group: dict):
-        """(bucket, this rank's gradient pieces through Muon's momentum) per bucket: the pieces to orthogonalise
-        (None for a skipped parameter, whose momentum is left as it is). A flow that consumes every bucket
-        before it hands anything back gets them in one pass over the whole group; a lazy one (the bucket
-        layout's, which keeps at most two gathered buckets alive) bucket by bucket, as it asks."""
-        def momentum(buckets):
-            rows = [list(self._grad_pieces(g, b)) for b in buckets]   # new lists: the step's cache keeps the gradients
-            todo = [(n, k) for n, row in enumerate(rows) for k, grad in enumerate(row)
-                    if grad is not None and grad.numel()]
-            out = muon_momentum_foreach_([self.views[(g, buckets[n].bucket_idx)]["momentum"][k] for n, k in todo],
-                                         [rows[n][k] for n, k in todo], group["momentum"], group["nesterov"],
-                                         self._prepared["keep"] if self.grid.dp == 1 else None)
-            for (n, k), piece in zip(todo, out):
-                rows[n][k] = piece
-            return list(zip(buckets, rows))
-        if self.flow.lazy:
-            return (pair for b in self.plan.buckets[g] for pair in momentum([b]))
-        return momentum(self.plan.buckets[g])
-
     def _gather_params(self) -> None:
         """All-gather the master shards into every rank's parameters."""
         for g, group in enumerate(self.param_groups):
@@ -506,15 +487,10 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             for bucket in self.plan.buckets[g]:
                 self._all_gather_params(params, bucket, self.shards[g][bucket.bucket_idx]["master"])
 
-    def _trace(self, stage: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        if self.trace is not None:
-            self.trace(stage, name, tensor)
-        return tensor
-
     def _all_gather_params(self, params, bucket, master: torch.Tensor) -> None:
         """Stage 8: every rank's master shard into every rank's parameters (in place where they are views of
-        the bucket's buffer, ``buffers.py``)."""
-        self.buffers.gather(bucket.buffer_idx, bucket, params)
+        the bucket's buffer, ``store.py``)."""
+        self.store.gather(bucket.buffer_idx, bucket, params)
 
     def _check_grads(self):
         """Fail on this rank, before any collective, with a message naming the parameter. Returns the
@@ -549,14 +525,14 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     def state_bytes(self) -> dict:
         """Bytes of optimizer state on this rank, by kind. ``master`` counts only master shards kept apart
         from the parameters (bf16 parameters' fp32 masters, unbound buckets): an fp32 parameter bound to its
-        bucket's buffer is its own master and costs nothing more (``buffers.py``)."""
+        bucket's buffer is its own master and costs nothing more (``store.py``)."""
         out: dict = {}
         for buckets in self.shards:
             for shard in buckets:
                 for k, t in shard.items():
                     if k != "master":
                         out[k] = out.get(k, 0) + t.numel() * t.element_size()
-        out["master"] = self.buffers.allocated_master_bytes()
+        out["master"] = self.store.allocated_master_bytes()
         return out
 
 
@@ -565,8 +541,11 @@ class Applier:
     scaled lr (one per matrix shape), over every piece the flow handed back (``per_bucket``: a bucket at a
     time, for a flow that makes its results as it goes, so they need not all be alive at once)."""
 
-    def __init__(self, opt, group: dict, lr: float, per_bucket: bool):
-        self.opt, self.group, self.lr, self.per_bucket = opt, group, lr, per_bucket
+    def __init__(self, masters: list, group: dict, lr: float, step: dict, first: int, per_bucket: bool):
+        """``masters``: the group's master views; ``step``: the step's ``keep`` and ``late`` (``finite.py``);
+        ``first``: the group's first parameter's place among all parameters."""
+        self.masters, self.group, self.lr, self.first, self.per_bucket = masters, group, lr, first, per_bucket
+        self.keep, self.late = step["keep"], step.get("late")
         self.bucket, self.todo, self.seen = None, {}, set()
 
     def add(self, meta, piece: torch.Tensor) -> None:
@@ -574,7 +553,7 @@ class Applier:
         if self.per_bucket and meta.bucket_idx != self.bucket:
             self.flush()
             self.bucket = meta.bucket_idx
-        whole = self.opt.state[self.group["params"][meta.param_idx]]["master"]
+        whole = self.masters[meta.param_idx]
         scaled = self._scaled(meta.full_shape[-2:])   # a bank: per matrix
         masters, pieces, places = self.todo.setdefault(scaled, ([], [], []))
         # the piece is flat, or the whole TP-local matrix or bank (maybe a transposed view), or a list of
@@ -583,7 +562,7 @@ class Applier:
             if part.numel():
                 masters.append(whole[offset: offset + part.numel()].view(part.shape))
                 pieces.append(part)
-                places.append(self.opt._place(self.group, meta.param_idx))
+                places.append(self.first + meta.param_idx)
 
     def _scaled(self, shape) -> float | torch.Tensor:
         """The shape's scaled lr: a number, or (capturable) one device scalar per distinct value, so the pieces of
@@ -598,12 +577,10 @@ class Applier:
         return made[key]
 
     def flush(self) -> None:
-        keep = self.opt._prepared["keep"]   # a "defer" step that may be skipped (finite.py)
-        late = self.opt._prepared.get("late")   # one rank, "defer": the NaN/Inf check rides this pass
-        for scaled, (masters, pieces, places) in self.todo.items():
-            if late is not None:   # the max-abs norm of the bf16 update: half the gradient's bytes
-                late += zip(places, torch._foreach_norm(pieces, float("inf")))
-            apply_update_foreach_(masters, pieces, self.lr, self.group["weight_decay"], scaled, keep)
+        for scaled, (masters, pieces, places) in self.todo.items():   # keep: a "defer" step that may be skipped
+            if self.late is not None:   # one rank, "defer": the NaN/Inf check rides this pass, on the max-abs
+                self.late += zip(places, torch._foreach_norm(pieces, float("inf")))   # norm of the bf16 update
+            apply_update_foreach_(masters, pieces, self.lr, self.group["weight_decay"], scaled, self.keep)
         self.todo = {}
 
 

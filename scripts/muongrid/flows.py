@@ -1,37 +1,17 @@
-"""How a Muon group's momentum shards become orthogonalised updates: one flow per layout.
+"""How a Muon group's momentum pieces become this rank's pieces of the orthogonalised update: one flow per layout.
 
-The optimizer (``distributed.py``) hands a flow, bucket by bucket, this rank's momentum-updated
-pieces of the bucket's matrices (fp32, flat: its DP part of each, on its TP rank; None for a matrix
-skipped this step). The flow must hand back, for every matrix of the bucket, this rank's piece of the
-orthogonalised update: the same elements, in the same order, as ``dp_shard_of(tp_shard(NS(whole
-matrix)))`` (flat, or the TP-local matrix itself when the piece is all of it). How the whole matrix
-is assembled, and where Newton-Schulz runs, is the layout:
-
-``BucketFlow`` (layout "bucket", the proof of concept's)::
-
-    my shard --bf16--> all-gather over DP (whole bucket)   "DP gather"
-             --------> per matrix, all-gather over TP       "TP gather"
-             --------> Newton-Schulz, on every rank
-             --------> keep my TP slice, then my DP part    "TP shard", "DP shard"
-
-``OwnerFlow`` (layouts "owner" and "aligned", ``owner_flow.py``)::
-
-    my pieces of every matrix --bf16, one all-to-all--> each matrix's owner   "to owner"
-    the owner joins DP pieces, then TP shards, runs Newton-Schulz once,
-    and cuts the result into the same pieces --one all-to-all--> back       "from owner"
-
-``GroupFlow`` (layout "group", ``group_flow.py``) is the owner flow where a matrix above the fair
-share of Newton-Schulz work goes, block by block of its long side, to a group of ranks that
-orthogonalise it together. ``distributed.FLOWS`` maps each layout to its flow.
-
-Overlap (``opt.overlap``): "none" finishes each bucket in turn; "naive" issues every collective
-with ``async_op=True`` and waits at once (the community report's experiment); "prefetch" starts
-every bucket's transfers before orthogonalising any, so later transfers travel while
-Newton-Schulz runs. All give the same parameters, bit for bit.
+A flow gets, bucket by bucket, this rank's momentum-updated pieces of the bucket's matrices (fp32, flat; None for
+a matrix skipped this step) and yields, for each matrix, this rank's piece of its orthogonalised update. It is
+built from data, the plan, the grid and the ``Comm``, and each ``run`` is handed its ``FlowOptions``; it never
+sees the optimizer. ``BucketFlow`` (layout "bucket", the proof of concept's: every rank gathers and
+orthogonalises every matrix) is here; ``OwnerFlow`` ("owner", "aligned", "group": each matrix to its owner, or
+block by block to its group, and back) is in ``owner_flow.py``. Chapter 5 walks the bucket flow stage by stage;
+chapter 8 the owner and group layouts.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch.profiler import record_function
@@ -45,11 +25,46 @@ Updates = Iterable[tuple[Bucket, list]]           # (bucket, my momentum-updated
 Pieces = Iterator[tuple[DistMeta, torch.Tensor]]  # (matrix, my piece of its orthogonalised update)
 
 
-class Flow:
-    lazy = True   # makes its results bucket by bucket as the optimizer iterates (so it is fed that way too)
+OVERLAP_MODES = ("none", "naive", "prefetch")
+PREFETCH_CHUNKS = 4   # exchanges per direction with "prefetch": enough for Newton-Schulz to hide transfers
 
-    def __init__(self, opt):
-        self.opt, self.plan, self.comm, self.grid = opt, opt.plan, opt.comm, opt.grid
+
+@dataclass(frozen=True)
+class FlowOptions:
+    """What a flow is told, per run. ``overlap`` and ``chunks`` are one scheduling choice, how transfers meet
+    Newton-Schulz: "none" finishes each exchange in turn, "naive" issues every collective with ``async_op=True``
+    and waits at once (the community report's experiment), "prefetch" starts every transfer before
+    orthogonalising, in ``chunks`` exchanges per direction (``exchanges``). All give the same parameters, bit for
+    bit. ``ns_batch``: one batched Newton-Schulz per matrix shape on its owner. ``trace``: None, or
+    ``trace(stage, name, tensor)`` called at each stage (``scripts/trace_step.py``)."""
+
+    overlap: str = "none"
+    chunks: int | None = None
+    ns_batch: bool = False
+    trace: Callable | None = None
+
+    def __post_init__(self):
+        if self.overlap not in OVERLAP_MODES:
+            raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {self.overlap!r}")
+        if self.chunks is not None and (isinstance(self.chunks, bool) or int(self.chunks) != self.chunks
+                                        or self.chunks < 1):
+            raise ValueError(f"chunks must be a whole number >= 1 (exchanges per direction), got {self.chunks!r}")
+
+    @property
+    def exchanges(self) -> int:
+        """K, the exchanges per direction of the owner layouts: 1 without prefetch."""
+        return 1 if self.overlap != "prefetch" else PREFETCH_CHUNKS if self.chunks is None else int(self.chunks)
+
+
+class Flow:
+    """What every flow shares: Newton-Schulz with its bookkeeping, the trace, a bucket's flat bf16 shard."""
+
+    lazy = True   # makes its results bucket by bucket as they are consumed (so it is fed that way too)
+
+    def __init__(self, plan, grid, comm, muon: list[bool] | None = None):
+        self.plan, self.grid, self.comm = plan, grid, comm
+        self.muon = [True] * len(plan.buckets) if muon is None else list(muon)   # which groups are Muon's
+        self.options = FlowOptions()   # this run's (``run`` sets them)
         self.done: set = set()   # (buffer_idx, param_idx) of every matrix this rank orthogonalised this step
 
     def newton_schulz(self, group: dict, matrix: torch.Tensor, metas=()) -> torch.Tensor:
@@ -64,7 +79,9 @@ class Flow:
         return out
 
     def trace(self, stage: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        return self.opt._trace(stage, name, tensor)
+        if self.options.trace is not None:
+            self.options.trace(stage, name, tensor)
+        return tensor
 
     def flat_shard(self, bucket: Bucket, pieces: list, dtype=torch.bfloat16, out: torch.Tensor | None = None):
         """The pieces laid out as this rank's flat shard of the bucket (zeros where a matrix is skipped and
@@ -92,22 +109,23 @@ class BucketFlow(Flow):
 
     POOL = 3
 
-    def __init__(self, opt):
-        super().__init__(opt)
-        sizes = [b.padded_numel for g, buckets in enumerate(self.plan.buckets) if opt.muon_groups[g] for b in buckets]
+    def __init__(self, plan, grid, comm, muon: list[bool] | None = None):
+        super().__init__(plan, grid, comm, muon)
+        sizes = [b.padded_numel for g, buckets in enumerate(self.plan.buckets) if self.muon[g] for b in buckets]
         n, slots, device = max(sizes, default=0), min(self.POOL, len(sizes)), self.grid.device
         self.gathered = [torch.zeros(n, dtype=torch.bfloat16, device=device) for _ in range(slots)]
-        tp_split = any(m.tp_split_dim != -1 for g, metas in enumerate(self.plan.metas) if opt.muon_groups[g]
+        tp_split = any(m.tp_split_dim != -1 for g, metas in enumerate(self.plan.metas) if self.muon[g]
                        for m in metas)
         self.tp_gathered = [torch.empty(self.grid.tp * n if self.grid.tp > 1 and tp_split else 0,
                                         dtype=torch.bfloat16, device=device) for _ in range(slots)]
         self._turn = 0
 
-    def run(self, group: dict, updates: Updates) -> Pieces:
+    def run(self, group: dict, updates: Updates, options: FlowOptions) -> Pieces:
         """With prefetch, the next bucket's DP gather travels while this one is
         orthogonalised: one bucket ahead, so at most two gathered buckets are alive
         at once (not the whole TP-local model)."""
-        prefetch = self.opt.overlap == "prefetch"
+        self.options = options
+        prefetch = options.overlap == "prefetch"
         in_flight, n, r = [], None, self.grid.dp_rank
         for bucket, pieces in updates:
             # stage 3: DP gather (bf16, the whole bucket), in place, in the pool's next slot
@@ -142,7 +160,7 @@ class BucketFlow(Flow):
                 out, at = tp_out[at: at + tp * matrix.numel()], at + tp * matrix.numel()
                 matrix = self.comm.all_gather_async(
                     matrix, "tp", Phase.NS_GATHER_TP, out=out,
-                    wait_now=self.opt.overlap != "prefetch")
+                    wait_now=self.options.overlap != "prefetch")
             matrices.append((meta, matrix))
         for meta, matrix in matrices:
             if isinstance(matrix, Pending):

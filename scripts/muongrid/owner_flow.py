@@ -1,34 +1,45 @@
-"""The owner layouts' flow ("owner" and "aligned"): each matrix goes, in pieces, to its one owner, is
-orthogonalised there once, and comes back in pieces.
+"""The owner layouts' flow ("owner", "aligned" and "group"): each matrix goes, in pieces, to its one owner (under
+"group", a large one block by block to its group's members: ``group_flow.py``), is orthogonalised there once, and
+comes back in pieces.
 
-Who sends what to whom is arithmetic on the plan, done once per chunk of buckets and kept (``Route``); a step
-only moves data, with one copy each way::
+Who sends what to whom is arithmetic on the plan, done once per chunk of buckets and kept (``OwnerRoute``); a
+step only moves data, with one copy each way::
 
-    my pieces --bf16, one copy into the send buffer--> all-to-all --> owners          "to owner"
+    my pieces --bf16, one copy into the send buffer--> all-to-all --> owners (and group members)   "to owner"
     owner: the pieces of every matrix it owns --one copy--> a bank (one tensor per shape)
            Newton-Schulz on each bank (``ns_batch``) or on each matrix of it
-           the results --one copy into the send buffer--> all-to-all --> back        "from owner"
+    member: every rank's elements in its block of the long side --one copy--> its block, orthogonalised
+           with the other members
+    the results --one copy into the send buffer--> all-to-all --> back                             "from owner"
 
-A rank's own pieces of a matrix it owns never enter a collective: they go from the momentum straight
-into the bank, and their update is read from the result in place (on one GPU that is every matrix, so a
-step copies nothing but the bf16 cast torch.optim.Muon makes too). A matrix replicated over TP
-(``tp_split_dim == -1``) is sent by one TP rank only (the owner's) and every TP rank gets its piece back,
-since each keeps state for its replica. A bank holds the matrices of one shape, whole; a matrix split over TP
-by rows has its TP blocks one after another there, so every piece lands in one contiguous run; one split by
-columns is gathered block by block apart and then joined (one more copy) before Newton-Schulz.
+A rank's own pieces of a matrix it owns never enter a collective: they go from the momentum straight into the
+bank, and their update is read from the result in place (on one GPU that is every matrix, so a step copies
+nothing but the bf16 cast torch.optim.Muon makes too). A matrix replicated over TP (``tp_split_dim == -1``) is
+sent by one TP rank only (the owner's) and every TP rank gets its piece back. A bank holds the matrices of one
+shape, whole; a matrix split over TP by rows has its TP blocks one after another there, so every piece lands in
+one contiguous run; one split by columns is gathered block by block apart and then joined (one more copy).
+Per matrix the arithmetic is the single-device one (the same bf16 values into the same ``zeropower_ns5``), so
+the parameters equal one process's bit for bit; with ``ns_batch`` on a CPU as well
+(``newton_schulz.CPU_BATCH_AS_LOOP``).
 
-Per matrix the arithmetic is the single-device one (the same bf16 values into the same ``zeropower_ns5``),
-so the parameters equal one process's bit for bit; with ``ns_batch`` on a CPU as well (a batch runs matrix by
-matrix there: ``newton_schulz.CPU_BATCH_AS_LOOP``).
+**What stays between steps.** Every buffer a step moves data through is made on the first step and kept: per
+chunk, the send and receive buffers of both all-to-alls (bf16: this rank's pieces of matrices it does not own,
+and the pieces others send it), per set of chunks orthogonalised together the banks (bf16, every matrix this
+rank owns there, whole) and, under "group", each block this rank holds and its pieces of grouped matrices. So
+about 2 x (my pieces + what I own + my blocks) bf16 bytes live between steps, which used to be allocated and
+freed inside every step (``lab/stepcost.persistent_bytes``; ``tests/test_store_buffers.py`` checks two steps
+use the same storages).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+from torch.profiler import record_function
 
 from .comm import Phase
-from .flows import Flow, Pieces
+from .flows import PREFETCH_CHUNKS, Flow, FlowOptions, Pieces  # noqa: F401 (PREFETCH_CHUNKS: the lab, tests)
+from .group_flow import GroupRoute, group_newton_schulz, group_route
 
 BF16 = torch.bfloat16
 
@@ -47,29 +58,46 @@ class Owned:
 
 
 @dataclass
-class Route:
-    """One chunk's traffic on this rank (everything but the tensors); ``k`` numbers the chunk's matrices, bucket
-    after bucket."""
+class Member:
+    """A grouped matrix ("group" layout) this rank holds a block of: whose elements land where in the block."""
+
+    k: int
+    meta: object
+    route: GroupRoute
+    block: torch.Tensor                               # my block of its long side, kept between steps
+    parts: list = field(default_factory=list)         # (recv offset or None for my own elements, n, positions)
+    back: list = field(default_factory=list)          # (send-back offset, n, positions), other ranks
+    mine: tuple | None = None                         # (positions in my block, positions in my piece)
+
+
+@dataclass
+class OwnerRoute:
+    """One chunk's traffic on this rank, and the buffers it moves through (kept between steps); ``k`` numbers
+    the chunk's matrices, bucket after bucket."""
 
     metas: list          # the chunk's matrices, bucket after bucket
-    sends: list          # (k, send offset): my pieces of matrices others own, by owner then chunk order
+    sends: list          # (k, send offset): my pieces of owner matrices others own, by owner then chunk order
     send_counts: list
     recv_counts: list
     owned: list          # Owned, in chunk order
     back_counts: list
     back_recv: dict      # k -> (offset, numel): my pieces of matrices others own, in what comes back
     back_recv_counts: list
+    members: list = field(default_factory=list)       # Member, in chunk order ("group")
+    group_sends: list = field(default_factory=list)   # (k, send offset, n, positions in my piece) ("group")
+    group_back: dict = field(default_factory=dict)    # k -> [(offset, n, positions in my piece)] ("group")
+    buffers: dict = field(default_factory=dict)       # "send", "recv", "back", "back_recv"; k -> a grouped piece
 
 
 class OwnerFlow(Flow):
-    """One owner per matrix (see the module docstring)."""
+    """One owner per matrix, or one group (see the module docstring)."""
 
     lazy = False   # every bucket's pieces travel before any comes back
 
-    def __init__(self, opt):
-        super().__init__(opt)
-        self._routes: dict[tuple[int, int], Route] = {}
-        self._empty = torch.empty(0, dtype=BF16, device=self.grid.device)   # what a rank sends when it sends nothing
+    def __init__(self, plan, grid, comm, muon: list[bool] | None = None):
+        super().__init__(plan, grid, comm, muon)
+        self._routes: dict[tuple, OwnerRoute] = {}
+        self._banks: dict[tuple, dict] = {}   # per set of chunks orthogonalised together: shape -> bank, staging
 
     # ---- the arithmetic, once per chunk ----------------------------------------------------------
 
@@ -84,7 +112,7 @@ class OwnerFlow(Flow):
         piece = self.plan.piece_slice(meta, rank // tp)
         return block, piece.start, piece.stop
 
-    def route(self, chunk) -> Route:
+    def route(self, chunk) -> OwnerRoute:
         """The route of a chunk (a tuple of consecutive buckets of one group), or of one bucket alone."""
         chunk = chunk if isinstance(chunk, tuple) else (chunk,)
         key = tuple((bucket.buffer_idx, bucket.bucket_idx) for bucket in chunk)
@@ -92,43 +120,76 @@ class OwnerFlow(Flow):
             self._routes[key] = self._build_route(chunk)
         return self._routes[key]
 
-    def _build_route(self, chunk: tuple) -> Route:
-        me, world, tp = self.grid.rank, self.plan.world, self.grid.tp
-        metas = [self.plan.metas[bucket.buffer_idx][i] for bucket in chunk for i in bucket.param_indices]
-        owner = [self.plan.owner_of(m) for m in metas]
+    def _build_route(self, chunk: tuple) -> OwnerRoute:
+        me, world, tp, plan = self.grid.rank, self.plan.world, self.grid.tp, self.plan
+        metas = [plan.metas[bucket.buffer_idx][i] for bucket in chunk for i in bucket.param_indices]
+        grouped = {k: group_route(plan, self.grid, m) for k, m in enumerate(metas) if plan.group_of(m) is not None}
+        owner = [None if k in grouped else plan.owner_of(m) for k, m in enumerate(metas)]
         send_counts, recv_counts, back_counts, back_recv_counts = ([0] * world for _ in range(4))
-        sends, back_recv = [], {}
+        route = OwnerRoute(metas, [], send_counts, recv_counts, [], back_counts, {}, back_recv_counts)
         for q in range(world):                       # what I send, by owner then chunk order
             for k, meta in enumerate(metas):
-                n = meta.local_numel
-                if owner[k] == q and q != me and n and self._sends(meta, me):
-                    sends.append((k, sum(send_counts)))
-                    send_counts[q] += n
-                if owner[k] == q and q != me and n:  # and what comes back to me, in the same order
-                    back_recv[k] = (sum(back_recv_counts), n)
-                    back_recv_counts[q] += n
-        owned = []
+                if q == me:
+                    continue
+                if k not in grouped:
+                    n = meta.local_numel if owner[k] == q else 0
+                    if n and self._sends(meta, me):
+                        route.sends.append((k, sum(send_counts)))
+                        send_counts[q] += n
+                    if n:                            # and what comes back to me, in the same order
+                        route.back_recv[k] = (sum(back_recv_counts), n)
+                        back_recv_counts[q] += n
+                elif q in grouped[k].members:
+                    g = grouped[k]
+                    i = g.members.index(q)
+                    n = g.counts[me][i]
+                    if n and g.sends_to(meta, me, q, tp):
+                        route.group_sends.append((k, sum(send_counts), n, g.src[i]))
+                        send_counts[q] += n
+                    if n:
+                        route.group_back.setdefault(k, []).append((sum(back_recv_counts), n, g.src[i]))
+                        back_recv_counts[q] += n
+        items = []
         for k, meta in enumerate(metas):
-            if owner[k] != me:
-                continue
-            split = meta.tp_split_dim != -1 and tp > 1
-            rows, cols = (meta.shape if split else meta.full_shape)[-2:]   # a bank (3-D) is never split
-            item = Owned(k, meta, tp if split else 1, (tp if split else 1, rows, cols, meta.tp_split_dim if split else -1))
-            owned.append(item)
-        offset = 0
+            if k in grouped and me in grouped[k].members:
+                g = grouped[k]
+                block = torch.empty(g.block_shape(meta, g.members.index(me)), dtype=BF16, device=self.grid.device)
+                items.append(Member(k, meta, g, block))
+            elif owner[k] == me:
+                split = meta.tp_split_dim != -1 and tp > 1
+                rows, cols = (meta.shape if split else meta.full_shape)[-2:]   # a bank (3-D) is never split
+                items.append(Owned(k, meta, tp if split else 1,
+                                   (tp if split else 1, rows, cols, meta.tp_split_dim if split else -1)))
+        route.owned = [item for item in items if isinstance(item, Owned)]
+        route.members = [item for item in items if isinstance(item, Member)]
+        offset = back_offset = 0
         for r in range(world):                       # what I receive, by sender then chunk order
-            for item in owned:
+            for item in items:
+                if isinstance(item, Member):
+                    i = item.route.members.index(me)
+                    n = item.route.counts[r][i]
+                    if n and item.route.sends_to(item.meta, r, me, tp):
+                        item.parts.append((None if r == me else offset, n, item.route.pos[r]))
+                        offset, recv_counts[r] = (offset, recv_counts[r]) if r == me else (offset + n, recv_counts[r] + n)
+                    continue
                 block, a, b = self._piece(item.meta, r)
                 if b > a and self._sends(item.meta, r):
-                    if r == me:
-                        item.parts.append((block, a, b, None))
-                    else:
-                        item.parts.append((block, a, b, offset))
+                    item.parts.append((block, a, b, None if r == me else offset))
+                    if r != me:
                         offset += b - a
                         recv_counts[r] += b - a
-        back_offset = 0
         for r in range(world):                       # what I send back, by receiver then chunk order
-            for item in owned:
+            for item in items:
+                if isinstance(item, Member):
+                    i = item.route.members.index(me)
+                    n = item.route.counts[r][i]
+                    if n and r == me:
+                        item.mine = (item.route.pos[me], item.route.src[i])
+                    elif n:
+                        item.back.append((back_offset, n, item.route.pos[r]))
+                        back_offset += n
+                        back_counts[r] += n
+                    continue
                 block, a, b = self._piece(item.meta, r)
                 if b <= a:
                     continue
@@ -138,11 +199,18 @@ class OwnerFlow(Flow):
                     item.back.append((r, block, a, b, back_offset))
                     back_offset += b - a
                     back_counts[r] += b - a
-        return Route(metas, sends, send_counts, recv_counts, owned, back_counts, back_recv, back_recv_counts)
+        dev = self.grid.device
+        for name, counts in (("send", send_counts), ("recv", recv_counts), ("back", back_counts),
+                             ("back_recv", back_recv_counts)):
+            route.buffers[name] = torch.empty(sum(counts), dtype=BF16, device=dev)
+        for k in grouped:
+            if metas[k].local_numel:
+                route.buffers[k] = torch.empty(metas[k].local_numel, dtype=BF16, device=dev)
+        return route
 
     # ---- the step ------------------------------------------------------------------------------
 
-    def run(self, group: dict, updates) -> Pieces:
+    def run(self, group: dict, updates, options: FlowOptions) -> Pieces:
         """``updates``: (bucket, pieces) per bucket, the pieces aligned with ``bucket.param_indices`` (flat,
         None where a parameter is skipped). Yields (meta, my piece of its orthogonalised update).
 
@@ -150,15 +218,16 @@ class OwnerFlow(Flow):
         of buckets and matrices (K = 1 without overlap; with "prefetch" every chunk is sent before any is
         orthogonalised, so later chunks travel while Newton-Schulz runs, and each chunk's results go back while
         the next one is orthogonalised)."""
-        chunks = exchange_chunks(list(updates), self.opt.overlap, getattr(self.opt, "chunks", None))
-        if not self.opt.ns_batch and self.opt.overlap != "prefetch":   # "none", "naive": one chunk
+        self.options = options
+        chunks = exchange_chunks(list(updates), options.overlap, options.chunks)
+        if not options.ns_batch and options.overlap != "prefetch":   # "none", "naive": one chunk
             for chunk, pieces in chunks:
                 sent = [(chunk, pieces, self._send(chunk, pieces, True))]
                 yield from self._pieces_back(self._send_back(sent, self._orthogonalise(group, sent), True))
             return
-        wait_now = self.opt.overlap != "prefetch"
+        wait_now = options.overlap != "prefetch"
         sent = [(chunk, pieces, self._send(chunk, pieces, wait_now)) for chunk, pieces in chunks]
-        if self.opt.ns_batch:   # every chunk's matrices in one bank per shape
+        if options.ns_batch:   # every chunk's matrices in one bank per shape
             yield from self._pieces_back(self._send_back(sent, self._orthogonalise(group, sent), wait_now))
             return
         backs = [self._send_back([s], self._orthogonalise(group, [s]), False) for s in sent]
@@ -168,32 +237,40 @@ class OwnerFlow(Flow):
     def _send(self, chunk: tuple, pieces: list, wait_now: bool):
         """Start sending my pieces of other ranks' matrices to their owners (bf16, one copy)."""
         route = self.route(chunk)
-        send = self._buffer(sum(route.send_counts))
+        send = route.buffers["send"]
         dsts, srcs, zeros = [], [], []
-        for k, at in route.sends:
-            piece, n = pieces[k], route.metas[k].local_numel
+        parts = [(k, at, route.metas[k].local_numel, None) for k, at in route.sends] + route.group_sends
+        for k, at, n, where in parts:
+            piece = pieces[k]
             (zeros if piece is None else dsts).append(send[at: at + n])
             if piece is not None:
-                srcs.append(piece)
+                srcs.append(piece if where is None else piece[where])
         _copy(dsts, srcs, zeros)
         self.trace("to_owner", name_of(chunk), send)
         return self.comm.all_to_all(send, route.send_counts, route.recv_counts, "world", Phase.NS_TO_OWNER,
-                                    wait_now=wait_now)
+                                    wait_now=wait_now, out=route.buffers["recv"])
 
     def _orthogonalise(self, group: dict, sent: list) -> list:
-        """Every matrix I own in these chunks: its pieces into the bank of its shape, Newton-Schulz, the results
-        kept. A matrix split over TP by columns is gathered block by block first, then joined (one copy)."""
-        banks: dict[tuple, list] = {}
+        """My blocks of grouped matrices first, in chunk order on every member (so no member waits at a
+        collective while another orthogonalises its own matrices); then every matrix I own in these chunks: its
+        pieces into the bank of its shape, Newton-Schulz, the results kept. A matrix split over TP by columns is
+        gathered block by block first, then joined (one copy)."""
+        done = []
         for chunk, pieces, pending in sent:
-            for item in self.route(chunk).owned:
-                banks.setdefault(tuple(item.meta.full_shape), []).append((chunk, pieces, pending, item))
-        dsts, srcs, zeros, tensors, joins = [], [], [], {}, []
-        for shape, members in banks.items():
-            bank = tensors[shape] = torch.empty(len(members), *shape, dtype=BF16, device=self.grid.device)
-            for row, (_, pieces, pending, item) in enumerate(members):
-                blocks, rows, cols, split = item.key
+            for item in self.route(chunk).members:
+                done.append((chunk, item, self._group_ns(group, item, pieces[item.k], pending.wait())))
+        members = [(chunk, pieces, pending, item) for chunk, pieces, pending in sent for item in self.route(chunk).owned]
+        banks: dict[tuple, list] = {}
+        for member in members:
+            banks.setdefault(tuple(member[3].meta.full_shape), []).append(member)
+        kept = self._banks.setdefault(tuple(id(self.route(chunk)) for chunk, _, _ in sent), {})
+        dsts, srcs, zeros, joins = [], [], [], []
+        for shape, rows in banks.items():
+            bank = _kept(kept, shape, (len(rows), *shape), self.grid.device)
+            for row, (_, pieces, pending, item) in enumerate(rows):
+                blocks, n_rows, cols, split = item.key
                 if split == 1:   # blocks of columns: gathered apart, joined below
-                    staging = torch.empty(blocks, rows, cols, dtype=BF16, device=self.grid.device)
+                    staging = _kept(kept, (shape, row), (blocks, n_rows, cols), self.grid.device)
                     joins.append((bank[row], staging))
                     flat = staging.view(blocks, -1)
                 else:            # blocks of rows, or one block: each block is a run of the matrix
@@ -209,18 +286,34 @@ class OwnerFlow(Flow):
         _copy(dsts, srcs, zeros)
         for whole, staging in joins:
             whole.view(whole.shape[0], staging.shape[0], -1).copy_(staging.permute(1, 0, 2))
-        done = []
-        for shape, members in banks.items():
-            matrices = tensors[shape]
-            if self.opt.ns_batch:   # banks of matrices (3-D parameters) join the batch matrix by matrix
-                outs = self.newton_schulz(group, matrices.flatten(0, -3), [m[3].meta for m in members]).unflatten(
+        for shape, rows in banks.items():
+            matrices = kept[shape]
+            if self.options.ns_batch:   # banks of matrices (3-D parameters) join the batch matrix by matrix
+                outs = self.newton_schulz(group, matrices.flatten(0, -3), [m[3].meta for m in rows]).unflatten(
                     0, matrices.shape[:-2]).unbind(0)
             else:
-                outs = [self.newton_schulz(group, m, [member[3].meta]) for m, member in zip(matrices.unbind(0), members)]
-            for (chunk, _, _, item), matrix, out in zip(members, matrices.unbind(0), outs):
+                outs = [self.newton_schulz(group, m, [member[3].meta]) for m, member in zip(matrices.unbind(0), rows)]
+            for (chunk, _, _, item), matrix, out in zip(rows, matrices.unbind(0), outs):
                 self.trace("ns_input", item.meta.name, matrix)
                 done.append((chunk, item, self.trace("orthogonalised", item.meta.name, out)))
         return done
+
+    def _group_ns(self, group: dict, item: Member, piece, received: torch.Tensor) -> torch.Tensor:
+        """Every rank's elements of a grouped matrix into my block (one copy), and my part of its Newton-Schulz,
+        under the profiler range every Newton-Schulz call has (the group's collectives run inside it)."""
+        flat, meta = item.block.view(-1), item.meta
+        for at, n, where in item.parts:
+            if at is not None:
+                flat.index_copy_(0, where, received[at: at + n])
+            elif piece is None:
+                flat.index_fill_(0, where, 0)
+            else:
+                flat.index_copy_(0, where, piece[item.route.src[item.route.members.index(self.grid.rank)]].to(BF16))
+        self.trace("group_ns_input", meta.name, item.block)
+        self.done.add((meta.buffer_idx, meta.param_idx))
+        with record_function("muon:newton_schulz"):
+            out = group_newton_schulz(self.comm, group, meta, item.block, item.route, self.grid.rank)
+        return self.trace("group_orthogonalised", meta.name, out)
 
     def _send_back(self, sent: list, done: list, wait_now: bool) -> list:
         """Cut every result into the pieces each rank keeps (one copy) and start sending them back: one
@@ -230,11 +323,17 @@ class OwnerFlow(Flow):
             by_chunk[id(chunk)].append((item, out))
         backs = []
         for chunk, _, _ in sent:
-            items = by_chunk[id(chunk)]
             route = self.route(chunk)
-            send = self._buffer(sum(route.back_counts))
+            send = route.buffers["back"]
             dsts, srcs, mine = [], [], {}
-            for item, out in items:
+            for item, out in by_chunk[id(chunk)]:
+                if isinstance(item, Member):
+                    flat = out.reshape(-1)
+                    for at, n, where in item.back:
+                        torch.index_select(flat, 0, where, out=send[at: at + n])
+                    if item.mine is not None:
+                        mine[item.k] = (flat, *item.mine)
+                    continue
                 for _, block, a, b, at in item.back:
                     for offset, src in _parts(_block_piece(out, item, block, a, b)):
                         dsts.append(send[at + offset: at + offset + src.numel()].view(src.shape))
@@ -243,22 +342,27 @@ class OwnerFlow(Flow):
                     mine[item.k] = _block_piece(out, item, *item.mine)
             _copy(dsts, srcs, [])
             pending = self.comm.all_to_all(send, route.back_counts, route.back_recv_counts, "world",
-                                           Phase.NS_FROM_OWNER, wait_now=wait_now)
+                                           Phase.NS_FROM_OWNER, wait_now=wait_now, out=route.buffers["back_recv"])
             backs.append((chunk, pending, mine))
         return backs
-
-    def _buffer(self, numel: int) -> torch.Tensor:
-        return torch.empty(numel, dtype=BF16, device=self.grid.device) if numel else self._empty
 
     def _pieces_back(self, backs: list) -> Pieces:
         for chunk, pending, mine in backs:
             route, received = self.route(chunk), pending.wait()
             for k, meta in enumerate(route.metas):
-                if k in mine:   # maybe rows of a transposed result (see _block_piece): traced whole, if at all
+                if k in route.buffers:   # a grouped matrix: my piece, from every member's block
+                    piece = route.buffers[k]
+                    for at, n, where in route.group_back.get(k, []):
+                        piece.index_copy_(0, where, received[at: at + n])
+                    if k in mine:
+                        flat, at_block, at_piece = mine[k]
+                        piece.index_copy_(0, at_piece, flat[at_block])
+                    yield meta, self.trace("from_owner", meta.name, piece)
+                elif k in mine:   # maybe rows of a transposed result (see _block_piece): traced whole, if at all
                     piece = mine[k]
-                    if self.opt.trace is not None and isinstance(piece, list):
+                    if self.options.trace is not None and isinstance(piece, list):
                         self.trace("from_owner", meta.name, torch.cat([r.reshape(-1) for _, r in piece]))
-                    elif self.opt.trace is not None:
+                    elif self.options.trace is not None:
                         self.trace("from_owner", meta.name, piece)
                     yield meta, piece
                 elif k in route.back_recv:
@@ -266,18 +370,12 @@ class OwnerFlow(Flow):
                     yield meta, self.trace("from_owner", meta.name, received[at: at + n])
 
 
-PREFETCH_CHUNKS = 4   # exchanges per direction with "prefetch": enough for Newton-Schulz to hide transfers
-
-
 def exchange_chunks(updates: list, overlap: str, chunks: int | None = None) -> list[tuple[tuple, list]]:
     """(bucket, pieces) pairs joined into at most K chunks of consecutive buckets, each one exchange per
     direction: K = 1 without overlap ("none", "naive"), ``chunks`` (default ``PREFETCH_CHUNKS``) with "prefetch".
     Returns (buckets, their pieces one after another) per chunk; the buckets are split as evenly as their count
     allows (``torch.tensor_split``'s sizes)."""
-    k = 1 if overlap != "prefetch" else PREFETCH_CHUNKS if chunks is None else int(chunks)
-    if k < 1:
-        raise ValueError(f"chunks must be at least 1, got {chunks!r}")
-    k = min(k, len(updates))
+    k = min(FlowOptions(overlap, chunks).exchanges, len(updates))
     if not k:   # no buckets: no exchange
         return []
     base, extra = divmod(len(updates), k)
@@ -295,6 +393,13 @@ def name_of(chunk: tuple) -> str:
     if len(chunk) == 1:
         return f"bucket {first.buffer_idx}.{first.bucket_idx}"
     return f"buckets {first.buffer_idx}.{first.bucket_idx}-{last.buffer_idx}.{last.bucket_idx}"
+
+
+def _kept(kept: dict, key, shape: tuple, device) -> torch.Tensor:
+    """The bf16 tensor ``kept[key]`` of ``shape``, made the first time it is asked for."""
+    if key not in kept or kept[key].shape != torch.Size(shape):
+        kept[key] = torch.empty(shape, dtype=BF16, device=device)
+    return kept[key]
 
 
 def _copy(dsts: list, srcs: list, zeros: list) -> None:

@@ -25,7 +25,7 @@ class StaleParams(DistributedMuon):
     """Bug #1: pass 2 reuses the parameter list that pass 1's loop left bound (the last group's).
 
     The proof of concept unpacked each gathered bucket into the parameters, and so does this engine where the
-    parameters are not views of its buffers (``buffers.py``): that is where the bug is put back, so this class
+    parameters are not views of its buffers (``store.py``): that is where the bug is put back, so this class
     keeps every bucket unbound (``param_buffers=False``). With bound buffers the all-gather writes into the
     parameters where they are, and a stale list would have nothing to write into."""
 
@@ -49,7 +49,7 @@ class FlatView(DistributedMuon):
     """Bug #2: the matrix leaves the gathered bucket as a flat vector (a bug of the bucket layout's flow)."""
 
     def _make_flow(self, layout):
-        return FlatViewFlow(self) if layout == "bucket" else super()._make_flow(layout)
+        return FlatViewFlow(self.plan, self.grid, self.comm, self.muon_groups) if layout == "bucket" else super()._make_flow(layout)
 
 
 POC_BUGS = {"stale-params": StaleParams, "flat-view": FlatView}

@@ -222,7 +222,7 @@ def measure_grid(model: str, dp: int, layout: str = "owner", ns_batch: bool = Tr
     """Each rank's second step of ``DistributedMuon`` on a ``dp`` x 1 grid, on ``meta``, over the fake process
     group (``devicecheck.simulate``): rank -> ``Cost``. ``fresh_grads``: every step's gradients are new tensors
     (a loop that zeroes with ``set_to_none=True``, torch's default); else they are zeroed in place, so backward
-    writes into the optimizer's gradient buffers (``buffers.py``)."""
+    writes into the optimizer's gradient buffers (``store.py``)."""
     from ..distributed import DistributedMuon
     from .devicecheck import simulate
     from .stepmodels import hybrid_tp_groups, named_params
@@ -249,7 +249,7 @@ def measure_grid(model: str, dp: int, layout: str = "owner", ns_batch: bool = Tr
 def measure_landing(model: str, dp: int, tp: int = 1, set_to_none: bool = True, layers: int | None = None,
                     layout: str = "owner", ns_batch: bool = True) -> dict:
     """Each rank's second step of ``DistributedMuon`` on a ``dp`` x ``tp`` grid on ``meta`` (the fake process group
-    when more than one rank), with a real backward before it, so the gradient hooks run (``buffers.py``); the
+    when more than one rank), with a real backward before it, so the gradient hooks run (``store.py``); the
     loop zeroes with ``zero_grad(set_to_none=...)`` (not counted: torch's loop does the same). Returns rank ->
     dict(step=Cost of ``step()``, hook=Cost of the optimizer's own ops during backward, grad_copied=bytes copied
     into the optimizer's gradient buffers by both, hook_copied=those the hooks copied, grad_bytes=this rank's
@@ -272,7 +272,7 @@ def measure_landing(model: str, dp: int, tp: int = 1, set_to_none: bool = True, 
         for step in (1, 2):
             opt.zero_grad(set_to_none=set_to_none)
             total = loss()
-            watch = {s.grads.untyped_storage()._cdata for row in opt.buffers.slots for s in row
+            watch = {s.grads.untyped_storage()._cdata for row in opt.store.slots for s in row
                      if s.grads is not None}
             with StepCost(watch) as backward:
                 total.backward()
@@ -309,13 +309,13 @@ def persistent_bytes(model: str, dp: int, tp: int = 1, layout: str = "bucket", l
         named = named_params(model, grid.device, layers, tp=grid.tp)
         opt = DistributedMuon(hybrid_tp_groups(model, named, grid.tp), grid, comm=comm, layout=layout,
                               ns_batch=layout != "bucket")
-        slots = [s for row in opt.buffers.slots for s in row]
+        slots = [s for row in opt.store.slots for s in row]
         state = [t for row in opt.shards for shard in row for k, t in shard.items() if k != "master"]
         flow = opt.flow
         kinds = dict(gradient_buffers=nbytes(s.grads for s in slots),
                      gradient_shards=nbytes(s.grad_shard for s in slots),
                      gather_slots=nbytes(getattr(flow, "gathered", []) + getattr(flow, "tp_gathered", [])),
-                     optimizer_state=nbytes(state), separate_masters=opt.buffers.allocated_master_bytes())
+                     optimizer_state=nbytes(state), separate_masters=opt.store.allocated_master_bytes())
         params = sum(p.numel() * 4 for _, p in named)
         out.update({k: v / params for k, v in kinds.items()})
 

@@ -1,6 +1,9 @@
-"""The tensors a ZeRO-1 step works on, bucket by bucket: the parameters, the master shard, the gradients.
+"""The store: the tensors a ZeRO-1 step works on, bucket by bucket, built once from the plan.
 
-The buffers are the source of truth, as in Megatron-LM's parameter-and-gradient buffers and torch's
+For every bucket (a ``Slot``): the parameters' flat buffer, the gradient buffer backward's gradients land in,
+this rank's master shard and its optimizer state (``shards``: momentum, or AdamW's moments). The store is built
+from data (the plan, each group's parameters, master dtypes, the grid and the ``Comm``), never the optimizer.
+"Buffer" in this package means one of these flat per-bucket tensors. They are the source of truth, as in Megatron-LM's parameter-and-gradient buffers and torch's
 ``ZeroRedundancyOptimizer(parameters_as_bucket_view=True)``:
 
 * **Parameters.** When every parameter of a bucket is a plain tensor that owns its storage (same dtype and
@@ -49,6 +52,9 @@ import torch
 from .comm import Phase
 from .placements import is_dtensor, local
 from .sharding import local_shard, pack_bucket, unpack_bucket
+from .updates import muon_momentum_foreach_
+
+MUON_STATE, ADAMW_STATE = ("master", "momentum"), ("master", "exp_avg", "exp_avg_sq")
 
 
 @dataclass
@@ -103,23 +109,34 @@ def _run(bucket, meta) -> int:
     return runs[0][2]
 
 
-class Buffers:
-    """Every bucket's ``Slot``, and the four things a step asks of them (see the module docstring)."""
+class Store:
+    """Every bucket's ``Slot`` and state, and what a step asks of them (see the module docstring). ``params``: each
+    group's parameter list (the optimizer's own lists); ``muon``: whether each group is Muon's."""
 
-    def __init__(self, opt, bind: bool | str = True):
+    def __init__(self, plan, params: list[list], master_dtypes: list, muon: list[bool], grid, comm,
+                 bind: bool | str = True):
         if bind not in (True, False, "all"):
             raise ValueError(f"param_buffers must be True, False or 'all' (DTensor parameters too), got {bind!r}")
-        self.opt, self.plan, self.grid = opt, opt.plan, opt.grid
-        shared = _shared_storages([p for g in opt.param_groups for p in g["params"]])
+        self.plan, self.params, self.master_dtypes, self.muon = plan, params, master_dtypes, muon
+        self.grid, self.comm = grid, comm
+        shared = _shared_storages([p for group in params for p in group])
         self.slots = []
-        for g, group in enumerate(opt.param_groups):
-            params, row = group["params"], []
+        for g, group in enumerate(params):
+            row = []
             for bucket in self.plan.buckets[g]:
-                mine = [params[i] for i in bucket.param_indices]
+                mine = [group[i] for i in bucket.param_indices]
                 ok = (bool(bind) and bindable(mine, dtensors=bind == "all")
                       and not any(_storage(held(p)) in shared for p in mine))
                 row.append(self._bind(g, bucket) if ok else Slot(self._packed_shard(g, bucket).clone()))
             self.slots.append(row)
+        # this rank's state per bucket: the master shard (the parameters themselves where they can be) and
+        # Muon's or AdamW's state laid out alike
+        self.shards = [[{k: slot.master if k == "master" else torch.zeros_like(slot.master)
+                         for k in (MUON_STATE if muon[g] else ADAMW_STATE)} for slot in row]
+                       for g, row in enumerate(self.slots)]
+        self.momenta = {(g, b.bucket_idx): [local_shard(self.shards[g][b.bucket_idx]["momentum"], plan, plan.metas[g][i])
+                                            for i in b.param_indices]
+                        for g, buckets in enumerate(plan.buckets) if muon[g] for b in buckets}
         self.hooks = []   # the gradient hooks' handles, removed when these buffers go
         if self.grid.dp > 1:
             self._land_gradients()
@@ -128,7 +145,7 @@ class Buffers:
     # ---- building --------------------------------------------------------------------------------
 
     def _bind(self, g: int, bucket) -> Slot:
-        params, metas = self.opt.param_groups[g]["params"], self.plan.metas[g]
+        params, metas = self.params[g], self.plan.metas[g]
         first = held(params[bucket.param_indices[0]])
         flat = torch.zeros(bucket.padded_numel, dtype=first.dtype, device=first.device)
         for i in bucket.param_indices:
@@ -137,14 +154,14 @@ class Buffers:
             view.copy_(t.detach())
             _place(params[i], view)
         own = flat[self.grid.dp_rank * bucket.shard_numel: (self.grid.dp_rank + 1) * bucket.shard_numel]
-        dtype = self.opt.master_dtypes[g]
+        dtype = self.master_dtypes[g]
         master = own if own.dtype == dtype else own.to(dtype)
         return Slot(master, flat, [held(params[i]).data_ptr() for i in bucket.param_indices])
 
     def _packed_shard(self, g: int, bucket) -> torch.Tensor:
         """This rank's shard of the bucket's current parameter values, packed (unbound buckets)."""
-        params = self.opt.param_groups[g]["params"]
-        flat = pack_bucket(_only(params, bucket, lambda p: local(p.detach())), bucket, self.opt.master_dtypes[g])
+        params = self.params[g]
+        flat = pack_bucket(_only(params, bucket, lambda p: local(p.detach())), bucket, self.master_dtypes[g])
         lo = bucket.shard_numel * self.grid.dp_rank
         return flat[lo: lo + bucket.shard_numel]
 
@@ -155,7 +172,7 @@ class Buffers:
 
     def refresh(self) -> None:
         """Take up whatever was written to the parameters since the last step (see the module docstring)."""
-        for g, group in enumerate(self.opt.param_groups):
+        for g, group in enumerate(self.params):
             for bucket in self.plan.buckets[g]:
                 slot = self.slots[g][bucket.bucket_idx]
                 if slot.params is None:
@@ -165,7 +182,7 @@ class Buffers:
                 else:
                     continue   # the master is the parameter: nothing to take up
                 master = slot.master
-                dtype = group["params"][bucket.param_indices[0]].dtype
+                dtype = group[bucket.param_indices[0]].dtype
                 if dtype == master.dtype:
                     if current.data_ptr() != master.data_ptr():
                         master.copy_(current)
@@ -179,7 +196,7 @@ class Buffers:
 
     def _rebind_moved(self, g: int, bucket, slot: Slot) -> bool:
         """A parameter given new storage (``p.data = new``): copy its values in, make it a view again."""
-        params, metas, moved = self.opt.param_groups[g]["params"], self.plan.metas[g], False
+        params, metas, moved = self.params[g], self.plan.metas[g], False
         for k, i in enumerate(bucket.param_indices):
             p = held(params[i])
             if p.data_ptr() == slot.ptrs[k]:
@@ -201,8 +218,8 @@ class Buffers:
 
     def _land_gradients(self) -> None:
         """Every bucket's flat gradient buffer, and a hook on each parameter that lands its gradient there."""
-        for g, group in enumerate(self.opt.param_groups):
-            params, metas, dtype = group["params"], self.plan.metas[g], self.opt.master_dtypes[g]
+        for g, params in enumerate(self.params):
+            metas, dtype = self.plan.metas[g], self.master_dtypes[g]
             for bucket in self.plan.buckets[g]:
                 slot = self.slots[g][bucket.bucket_idx]
                 slot.grads = torch.zeros(bucket.padded_numel, dtype=dtype, device=self.grid.device)
@@ -215,27 +232,55 @@ class Buffers:
                     view = slot.grads[at: at + metas[i].numel].view(shape)
                     self.hooks.append(p.register_post_accumulate_grad_hook(_Landing(view)))
 
-    def grad_pieces(self, g: int, bucket, present: list[bool], keep=None, toward=None) -> list:
+    def grad_pieces(self, g: int, bucket, step: dict, trace=None) -> list:
         """This rank's DP-mean gradient of every parameter of the bucket, as flat pieces in master dtype
-        (aligned with ``bucket.param_indices``; None for a parameter no rank has a gradient for). With several
-        DP ranks and ``keep`` (a step "defer" may skip: ``finite.py``), the shard is ``toward`` (the momentum
-        shard, laid out alike) where ``keep`` is False: one NaN-proof pass per bucket."""
-        params, metas, dtype = self.opt.param_groups[g]["params"], self.plan.metas[g], self.opt.master_dtypes[g]
+        (aligned with ``bucket.param_indices``; None for a parameter no rank has a gradient for), made once per
+        step and kept in ``step["grads"]`` (``step``: the step's decisions, ``present`` per group and ``keep``).
+        With several DP ranks, in a Muon group, and ``keep`` (a step "defer" may skip: ``finite.py``), the shard
+        is the momentum shard (laid out alike) where ``keep`` is False: one NaN-proof pass per bucket."""
+        key = (g, bucket.bucket_idx)
+        if key not in step["grads"]:
+            step["grads"][key] = self._grad_pieces(g, bucket, step["present"][g], step["keep"] if self.muon[g] else None)
+            if trace is not None and self.grid.dp > 1:
+                trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}",
+                      torch.cat([x for x in step["grads"][key] if x is not None] or [torch.zeros(0)]))
+        return step["grads"][key]
+
+    def momentum(self, g: int, group: dict, step: dict, lazy: bool, trace=None):
+        """(bucket, this rank's gradient pieces through Muon's momentum) per bucket of Muon group ``g``: the
+        pieces to orthogonalise (None for a skipped parameter, whose momentum is left as it is). For a flow that
+        consumes every bucket before it hands anything back, in one pass over the group; for a ``lazy`` one (the
+        bucket layout's, which keeps at most two gathered buckets alive) bucket by bucket, as it asks."""
+        def momentum(buckets):
+            rows = [list(self.grad_pieces(g, b, step, trace)) for b in buckets]   # new lists: the cache keeps the gradients
+            todo = [(n, k) for n, row in enumerate(rows) for k, grad in enumerate(row)
+                    if grad is not None and grad.numel()]
+            out = muon_momentum_foreach_([self.momenta[(g, buckets[n].bucket_idx)][k] for n, k in todo],
+                                         [rows[n][k] for n, k in todo], group["momentum"], group["nesterov"],
+                                         step["keep"] if self.grid.dp == 1 else None)
+            for (n, k), piece in zip(todo, out):
+                rows[n][k] = piece
+            return list(zip(buckets, rows))
+        if lazy:
+            return (pair for b in self.plan.buckets[g] for pair in momentum([b]))
+        return momentum(self.plan.buckets[g])
+
+    def _grad_pieces(self, g: int, bucket, present: list[bool], keep=None) -> list:
+        params, metas, dtype = self.params[g], self.plan.metas[g], self.master_dtypes[g]
         if self.grid.dp == 1:
             return [None if not present[i] else _flat(local(params[i].grad), dtype) if params[i].grad is not None
                     else torch.zeros(metas[i].local_numel, dtype=dtype, device=self.grid.device)
                     for i in bucket.param_indices]
         shard = self.reduce_scatter(g, bucket)
         if keep is not None:
-            torch.where(keep, shard, toward, out=shard)
+            torch.where(keep, shard, self.shards[g][bucket.bucket_idx]["momentum"], out=shard)
         return [local_shard(shard, self.plan, metas[i]) if present[i] else None for i in bucket.param_indices]
 
     def reduce_scatter(self, g: int, bucket) -> torch.Tensor:
         """Copy the bucket's gradients into its flat buffer (those not already there),
         reduce-scatter over DP, divide by dp: this rank's DP-mean gradient shard."""
         slot = self.slots[g][bucket.bucket_idx]
-        params, metas = self.opt.param_groups[g]["params"], self.plan.metas[g]
-        dtype = self.opt.master_dtypes[g]
+        params, metas, dtype = self.params[g], self.plan.metas[g], self.master_dtypes[g]
         flat, dsts, srcs, zeros = slot.grads, [], [], []
         for i in bucket.param_indices:
             p, at = params[i], _run(bucket, metas[i])
@@ -257,7 +302,7 @@ class Buffers:
         if zeros:
             torch._foreach_zero_(zeros)
         shard = slot.grad_shard
-        self.opt.comm.reduce_scatter_into(shard, flat, "dp", Phase.GRAD_REDUCE_SCATTER)
+        self.comm.reduce_scatter_into(shard, flat, "dp", Phase.GRAD_REDUCE_SCATTER)
         return shard.div_(self.grid.dp)
 
     # ---- after the step: the parameters all-gathered --------------------------------------------------
@@ -265,8 +310,8 @@ class Buffers:
     def gather(self, g: int, bucket, params=None) -> None:
         """Every rank's master shard into every rank's parameters. ``params`` (the
         group's, by default) is where an unbound bucket unpacks to."""
-        slot, comm = self.slots[g][bucket.bucket_idx], self.opt.comm
-        params = self.opt.param_groups[g]["params"] if params is None else params
+        slot, comm = self.slots[g][bucket.bucket_idx], self.comm
+        params = self.params[g] if params is None else params
         if slot.params is None:
             dtype = params[bucket.param_indices[0]].dtype
             full = comm.all_gather(slot.master.to(dtype), "dp", Phase.PARAM_ALL_GATHER)
