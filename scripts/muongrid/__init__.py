@@ -20,14 +20,15 @@ The engine, in the order the book introduces it (the math apart from the orchest
     placements     DTensor placements -> tp_split_dim, and a DTensor's local shard
     store          the step's store: each bucket's parameters, gradients, master shard and state as flat buffers
     comm           every collective, with the communication ledger (bytes and Newton-Schulz work)
-    flows          momentum shards -> orthogonalised shards, per layout (the bucket layout's gathers)
-    owner_flow     the owner layouts' flow: pieces to each matrix's owner and back, K all-to-alls each way
+    flows          momentum pieces -> orthogonalised pieces: FlowOptions, the bucket layout's flow
+    owner_flow     the owner layouts' flow (owner, aligned, group): pieces to owners and back, K all-to-alls each way
     ns_group       one matrix's Newton-Schulz over a group of ranks (the Gram all-reduce form, or the row form)
     group_routes   the group layout: which elements of each rank's pieces go to which member (pure)
-    group_flow     the group layout's flow: owners as in flows, large matrices over their group
+    group_flow     the group layout's part of the owner flow: a grouped matrix's route and its Newton-Schulz
     ns_gram_group  the Gram form (ns_form="gram") of one matrix over a group: R all-reduced once (pure)
     ns_variants    Newton-Schulz variants: per-iteration coefficient schedules and the Gram form (pure)
     distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses)
+    rank_state     one rank's state_dict / load_state_dict of the ZeRO-1 optimizers (its shard, same grid)
     contract       what every torch optimizer promises (keywords, checks, skipped gradients, schedulers)
     capture        capturable=True: hyperparameters and step counts as device tensors, what a captured step refuses
     clipping       opt.clip_grad_norm_: the DP-mean gradient's global norm, TP counted once

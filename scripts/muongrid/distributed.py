@@ -1,66 +1,30 @@
 """Distributed Muon and Distributed AdamW: ``torch.optim.Optimizer``s with ZeRO-1 state, aware of TP.
 
-Each rank holds its TP-local parameters and their gradients (a TP-parallel model's own shards)
-and, thanks to ZeRO-1, optimizer state for only its DP shard of every bucket (``plan.py``). One
-step, bucket by bucket:
+Each rank holds its TP-local parameters and gradients and, thanks to ZeRO-1, optimizer state for only its DP
+shard of every bucket (``plan.py``). One step, bucket by bucket:
 
   1. gradients    reduce-scatter over DP (fp32, sum / dp)                    -> my gradient shard
-  2. Muon groups  momentum on my pieces (fp32) -> the layout's flow (``flows.py``) turns them into my
-                  pieces of the orthogonalised update -> decay and scaled lr into my master shard
-     AdamW groups AdamW on my shard, elementwise (one fused kernel on a GPU), into my master shard
+  2. Muon groups  momentum on my pieces (fp32) -> the layout's flow (``flows.py``, ``owner_flow.py``) turns
+                  them into my pieces of the orthogonalised update -> decay and scaled lr into my master shard
+     AdamW groups AdamW on my shard, elementwise, into my master shard
   3. parameters   all-gather the master shards over DP, into the parameters in place
 
-The tensors these stages read and write live in per-bucket buffers (``store.py``): the parameters are
-views of one flat tensor per bucket, so an fp32 parameter is its own master and the all-gather writes into
-it where it is; with one DP rank the gradients are read where autograd left them. Every pass runs once
-over a list of pieces (``updates.py``'s ``_foreach_`` functions), not once per parameter, and nothing in a
-step reads a value back from a GPU unless ``check_finite="raise"`` asks for it (``finite.py``).
-
-The layout (``layouts.py``) is a choice of the plan: "owner" (the default: one owner per matrix,
-Newton-Schulz once), "bucket" (the paper's and the proof of concept's: every rank orthogonalises
-every matrix; pass it to reproduce them), "aligned" (shards cut on matrix boundaries) or "group" (owner, but a matrix above the fair
-share of Newton-Schulz work is orthogonalised by a group of ranks together: ``group_flow.py``). Steps 1 and 3 are AdamW's and the same for
-every layout but "aligned", whose uneven shards travel padded.
+The optimizer builds the plan, the store (``store.py``: every bucket's buffers and state) and the layout's
+flow, and a step hands them data: ``self.store`` refreshes from the parameters, gives the flow momentum pieces,
+``Applier`` writes the flow's results into the masters, and the store all-gathers them. Layouts ("owner", the
+default; "bucket", the proof of concept's; "aligned"; "group") are in ``layouts.py``; ``overlap``, ``chunks``,
+``ns_batch`` are the flow's options (``flows.FlowOptions``), ``hw`` sizes the group layout's groups by time.
 
     opt = DistributedMuon(hybrid_param_groups(model.named_parameters()), grid)   # layout="owner"
     loss.backward(); opt.step(); opt.zero_grad()
-
-``hw=`` (a hardware profile, ``hardware.py``; the group layout only) sizes the groups by time instead of by
-FLOPs: each matrix goes to one owner or to a group of any size, whichever finishes it first counting the
-group's collectives on the link its members share (``layouts.assign_timed``); every rank must give the same.
-``ns_batch=True`` (owner, aligned and group layouts; the default on a GPU, ``default_ns_batch``) has each
-owner run one batched Newton-Schulz per distinct matrix shape it owns, instead of one call per matrix (same
-parameters, bit for bit, on the CPUs we checked); under "group" a matrix orthogonalised by a group is never batched (each member holds a block
-of it: ``group_flow.py``).
-``overlap`` picks how transfers meet Newton-Schulz (``flows.py``); by default the bucket layout runs
-as the proof of concept did and the owner layouts prefetch (``default_overlap``). The owner, aligned and
-group layouts exchange a Muon group's pieces in K all-to-alls per direction, whatever the number of buckets:
-K = 1 without overlap, ``chunks`` (default 4) with "prefetch" (``owner_flow.exchange_chunks``).
-
-Hyperparameters live in ``param_groups`` (an lr scheduler works); a group may also give
-``names`` (for errors) and ``tp_split_dims`` (per parameter: 0 or 1 if the model splits it over
-TP, -1 if replicated). Parameters may be DTensors on the grid's "tp" mesh dimension (a model made
-tensor-parallel with ``parallelize_module``): their split dim is read from the placement
-(``Shard(0)`` -> 0, ``Shard(1)`` -> 1, ``Replicate()`` -> -1) and the optimizer works on their
-local shards (``placements.py``). State is per parameter, as torch keeps it: ``master`` (the copy of
-the elements this rank owns, fp32, or fp64 for a float64 group), ``momentum`` or ``exp_avg``/``exp_avg_sq``
-and ``step``; each is a view into the bucket shard the collectives use. ``state_dict()`` /
-``load_state_dict()`` round-trip on the same grid, layout and rank (each rank saves and loads its own).
-
-**As a torch optimizer** (``contract.py``, ``tests/test_contract.py``): a step starts from the parameters'
-current values. The master is refreshed from the parameter at the start of every step wherever the
-parameter no longer equals the master rounded to the parameter's dtype: for fp32 and fp64 parameters
-that is every changed element (the master is then the parameter), for bf16/fp16 parameters the fp32
-master keeps its extra bits until someone writes the parameter (loading weights, clamping, EMA swaps).
-A gradient that is None on every rank skips its parameter as torch does; None on some ranks counts as
-zeros there (one small all-reduce per step decides, the same on every rank). Gradients are averaged
-over DP inside the step, so clipping the mean gradient is ``opt.clip_grad_norm_`` (``clipping.py``).
 
 ``capturable=True`` (opt-in; ``capture.py``) keeps lr, weight decay, momentum, betas and step counts in device
 tensors and makes ``step()`` read nothing back and copy nothing from the host, so that a CUDA graph could capture
 it; the step has not been captured on a GPU yet.
 
-Run it: ``python scripts/verify.py --dp 2 --tp 2 --layout bucket,owner`` (or under ``torchrun``).
+What it promises as a torch optimizer (hyperparameters in ``param_groups``, DTensor parameters, skipped
+gradients, per-parameter state views, ``state_dict``) is ``contract.py`` and the book's ``book/api.md``;
+chapter 5 walks one step. Run it: ``python scripts/verify.py --dp 2 --tp 2 --layout bucket,owner``.
 """
 from __future__ import annotations
 
@@ -80,6 +44,7 @@ from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names
 from .owner_flow import OwnerFlow
 from .placements import is_dtensor, local, resolve_tp_split_dims
 from .plan import ParamSpec, build_plan, disagreement, plan_key
+from .rank_state import RankState
 from .sharding import local_shard
 from .store import Store
 from .updates import adamw_foreach_, adjust_lr, apply_update_foreach_, lr_key
@@ -103,7 +68,7 @@ def default_overlap(layout: str) -> str:
     return "none" if layout == "bucket" else "prefetch"
 
 
-class ZeroOneOptimizer(torch.optim.Optimizer):
+class ZeroOneOptimizer(RankState, torch.optim.Optimizer):
     """The engine: ZeRO-1 sharded state, Muon or AdamW per group. Use the two classes below."""
 
     _step_supports_amp_scaling = True   # so torch.amp.GradScaler hands us its step, and we refuse it (contract.py)
@@ -253,57 +218,11 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
                     for k in self.shards[g][bucket.bucket_idx]}
         self._masters = [[self.state[p]["master"] for p in group["params"]] for group in self.param_groups]
 
-    def state_dict(self) -> dict:
-        self.check_finite_now()   # never hand out a state the deferred NaN/Inf check has not cleared
-        sd = super().state_dict()
-        sd["muongrid"] = self._signature()
-        return sd
-
-    def _signature(self) -> dict:
-        """What a saved state depends on: resharding to another grid or layout is not done here."""
-        return dict(dp=self.grid.dp, tp=self.grid.tp, dp_rank=self.grid.dp_rank, tp_rank=self.grid.tp_rank,
-                    layout=self.layout, global_buffer_size=list(self.plan.global_buffer_size))
-
     def __getstate__(self):
         refuse_pickle(self)
 
     def __deepcopy__(self, memo):
         return deepcopy_sharing(self, memo, ("grid", "comm", "options"))
-
-    @torch.no_grad()
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Load a state saved by the same optimizer on the same grid, layout and rank. Everything is
-        checked before anything changes; a mismatch is an error naming it. ``register_load_state_dict_pre_hook``
-        and ``_post_hook`` hooks run as in torch."""
-        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
-            result = pre_hook(self, state_dict)
-            if result is not None:
-                state_dict = result
-        check_signature(state_dict.get("muongrid"), self._signature())
-        groups = state_dict["param_groups"]
-        if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
-            raise ValueError("the saved parameter groups differ from this optimizer's in number or size")
-        ids = [i for g in groups for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        for i, p in zip(ids, params):
-            theirs, ours = state_dict["state"].get(i, {}), self.state[p]
-            if set(theirs) != set(ours) or any(torch.as_tensor(theirs[k]).shape != ours[k].shape for k in ours):
-                raise ValueError(f"saved state of parameter {i} has {sorted(theirs)} with other shapes than "
-                                 f"this optimizer's {sorted(ours)}")
-        for i, p in zip(ids, params):
-            for k, t in self.state[p].items():
-                t.copy_(torch.as_tensor(state_dict["state"][i][k]))  # a Python-number step too
-        for ours, theirs in zip(self.param_groups, groups):
-            if not self.capturable:
-                ours.update({k: v for k, v in theirs.items() if k != "params"})
-                continue
-            for k, v in theirs.items():   # the hyperparameter tensors are written in place (capture.py)
-                if k != "params":
-                    ours[k] = v
-        MomentumSync.of(self).after_load(self.param_groups)
-        self._prepared = None
-        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
-            post_hook(self)
 
     # ---- the step ---------------------------------------------------------------------------------
 
@@ -626,28 +545,3 @@ def master_dtype(group: dict, g_idx: int) -> torch.dtype:
         raise ValueError(f"group {g_idx} mixes float64 parameters with {sorted(str(d)[6:] for d in dtypes - {torch.float64})}; "
                          "ZeRO-1 keeps one master dtype per group: put the float64 parameters in a group of their own")
     return torch.float64 if dtypes == {torch.float64} else torch.float32
-
-
-def check_signature(saved: dict | None, ours: dict) -> None:
-    """Refuse a state_dict from another rank, grid or layout, saying which and what to do."""
-    if saved == ours:
-        return
-    if saved is None:
-        raise ValueError("this state_dict has no 'muongrid' entry: it was not saved by DistributedMuon/DistributedAdamW "
-                         "(a single-device optimizer's state cannot be loaded into ZeRO-1 shards; use muongrid.checkpoint)")
-    grid_keys = ("dp", "tp", "layout", "global_buffer_size")
-    if all(saved.get(k) == ours[k] for k in grid_keys):
-        raise ValueError(f"this state_dict is the shard of rank dp {saved.get('dp_rank')}, tp {saved.get('tp_rank')}; "
-                         f"this is rank dp {ours['dp_rank']}, tp {ours['tp_rank']} of the same grid and layout. ZeRO-1 "
-                         "keeps each rank's own shard of the optimizer state, so 'save on rank 0, load everywhere' "
-                         "cannot work: save opt.state_dict() on every rank (e.g. torch.save(opt.state_dict(), "
-                         "f'opt.{rank}.pt')) and load each rank's own file, or use muongrid.checkpoint.save/load "
-                         "(one folder, loadable on any grid and layout)")
-    differ = {k: (saved.get(k), ours[k]) for k in grid_keys if saved.get(k) != ours[k]}
-    hint = ""
-    if saved.get("layout") == "bucket" and ours["layout"] == "owner":
-        hint = (" DistributedMuon's default layout was 'bucket' before muongrid 0.5 and is 'owner' now: pass "
-                "layout='bucket' to load this state as it was saved, or move it through muongrid.checkpoint.")
-    raise ValueError(f"this state_dict was saved on another grid or layout ({', '.join(f'{k}: saved {a}, here {b}' for k, (a, b) in differ.items())}); "
-                     "a state_dict is one rank's shard of one plan: resharding goes through muongrid.checkpoint.save/load."
-                     + hint)

@@ -1,34 +1,24 @@
-"""The owner layouts' flow ("owner", "aligned" and "group"): each matrix goes, in pieces, to its one owner (under
+"""The owner layouts' flow ("owner", "aligned", "group"): each matrix goes, in pieces, to its one owner (under
 "group", a large one block by block to its group's members: ``group_flow.py``), is orthogonalised there once, and
-comes back in pieces.
+comes back in pieces. Who sends what to whom is arithmetic on the plan, done once per chunk of buckets and kept
+(``OwnerRoute``); a step only moves data, with one copy each way::
 
-Who sends what to whom is arithmetic on the plan, done once per chunk of buckets and kept (``OwnerRoute``); a
-step only moves data, with one copy each way::
+    my pieces --bf16, one copy into the send buffer--> all-to-all --> owners (and members)   "to owner"
+    owner: its matrices' pieces --one copy--> a bank (one tensor per shape), Newton-Schulz on each
+           bank (``ns_batch``) or on each matrix of it; member: its block, with the other members
+    the results --one copy into the send buffer--> all-to-all --> back                       "from owner"
 
-    my pieces --bf16, one copy into the send buffer--> all-to-all --> owners (and group members)   "to owner"
-    owner: the pieces of every matrix it owns --one copy--> a bank (one tensor per shape)
-           Newton-Schulz on each bank (``ns_batch``) or on each matrix of it
-    member: every rank's elements in its block of the long side --one copy--> its block, orthogonalised
-           with the other members
-    the results --one copy into the send buffer--> all-to-all --> back                             "from owner"
-
-A rank's own pieces of a matrix it owns never enter a collective: they go from the momentum straight into the
-bank, and their update is read from the result in place (on one GPU that is every matrix, so a step copies
-nothing but the bf16 cast torch.optim.Muon makes too). A matrix replicated over TP (``tp_split_dim == -1``) is
-sent by one TP rank only (the owner's) and every TP rank gets its piece back. A bank holds the matrices of one
-shape, whole; a matrix split over TP by rows has its TP blocks one after another there, so every piece lands in
-one contiguous run; one split by columns is gathered block by block apart and then joined (one more copy).
-Per matrix the arithmetic is the single-device one (the same bf16 values into the same ``zeropower_ns5``), so
-the parameters equal one process's bit for bit; with ``ns_batch`` on a CPU as well
-(``newton_schulz.CPU_BATCH_AS_LOOP``).
+A rank's own pieces of a matrix it owns never enter a collective. A matrix replicated over TP is sent by the
+owner's TP rank only and every TP rank gets its piece back. A bank row holds a matrix whole, a TP split by rows
+as consecutive blocks; one split by columns is gathered apart and joined (one more copy). Per matrix the
+arithmetic is the single-device one, so the parameters equal one process's bit for bit (chapter 8).
 
 **What stays between steps.** Every buffer a step moves data through is made on the first step and kept: per
-chunk, the send and receive buffers of both all-to-alls (bf16: this rank's pieces of matrices it does not own,
-and the pieces others send it), per set of chunks orthogonalised together the banks (bf16, every matrix this
-rank owns there, whole) and, under "group", each block this rank holds and its pieces of grouped matrices. So
-about 2 x (my pieces + what I own + my blocks) bf16 bytes live between steps, which used to be allocated and
-freed inside every step (``lab/stepcost.persistent_bytes``; ``tests/test_store_buffers.py`` checks two steps
-use the same storages).
+chunk both all-to-alls' send and receive buffers (bf16: this rank's pieces of matrices others own, and what
+others send it), per set of chunks orthogonalised together the banks (bf16, every matrix this rank owns,
+whole) and, under "group", each block this rank holds and its pieces of grouped matrices: about
+2 x (my pieces + what I own + my blocks) bf16 bytes, which a step used to allocate and free
+(``lab/stepcost.persistent_bytes``; ``tests/test_store_buffers.py`` checks two steps use the same storages).
 """
 from __future__ import annotations
 

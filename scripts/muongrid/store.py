@@ -1,45 +1,25 @@
-"""The store: the tensors a ZeRO-1 step works on, bucket by bucket, built once from the plan.
+"""The store: the tensors a ZeRO-1 step works on, bucket by bucket, built once from the plan and kept.
 
-For every bucket (a ``Slot``): the parameters' flat buffer, the gradient buffer backward's gradients land in,
-this rank's master shard and its optimizer state (``shards``: momentum, or AdamW's moments). The store is built
-from data (the plan, each group's parameters, master dtypes, the grid and the ``Comm``), never the optimizer.
-"Buffer" in this package means one of these flat per-bucket tensors. They are the source of truth, as in Megatron-LM's parameter-and-gradient buffers and torch's
-``ZeroRedundancyOptimizer(parameters_as_bucket_view=True)``:
+For every bucket (a ``Slot``): the parameters' flat buffer, the gradient buffer backward lands in, this rank's
+master shard and its optimizer state (``shards``: momentum, or AdamW's moments). It is built from data (the
+plan, each group's parameters, master dtypes, the grid and the ``Comm``), never the optimizer. A *buffer* in
+this package is such a flat tensor made once and kept (the glossary's "store"), as in Megatron-LM's
+parameter-and-gradient buffers and torch's ``ZeroRedundancyOptimizer(parameters_as_bucket_view=True)``:
 
-* **Parameters.** When every parameter of a bucket is a plain tensor that owns its storage (same dtype and
-  device, contiguous), the optimizer makes them views of one flat tensor laid out as the collectives move it
-  (``Slot.params``: shard r at offset ``r * shard_numel``). With ``param_buffers="all"`` DTensor parameters
-  (a tensor-parallel model's) are bound too: each keeps its placements and global shape, and its local shard
-  (``_local_tensor``, which ``to_local()`` returns a view of) becomes the view, as FSDP2 does with its own
-  sharded parameters. Not by default: torch 2.13's ``torch.compile`` cannot trace a model holding a DTensor
-  whose local shard starts inside a bigger storage (its fake-tensor conversion fails with "Attempted to set
-  the storage of a tensor on device cpu to a storage on different device meta"). The parameter all-gather
-  then writes into the
-  parameters where they are (in place, nothing unpacked), and an fp32 (or fp64) parameter is its own
-  master: the master shard is this rank's slice of that tensor. A bf16 or fp16 parameter keeps an fp32
-  master shard apart, refreshed from the parameter wherever the parameter no longer equals the master
-  rounded to its dtype (so its extra bits survive until someone writes the parameter). A bucket that cannot
-  be bound (parameters that share storage or are views of a bigger tensor, mixed dtypes) keeps a master shard
-  apart and is packed and unpacked (``sharding.py``), touching only its own parameters. Either way a step's
-  host work is linear in the number of parameters.
-  ``p.data = new`` after the optimizer was built is noticed at the next step (the storage moved): the new
-  values are copied into the buffer and the parameter made a view again.
-* **Gradients.** With one DP rank a step reads ``p.grad`` where autograd left it: no copy, no buffer. With
-  several, each bucket has a flat gradient buffer, made with the optimizer, that the reduce-scatter reads.
-  Backward's gradients land in it as backward makes them: a post-accumulate-grad hook on every plain
-  parameter whose gradient has the master's dtype (fp32, fp64) copies autograd's gradient into its place
-  once and points ``p.grad`` at that view, so autograd's own tensor is freed there and then (no second copy
-  lives until ``step()``; a DTensor gradient keeps its object and placements, its local shard swapped for the
-  view) and the next backward (gradient accumulation, or a loop that zeroes with
-  ``zero_grad(set_to_none=False)``) adds into the buffer in place. So a step's gradients reach the buffer
-  with at most one pass over their bytes whatever ``zero_grad`` the loop uses, and none for fp32 gradients
-  zeroed in place. ``zero_grad()`` (``set_to_none=True``) drops the view, not the values: a parameter that
-  gets no gradient stays None, and the step writes zeros into its place. A gradient that did not come
-  through the hook (assigned by hand, a bf16 one) is copied in at the step, as before.
-
-``param_buffers=False`` (an optimizer option) keeps every bucket unbound: the parameters stay where they
-were made (for code that holds raw pointers to them, such as CUDA graphs captured before the optimizer);
-``param_buffers="all"`` binds DTensor parameters as well (see above).
+* **Parameters.** A bucket whose parameters are plain tensors owning their storage (one dtype and device,
+  contiguous) is *bound*: they become views of one flat tensor laid out as the collectives move it (shard r at
+  ``r * shard_numel``), so the all-gather writes into them in place and an fp32 (or fp64) parameter is its own
+  master. A bf16/fp16 parameter keeps an fp32 master apart, refreshed wherever the parameter no longer equals
+  the master rounded to its dtype. Other buckets are packed and unpacked (``sharding.py``). With
+  ``param_buffers="all"`` DTensor parameters are bound by their local shards too (not by default: torch 2.13's
+  ``torch.compile`` cannot trace a DTensor whose local shard starts inside a bigger storage);
+  ``param_buffers=False`` binds nothing (for raw pointers held elsewhere, such as CUDA graphs). ``p.data = new``
+  is noticed at the next step: the values are copied in and the parameter made a view again.
+* **Gradients.** With one DP rank a step reads ``p.grad`` where autograd left it. With several, a
+  post-accumulate-grad hook on each parameter whose gradient has the master's dtype copies autograd's gradient
+  into its place in the bucket's gradient buffer once and points ``p.grad`` at that view (a DTensor's local
+  shard), so no second copy lives until ``step()`` and the next backward accumulates in place: at most one pass
+  over the gradients' bytes whatever ``zero_grad`` the loop uses. Any other gradient is copied in at the step.
 """
 from __future__ import annotations
 

@@ -1,0 +1,87 @@
+"""One rank's ``state_dict`` of the ZeRO-1 optimizers: saving and loading this rank's shard, not the step.
+
+``ZeroOneOptimizer`` (``distributed.py``) takes these methods from ``RankState``. A saved state is one rank's
+shard of one plan; loading it elsewhere is refused with what to do (``check_signature``), and resharding to
+another grid or layout goes through ``muongrid.checkpoint``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .contract import MomentumSync
+
+
+class RankState:
+    """``state_dict`` / ``load_state_dict`` for an optimizer with ``grid``, ``plan``, ``layout`` and per-parameter
+    state views (a mixin before ``torch.optim.Optimizer``)."""
+
+    def state_dict(self) -> dict:
+        self.check_finite_now()   # never hand out a state the deferred NaN/Inf check has not cleared
+        sd = super().state_dict()
+        sd["muongrid"] = self._signature()
+        return sd
+
+    def _signature(self) -> dict:
+        """What a saved state depends on: resharding to another grid or layout is not done here."""
+        return dict(dp=self.grid.dp, tp=self.grid.tp, dp_rank=self.grid.dp_rank, tp_rank=self.grid.tp_rank,
+                    layout=self.layout, global_buffer_size=list(self.plan.global_buffer_size))
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a state saved by the same optimizer on the same grid, layout and rank. Everything is
+        checked before anything changes; a mismatch is an error naming it. ``register_load_state_dict_pre_hook``
+        and ``_post_hook`` hooks run as in torch."""
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        check_signature(state_dict.get("muongrid"), self._signature())
+        groups = state_dict["param_groups"]
+        if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
+            raise ValueError("the saved parameter groups differ from this optimizer's in number or size")
+        ids = [i for g in groups for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(ids, params):
+            theirs, ours = state_dict["state"].get(i, {}), self.state[p]
+            if set(theirs) != set(ours) or any(torch.as_tensor(theirs[k]).shape != ours[k].shape for k in ours):
+                raise ValueError(f"saved state of parameter {i} has {sorted(theirs)} with other shapes than "
+                                 f"this optimizer's {sorted(ours)}")
+        for i, p in zip(ids, params):
+            for k, t in self.state[p].items():
+                t.copy_(torch.as_tensor(state_dict["state"][i][k]))  # a Python-number step too
+        for ours, theirs in zip(self.param_groups, groups):
+            if not self.capturable:
+                ours.update({k: v for k, v in theirs.items() if k != "params"})
+                continue
+            for k, v in theirs.items():   # the hyperparameter tensors are written in place (capture.py)
+                if k != "params":
+                    ours[k] = v
+        MomentumSync.of(self).after_load(self.param_groups)
+        self._prepared = None
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+
+def check_signature(saved: dict | None, ours: dict) -> None:
+    """Refuse a state_dict from another rank, grid or layout, saying which and what to do."""
+    if saved == ours:
+        return
+    if saved is None:
+        raise ValueError("this state_dict has no 'muongrid' entry: it was not saved by DistributedMuon/DistributedAdamW "
+                         "(a single-device optimizer's state cannot be loaded into ZeRO-1 shards; use muongrid.checkpoint)")
+    grid_keys = ("dp", "tp", "layout", "global_buffer_size")
+    if all(saved.get(k) == ours[k] for k in grid_keys):
+        raise ValueError(f"this state_dict is the shard of rank dp {saved.get('dp_rank')}, tp {saved.get('tp_rank')}; "
+                         f"this is rank dp {ours['dp_rank']}, tp {ours['tp_rank']} of the same grid and layout. ZeRO-1 "
+                         "keeps each rank's own shard of the optimizer state, so 'save on rank 0, load everywhere' "
+                         "cannot work: save opt.state_dict() on every rank (e.g. torch.save(opt.state_dict(), "
+                         "f'opt.{rank}.pt')) and load each rank's own file, or use muongrid.checkpoint.save/load "
+                         "(one folder, loadable on any grid and layout)")
+    differ = {k: (saved.get(k), ours[k]) for k in grid_keys if saved.get(k) != ours[k]}
+    hint = ""
+    if saved.get("layout") == "bucket" and ours["layout"] == "owner":
+        hint = (" DistributedMuon's default layout was 'bucket' before muongrid 0.5 and is 'owner' now: pass "
+                "layout='bucket' to load this state as it was saved, or move it through muongrid.checkpoint.")
+    raise ValueError(f"this state_dict was saved on another grid or layout ({', '.join(f'{k}: saved {a}, here {b}' for k, (a, b) in differ.items())}); "
+                     "a state_dict is one rank's shard of one plan: resharding goes through muongrid.checkpoint.save/load."
+                     + hint)
