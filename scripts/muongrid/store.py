@@ -241,9 +241,9 @@ class Store:
             for (n, k), piece in zip(todo, out):
                 rows[n][k] = piece
             return list(zip(buckets, rows))
-        if lazy:
-            return (pair for b in self.plan.buckets[g] for pair in momentum([b]))
-        return momentum(self.plan.buckets[g])
+        # a generator either way, run by the flow as it iterates: the pieces go from here to the flow directly
+        passes = [[b] for b in self.plan.buckets[g]] if lazy else [self.plan.buckets[g]]
+        return (pair for buckets in passes for pair in momentum(buckets))
 
     def _grad_pieces(self, g: int, bucket, present: list[bool], keep=None) -> list:
         params, metas, dtype = self.params[g], self.plan.metas[g], self.master_dtypes[g]
