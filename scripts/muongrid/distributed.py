@@ -352,12 +352,14 @@ class ZeroOneOptimizer(RankState, torch.optim.Optimizer):
             lr = group["lr"] if self.capturable else lr_of(group)   # capturable: a device scalar
             if group["use_muon"]:
                 # BOOK-START muon-group (chapter 5 shows the lines up to BOOK-END)
-                present = self._prepared["present"][g]
+                step, lazy = self._prepared, self.flow.lazy
                 # stages 1-2 (reduce-scatter, momentum) per bucket, as the flow asks for them
-                updates = self.store.momentum(g, group, self._prepared, self.flow.lazy, self.trace)
-                apply = Applier(self._masters[g], group, lr, self._prepared, self._place(group, 0), self.flow.lazy)
+                updates = self.store.momentum(g, group, step, lazy, self.trace)
+                apply = Applier(self._masters[g], group, lr, step, self._place(group, 0), lazy)
                 self.flow.done.clear()
-                for meta, piece in self.flow.run(group, updates, self.options):  # stages 3-6: the layout's flow
+                present = step["present"][g]
+                # stages 3-6: the layout's flow
+                for meta, piece in self.flow.run(group, updates, self.options):
                     if present[meta.param_idx]:
                         # stage 7, in passes of one matrix shape
                         apply.add(meta, piece)
