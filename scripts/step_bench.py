@@ -20,8 +20,9 @@ Two parts, side by side in one run:
   zeroing by ``zero_grad()`` (``set_to_none=True``) and by ``zero_grad(set_to_none=False)``, and the bytes the
   hooks and the step move.
 * **What stays between steps** (``stepcost.persistent_bytes``): on 2x1 and 2x2 grids, rank 0's gradient buffers,
-  reduce-scattered gradient shards, the bucket flow's gather slots and the optimizer state, per byte of its
-  fp32 parameters, for the owner and bucket layouts.
+  reduce-scattered gradient shards, the bucket flow's gather slots, the owner flow's exchange buffers and banks
+  (made on the first step) and the optimizer state, per byte of its fp32 parameters, for the owner and bucket
+  layouts.
 * **Time** (``--time``): one step of each, median and fastest of ``--steps`` after ``--warmup``: host time (until
   ``step()`` returned) and, on a GPU, device time (CUDA events) apart, and the peak memory
   (``muongrid.lab.gpurecord.time_step``); host syncs counted by ``torch.cuda.set_sync_debug_mode`` on a GPU; the GPU's
@@ -192,7 +193,7 @@ def main(argv=None) -> int:
             print(f"{model:<18}{r['dp']:>4} x {r['tp']}{mode:>22}{r['grad_copied_over_grad_bytes']:>13.2f}"
                   f"{r['hook_gib']:>10.2f}{r['step_gib']:>10.2f}{r['syncs']:>7}")
     print("\nwhat stays between steps, per byte of the rank's fp32 parameters (rank 0)")
-    kinds = ("gradient_buffers", "gradient_shards", "gather_slots", "optimizer_state")
+    kinds = ("gradient_buffers", "gradient_shards", "gather_slots", "exchange_buffers", "optimizer_state")
     print(f"{'model':<18}{'dp x tp':>8}{'layout':>8}" + "".join(f"{k.replace('_', ' '):>18}" for k in kinds))
     for model in models:
         record["models"][model]["persistent"] = rows = []

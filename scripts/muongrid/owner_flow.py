@@ -160,7 +160,9 @@ class OwnerFlow(Flow):
                     n = item.route.counts[r][i]
                     if n and item.route.sends_to(item.meta, r, me, tp):
                         item.parts.append((None if r == me else offset, n, item.route.pos[r]))
-                        offset, recv_counts[r] = (offset, recv_counts[r]) if r == me else (offset + n, recv_counts[r] + n)
+                        if r != me:
+                            offset += n
+                            recv_counts[r] += n
                     continue
                 block, a, b = self._piece(item.meta, r)
                 if b > a and self._sends(item.meta, r):

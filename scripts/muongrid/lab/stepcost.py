@@ -33,6 +33,7 @@ Used by ``scripts/step_bench.py`` and ``tests/test_step_cost.py``.
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 
@@ -293,7 +294,9 @@ def measure_landing(model: str, dp: int, tp: int = 1, set_to_none: bool = True, 
 def persistent_bytes(model: str, dp: int, tp: int = 1, layout: str = "bucket", layers: int | None = None) -> dict:
     """What rank 0 keeps between steps beside its parameters, in bytes per byte of its (TP-local, fp32)
     parameters, by kind: the gradient buffers, the reduce-scattered gradient shards, the bucket flow's gather
-    slots (``flows.BucketFlow``) and the optimizer state (momentum; AdamW's moments). Counted on ``meta``."""
+    slots (``flows.BucketFlow``), the owner flows' exchange buffers (both all-to-alls' send and receive buffers,
+    grouped matrices' blocks and pieces, and the bf16 banks of every matrix rank 0 owns, made on the first step:
+    ``owner_flow.py``) and the optimizer state (momentum; AdamW's moments). Counted on ``meta``."""
     from ..distributed import DistributedMuon
     from .devicecheck import simulate
     from .stepmodels import hybrid_tp_groups, named_params
@@ -311,10 +314,17 @@ def persistent_bytes(model: str, dp: int, tp: int = 1, layout: str = "bucket", l
                               ns_batch=layout != "bucket")
         slots = [s for row in opt.store.slots for s in row]
         state = [t for row in opt.shards for shard in row for k, t in shard.items() if k != "master"]
-        flow = opt.flow
+        flow, exchange = opt.flow, 0
+        if hasattr(flow, "route"):   # the routes a step builds, and its banks: every owned matrix whole, in bf16
+            from ..owner_flow import exchange_chunks
+            routes = [flow.route(chunk) for g, buckets in enumerate(opt.plan.buckets) if opt.muon_groups[g]
+                      for chunk, _ in exchange_chunks([(b, ()) for b in buckets], opt.overlap, opt.chunks)]
+            exchange = nbytes([t for r in routes for t in r.buffers.values()] + [m.block for r in routes for m in r.members])
+            exchange += sum(2 * math.prod(o.meta.full_shape) * (2 if o.key[3] == 1 else 1) for r in routes for o in r.owned)
         kinds = dict(gradient_buffers=nbytes(s.grads for s in slots),
                      gradient_shards=nbytes(s.grad_shard for s in slots),
                      gather_slots=nbytes(getattr(flow, "gathered", []) + getattr(flow, "tp_gathered", [])),
+                     exchange_buffers=exchange,
                      optimizer_state=nbytes(state), separate_masters=opt.store.allocated_master_bytes())
         params = sum(p.numel() * 4 for _, p in named)
         out.update({k: v / params for k, v in kinds.items()})
