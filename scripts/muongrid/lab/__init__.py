@@ -13,6 +13,7 @@ Problems, models and measurements:
     dtensor_comm   what DTensor moves implicitly, counted like the ledger counts ours
     devicecheck    every rank of a grid run in one process on the meta device: what a GPU would reject
     stepcost       one step's bytes, ops, copies and host syncs, counted on the meta device
+    steppath       the step path, measured: which modules and lines one steady-state step() runs
     poc_bugs       the proof of concept's two bugs, put back on purpose
     faultcheck     what a clean failure shows, for each fault scripts/faults.py injects
 
