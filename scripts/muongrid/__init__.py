@@ -20,6 +20,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     placements     DTensor placements -> tp_split_dim, and a DTensor's local shard
     store          the step's store: each bucket's parameters, gradients, master shard and state as flat buffers
     comm           every collective, with the communication ledger (bytes and Newton-Schulz work)
+    ledger         reading the ledger (summary, table, peers) and Comm's calls outside the step (setup, reports)
     flows          momentum pieces -> orthogonalised pieces: FlowOptions, the bucket layout's flow
     owner_flow     the owner layouts' flow (owner, aligned, group): pieces to owners and back, K all-to-alls each way
     ns_group       one matrix's Newton-Schulz over a group of ranks (the Gram all-reduce form, or the row form)
