@@ -51,10 +51,10 @@ from .finite import Deferred, resolve_mode
 from .comm import Comm, Phase
 from .fsdp_routes import Piece, routes
 from .newton_schulz import NS_FORM, ns_flops, zeropower_ns5
-from .contract import (MomentumSync, job_place, lr_of, no_autocast, refuse_ddp, refuse_grad_scaler, refuse_pickle,
-                       vote, where_of)
+from .contract import MomentumSync, job_place, lr_of, no_autocast, refuse_ddp, refuse_grad_scaler, vote, where_of
 from .optim import call_closure, check_group, check_hyper, param_names
 from .placements import is_dtensor
+from .rank_state import refuse_pickle
 from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from .contract import MomentumSync, check_group_contract, fill_group, lr_of, no_autocast, normalize_hyper
-from .newton_schulz import NS_COEFFICIENTS, NS_FORM, NS_STEPS, zeropower_ns5
+from .contract import MomentumSync, lr_of, no_autocast
+from .newton_schulz import NS_COEFFICIENTS, NS_EPS, NS_FORM, NS_STEPS, zeropower_ns5
 from .ns_variants import check_ns_options
 from .routing import RoutingRow, RoutingTable, routes_to_muon, routing_table  # noqa: F401 (re-exported)
 from .updates import LR_ADJUSTMENTS, adamw_step_, adjust_lr, apply_update_, muon_momentum_
@@ -24,7 +24,7 @@ from .updates import LR_ADJUSTMENTS, adamw_step_, adjust_lr, apply_update_, muon
 # adjustment, which is Moonshot's ("match_rms_adamw"; pass adjust_lr_fn="original" or None for
 # torch's); AdamW's are torch.optim.AdamW's except weight decay, which is shared with Muon (0.1, as
 # in Moonshot's recipe). ``eps`` is per kind, as in torch: Newton-Schulz's 1e-7 in a Muon group,
-# AdamW's 1e-8 in an AdamW group (None here: filled in per group by ``contract.fill_group``).
+# AdamW's 1e-8 in an AdamW group (None here: filled in per group by ``fill_group``).
 # ``adjust_lr_fn`` (torch.optim.Muon's keyword) is accepted and stored as ``adjust_lr``.
 DEFAULTS = dict(
     lr=1e-3, weight_decay=0.1, eps=None,
@@ -32,6 +32,70 @@ DEFAULTS = dict(
     adjust_lr="match_rms_adamw",                          # Muon groups
     betas=(0.9, 0.999),                                   # AdamW groups (a Muon group's betas[0] is its momentum)
 )
+
+
+# torch.optim.Muon's keywords, per-kind defaults and torch's refusals, as a group is built (``contract.py``).
+ADAMW_EPS = 1e-8
+# torch.optim.Muon's adjust_lr_fn=None means "original"; ours (no keyword) means Moonshot's.
+TORCH_NONE_ADJUSTMENT = "original"
+
+
+def normalize_hyper(hyper: dict) -> dict:
+    """Map ``torch.optim.Muon``'s keywords onto ours: ``adjust_lr_fn`` -> ``adjust_lr``."""
+    hyper = dict(hyper)
+    if "adjust_lr_fn" in hyper:
+        if "adjust_lr" in hyper:
+            raise TypeError("give adjust_lr_fn (torch.optim.Muon's name) or adjust_lr, not both")
+        fn = hyper.pop("adjust_lr_fn")
+        hyper["adjust_lr"] = TORCH_NONE_ADJUSTMENT if fn is None else fn
+    if "ns_eps" in hyper:
+        raise TypeError("ns_eps is now eps (torch.optim.Muon's name): in a Muon group eps is Newton-Schulz's "
+                        "epsilon, in an AdamW group AdamW's")
+    return hyper
+
+
+def fill_group(group: dict) -> None:
+    """Per-kind defaults that one ``defaults`` dict cannot hold: eps (1e-7 for Muon as torch.optim.Muon,
+    1e-8 for AdamW as torch.optim.AdamW) and a Muon group's ``betas[0]``, which is its momentum."""
+    if "adjust_lr_fn" in group:  # a group dict written for torch.optim.Muon
+        fn = group.pop("adjust_lr_fn")
+        group["adjust_lr"] = TORCH_NONE_ADJUSTMENT if fn is None else fn
+    if group.get("eps") is None:
+        group["eps"] = NS_EPS if group["use_muon"] else ADAMW_EPS
+    if group["use_muon"] and "betas" in group:
+        group["betas"] = (group["momentum"], *tuple(group["betas"])[1:])
+
+
+def _number(name: str, value, g_idx: int) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"group {g_idx}: Tensor {name} must be 1-element, got shape {tuple(value.shape)}")
+        value = value.item()
+    return float(value)
+
+
+def check_group_contract(group: dict, g_idx: int) -> None:
+    """Refuse, as torch does when an optimizer is built, what no step could use."""
+    lr = _number("lr", group["lr"], g_idx)
+    checks = [("lr", lr), ("weight_decay", _number("weight_decay", group["weight_decay"], g_idx)),
+              ("eps", _number("eps", group["eps"], g_idx))]
+    if group["use_muon"]:
+        checks.append(("momentum", _number("momentum", group["momentum"], g_idx)))
+    for name, value in checks:
+        if not value >= 0.0:  # also refuses NaN
+            raise ValueError(f"group {g_idx}: {name} should be >= 0 but is {value}")
+    if not group["use_muon"]:
+        for i, beta in enumerate(group["betas"]):
+            if not 0.0 <= float(beta) < 1.0:
+                raise ValueError(f"group {g_idx}: betas[{i}] should be in [0, 1) but is {beta}")
+    if int(group["ns_steps"]) < 0:
+        raise ValueError(f"group {g_idx}: ns_steps should be >= 0 but is {group['ns_steps']}")
+    for name, p in zip(group.get("names") or [None] * len(group["params"]), group["params"]):
+        if p.is_complex() or not p.is_floating_point():
+            label = repr(name) if name else "a parameter"
+            raise ValueError(f"group {g_idx}: {label} has dtype {str(p.dtype)[6:]}; these optimizers update real "
+                             "floating-point parameters only (as torch.optim.Muon): keep it out of the optimizer, "
+                             "or view a complex parameter as real (torch.view_as_real) in the model")
 
 
 def check_hyper(hyper: dict) -> dict:

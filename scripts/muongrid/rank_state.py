@@ -2,9 +2,12 @@
 
 ``ZeroOneOptimizer`` (``distributed.py``) takes these methods from ``RankState``. A saved state is one rank's
 shard of one plan; loading it elsewhere is refused with what to do (``check_signature``), and resharding to
-another grid or layout goes through ``muongrid.checkpoint``.
+another grid or layout goes through ``muongrid.checkpoint``. An optimizer that holds process groups refuses
+pickling with that fix (``refuse_pickle``) and deep-copies sharing its grid (``deepcopy_sharing``).
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -85,3 +88,22 @@ def check_signature(saved: dict | None, ours: dict) -> None:
     raise ValueError(f"this state_dict was saved on another grid or layout ({', '.join(f'{k}: saved {a}, here {b}' for k, (a, b) in differ.items())}); "
                      "a state_dict is one rank's shard of one plan: resharding goes through muongrid.checkpoint.save/load."
                      + hint)
+
+
+def refuse_pickle(opt) -> None:
+    raise TypeError(f"{type(opt).__name__} holds process groups, which cannot be pickled: save "
+                    "opt.state_dict() (this rank's shard, with torch.save on every rank) or use muongrid.checkpoint "
+                    "(one folder, any grid); copy.deepcopy(opt) works and shares the grid")
+
+
+def deepcopy_sharing(opt, memo: dict, shared: tuple[str, ...]):
+    """``copy.deepcopy`` of an optimizer that shares ``shared`` attributes (the grid, the Comm and its process
+    groups cannot be copied) and copies everything else, state views kept as views (torch copies storages once)."""
+    for name in shared:
+        value = getattr(opt, name, None)
+        if value is not None:
+            memo[id(value)] = value
+    new = type(opt).__new__(type(opt))
+    memo[id(opt)] = new
+    new.__dict__.update(copy.deepcopy(opt.__dict__, memo))
+    return new
