@@ -1,41 +1,20 @@
-"""``capturable=True``: a step whose work a CUDA graph could record once and replay (opt-in).
+"""``capturable=True``: a step whose work a CUDA graph could record once and replay (opt-in; ``book/api.md``).
 
-A CUDA graph replays the kernels it recorded with the arguments they had: a Python number baked into a kernel
-(``lr``, ``1 - lr*wd``, AdamW's step count) stays what it was at capture, a value read back to the host
-(``.item()``, ``.tolist()``, ``bool(t)``) cannot be read at all, and a buffer that moves leaves the graph
-pointing at freed memory. With ``capturable=True`` the distributed optimizers keep what changes between steps
-on the device, as torch's own capturable optimizers do:
+A graph replays its kernels with the arguments they had: a Python number baked into a kernel (``lr``,
+``1 - lr*wd``, AdamW's step count) stays what it was at capture, nothing can be read back to the host, and a
+buffer that moves leaves the graph pointing at freed memory. So, as torch's own capturable optimizers do:
 
 * a group's ``lr``, ``weight_decay``, ``momentum`` and ``betas`` become float64 0-dim tensors on the grid's
-  device (float64 so that ``1 - lr*wd``, the scaled lr and AdamW's bias corrections round as the Python doubles
-  of the default path did: the two paths take the same step bit for bit on a CPU, ``tests/test_capturable.py``).
-  ``torch.optim.lr_scheduler`` writes a tensor lr with ``fill_``; any other write of these keys (a momentum
-  scheduler's ``group["betas"] = (m, b2)``, a user's ``group["momentum"] = 0.9``) is turned into a fill of the
-  same tensor (``pinned_write``, called by ``contract.LinkedGroup``), so the tensors keep their addresses; in a
-  Muon group ``momentum`` and ``betas[0]`` are one tensor. ``eps``, ``nesterov`` and ``ns_steps`` stay numbers:
-  fixed for the life of a graph;
-* step counts live on the device, counted by a device add (masked by the agreed NaN/Inf verdict under
-  ``check_finite="defer"``), and AdamW's bias corrections are computed there;
-* no host read, no host-to-device copy and no host collective inside ``step()``: ``check_finite="raise"`` (a host
-  decision) is refused, and the default check becomes ``"defer"`` on every device (on a CPU it is "raise"
-  otherwise); under ``"defer"`` the step keeps its vote in buffers made once, and the host reads them
-  only when asked (``opt.check_finite_now()``, ``state_dict()``), never inside ``step()``: call it between
-  replays to learn of a skipped step; timing the collectives with CUDA events (``Comm(time_device=True)``) is
-  refused;
-* every gradient must be there at every step: a gradient that is None raises ``ValueError`` naming the
-  parameter, on the rank that lacks it (a graph replays a fixed set of kernels; deciding on the host which
-  parameters to skip is what capturable removes). Zero with ``zero_grad(set_to_none=False)``, which a captured
-  backward needs anyway. On several ranks the other ranks then wait in the step's first collective, as for a
-  rank that failed.
+  device (``pin_group``; float64 so the step rounds as the Python doubles do: the same bits on a CPU,
+  ``tests/test_capturable.py``), written in place by schedulers and users alike (``pinned_write``, called by
+  ``contract.LinkedGroup``); step counts live on the device, AdamW's bias corrections too;
+* no host read, host-to-device copy or host collective inside ``step()``: ``check_finite="raise"`` and CUDA-event
+  timing are refused (``refuse``), the default check is "defer", read only outside the step
+  (``opt.check_finite_now()``); every parameter needs a gradient at every step (``need_every_grad``).
 
-The step has not been captured on a GPU yet: what is checked (on a CPU and on the meta device) is that two steps
-write the same storages, dispatch the same scalar arguments, read nothing back and copy nothing from the host
-(``tests/test_capturable.py``). Python-side counters (``steps_taken``, the ledger) do not advance under replay.
-AdamW groups run the tensor-valued update (``updates.adamw_tensor_step_``), not torch's fused kernel, which takes
-betas and weight decay as host numbers. That costs bytes: counted on the meta device, one rank's step on
-Llama-3-8B's shapes (4 layers, where AdamW's two vocabulary matrices hold most of the elements) moves about 1.5x
-what the default step moves (207 GiB against 141 GiB on 2026-11-28: ``lab.stepcost.measure`` of both). A fused
-kernel that reads its betas from the device would take that back.
+Not yet captured on a GPU: the tests check on a CPU and on the meta device that two steps write the same
+storages, dispatch the same scalars and read nothing back. AdamW groups run ``updates.adamw_tensor_step_``, not
+the fused kernel (which takes betas as host numbers): about 1.5x the default step's bytes on Llama-3-8B's shapes.
 """
 from __future__ import annotations
 

@@ -1,32 +1,21 @@
-"""The NaN/Inf check of a step's gradients, decided by every rank together.
+"""The NaN/Inf check of a step's gradients, decided by every rank together (chapter 10 tells the whole story).
 
-Each rank finds its own non-finite gradients with one ``torch._foreach_norm`` (the max-abs norm: it reads each
-gradient once, is NaN or Inf exactly when the gradient holds a NaN or an Inf, and never overflows). What every
-rank then does must be the same, or a rank that skips a step leaves its peers waiting in a collective (on gloo
-the next mismatched collective aborts; NCCL hangs until its timeout). So the verdict is voted: each rank puts,
-for every parameter, a code into a vector (``world - job rank`` where its gradient is not finite, 0 where it is)
-and a MAX all-reduce gives every rank the same vector: which parameters were bad, and the lowest rank that saw it.
-``check_finite=`` says where that vote travels and what follows:
+Each rank finds its own non-finite gradients with one ``torch._foreach_norm`` (max-abs: NaN or Inf exactly when
+the gradient holds one, and it never overflows). What the ranks then do must be the same, or a rank that skips a
+step leaves its peers waiting in a collective, so the verdict is voted: for every parameter a code (``world - job
+rank`` where the gradient is not finite, else 0) goes into the step's ballot, and a MAX all-reduce gives every rank
+which parameters were bad and the lowest rank that saw it (``contract.vote``). ``check_finite=`` says what follows:
 
-* ``"raise"`` (the default on a CPU, where reading a value costs nothing): the codes ride the step's ballot, one
-  small device all-reduce with the presence flags (``contract.vote``), and are read on the host once, after it
-  (the step's one host sync: raising is a host decision). A bad gradient anywhere makes every rank raise the
-  same ``FloatingPointError`` at the same step, before the first collective that moves gradients, with nothing
-  changed: a loop may catch it, zero the gradients and go on.
-* ``"defer"`` (the default on a GPU): no host read. The codes are all-reduced on the device (the same ballot as
-  presence), and the step runs
-  masked by the result: a step with a bad gradient anywhere is a no-op on every rank (parameters, optimizer
-  state and step counts as they were; ``updates.py``'s ``keep=``). The vector travels to the host without
-  blocking; the next ``step()``, ``state_dict()`` or ``opt.check_finite_now()`` reads it and reports the skipped
-  step (a ``SkippedStep`` warning naming the parameter, the rank and the step; ``opt.skipped_steps`` lists them)
-  and takes back the step counts the host had already advanced. The mask costs one select over each bucket's
-  gradient shard (a job of one rank, with no one to disagree with, skips it: its bad step is taken and the next
-  read raises ``FloatingPointError``, as before; it also reads no Muon gradient for the check, but the norm of
-  each Muon matrix's bf16 update, in the step, half the bytes: ``late_codes``).
+* ``"raise"`` (the default on a CPU): the host reads the ballot once; a bad gradient anywhere makes every rank
+  raise the same ``FloatingPointError`` before the first collective that moves gradients, nothing changed.
+* ``"defer"`` (the default on a GPU): no host read. The step runs masked by the verdict (``updates.py``'s
+  ``keep=``: a no-op on every rank when a gradient was bad); the next ``step()``, ``state_dict()`` or
+  ``opt.check_finite_now()`` reads it (``Deferred``), warns ``SkippedStep`` and takes back the step counts. A job
+  of one rank takes its bad step and the next read raises; it checks a Muon matrix from the norm of its bf16
+  update instead of its gradient (``late_codes``).
 * ``False``: no check (as torch's optimizers): a NaN spreads through the reduce-scatter to every rank alike.
 
-    named = [("w0", g0), ("w1", g1)]
-    check_finite(named, where="rank 0, step 3")   # one rank's own check: FloatingPointError naming w0
+    check_finite([("w0", g0), ("w1", g1)], where="rank 0, step 3")   # FloatingPointError naming w0
 """
 from __future__ import annotations
 
@@ -43,8 +32,7 @@ class SkippedStep(RuntimeWarning):
 
 def resolve_mode(check, device: torch.device, capturable: bool = False):
     """``check_finite`` as given (True, False, "raise", "defer" or None) -> "raise", "defer" or None (off).
-    None means the device's default: "raise" on a CPU, "defer" elsewhere, and "defer" everywhere for a
-    ``capturable=True`` optimizer (which cannot read the verdict inside ``step()``: ``capture.py``)."""
+    None: "raise" on a CPU, "defer" elsewhere and for ``capturable=True`` (no host read in ``step()``)."""
     if check is None:
         return "raise" if device.type == "cpu" and not capturable else "defer"
     if check is True:
@@ -66,35 +54,23 @@ def grad_norms(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor | None:
     return torch.stack([next(norms) if t.numel() else zero for _, t in named]).float()
 
 
-def finite_flag(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor | None:
-    """One on-device bool: every tensor in ``named`` is finite (None when there is none). No host sync."""
-    norms = grad_norms(named)
-    return None if norms is None else norms.isfinite().all()
-
-
 def nonfinite(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, int]]:
     """(name, count of NaN/Inf values) of each tensor that has any; [] after a single host sync when none has."""
-    if not named:
-        return []
-    if bool(finite_flag(named)):
+    if not named or bool(grad_norms(named).isfinite().all()):
         return []
     counts = [(name, int((~t.isfinite()).sum())) for name, t in named]
     return [(name, n) for name, n in counts if n]
 
 
-def check_finite(named: list[tuple[str, torch.Tensor]], where: str,
-                 note: str = "the step was not taken and nothing was changed", known_finite: bool | None = None,
-                 found_on: int | None = None) -> None:
+def check_finite(named: list[tuple[str, torch.Tensor]], where: str, found_on: int | None = None) -> None:
     """Raise ``FloatingPointError`` naming the first gradient with NaN/Inf values (and listing the others).
-    ``known_finite``: the flag already read; True skips the check. ``found_on``: the job rank the error
-    names as where it was found (the launcher waits for that rank's report: ``launch.py``)."""
-    if known_finite:
-        return
+    ``found_on``: the job rank the error names as where it was found (the launcher waits for its report)."""
     bad = nonfinite(named)
     if bad:
         (name, count), rest = bad[0], bad[1:]
         also = f"; also non-finite: {', '.join(f'{n!r} ({c})' for n, c in rest)}" if rest else ""
-        error = FloatingPointError(f"gradient of parameter {name!r} has {count} NaN/Inf value(s) on {where}; {note}{also}")
+        error = FloatingPointError(f"gradient of parameter {name!r} has {count} NaN/Inf value(s) on {where}; "
+                                   f"the step was not taken and nothing was changed{also}")
         error.found_on = found_on
         raise error
 
@@ -108,7 +84,7 @@ def local_codes(norms: torch.Tensor, job_rank: int, job_world: int) -> torch.Ten
 
 def spread(codes: torch.Tensor | None, index: list[int], n: int, device) -> torch.Tensor:
     """The codes of the parameters that have a gradient here (``index``: their places) in a vector of all ``n``,
-    on the device, made with no host-to-device copy."""
+    on the device, with no host-to-device copy."""
     if not n:
         return torch.zeros(0, dtype=torch.int32, device=device)
     zero = torch.zeros((), dtype=torch.int32, device=device)
@@ -119,15 +95,12 @@ def spread(codes: torch.Tensor | None, index: list[int], n: int, device) -> torc
 def late_codes(norms: list[tuple[int, torch.Tensor]], n: int, job_rank: int, job_world: int,
                device) -> torch.Tensor:
     """A vote (as ``spread`` makes it) from the max-abs norms of the step's own results: (place, norm) pairs, a
-    place's code non-zero when any of its norms is not finite. Made on the device with no host-to-device copy.
+    place's code non-zero when any of its norms is not finite; on the device, no host-to-device copy.
 
-    A job of one rank under "defer" checks a Muon matrix here instead of reading its gradient before the step:
-    Newton-Schulz's output holds a NaN exactly when its input held a NaN or an Inf (an Inf becomes NaN in
-    Nesterov's lerp, or in the division by the norm, and a matmul spreads a NaN), and that input is made from the
-    gradient and the momentum, so the norm of the bf16 update reads half the gradient's bytes in a pass that
-    was not otherwise made, and flags the gradient's NaN/Inf at the same step. It flags an Inf or NaN already in
-    the momentum as well (which only a step taken with a bad gradient leaves there), and a finite gradient
-    within 0.4% of float32's largest value, which rounds to Inf in bf16."""
+    A job of one rank under "defer" checks a Muon matrix here instead of reading its gradient: Newton-Schulz's
+    output holds a NaN exactly when its input (made from the gradient and the momentum) held a NaN or an Inf, so
+    the bf16 update's norm flags the gradient at the same step, reading half its bytes. It also flags a bad
+    momentum, and a finite gradient within 0.4% of float32's largest value (Inf in bf16)."""
     by: dict = {}
     for i, norm in norms:
         by.setdefault(i, []).append(norm)
@@ -150,10 +123,9 @@ def raise_agreed(agreed: list[int], names: list[str], named: list[tuple[str, tor
     bad = [(n, job_world - c) for n, c in zip(names, agreed) if c]
     if not bad:
         return
-    first = min(r for _, r in bad)
+    name, first = _first_bad(bad)
     if first == job_rank:
         check_finite(named, where, found_on=job_rank)
-    name = next(n for n, r in bad if r == first)
     also = [n for n, _ in bad if n != name]
     error = FloatingPointError(
         f"gradient of parameter {name!r} has NaN/Inf values on rank {first} (dp {first // tp}, tp {first % tp}), "
@@ -163,11 +135,15 @@ def raise_agreed(agreed: list[int], names: list[str], named: list[tuple[str, tor
     raise error
 
 
-class Deferred:
-    """``check_finite="defer"``: one step's agreed vote on its way to the host, read later.
+def _first_bad(bad: list[tuple[str, int]]) -> tuple[str, int]:
+    """(parameter, rank) of the lowest rank that voted a parameter bad, from (parameter, rank) pairs."""
+    first = min(r for _, r in bad)
+    return next(n for n, r in bad if r == first), first
 
-    ``launch`` keeps the voted vector and whether the step was kept (device tensors, copied without blocking) and
-    an ``undo`` for what the host advanced (step counts); ``check`` reads them when the next host read comes."""
+
+class Deferred:
+    """``check_finite="defer"``: one step's agreed vote and verdict on their way to the host (``launch``, no
+    blocking), with an ``undo`` for what the host advanced (step counts); ``check`` reads them later."""
 
     def __init__(self):
         self.pending = None
@@ -209,8 +185,7 @@ class Deferred:
             return None
         p["undo"]()
         if bad:
-            first = min(r for _, r in bad)
-            name = next(n for n, r in bad if r == first)
+            name, first = _first_bad(bad)
             what = (f"gradient of parameter {name!r} had NaN/Inf values on rank {first} (dp {first // p['tp']}, "
                     f"tp {first % p['tp']})")
         else:

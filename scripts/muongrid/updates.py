@@ -1,31 +1,17 @@
-"""The optimizer math as pure, in-place tensor functions, shared by every optimizer class.
+"""The optimizer math as pure, in-place tensor functions, shared by every optimizer class (chapters 1 and 5).
 
-Single-device and distributed optimizers call exactly these functions, on whole tensors or
-on shards, so "distributed gives the same answer" reduces to "the same elementwise ops ran on
-the same numbers". Nothing here knows about process groups.
+Single-device and distributed optimizers call exactly these functions, on whole tensors or on shards, so
+"distributed gives the same answer" reduces to "the same elementwise ops ran on the same numbers". Nothing here
+knows about process groups. The conventions are ``torch.optim.Muon``'s and ``torch.optim.AdamW``'s (torch 2.13),
+so the two agree bit for bit: Muon momentum is the EMA form ``buf = mu*buf + (1-mu)*g`` (Moonshot's sum form is it
+times ``1/(1-mu)``, the same update after Newton-Schulz's normalisation); weight decay is decoupled, with the
+unadjusted lr (``p *= 1 - lr*wd``); ``adjust_lr`` rescales Muon's lr per matrix.
 
-Conventions (they match ``torch.optim.Muon`` and ``torch.optim.AdamW`` in torch 2.13):
-
-* Muon momentum is the EMA form ``buf = mu*buf + (1-mu)*g``; Nesterov uses
-  ``(1-mu)*g + mu*buf``. Moonshot's paper writes the sum form ``buf = mu*buf + g``, which is
-  the EMA form times ``1/(1-mu)``: Newton-Schulz divides by the norm first, so both give the
-  same orthogonalised update (up to rounding). We keep torch's form so the two agree bit for bit.
-* Weight decay is decoupled and uses the *unadjusted* lr: ``p *= 1 - lr*wd``.
-* Muon's lr is rescaled per matrix by ``adjust_lr``; "match_rms_adamw" (Moonshot's default)
-  makes the update RMS about 0.2, like AdamW's, so AdamW's lr and wd can be reused.
-
-Each function has a ``_foreach_`` twin over lists of tensors (pieces of many parameters at once): one
-dispatched op per pass instead of one per tensor, which is what a GPU step is made of (``lab/stepcost.py``).
-On a CPU torch runs a foreach op tensor by tensor with the single-tensor kernel, so the twins give the same
-bits as the loop they replace.
-
-``keep`` (a 0-dim bool on the device, or None) makes a step that may have to be skipped with no host read
-(``finite.py``'s "defer"): where it is False nothing changes. Muon's momentum takes the buffer itself as its
-gradient (a lerp towards itself), the update is zeroed by ``torch.where`` (NaN-proof) and the decay factor becomes
-1 (a device scalar of the value's precision: the same bits as the Python number when True); AdamW keeps its
-tensors' old values (``torch.where``; in the fused kernel its ``found_inf``). AdamW's twin runs torch's fused kernel (``_fused_adamw_``: one pass that
-reads the parameter, gradient and moments once) everywhere but on a CPU, where torch's fused kernel rounds
-one ulp away from ``torch.optim.AdamW``'s default path; there it loops ``adamw_step_``.
+Each function has a ``_foreach_`` twin over lists of tensors: one dispatched op per pass instead of one per tensor
+(on a CPU torch runs it tensor by tensor with the same kernel, so the bits are the loop's). ``keep`` (a 0-dim
+bool on the device, or None) makes a step that may be skipped with no host read (``finite.py``'s "defer"): where
+it is False nothing changes. AdamW's twin runs torch's fused kernel off the CPU (on a CPU it rounds one ulp away
+from ``torch.optim.AdamW``'s default path, so there it loops ``adamw_step_``).
 """
 from __future__ import annotations
 
@@ -39,9 +25,9 @@ LR_ADJUSTMENTS = ("match_rms_adamw", "original", "none")
 def adjust_lr(lr, shape: tuple[int, ...], mode: str = "match_rms_adamw"):
     """Per-matrix Muon learning rate for a matrix of full (unsharded) ``shape`` = (A, B).
 
-    "match_rms_adamw": lr * 0.2 * sqrt(max(A, B)) (Moonshot). "original": lr * sqrt(max(1, A/B))
-    (Keller Jordan). "none": lr unchanged. ``lr`` may be a float64 0-dim tensor (``capturable=True``): the same
-    products in the same order, so the same double as for the Python number, computed on the device.
+    "match_rms_adamw": lr * 0.2 * sqrt(max(A, B)) (Moonshot: an update RMS of about 0.2, like AdamW's).
+    "original": lr * sqrt(max(1, A/B)) (Keller Jordan). "none": lr unchanged. ``lr`` may be a float64 0-dim
+    tensor (``capturable=True``): the same products in the same order, so the same double, on the device.
     """
     A, B = shape[0], shape[1]
     if mode == "match_rms_adamw":
@@ -71,11 +57,6 @@ def _as(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A float64 hyperparameter tensor in the precision a Python number is applied in to ``like`` (a scalar
     argument is rounded to the tensor's floating type: fp32 for fp32 and bf16 tensors, fp64 for fp64 ones)."""
     return value.to(torch.promote_types(like.dtype, torch.float32))
-
-
-def _listed(weight, tensors: list) -> list:
-    """A 0-dim tensor weight repeated for a ``_foreach_`` op's List overload (one per tensor, broadcast)."""
-    return [weight] * len(tensors)
 
 
 def _kept(keep: torch.Tensor | None, grad: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
@@ -137,12 +118,13 @@ def apply_update_foreach_(params: list, updates: list, lr: float, weight_decay: 
 
 
 def _momentum_on_device_(bufs: list, grads: list, momentum: torch.Tensor, nesterov: bool) -> list:
-    """``muon_momentum_foreach_`` with a float64 0-dim ``momentum`` (``capturable=True``): the weights as
-    device scalars in the buffers' precision, which round as the Python numbers do (tests/test_capturable.py)."""
-    torch._foreach_lerp_(bufs, grads, _listed(_as(1 - momentum, bufs[0]), bufs))
+    """``muon_momentum_foreach_`` with a float64 0-dim ``momentum`` (``capturable=True``): the weights as device
+    scalars in the buffers' precision (one per tensor, for the List overload), which round as the Python numbers do
+    (tests/test_capturable.py)."""
+    torch._foreach_lerp_(bufs, grads, [_as(1 - momentum, bufs[0])] * len(bufs))
     if not nesterov:
         return list(bufs)
-    return torch._foreach_lerp(grads, bufs, _listed(_as(momentum, bufs[0]), bufs))
+    return torch._foreach_lerp(grads, bufs, [_as(momentum, bufs[0])] * len(bufs))
 
 
 def _apply_on_device_(params: list, updates: list, lr: torch.Tensor, weight_decay: torch.Tensor,
@@ -156,20 +138,24 @@ def _apply_on_device_(params: list, updates: list, lr: torch.Tensor, weight_deca
     else:
         decay = _as(1 - lr * weight_decay, params[0])
     torch._foreach_mul_(params, decay)
-    torch._foreach_addcmul_(params, updates, _listed(_as(-scaled_lr, params[0]), params))
+    torch._foreach_addcmul_(params, updates, [_as(-scaled_lr, params[0])] * len(params))
+
+
+def _kept_step(step_, keep: torch.Tensor, param, grad, exp_avg, exp_avg_sq, *hyper) -> None:
+    """``step_`` (an AdamW step), then the old values put back where the step is not ``keep``."""
+    tensors = (param, exp_avg, exp_avg_sq)
+    old = [t.clone() for t in tensors]
+    step_(param, grad, exp_avg, exp_avg_sq, *hyper)
+    for t, o in zip(tensors, old):
+        t.copy_(torch.where(keep, t, o))
 
 
 def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                 exp_avg_sq: torch.Tensor, step: int, lr: float, betas: tuple[float, float],
                 eps: float, weight_decay: float, keep: torch.Tensor | None = None) -> None:
     """One AdamW step (``step`` counts from 1), in place, elementwise: whole tensor or shard."""
-    if keep is not None:   # run it, then put back the old values where the step is not kept
-        tensors = (param, exp_avg, exp_avg_sq)
-        old = [t.clone() for t in tensors]
-        adamw_step_(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay)
-        for t, o in zip(tensors, old):
-            t.copy_(torch.where(keep, t, o))
-        return
+    if keep is not None:
+        return _kept_step(adamw_step_, keep, param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay)
     beta1, beta2 = betas
     param.mul_(1 - lr * weight_decay)
     exp_avg.lerp_(grad, 1 - beta1)
@@ -183,20 +169,14 @@ def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
 def adamw_tensor_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                        step: torch.Tensor, lr: torch.Tensor, betas: tuple, eps: float, weight_decay: torch.Tensor,
                        keep: torch.Tensor | None = None) -> None:
-    """``adamw_step_`` with its hyperparameters and step count as device scalars (``capturable=True``): float64
-    0-dim ``lr``, ``weight_decay`` and ``betas``, the step a 0-dim tensor. Every product, power and quotient is the
-    one ``adamw_step_`` computes in Python doubles, done in float64 on the device, and a scalar argument becomes a
-    tensor factor where the kernel rounds alike (``(v*g)*g``, ``(s*m)/d``), so on a CPU the result is
-    ``adamw_step_``'s bit for bit (``tests/test_capturable.py``). ``eps`` stays a number (no scheduler moves it).
-    The powers are taken one 0-dim tensor at a time: a vectorised ``pow`` rounds differently from the C
-    library's."""
+    """``adamw_step_`` with float64 0-dim ``lr``, ``weight_decay`` and ``betas`` and a 0-dim step (``capturable=True``).
+    Every product, power and quotient is ``adamw_step_``'s, in float64 on the device, a scalar argument a tensor
+    factor where the kernel rounds alike, so on a CPU the bits are ``adamw_step_``'s (``tests/test_capturable.py``).
+    ``eps`` stays a number. The powers are taken one 0-dim tensor at a time (a vectorised ``pow`` rounds
+    differently from the C library's)."""
     if keep is not None:
-        tensors = (param, exp_avg, exp_avg_sq)
-        old = [t.clone() for t in tensors]
-        adamw_tensor_step_(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay)
-        for t, o in zip(tensors, old):
-            t.copy_(torch.where(keep, t, o))
-        return
+        return _kept_step(adamw_tensor_step_, keep, param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps,
+                          weight_decay)
     beta1, beta2 = betas
     step = step.to(torch.float64)
     param.mul_(_as(1 - lr * weight_decay, param))
@@ -212,9 +192,8 @@ def adamw_foreach_(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
                    betas: tuple[float, float], eps: float, weight_decay: float, fused: bool | None = None,
                    keep: torch.Tensor | None = None) -> None:
     """``adamw_step_`` on lists; ``steps`` holds each tensor's step (Python numbers). Off the CPU, one fused
-    kernel, with the step handed over as a device scalar made by a fill (no host-to-device copy, no sync).
-    ``fused`` forces either path (None: fused off the CPU); torch's fused kernel runs on a CPU too, which is how
-    the tests reach the GPU's path without a GPU (tests/test_precision.py)."""
+    kernel, each step a device scalar made by a fill (no host-to-device copy). ``fused`` forces either path (None:
+    fused off the CPU; the tests run the fused path on a CPU, tests/test_precision.py)."""
     if not params:
         return
     if isinstance(lr, torch.Tensor):   # capturable=True: device scalars, tensor by tensor
@@ -226,10 +205,7 @@ def adamw_foreach_(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
         for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
             adamw_step_(p, g, m, v, s, lr, betas, eps, weight_decay, keep)
         return
-    made: dict = {}   # one device scalar per distinct step count (setdefault would fill one per tensor)
-    for s in steps:
-        if s not in made:
-            made[s] = torch.full((), float(s), device=device)
+    made = {s: torch.full((), float(s), device=device) for s in dict.fromkeys(steps)}   # one per distinct count
     device_steps = [made[s] for s in steps]
     torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], device_steps, lr=lr, beta1=betas[0],
                         beta2=betas[1], weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False,
