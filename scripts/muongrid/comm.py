@@ -54,17 +54,6 @@ PHASES = (Phase.GRAD_REDUCE_SCATTER, Phase.NS_GATHER_DP, Phase.NS_GATHER_TP, Pha
           Phase.NS_GROUP_GRAM, Phase.NS_FROM_OWNER, Phase.QK_CLIP, Phase.PARAM_ALL_GATHER)
 
 
-def report_fatal(text: str) -> None:
-    """Leave ``text`` where ``launch.py`` looks for a rank's failure (``MUONGRID_ERROR_FILE``; unset under
-    torchrun, which ends the job itself), written whole or not at all."""
-    path = os.environ.get("MUONGRID_ERROR_FILE")
-    if path:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{time.time()!r}\n{text}\n")
-        os.replace(tmp, path)  # atomic: the launcher never reads half a file
-
-
 class CollectiveError(RuntimeError):
     """A collective failed or timed out; the message says which one."""
 
@@ -193,11 +182,8 @@ class Comm(CommOutsideStep):
 
     def all_gather_async(self, shard: torch.Tensor, group: str, phase: str, wait_now: bool = False,
                          out: torch.Tensor | None = None) -> Pending:
-        """Start an all-gather and return at once; ``.wait()`` on the result blocks until it is done.
-
-        With ``wait_now`` the collective completes before this returns (the normal path). ``out``: a flat
-        tensor of ``size * shard.numel()`` elements to gather into (a buffer kept between steps), else a new one.
-        """
+        """Start an all-gather (``wait_now``: finish it) into ``out`` (a flat buffer kept between steps of
+        ``size * shard.numel()`` elements) or a new tensor; ``.wait()`` on the result blocks until it is done."""
         pg, size = self._group(group)
         shard = shard.contiguous().view(-1)
         rec = self._record("all_gather", group, size, shard.numel(), shard.dtype, phase)
@@ -240,9 +226,8 @@ class Comm(CommOutsideStep):
         return shard
 
     def all_gather_into(self, full: torch.Tensor, rank_in_group: int, group: str, phase: str) -> torch.Tensor:
-        """All-gather in place: every rank's shard already sits in ``full`` (flat) at its own offset, and
-        after the call every rank's ``full`` holds every shard (NCCL and gloo both take an input that is a
-        slice of the output; nothing is copied in or out)."""
+        """All-gather in place: every rank's shard already sits in ``full`` (flat) at its own offset, and after
+        the call every rank's ``full`` holds every shard (the input is a slice of the output: nothing is copied)."""
         return self.all_gather_into_async(full, rank_in_group, group, phase, wait_now=True).wait()
 
     def all_gather_into_async(self, full: torch.Tensor, rank_in_group: int, group: str, phase: str,
@@ -277,10 +262,7 @@ class Comm(CommOutsideStep):
 
     def _collective(self, rec: Record, launch, wait: bool = True):
         """Run ``launch(async_op)``. With ``wait``, return once it is done (None); else return its Work.
-
-        ``naive_async`` reproduces the community report's experiment: every collective is issued
-        with ``async_op=True`` and waited for at once, which can only add overhead.
-        """
+        ``naive_async``: the community report's experiment, ``async_op=True`` waited for at once (only overhead)."""
         if wait and not self.naive_async:
             self._run(rec, lambda: launch(False))
             return None
@@ -329,5 +311,7 @@ class Comm(CommOutsideStep):
                 message = (f"[muongrid watchdog] {what} has not finished after {timeout_s:.0f} s "
                            f"(timeout) + {grace:.0f} s; ending this rank")
                 print(message, file=sys.stderr, flush=True)
+                from .launch import report_fatal
+
                 report_fatal(message)
                 os._exit(3)
