@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from muongrid import DistributedAdamW, DistributedMuon, Grid
-from muongrid.finite import resolve_mode
+from muongrid.optim import resolve_mode
 
 
 def params():

@@ -60,8 +60,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .contract import MomentumSync
 from .placements import local
+from .rank_state import after_load
 
 FORMAT = "muongrid-checkpoint/1"
 MARKER = "muongrid.json"
@@ -502,7 +502,7 @@ def load(opt, path, scheduler=None) -> int:
         for ours, theirs in zip(opt.param_groups, marker["param_groups"]):
             ours.update({k: tuple(v) if isinstance(ours.get(k), tuple) else v
                          for k, v in theirs.items() if k not in ("names", "tp_split_dims", "use_muon")})
-        MomentumSync.of(opt).after_load(opt.param_groups)  # a Muon group's betas[0] follows its momentum
+        after_load(opt)  # a Muon group's betas[0] follows its momentum
         opt.steps_taken = marker.get("steps_taken", marker["step"])
         if not _is_fsdp(opt):
             opt._gather_params()  # the parameters are the masters, all-gathered (as after every step)

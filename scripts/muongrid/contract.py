@@ -65,18 +65,6 @@ class MomentumSync:
             sync = opt.__dict__["_momentum_sync"] = cls(opt.param_groups)
         return sync
 
-    def after_load(self, param_groups: list[dict]) -> None:
-        """A loaded Muon group's ``momentum`` is the truth (a state saved before betas[0] followed it may
-        carry AdamW's betas)."""
-        for group in param_groups:
-            if "ns_eps" in group:  # saved before eps meant Newton-Schulz's in a Muon group
-                ns_eps = group.pop("ns_eps")
-                if group.get("use_muon"):
-                    group["eps"] = ns_eps
-            if group.get("use_muon") and "betas" in group:
-                group["betas"] = (group["momentum"], *tuple(group["betas"])[1:])
-        self.reset(param_groups)
-
     def reset(self, param_groups: list[dict]) -> None:
         for i, group in enumerate(param_groups):   # in place: the optimizer's own list
             if not isinstance(group, LinkedGroup):

@@ -37,9 +37,9 @@ from .capture import need_every_grad, pin_group
 from .capture import refuse as refuse_capture
 from .comm import Comm
 from .contract import MomentumSync, job_place, lr_of, no_autocast, refuse_ddp, refuse_grad_scaler, vote, where_of
-from .finite import Deferred, late_codes, resolve_mode
+from .finite import Deferred, late_codes
 from .flows import OVERLAP_MODES, BucketFlow, FlowOptions  # noqa: F401 (OVERLAP_MODES: bench, verify)
-from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names
+from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names, resolve_mode
 from .owner_flow import OwnerFlow
 from .placements import is_dtensor, local, resolve_tp_split_dims
 from .plan import ParamSpec, build_plan, disagreement, plan_key

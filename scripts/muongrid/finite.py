@@ -23,25 +23,8 @@ import warnings
 
 import torch
 
-MODES = ("raise", "defer")
-
-
 class SkippedStep(RuntimeWarning):
     """A ``check_finite="defer"`` step found a NaN/Inf gradient on some rank and was skipped by every rank."""
-
-
-def resolve_mode(check, device: torch.device, capturable: bool = False):
-    """``check_finite`` as given (True, False, "raise", "defer" or None) -> "raise", "defer" or None (off).
-    None: "raise" on a CPU, "defer" elsewhere and for ``capturable=True`` (no host read in ``step()``)."""
-    if check is None:
-        return "raise" if device.type == "cpu" and not capturable else "defer"
-    if check is True:
-        return "raise"
-    if check is False:
-        return None
-    if check not in MODES:
-        raise ValueError(f"check_finite must be True, False, 'raise' or 'defer', got {check!r}")
-    return check
 
 
 def grad_norms(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor | None:

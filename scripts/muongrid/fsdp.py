@@ -47,14 +47,14 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from .finite import Deferred, resolve_mode
+from .finite import Deferred
 from .comm import Comm, Phase
 from .fsdp_routes import Piece, routes
 from .newton_schulz import NS_FORM, ns_flops, zeropower_ns5
 from .contract import MomentumSync, job_place, lr_of, no_autocast, refuse_ddp, refuse_grad_scaler, vote, where_of
-from .optim import call_closure, check_group, check_hyper, param_names
+from .optim import call_closure, check_group, check_hyper, param_names, resolve_mode
 from .placements import is_dtensor
-from .rank_state import refuse_pickle
+from .rank_state import after_load, refuse_pickle
 from .updates import adamw_step_, adjust_lr, apply_update_, muon_momentum_
 
 
@@ -243,7 +243,7 @@ class FSDPMuon(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
-        MomentumSync.of(self).after_load(self.param_groups)
+        after_load(self)
 
     def __getstate__(self):
         refuse_pickle(self)

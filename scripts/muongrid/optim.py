@@ -17,6 +17,7 @@ import torch
 from .contract import MomentumSync, lr_of, no_autocast
 from .newton_schulz import NS_COEFFICIENTS, NS_EPS, NS_FORM, NS_STEPS, zeropower_ns5
 from .ns_variants import check_ns_options
+from .rank_state import after_load
 from .routing import RoutingRow, RoutingTable, routes_to_muon, routing_table  # noqa: F401 (re-exported)
 from .updates import LR_ADJUSTMENTS, adamw_step_, adjust_lr, apply_update_, muon_momentum_
 
@@ -96,6 +97,20 @@ def check_group_contract(group: dict, g_idx: int) -> None:
             raise ValueError(f"group {g_idx}: {label} has dtype {str(p.dtype)[6:]}; these optimizers update real "
                              "floating-point parameters only (as torch.optim.Muon): keep it out of the optimizer, "
                              "or view a complex parameter as real (torch.view_as_real) in the model")
+
+
+def resolve_mode(check, device: torch.device, capturable: bool = False):
+    """``check_finite`` as given (True, False, "raise", "defer" or None) -> "raise", "defer" or None (off).
+    None: "raise" on a CPU, "defer" elsewhere and for ``capturable=True`` (no host read in ``step()``)."""
+    if check is None:
+        return "raise" if device.type == "cpu" and not capturable else "defer"
+    if check is True:
+        return "raise"
+    if check is False:
+        return None
+    if check not in ("raise", "defer"):   # finite.py says what each does
+        raise ValueError(f"check_finite must be True, False, 'raise' or 'defer', got {check!r}")
+    return check
 
 
 def check_hyper(hyper: dict) -> dict:
@@ -190,7 +205,7 @@ class MuonW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
-        MomentumSync.of(self).after_load(self.param_groups)
+        after_load(self)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -59,7 +59,7 @@ class RankState:
             for k, v in theirs.items():   # the hyperparameter tensors are written in place (capture.py)
                 if k != "params":
                     ours[k] = v
-        MomentumSync.of(self).after_load(self.param_groups)
+        after_load(self)
         self._prepared = None
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
@@ -88,6 +88,20 @@ def check_signature(saved: dict | None, ours: dict) -> None:
     raise ValueError(f"this state_dict was saved on another grid or layout ({', '.join(f'{k}: saved {a}, here {b}' for k, (a, b) in differ.items())}); "
                      "a state_dict is one rank's shard of one plan: resharding goes through muongrid.checkpoint.save/load."
                      + hint)
+
+
+def after_load(opt) -> None:
+    """After a load, a Muon group's ``momentum`` is the truth (a state saved before betas[0] followed it may carry
+    AdamW's betas)."""
+    sync = MomentumSync.of(opt)
+    for group in opt.param_groups:
+        if "ns_eps" in group:  # saved before eps meant Newton-Schulz's in a Muon group
+            ns_eps = group.pop("ns_eps")
+            if group.get("use_muon"):
+                group["eps"] = ns_eps
+        if group.get("use_muon") and "betas" in group:
+            group["betas"] = (group["momentum"], *tuple(group["betas"])[1:])
+    sync.reset(opt.param_groups)
 
 
 def refuse_pickle(opt) -> None:
