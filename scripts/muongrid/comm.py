@@ -11,9 +11,9 @@
   range ``comm:<phase>`` (its wait in ``comm_wait:<phase>``, ``traces.py``).
 * A group of one rank moves nothing and records zero bytes: its collectives hand back their input.
 
-The step's decisions ride one device all-reduce (``contract.vote``), never a host collective. Chapter 6 tells
-why ring bytes, and what gloo really moves; chapter 10 the watchdog. ``python scripts/collectives.py --dp 4``
-runs the collectives and prints what each rank had, got and counted.
+The step's decisions ride one device all-reduce (``contract.vote``), never a host collective. Chapters 2 and 6
+count the ring bytes (and what gloo really moves), chapter 10 shows the watchdog. To see every collective run:
+``python scripts/collectives.py --dp 4`` prints what each rank had, got and counted.
 """
 from __future__ import annotations
 

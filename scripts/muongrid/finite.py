@@ -1,10 +1,11 @@
-"""The NaN/Inf check of a step's gradients, decided by every rank together (chapter 10 tells the whole story).
+"""The NaN/Inf check of a step's gradients, decided by every rank together (``book/api.md``: ``check_finite``).
 
 Each rank finds its own non-finite gradients with one ``torch._foreach_norm`` (max-abs: NaN or Inf exactly when
 the gradient holds one, and it never overflows). What the ranks then do must be the same, or a rank that skips a
 step leaves its peers waiting in a collective, so the verdict is voted: for every parameter a code (``world - job
 rank`` where the gradient is not finite, else 0) goes into the step's ballot, and a MAX all-reduce gives every rank
-which parameters were bad and the lowest rank that saw it (``contract.vote``). ``check_finite=`` says what follows:
+which parameters were bad and the lowest rank that saw it (``contract.vote``). ``check_finite=`` (read when an
+optimizer is built, ``optim.resolve_mode``) says what follows:
 
 * ``"raise"`` (the default on a CPU): the host reads the ballot once; a bad gradient anywhere makes every rank
   raise the same ``FloatingPointError`` before the first collective that moves gradients, nothing changed.

@@ -3,7 +3,8 @@
 ``ZeroOneOptimizer`` (``distributed.py``) takes these methods from ``RankState``. A saved state is one rank's
 shard of one plan; loading it elsewhere is refused with what to do (``check_signature``), and resharding to
 another grid or layout goes through ``muongrid.checkpoint``. An optimizer that holds process groups refuses
-pickling with that fix (``refuse_pickle``) and deep-copies sharing its grid (``deepcopy_sharing``).
+pickling with that fix (``refuse_pickle``) and deep-copies sharing its grid (``deepcopy_sharing``); after a load
+a Muon group's ``momentum`` is the truth (``after_load``).
 """
 from __future__ import annotations
 
