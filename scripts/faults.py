@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from muongrid import checkpoint
-from muongrid.launch import report_fatal
+from muongrid.comm import report_fatal
 from muongrid.distributed import DistributedMuon
 from muongrid.launch import add_launch_args, check_launch_args, launch
 from muongrid.lab.synthetic import build_problem, set_grads

@@ -54,6 +54,17 @@ PHASES = (Phase.GRAD_REDUCE_SCATTER, Phase.NS_GATHER_DP, Phase.NS_GATHER_TP, Pha
           Phase.NS_GROUP_GRAM, Phase.NS_FROM_OWNER, Phase.QK_CLIP, Phase.PARAM_ALL_GATHER)
 
 
+def report_fatal(text: str) -> None:
+    """Leave ``text`` where ``launch.py`` looks for a rank's failure (``MUONGRID_ERROR_FILE``; unset under
+    torchrun, which ends the job itself), written whole or not at all."""
+    path = os.environ.get("MUONGRID_ERROR_FILE")
+    if path:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{time.time()!r}\n{text}\n")
+        os.replace(tmp, path)  # atomic: the launcher never reads half a file
+
+
 class CollectiveError(RuntimeError):
     """A collective failed or timed out; the message says which one."""
 
@@ -105,6 +116,8 @@ class Ledger(LedgerReports):
     """The collectives one rank ran in its last ``keep_steps`` optimizer steps (older ones are dropped, so a
     long run does not grow it); its reports are ``ledger.LedgerReports``."""
 
+    phases = PHASES   # the order its reports list them in
+
     def __init__(self, keep_steps: int = 16):
         self.records: list[Record] = []
         self.ns: dict[int, list[int]] = {}  # step -> [Newton-Schulz calls, their FLOPs] on this rank
@@ -136,6 +149,8 @@ def subgroup_name(ranks) -> str:
 class Comm(CommOutsideStep):
     """Collectives over a grid's "dp" and "tp" groups (and the subgroups ``add_subgroups`` made), recorded
     in ``self.ledger``. What no step calls (setup, reports, checks) is ``ledger.CommOutsideStep``."""
+
+    subgroup_name = staticmethod(subgroup_name)   # for add_subgroups (ledger.py)
 
     def __init__(self, grid, timeout_s: float | None = None, ledger: Ledger | None = None,
                  time_device: bool = False):
@@ -311,7 +326,5 @@ class Comm(CommOutsideStep):
                 message = (f"[muongrid watchdog] {what} has not finished after {timeout_s:.0f} s "
                            f"(timeout) + {grace:.0f} s; ending this rank")
                 print(message, file=sys.stderr, flush=True)
-                from .launch import report_fatal
-
                 report_fatal(message)
                 os._exit(3)

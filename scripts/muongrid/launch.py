@@ -49,21 +49,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .comm import Comm
+from .comm import Comm, report_fatal
 from .devices import rank_device
 from .grid import Grid, check_grid
-
-
-def report_fatal(text: str) -> None:
-    """Leave ``text`` where this launcher looks for a rank's failure (``MUONGRID_ERROR_FILE``, set for each rank
-    it spawns; unset under torchrun, which ends the job itself), written whole or not at all (the watchdog in
-    ``comm.py`` and a failing rank write it)."""
-    path = os.environ.get("MUONGRID_ERROR_FILE")
-    if path:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{time.time()!r}\n{text}\n")
-        os.replace(tmp, path)  # atomic: the launcher never reads half a file
 
 
 def add_launch_args(parser: argparse.ArgumentParser) -> None:

@@ -34,13 +34,12 @@ class LedgerReports:
 
     def summary(self, step: int | None = None) -> dict:
         """Calls, elements and bytes per phase for one step (default: the last recorded step)."""
-        from .comm import PHASES
-
-        steps = sorted({r.step for r in self.records if r.phase in PHASES})
+        order = self.phases
+        steps = sorted({r.step for r in self.records if r.phase in order})
         step = step if step is not None else (steps[-1] if steps else 0)
         phases: dict = {}
         for r in self.records:
-            if r.step != step or r.phase not in PHASES:
+            if r.step != step or r.phase not in order:
                 continue
             p = phases.setdefault(r.phase, dict(calls=0, numel=0, bytes_sent=0, bytes_recv=0, seconds=0.0,
                                                  group=r.group, dtype=r.dtype))
@@ -52,7 +51,7 @@ class LedgerReports:
             p["numel"] += r.numel
             p["bytes_sent"] += r.bytes_sent
             p["bytes_recv"] += r.bytes_recv
-        ordered = {k: phases[k] for k in PHASES if k in phases}
+        ordered = {k: phases[k] for k in order if k in phases}
         ns_calls, ns_flops = self.ns.get(step, (0, 0))
         return dict(step=step, phases=ordered, ns_calls=ns_calls, ns_flops=ns_flops,
                     bytes_sent=sum(p["bytes_sent"] for p in ordered.values()),
@@ -81,12 +80,10 @@ class CommOutsideStep:
         groups) that this Comm lacks, and return their names. ``dist.new_group`` is collective: every
         rank must call this with the same lists (the plan's, the same on every rank); they are made in
         sorted order, so the calls line up whatever order the caller gives."""
-        from .comm import subgroup_name
-
         names = []
         todo = sorted({tuple(sorted(m)) for m in member_lists})
         for ranks in todo:
-            name = subgroup_name(ranks)
+            name = self.subgroup_name(ranks)
             names.append(name)
             if name in self.subgroups:
                 continue
@@ -125,20 +122,16 @@ class CommOutsideStep:
         return {r: rec.bytes_sent // len(others) for r in others} if others and rec.bytes_sent else {}
 
     def reduce_scatter_sum(self, full: torch.Tensor, group: str, phase: str) -> torch.Tensor:
-        """Sum ``full`` over ``group`` and return this rank's 1/size of the sum (flat)."""
-        from .comm import _reduce_scatter_flat
-
-        pg, size = self._group(group)
+        """Sum ``full`` over ``group`` and return this rank's 1/size of the sum (flat; one rank: ``full``)."""
+        size = self._group(group)[1]
         full = full.contiguous().view(-1)
         if full.numel() % size:
             raise ValueError(f"reduce-scatter of {full.numel()} elements over {size} ranks: pad to a multiple")
-        shard = torch.empty(full.numel() // size, dtype=full.dtype, device=full.device)
-        rec = self._record("reduce_scatter", group, size, shard.numel(), shard.dtype, phase)
         if size == 1:
+            self._record("reduce_scatter", group, size, full.numel(), full.dtype, phase)
             return full
-        self._collective(rec, lambda a: _reduce_scatter_flat(shard, full, op=dist.ReduceOp.SUM, group=pg,
-                                                                    async_op=a))
-        return shard
+        shard = torch.empty(full.numel() // size, dtype=full.dtype, device=full.device)
+        return self.reduce_scatter_into(shard, full, group, phase)
 
     def broadcast(self, tensor: torch.Tensor, group: str, phase: str, src: int = 0) -> torch.Tensor:
         """Broadcast ``tensor`` in place from global rank ``src`` (used for checks, not by the optimizer)."""
