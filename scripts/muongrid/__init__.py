@@ -28,8 +28,9 @@ The engine, in the order the book introduces it (the math apart from the orchest
     group_flow     the group layout's part of the owner flow: a grouped matrix's route and its Newton-Schulz
     ns_gram_group  the Gram form (ns_form="gram") of one matrix over a group: R all-reduced once (pure)
     ns_variants    Newton-Schulz variants: per-iteration coefficient schedules and the Gram form (pure)
-    distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses)
-    rank_state     one rank's state_dict / load_state_dict of the ZeRO-1 optimizers (its shard, same grid)
+    distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses): the step
+    options        what the optimizers are built with: layout defaults, the checks made once when one is built
+    rank_state     one rank's state: its per-parameter views, state_bytes, state_dict / load_state_dict
     contract       what every torch optimizer promises (keywords, checks, skipped gradients, schedulers)
     capture        capturable=True: hyperparameters and step counts as device tensors, what a captured step refuses
     clipping       opt.clip_grad_norm_: the DP-mean gradient's global norm, TP counted once

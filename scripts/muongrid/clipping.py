@@ -95,6 +95,19 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> torc
     return total
 
 
+class ClipZero1:
+    """``opt.clip_grad_norm_`` of ``DistributedMuon`` / ``DistributedAdamW`` (a mixin; not part of ``step()``)."""
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+        """Clip the DP-mean gradient by its global norm (every rank's shards, TP shards and replicated
+        parameters counted once); returns the total norm, as ``torch.nn.utils.clip_grad_norm_``. Call it
+        between ``backward()`` and ``step()``: it runs the step's gradient reduce-scatter early and the
+        step uses the clipped shards; ``p.grad`` is left as it is (this rank's own gradient)."""
+        from .contract import no_autocast
+        with no_autocast(self.grid.device):
+            return clip_zero1_(self, max_norm, norm_type, error_if_nonfinite)
+
+
 def clip_zero1_(opt, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
     """``DistributedMuon`` / ``DistributedAdamW``: reduce-scatter now (the step's own, cached), norm of the
     mean over every rank's pieces, scale the pieces ``step()`` will use. With several DP ranks those are this

@@ -1,10 +1,10 @@
-"""One rank's ``state_dict`` of the ZeRO-1 optimizers: saving and loading this rank's shard, not the step.
+"""One rank's state of the ZeRO-1 optimizers: its per-parameter views, what it costs, saving and loading it.
 
-``ZeroOneOptimizer`` (``distributed.py``) takes these methods from ``RankState``. A saved state is one rank's
-shard of one plan; loading it elsewhere is refused with what to do (``check_signature``), and resharding to
-another grid or layout goes through ``muongrid.checkpoint``. An optimizer that holds process groups refuses
-pickling with that fix (``refuse_pickle``) and deep-copies sharing its grid (``deepcopy_sharing``); after a load
-a Muon group's ``momentum`` is the truth (``after_load``).
+``ZeroOneOptimizer`` (``distributed.py``) takes these methods from ``RankState``; none runs inside ``step()``.
+A saved state is one rank's shard of one plan; loading it elsewhere is refused with what to do
+(``check_signature``), and resharding to another grid or layout goes through ``muongrid.checkpoint``. An
+optimizer that holds process groups refuses pickling with that fix (``refuse_pickle``) and deep-copies sharing
+its grid (``deepcopy_sharing``); after a load a Muon group's ``momentum`` is the truth (``after_load``).
 """
 from __future__ import annotations
 
@@ -13,11 +13,59 @@ import copy
 import torch
 
 from .contract import MomentumSync
+from .sharding import local_shard
 
 
 class RankState:
     """``state_dict`` / ``load_state_dict`` for an optimizer with ``grid``, ``plan``, ``layout`` and per-parameter
     state views (a mixin before ``torch.optim.Optimizer``)."""
+
+    def __getstate__(self):   # pickling one rank's optimizer is refused, saying what to do (below)
+        refuse_pickle(self)
+
+    def __deepcopy__(self, memo):   # a copy shares the grid, the collectives and the options
+        return deepcopy_sharing(self, memo, ("grid", "comm", "options"))
+
+    def _bind_state(self) -> None:
+        """``self.state[p]`` holds views of this rank's part of every shard tensor, plus a step count (a view of
+        one host tensor per group, so a step counts every parameter with one op). The same views, per bucket,
+        are kept in ``self.views`` for the step's passes."""
+        self.views: dict = {}
+        self._steps = []
+        for g, group in enumerate(self.param_groups):
+            steps = torch.tensor([float(self.state[p].get("step", 0)) if p in self.state else 0.0
+                                  for p in group["params"]], dtype=torch.float32)
+            if self.capturable:   # counted on the device, where AdamW's bias corrections are computed
+                steps = steps.to(self.grid.device)
+            self._steps.append(steps)
+            for i, (p, meta) in enumerate(zip(group["params"], self.plan.metas[g])):
+                shard = self.shards[g][meta.bucket_idx]
+                self.state[p] = {k: local_shard(t, self.plan, meta) for k, t in shard.items()}
+                self.state[p]["step"] = steps[i]
+            for bucket in self.plan.buckets[g]:
+                self.views[(g, bucket.bucket_idx)] = {
+                    k: [self.state[group["params"][i]][k] for i in bucket.param_indices]
+                    for k in self.shards[g][bucket.bucket_idx]}
+        self._masters = [[self.state[p]["master"] for p in group["params"]] for group in self.param_groups]
+
+    def state_bytes(self) -> dict:
+        """Bytes of optimizer state on this rank, by kind. ``master`` counts only master shards kept apart
+        from the parameters (bf16 parameters' fp32 masters, unbound buckets): an fp32 parameter bound to its
+        bucket's buffer is its own master and costs nothing more (``store.py``)."""
+        out: dict = {}
+        for buckets in self.shards:
+            for shard in buckets:
+                for k, t in shard.items():
+                    if k != "master":
+                        out[k] = out.get(k, 0) + t.numel() * t.element_size()
+        out["master"] = sum(s.master.numel() * s.master.element_size() for row in self.store.slots for s in row
+                            if not s.master_is_param)
+        return out
+
+    @property
+    def skipped_steps(self) -> list[int]:
+        """The steps that ``check_finite="defer"`` skipped on every rank, as reported so far."""
+        return self._deferred.skipped
 
     def state_dict(self) -> dict:
         self.check_finite_now()   # never hand out a state the deferred NaN/Inf check has not cleared

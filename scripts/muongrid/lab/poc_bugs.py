@@ -36,7 +36,7 @@ class StaleParams(DistributedMuon):
         params = self.param_groups[-1]["params"]  # what the previous loop left in `params`
         for g in range(len(self.param_groups)):
             for bucket in self.plan.buckets[g]:
-                self._all_gather_params(params, bucket, self.shards[g][bucket.bucket_idx]["master"])
+                self.store.gather(g, bucket, params)
 
 
 class FlatViewFlow(BucketFlow):

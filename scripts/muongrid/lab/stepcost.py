@@ -325,7 +325,7 @@ def persistent_bytes(model: str, dp: int, tp: int = 1, layout: str = "bucket", l
                      gradient_shards=nbytes(s.grad_shard for s in slots),
                      gather_slots=nbytes(getattr(flow, "gathered", []) + getattr(flow, "tp_gathered", [])),
                      exchange_buffers=exchange,
-                     optimizer_state=nbytes(state), separate_masters=opt.store.allocated_master_bytes())
+                     optimizer_state=nbytes(state), separate_masters=opt.state_bytes()["master"])
         params = sum(p.numel() * 4 for _, p in named)
         out.update({k: v / params for k, v in kinds.items()})
 
