@@ -1,12 +1,10 @@
 """How a Muon group's momentum pieces become this rank's pieces of the orthogonalised update: one flow per layout.
 
-A flow gets, bucket by bucket, this rank's momentum-updated pieces of the bucket's matrices (fp32, flat; None for
-a matrix skipped this step) and yields, for each matrix, this rank's piece of its orthogonalised update. It is
-built from data, the plan, the grid and the ``Comm``, and each ``run`` is handed its ``FlowOptions``; it never
-sees the optimizer. ``BucketFlow`` (layout "bucket", the proof of concept's: every rank gathers and
-orthogonalises every matrix) is here; ``OwnerFlow`` ("owner", "aligned", "group": each matrix to its owner, or
-block by block to its group, and back) is in ``owner_flow.py``. Chapter 5 walks the bucket flow stage by stage;
-chapter 8 the owner and group layouts.
+A flow is built from the plan, the grid and the ``Comm`` (never the optimizer); its ``run`` takes, bucket by
+bucket, this rank's momentum pieces (fp32, flat; None: skipped) and the ``FlowOptions``, and yields this rank's
+piece of each matrix's orthogonalised update. ``BucketFlow`` ("bucket", the proof of concept's) is here,
+``OwnerFlow`` ("owner", "aligned", "group") in ``owner_flow.py``. Chapter 5 walks the bucket flow, chapter 8 the
+others: ``python -m pytest -q tests/test_distributed.py``.
 """
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ from torch.profiler import record_function
 from .comm import Pending, Phase
 from .newton_schulz import NS_FORM, ns_flops, zeropower_ns5
 from .plan import Bucket, DistMeta
-from .sharding import bucket_matrix, dp_shard_of, local_shard, tp_shard, tp_unshard
+from .sharding import bucket_matrix, copy_all, dp_shard_of, local_shard, tp_shard, tp_unshard
 
 Updates = Iterable[tuple[Bucket, list]]           # (bucket, my momentum-updated piece of each of its matrices)
 Pieces = Iterator[tuple[DistMeta, torch.Tensor]]  # (matrix, my piece of its orthogonalised update)
@@ -31,12 +29,10 @@ PREFETCH_CHUNKS = 4   # exchanges per direction with "prefetch": enough for Newt
 
 @dataclass(frozen=True)
 class FlowOptions:
-    """What a flow is told, per run. ``overlap`` and ``chunks`` are one scheduling choice, how transfers meet
-    Newton-Schulz: "none" finishes each exchange in turn, "naive" issues every collective with ``async_op=True``
-    and waits at once (the community report's experiment), "prefetch" starts every transfer before
-    orthogonalising, in ``chunks`` exchanges per direction (``exchanges``). All give the same parameters, bit for
-    bit. ``ns_batch``: one batched Newton-Schulz per matrix shape on its owner. ``trace``: None, or
-    ``trace(stage, name, tensor)`` called at each stage (``scripts/trace_step.py``)."""
+    """What a flow is told, per run. ``overlap``, how transfers meet Newton-Schulz (the same parameters bit for
+    bit): "none" finishes each exchange in turn, "naive" waits at once on ``async_op=True`` collectives,
+    "prefetch" starts every transfer before orthogonalising, in ``chunks`` exchanges per direction. ``ns_batch``:
+    one batched Newton-Schulz per shape on its owner. ``trace``: None, or ``trace(stage, name, tensor)``."""
 
     overlap: str = "none"
     chunks: int | None = None
@@ -83,29 +79,23 @@ class Flow:
             self.options.trace(stage, name, tensor)
         return tensor
 
-    def flat_shard(self, bucket: Bucket, pieces: list, dtype=torch.bfloat16, out: torch.Tensor | None = None):
-        """The pieces laid out as this rank's flat shard of the bucket (zeros where a matrix is skipped and
-        in the padding), in ``dtype``: one copy, the cast included; into ``out`` (kept between steps) if given."""
-        if out is None:
-            flat = torch.zeros(bucket.shard_numel, dtype=dtype, device=self.grid.device)
-        else:
-            flat = out.zero_()
-        metas = self.plan.metas[bucket.buffer_idx]
+    def flat_shard(self, bucket: Bucket, pieces: list, out: torch.Tensor) -> torch.Tensor:
+        """The pieces laid out as this rank's flat shard of the bucket in ``out`` (kept between steps; zeros where
+        a matrix is skipped and in the padding): one copy, the cast to ``out``'s dtype included."""
+        metas, flat = self.plan.metas[bucket.buffer_idx], out.zero_()
         pairs = [(local_shard(flat, self.plan, metas[i]), piece) for i, piece in zip(bucket.param_indices, pieces)
                  if piece is not None and piece.numel()]
-        if pairs:
-            torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
+        copy_all([d for d, _ in pairs], [s for _, s in pairs])
         return self.trace("momentum_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", flat)
 
 
 class BucketFlow(Flow):
     """Every rank gathers whole buckets over DP and every matrix over TP, and orthogonalises it.
 
-    The gathers write into buffers made once, from the plan, when the optimizer is built: ``POOL`` bf16 slots of
-    the biggest Muon bucket for the DP gather (this rank lays its pieces out in its own shard of the slot and
-    the all-gather fills in the others, in place) and as many of ``tp`` times that for the TP gathers. A step
-    takes them in turn; ``POOL`` is how many gathered buckets can be in use at once: two with prefetch, plus
-    the one before them whose results the optimizer may not have applied yet."""
+    The gathers write into buffers made once from the plan, taken in turn: ``POOL`` bf16 slots of the biggest
+    Muon bucket for the DP gather (in place: this rank's pieces go to its own shard of the slot) and as many of
+    ``tp`` times that for the TP gathers. ``POOL`` gathered buckets can be in use at once: two with prefetch,
+    plus the one before them whose results the optimizer may not have applied yet."""
 
     POOL = 3
 
@@ -122,8 +112,7 @@ class BucketFlow(Flow):
 
     def run(self, group: dict, updates: Updates, options: FlowOptions) -> Pieces:
         """With prefetch, the next bucket's DP gather travels while this one is
-        orthogonalised: one bucket ahead, so at most two gathered buckets are alive
-        at once (not the whole TP-local model)."""
+        orthogonalised: at most two gathered buckets are alive at once."""
         self.options = options
         prefetch = options.overlap == "prefetch"
         in_flight, n, r = [], None, self.grid.dp_rank
@@ -174,9 +163,8 @@ class BucketFlow(Flow):
 
     def my_tp_part(self, ortho: torch.Tensor, meta: DistMeta) -> torch.Tensor:
         """This TP rank's slice of an orthogonalised matrix (``tp_shard``, without its copy when unsplit)."""
-        if meta.tp_split_dim == -1 or self.grid.tp == 1:
-            return ortho
-        return tp_shard(ortho, meta.tp_split_dim, self.grid.tp, self.grid.tp_rank, meta.name)
+        split = meta.tp_split_dim != -1 and self.grid.tp > 1
+        return tp_shard(ortho, meta.tp_split_dim, self.grid.tp, self.grid.tp_rank, meta.name) if split else ortho
 
     def unpack_ns_input(self, bucket_update: torch.Tensor, bucket: Bucket, meta: DistMeta) -> torch.Tensor:
         """A matrix's TP-local block of the gathered bucket, as a matrix (the PoC's bug #2 was a flat view)."""

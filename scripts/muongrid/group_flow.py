@@ -1,21 +1,15 @@
 """The "group" layout's part of the owner flow: a large matrix orthogonalised by a group of ranks together.
 
-A matrix in ``plan.groups`` (above the fair share of Newton-Schulz FLOPs, ``layouts.assign_owners_and_groups``) has
-``k`` members; member i is sent, in the owner flow's all-to-all (``owner_flow.py``), the elements of every rank's
-pieces that fall in block i of the matrix's long side (``group_routes``: ``group_route`` here keeps the counts
-and index tensors), so it holds that block whole. The members orthogonalise it together over their process
-subgroup (``Comm.add_subgroups``, phase "ns_group_gram", ``group_newton_schulz``) and send every element back
-where it came from, in the owner flow's second all-to-all.
-
-The form is picked from the shape alone, the same on every member (``ns_group.group_form``): the Gram form
-``zeropower_sharded`` (the norm and each iteration's Gram matrix all-reduced in fp32, B's rows split and
-all-gathered in bf16) or, for a near-square matrix, the row form ``zeropower_rows``; ``ns_form="gram"`` gives
-``ns_gram_group.py``'s. A grouped matrix is never batched (each member holds one block of it). Owner matrices
-take the owner layout's path and equal it bit for bit; a grouped one sums its Gram matrix in another order of
-fp32 additions, within the tolerance ``tests/test_group_layout.py`` states (chapter 8 explains why).
+A matrix in ``plan.groups`` (above the fair share of Newton-Schulz FLOPs) has ``k`` members; in the owner flow's
+all-to-all (``owner_flow.py``) member i gets the elements of every rank's pieces in block i of the matrix's long
+side (``group_route``: counts and index tensors, from ``group_routes.py``). The members orthogonalise it together
+over their subgroup (``group_newton_schulz``, phase "ns_group_gram", in the form ``ns_group.group_form`` picks
+from the shape) and send every element back. It is never batched, and equals one device's result within the
+tolerance ``tests/test_group_layout.py`` states (another order of fp32 additions; chapter 8).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,13 +32,15 @@ class GroupRoute:
     src: list[torch.Tensor]         # src[i]: positions in my piece of my elements in block i
     pos: dict                       # if I am a member: rank r -> where r's elements sit in my flat block
 
-    def sends_to(self, meta, r: int, q: int, tp: int) -> bool:
-        """Whether rank r sends its elements to member q (one TP rank, q's, if the matrix is replicated)."""
-        return meta.tp_split_dim != -1 or r % tp == q % tp
-
     def block_shape(self, meta, i: int) -> tuple[int, int]:
         width = self.bounds[i + 1] - self.bounds[i]
         return (width, meta.full_shape[1]) if self.dim == 0 else (meta.full_shape[0], width)
+
+
+def sends(meta, r: int, q: int, tp: int) -> bool:
+    """Whether rank ``r`` sends its piece of ``meta`` to rank ``q``, its owner or a member of its group: a matrix
+    replicated over TP is sent by one TP rank only, ``q``'s."""
+    return meta.tp_split_dim != -1 or r % tp == q % tp
 
 
 def group_route(plan, grid, meta) -> GroupRoute:
@@ -72,12 +68,8 @@ def group_newton_schulz(comm, group: dict, meta, block: torch.Tensor, route: Gro
     """My block of the grouped matrix, orthogonalised with the other members (their collectives are phase
     "ns_group_gram"); the Newton-Schulz work is counted in ``comm.ledger``."""
     size, i, name, steps = len(route.members), route.members.index(rank), subgroup_name(route.members), group["ns_steps"]
-
-    def all_reduce(t: torch.Tensor) -> torch.Tensor:
-        return comm.all_reduce(t, name, Phase.NS_GROUP_GRAM)
-
-    def gather(t: torch.Tensor) -> torch.Tensor:
-        return comm.all_gather(t, name, Phase.NS_GROUP_GRAM)
+    all_reduce = functools.partial(comm.all_reduce, group=name, phase=Phase.NS_GROUP_GRAM)
+    gather = functools.partial(comm.all_gather, group=name, phase=Phase.NS_GROUP_GRAM)
     if group.get("ns_form", NS_FORM) == "gram":   # R = X X^T all-reduced once, the m x m iteration on every member
         out = zeropower_gram_sharded(block, all_reduce, route.dim, steps, group["ns_coefficients"], group["eps"])
         comm.ledger.count_ns(gram_sharded_flops(*meta.full_shape, block.shape[route.dim], steps))

@@ -4,21 +4,15 @@ comes back in pieces. Who sends what to whom is arithmetic on the plan, done onc
 (``OwnerRoute``); a step only moves data, with one copy each way::
 
     my pieces --bf16, one copy into the send buffer--> all-to-all --> owners (and members)   "to owner"
-    owner: its matrices' pieces --one copy--> a bank (one tensor per shape), Newton-Schulz on each
-           bank (``ns_batch``) or on each matrix of it; member: its block, with the other members
+    owner: its matrices' pieces --one copy--> a bank per shape, Newton-Schulz on the bank (``ns_batch``) or on
+           each matrix of it; member: its block, with the other members
     the results --one copy into the send buffer--> all-to-all --> back                       "from owner"
 
-A rank's own pieces of a matrix it owns never enter a collective. A matrix replicated over TP is sent by the
-owner's TP rank only and every TP rank gets its piece back. A bank row holds a matrix whole, a TP split by rows
-as consecutive blocks; one split by columns is gathered apart and joined (one more copy). Per matrix the
-arithmetic is the single-device one, so the parameters equal one process's bit for bit (chapter 8).
+A rank's own pieces of a matrix it owns never enter a collective; a matrix replicated over TP is sent by one TP
+rank, the owner's. Per matrix the arithmetic is the single-device one, bit for bit (chapter 8). The send and
+receive buffers, banks and blocks are made on the first step and kept (``lab/stepcost.persistent_bytes``).
 
-**What stays between steps.** Every buffer a step moves data through is made on the first step and kept: per
-chunk both all-to-alls' send and receive buffers (bf16: this rank's pieces of matrices others own, and what
-others send it), per set of chunks orthogonalised together the banks (bf16, every matrix this rank owns,
-whole) and, under "group", each block this rank holds and its pieces of grouped matrices: about
-2 x (my pieces + what I own + my blocks) bf16 bytes, which a step used to allocate and free
-(``lab/stepcost.persistent_bytes``; ``tests/test_store_buffers.py`` checks two steps use the same storages).
+    python -m pytest -q tests/test_routes.py tests/test_exchanges.py tests/test_store_buffers.py
 """
 from __future__ import annotations
 
@@ -29,7 +23,8 @@ from torch.profiler import record_function
 
 from .comm import Phase
 from .flows import PREFETCH_CHUNKS, Flow, FlowOptions, Pieces  # noqa: F401 (PREFETCH_CHUNKS: the lab, tests)
-from .group_flow import GroupRoute, group_newton_schulz, group_route
+from .group_flow import GroupRoute, group_newton_schulz, group_route, sends
+from .sharding import copy_all
 
 BF16 = torch.bfloat16
 
@@ -91,10 +86,6 @@ class OwnerFlow(Flow):
 
     # ---- the arithmetic, once per chunk ----------------------------------------------------------
 
-    def _sends(self, meta, rank: int) -> bool:
-        """Whether world rank ``rank`` sends its piece of ``meta`` (one TP rank, the owner's, if replicated)."""
-        return meta.tp_split_dim != -1 or rank % self.grid.tp == self.plan.owner_of(meta) % self.grid.tp
-
     def _piece(self, meta, rank: int) -> tuple[int, int, int]:
         """(TP block, start, end) of world rank ``rank``'s piece of ``meta`` in the block's flat elements."""
         tp = self.grid.tp
@@ -117,28 +108,24 @@ class OwnerFlow(Flow):
         owner = [None if k in grouped else plan.owner_of(m) for k, m in enumerate(metas)]
         send_counts, recv_counts, back_counts, back_recv_counts = ([0] * world for _ in range(4))
         route = OwnerRoute(metas, [], send_counts, recv_counts, [], back_counts, {}, back_recv_counts)
-        for q in range(world):                       # what I send, by owner then chunk order
+        for q in range(world):   # what I send, by owner (or member) then chunk order, and what comes back
             for k, meta in enumerate(metas):
-                if q == me:
+                g = grouped.get(k)
+                if q == me or (q not in g.members if g else owner[k] != q):
                     continue
-                if k not in grouped:
-                    n = meta.local_numel if owner[k] == q else 0
-                    if n and self._sends(meta, me):
-                        route.sends.append((k, sum(send_counts)))
-                        send_counts[q] += n
-                    if n:                            # and what comes back to me, in the same order
-                        route.back_recv[k] = (sum(back_recv_counts), n)
-                        back_recv_counts[q] += n
-                elif q in grouped[k].members:
-                    g = grouped[k]
-                    i = g.members.index(q)
-                    n = g.counts[me][i]
-                    if n and g.sends_to(meta, me, q, tp):
+                i = g.members.index(q) if g else None
+                n = g.counts[me][i] if g else meta.local_numel
+                if n and sends(meta, me, q, tp):
+                    if g:
                         route.group_sends.append((k, sum(send_counts), n, g.src[i]))
-                        send_counts[q] += n
-                    if n:
-                        route.group_back.setdefault(k, []).append((sum(back_recv_counts), n, g.src[i]))
-                        back_recv_counts[q] += n
+                    else:
+                        route.sends.append((k, sum(send_counts)))
+                    send_counts[q] += n
+                if n and g:
+                    route.group_back.setdefault(k, []).append((sum(back_recv_counts), n, g.src[i]))
+                elif n:
+                    route.back_recv[k] = (sum(back_recv_counts), n)
+                back_recv_counts[q] += n
         items = []
         for k, meta in enumerate(metas):
             if k in grouped and me in grouped[k].members:
@@ -153,44 +140,28 @@ class OwnerFlow(Flow):
         route.owned = [item for item in items if isinstance(item, Owned)]
         route.members = [item for item in items if isinstance(item, Member)]
         offset = back_offset = 0
-        for r in range(world):                       # what I receive, by sender then chunk order
+        for r in range(world):   # what I receive and what I send back, by rank then chunk order
             for item in items:
+                at = None if r == me else offset
                 if isinstance(item, Member):
                     i = item.route.members.index(me)
-                    n = item.route.counts[r][i]
-                    if n and item.route.sends_to(item.meta, r, me, tp):
-                        item.parts.append((None if r == me else offset, n, item.route.pos[r]))
-                        if r != me:
-                            offset += n
-                            recv_counts[r] += n
-                    continue
-                block, a, b = self._piece(item.meta, r)
-                if b > a and self._sends(item.meta, r):
-                    item.parts.append((block, a, b, None if r == me else offset))
-                    if r != me:
-                        offset += b - a
-                        recv_counts[r] += b - a
-        for r in range(world):                       # what I send back, by receiver then chunk order
-            for item in items:
-                if isinstance(item, Member):
-                    i = item.route.members.index(me)
-                    n = item.route.counts[r][i]
-                    if n and r == me:
-                        item.mine = (item.route.pos[me], item.route.src[i])
-                    elif n:
-                        item.back.append((back_offset, n, item.route.pos[r]))
-                        back_offset += n
-                        back_counts[r] += n
-                    continue
-                block, a, b = self._piece(item.meta, r)
-                if b <= a:
-                    continue
-                if r == me:
-                    item.mine = (block, a, b)
+                    n, where = item.route.counts[r][i], item.route.pos[r]
+                    part, back, mine = (at, n, where), (back_offset, n, where), (where, item.route.src[i])
                 else:
-                    item.back.append((r, block, a, b, back_offset))
-                    back_offset += b - a
-                    back_counts[r] += b - a
+                    block, a, b = self._piece(item.meta, r)
+                    n, part, back, mine = b - a, (block, a, b, at), (r, block, a, b, back_offset), (block, a, b)
+                if n <= 0:
+                    continue
+                if sends(item.meta, r, me, tp):   # r sends me its elements (I am the owner, or a member)
+                    item.parts.append(part)
+                    offset += 0 if r == me else n
+                    recv_counts[r] += 0 if r == me else n
+                if r == me:
+                    item.mine = mine
+                else:
+                    item.back.append(back)
+                    back_offset += n
+                    back_counts[r] += n
         dev = self.grid.device
         for name, counts in (("send", send_counts), ("recv", recv_counts), ("back", back_counts),
                              ("back_recv", back_recv_counts)):
@@ -203,13 +174,10 @@ class OwnerFlow(Flow):
     # ---- the step ------------------------------------------------------------------------------
 
     def run(self, group: dict, updates, options: FlowOptions) -> Pieces:
-        """``updates``: (bucket, pieces) per bucket, the pieces aligned with ``bucket.param_indices`` (flat,
-        None where a parameter is skipped). Yields (meta, my piece of its orthogonalised update).
-
-        The buckets travel in ``exchange_chunks`` chunks: one all-to-all each way per chunk, whatever the number
-        of buckets and matrices (K = 1 without overlap; with "prefetch" every chunk is sent before any is
-        orthogonalised, so later chunks travel while Newton-Schulz runs, and each chunk's results go back while
-        the next one is orthogonalised)."""
+        """``updates``: (bucket, pieces) per bucket (flat pieces aligned with ``bucket.param_indices``, None: skipped).
+        Yields (meta, my piece of its orthogonalised update). The buckets travel in ``exchange_chunks`` chunks, one
+        all-to-all each way per chunk; with "prefetch" every chunk is sent before any is orthogonalised, and each
+        chunk's results go back while the next one is orthogonalised."""
         self.options = options
         chunks = exchange_chunks(list(updates), options.overlap, options.chunks)
         if not options.ns_batch and options.overlap != "prefetch":   # "none", "naive": one chunk
@@ -237,24 +205,23 @@ class OwnerFlow(Flow):
             (zeros if piece is None else dsts).append(send[at: at + n])
             if piece is not None:
                 srcs.append(piece if where is None else piece[where])
-        _copy(dsts, srcs, zeros)
+        copy_all(dsts, srcs, zeros)
         self.trace("to_owner", name_of(chunk), send)
         return self.comm.all_to_all(send, route.send_counts, route.recv_counts, "world", Phase.NS_TO_OWNER,
                                     wait_now=wait_now, out=route.buffers["recv"])
 
     def _orthogonalise(self, group: dict, sent: list) -> list:
-        """My blocks of grouped matrices first, in chunk order on every member (so no member waits at a
-        collective while another orthogonalises its own matrices); then every matrix I own in these chunks: its
-        pieces into the bank of its shape, Newton-Schulz, the results kept. A matrix split over TP by columns is
-        gathered block by block first, then joined (one copy)."""
+        """My blocks of grouped matrices first, in chunk order on every member (so no member waits at a collective
+        while another orthogonalises its own); then every matrix I own: its pieces into the bank of its shape (a
+        TP split by columns gathered block by block, then joined), Newton-Schulz, the results kept."""
         done = []
         for chunk, pieces, pending in sent:
             for item in self.route(chunk).members:
                 done.append((chunk, item, self._group_ns(group, item, pieces[item.k], pending.wait())))
-        members = [(chunk, pieces, pending, item) for chunk, pieces, pending in sent for item in self.route(chunk).owned]
-        banks: dict[tuple, list] = {}
-        for member in members:
-            banks.setdefault(tuple(member[3].meta.full_shape), []).append(member)
+        banks: dict[tuple, list] = {}   # shape -> (chunk, pieces, pending, Owned) of each matrix I own
+        for chunk, pieces, pending in sent:
+            for item in self.route(chunk).owned:
+                banks.setdefault(tuple(item.meta.full_shape), []).append((chunk, pieces, pending, item))
         kept = self._banks.setdefault(tuple(id(self.route(chunk)) for chunk, _, _ in sent), {})
         dsts, srcs, zeros, joins = [], [], [], []
         for shape, rows in banks.items():
@@ -275,7 +242,7 @@ class OwnerFlow(Flow):
                     else:
                         dsts.append(dst)
                         srcs.append(pieces[item.k] if at is None else received[at: at + b - a])
-        _copy(dsts, srcs, zeros)
+        copy_all(dsts, srcs, zeros)
         for whole, staging in joins:
             whole.view(whole.shape[0], staging.shape[0], -1).copy_(staging.permute(1, 0, 2))
         for shape, rows in banks.items():
@@ -332,7 +299,7 @@ class OwnerFlow(Flow):
                         srcs.append(src)
                 if item.mine is not None:
                     mine[item.k] = _block_piece(out, item, *item.mine)
-            _copy(dsts, srcs, [])
+            copy_all(dsts, srcs)
             pending = self.comm.all_to_all(send, route.back_counts, route.back_recv_counts, "world",
                                            Phase.NS_FROM_OWNER, wait_now=wait_now, out=route.buffers["back_recv"])
             backs.append((chunk, pending, mine))
@@ -352,10 +319,9 @@ class OwnerFlow(Flow):
                     yield meta, self.trace("from_owner", meta.name, piece)
                 elif k in mine:   # maybe rows of a transposed result (see _block_piece): traced whole, if at all
                     piece = mine[k]
-                    if self.options.trace is not None and isinstance(piece, list):
-                        self.trace("from_owner", meta.name, torch.cat([r.reshape(-1) for _, r in piece]))
-                    elif self.options.trace is not None:
-                        self.trace("from_owner", meta.name, piece)
+                    if self.options.trace is not None:
+                        whole = torch.cat([r.reshape(-1) for _, r in piece]) if isinstance(piece, list) else piece
+                        self.trace("from_owner", meta.name, whole)
                     yield meta, piece
                 elif k in route.back_recv:
                     at, n = route.back_recv[k]
@@ -367,24 +333,17 @@ def exchange_chunks(updates: list, overlap: str, chunks: int | None = None) -> l
     direction: K = 1 without overlap ("none", "naive"), ``chunks`` (default ``PREFETCH_CHUNKS``) with "prefetch".
     Returns (buckets, their pieces one after another) per chunk; the buckets are split as evenly as their count
     allows (``torch.tensor_split``'s sizes)."""
-    k = min(FlowOptions(overlap, chunks).exchanges, len(updates))
-    if not k:   # no buckets: no exchange
-        return []
-    base, extra = divmod(len(updates), k)
-    out, at = [], 0
-    for i in range(k):
-        part = updates[at: at + base + (1 if i < extra else 0)]
-        at += len(part)
-        out.append((tuple(b for b, _ in part), [p for _, ps in part for p in ps]))
-    return out
+    k = min(FlowOptions(overlap, chunks).exchanges, len(updates))   # no buckets: no exchange
+    base, extra = divmod(len(updates), max(k, 1))
+    cuts = [i * base + min(i, extra) for i in range(k + 1)]
+    parts = [updates[lo: hi] for lo, hi in zip(cuts, cuts[1:])]
+    return [(tuple(b for b, _ in part), [p for _, ps in part for p in ps]) for part in parts]
 
 
 def name_of(chunk: tuple) -> str:
     """A chunk's name in traces: "bucket 0.3" or "buckets 0.0-0.2"."""
-    first, last = chunk[0], chunk[-1]
-    if len(chunk) == 1:
-        return f"bucket {first.buffer_idx}.{first.bucket_idx}"
-    return f"buckets {first.buffer_idx}.{first.bucket_idx}-{last.buffer_idx}.{last.bucket_idx}"
+    first, last = (f"{b.buffer_idx}.{b.bucket_idx}" for b in (chunk[0], chunk[-1]))
+    return f"bucket {first}" if len(chunk) == 1 else f"buckets {first}-{last}"
 
 
 def _kept(kept: dict, key, shape: tuple, device) -> torch.Tensor:
@@ -394,19 +353,10 @@ def _kept(kept: dict, key, shape: tuple, device) -> torch.Tensor:
     return kept[key]
 
 
-def _copy(dsts: list, srcs: list, zeros: list) -> None:
-    if dsts:
-        torch._foreach_copy_(dsts, srcs)
-    if zeros:
-        torch._foreach_zero_(zeros)
-
-
 def _block_piece(out: torch.Tensor, item: Owned, block: int, a: int, b: int):
-    """Elements [a, b) (row-major) of TP block ``block`` of the orthogonalised matrix ``out``: the block itself
-    (a view) when the piece is all of it; its flat elements when the block is contiguous (a view); else, for a
-    matrix whose result is a transposed view (a tall one) or a block of columns, the piece as rectangles of
-    whole and partial rows, ``[(offset in the piece, 2-D view)]``, so nothing is copied to cut it (a bank, 3-D,
-    is flattened instead)."""
+    """Elements [a, b) (row-major) of TP block ``block`` of the orthogonalised matrix ``out``, as a view: the
+    block, its flat elements, or, where the result is a transposed view (a tall matrix) or a block of columns,
+    rectangles of rows ``[(offset in the piece, 2-D view)]``, so nothing is copied to cut it (a 3-D bank: flat)."""
     blocks, rows, cols, split = item.key
     if blocks > 1:
         out = out[block * rows: (block + 1) * rows] if split == 0 else out[:, block * cols: (block + 1) * cols]

@@ -1,19 +1,12 @@
 """Moving tensors according to a plan: TP shard/unshard, packing buckets, and taking a rank's DP shard.
 
-Every function here has its mirror image, so the data flow reads symmetrically:
-
     tp_shard      <->  tp_unshard        (a matrix <-> this TP rank's slice along tp_split_dim)
     pack_bucket   <->  unpack_bucket     (the bucket's parameters <-> dp padded shards laid end to end)
-    bucket_matrix                        (one parameter of a gathered flat bucket, as a matrix)
-    dp_shard_of                          (the part of a TP-local matrix this DP rank owns, flat)
+    bucket_matrix, dp_shard_of           (one parameter of a gathered bucket as a matrix; my flat part of it)
 
-A flat bucket is what the DP collectives move: shard ``r`` (the elements between ``cuts[r]`` and
-``cuts[r + 1]``) at offset ``r * shard_numel``, zero-padded to ``shard_numel``. With equal shards
-this is just the parameters end to end with the padding at the end; with the "aligned" layout's
-uneven shards every shard carries its own padding (``Bucket.segments`` does the arithmetic).
-
-Shapes are always restored with ``.view(meta.shape)``: the proof of concept's second bug was a
-flat ``.view(-1)`` reaching Newton-Schulz.
+A flat bucket is what the DP collectives move: shard ``r`` at offset ``r * shard_numel``, zero-padded
+(``Bucket.segments`` does the arithmetic; chapter 4). Shapes are restored with ``.view(meta.shape)``: the
+proof of concept's second bug was a flat ``.view(-1)`` reaching Newton-Schulz. ``pytest tests/test_plan.py``.
 """
 from __future__ import annotations
 
@@ -67,6 +60,14 @@ def dp_shard_of(matrix: torch.Tensor, meta: DistMeta) -> torch.Tensor:
     """The flat part of a TP-local matrix that this DP rank owns
     (``meta.local_range``)."""
     return matrix.reshape(-1)[meta.param_slice]
+
+
+def copy_all(dsts: list, srcs: list, zeros: list = ()) -> None:
+    """``srcs`` into ``dsts`` and zeros into ``zeros``, one foreach call each (the cast included)."""
+    if dsts:
+        torch._foreach_copy_(dsts, srcs)
+    if zeros:
+        torch._foreach_zero_(zeros)
 
 
 def local_shard(flat_shard: torch.Tensor, plan: Plan, meta: DistMeta) -> torch.Tensor:

@@ -1,37 +1,34 @@
 """The store: the tensors a ZeRO-1 step works on, bucket by bucket, built once from the plan and kept.
 
 For every bucket (a ``Slot``): the parameters' flat buffer, the gradient buffer backward lands in, this rank's
-master shard and its optimizer state (``shards``: momentum, or AdamW's moments). It is built from data (the
-plan, each group's parameters, master dtypes, the grid and the ``Comm``), never the optimizer. A *buffer* in
-this package is such a flat tensor made once and kept (the glossary's "store"), as in Megatron-LM's
-parameter-and-gradient buffers and torch's ``ZeroRedundancyOptimizer(parameters_as_bucket_view=True)``:
+master shard and its optimizer state (``shards``). It is built from data (the plan, each group's parameters,
+master dtypes, the grid and the ``Comm``), never the optimizer. A *buffer* here is such a flat tensor made once
+and kept (the glossary's "store"), as in Megatron-LM's parameter-and-gradient buffers. Chapters 4 and 5.
 
-* **Parameters.** A bucket whose parameters are plain tensors owning their storage (one dtype and device,
-  contiguous) is *bound*: they become views of one flat tensor laid out as the collectives move it (shard r at
-  ``r * shard_numel``), so the all-gather writes into them in place and an fp32 (or fp64) parameter is its own
-  master. A bf16/fp16 parameter keeps an fp32 master apart, refreshed wherever the parameter no longer equals
-  the master rounded to its dtype. Other buckets are packed and unpacked (``sharding.py``). With
-  ``param_buffers="all"`` DTensor parameters are bound by their local shards too (not by default: torch 2.13's
-  ``torch.compile`` cannot trace a DTensor whose local shard starts inside a bigger storage);
-  ``param_buffers=False`` binds nothing (for raw pointers held elsewhere, such as CUDA graphs). ``p.data = new``
-  is noticed at the next step: the values are copied in and the parameter made a view again.
-* **Gradients.** With one DP rank a step reads ``p.grad`` where autograd left it. With several, a
-  post-accumulate-grad hook on each parameter whose gradient has the master's dtype copies autograd's gradient
-  into its place in the bucket's gradient buffer once and points ``p.grad`` at that view (a DTensor's local
-  shard), so no second copy lives until ``step()`` and the next backward accumulates in place: at most one pass
-  over the gradients' bytes whatever ``zero_grad`` the loop uses. Any other gradient is copied in at the step.
+* **Parameters.** A *bound* bucket's parameters (plain tensors owning their storage, one dtype and device) are
+  views of one flat tensor laid out as the collectives move it, so the all-gather writes into them in place and
+  an fp32 (or fp64) parameter is its own master; a bf16/fp16 one keeps an fp32 master, refreshed where the
+  parameter no longer equals it rounded. Other buckets are packed and unpacked (``sharding.py``).
+  ``param_buffers="all"`` binds DTensors' local shards too (not by default: torch 2.13's ``torch.compile``
+  cannot trace one inside a bigger storage); ``False`` binds nothing. ``p.data = new`` is taken up at the step.
+* **Gradients.** One DP rank reads ``p.grad`` where autograd left it. With several, a post-accumulate-grad hook
+  copies each gradient of the master's dtype into its place in the gradient buffer once and points ``p.grad``
+  there, so the next backward accumulates in place: at most one pass over the gradients whatever ``zero_grad``
+  the loop uses. Any other gradient is copied in at the step.
+
+    python -m pytest -q tests/test_grad_landing.py tests/test_store_buffers.py
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import collections
 import weakref
+from dataclasses import dataclass, field
 
 import torch
 
 from .comm import Phase
 from .placements import is_dtensor, local
-from .sharding import local_shard, pack_bucket, unpack_bucket
+from .sharding import copy_all, local_shard, pack_bucket, unpack_bucket
 from .updates import muon_momentum_foreach_
 
 MUON_STATE, ADAMW_STATE = ("master", "momentum"), ("master", "exp_avg", "exp_avg_sq")
@@ -64,20 +61,22 @@ def bindable(params: list[torch.Tensor], dtensors: bool = False) -> bool:
     if not dtensors and any(is_dtensor(p) for p in params):
         return False
     tensors = [held(p) for p in params]
-    if not tensors or any(not t.is_contiguous() for t in tensors):
-        return False
-    if len({(t.dtype, t.device) for t in tensors}) != 1:
+    if not tensors or len({(t.dtype, t.device) for t in tensors}) != 1 or not all(t.is_contiguous() for t in tensors):
         return False
     return all(t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
                for t in tensors)
 
 
-def _place(p: torch.Tensor, view: torch.Tensor) -> None:
-    """Make ``view`` (the parameter's values already copied in) where ``p`` holds them."""
+def _place(p: torch.Tensor, flat: torch.Tensor, at: int) -> torch.Tensor:
+    """Copy ``p``'s values to ``flat[at:]`` and make that view where ``p`` holds them; returns the view."""
+    t = held(p)
+    view = flat[at: at + t.numel()].view(t.shape)
+    view.copy_(t.detach())
     if is_dtensor(p):
         p._local_tensor = view
     else:
         p.data = view
+    return view
 
 
 def _run(bucket, meta) -> int:
@@ -129,14 +128,9 @@ class Store:
         first = held(params[bucket.param_indices[0]])
         flat = torch.zeros(bucket.padded_numel, dtype=first.dtype, device=first.device)
         for i in bucket.param_indices:
-            t, at = held(params[i]), _run(bucket, metas[i])
-            view = flat[at: at + t.numel()].view(t.shape)
-            view.copy_(t.detach())
-            _place(params[i], view)
+            _place(params[i], flat, _run(bucket, metas[i]))
         own = flat[self.grid.dp_rank * bucket.shard_numel: (self.grid.dp_rank + 1) * bucket.shard_numel]
-        dtype = self.master_dtypes[g]
-        master = own if own.dtype == dtype else own.to(dtype)
-        return Slot(master, flat, [held(params[i]).data_ptr() for i in bucket.param_indices])
+        return Slot(own.to(self.master_dtypes[g]), flat, [held(params[i]).data_ptr() for i in bucket.param_indices])
 
     def _packed_shard(self, g: int, bucket) -> torch.Tensor:
         """This rank's shard of the bucket's current parameter values, packed (unbound buckets)."""
@@ -144,9 +138,6 @@ class Store:
         flat = pack_bucket(_only(params, bucket, lambda p: local(p.detach())), bucket, self.master_dtypes[g])
         lo = bucket.shard_numel * self.grid.dp_rank
         return flat[lo: lo + bucket.shard_numel]
-
-    def master(self, g: int, bucket) -> torch.Tensor:
-        return self.slots[g][bucket.bucket_idx].master
 
     # ---- before the step: start from the parameters' current values ----------------------------------
 
@@ -161,8 +152,7 @@ class Store:
                     current = self._own(bucket, slot)
                 else:
                     continue   # the master is the parameter: nothing to take up
-                master = slot.master
-                dtype = group[bucket.param_indices[0]].dtype
+                master, dtype = slot.master, group[bucket.param_indices[0]].dtype
                 if dtype == master.dtype:
                     if current.data_ptr() != master.data_ptr():
                         master.copy_(current)
@@ -186,11 +176,7 @@ class Store:
                                  f"after the optimizer was built (it was {str(slot.params.dtype)[6:]} "
                                  f"{tuple(metas[i].shape)} on {slot.params.device}); build the optimizer after "
                                  "moving or casting the model")
-            at = _run(bucket, metas[i])
-            view = slot.params[at: at + p.numel()].view(p.shape)
-            view.copy_(p.detach())
-            _place(params[i], view)
-            slot.ptrs[k] = view.data_ptr()
+            slot.ptrs[k] = _place(params[i], slot.params, _run(bucket, metas[i])).data_ptr()
             moved = True
         return moved
 
@@ -213,11 +199,9 @@ class Store:
                     self.hooks.append(p.register_post_accumulate_grad_hook(_Landing(view)))
 
     def grad_pieces(self, g: int, bucket, step: dict, trace=None) -> list:
-        """This rank's DP-mean gradient of every parameter of the bucket, as flat pieces in master dtype
-        (aligned with ``bucket.param_indices``; None for a parameter no rank has a gradient for), made once per
-        step and kept in ``step["grads"]`` (``step``: the step's decisions, ``present`` per group and ``keep``).
-        With several DP ranks, in a Muon group, and ``keep`` (a step "defer" may skip: ``finite.py``), the shard
-        is the momentum shard (laid out alike) where ``keep`` is False: one NaN-proof pass per bucket."""
+        """This rank's DP-mean gradient of each parameter of the bucket, flat, in master dtype (None: no rank has
+        one), made once per step and kept in ``step["grads"]`` (``step``: ``present`` per group, ``keep``). With
+        several DP ranks, a Muon group's shard is its momentum where ``keep`` (a "defer" verdict) is False."""
         key = (g, bucket.bucket_idx)
         if key not in step["grads"]:
             step["grads"][key] = self._grad_pieces(g, bucket, step["present"][g], step["keep"] if self.muon[g] else None)
@@ -227,10 +211,9 @@ class Store:
         return step["grads"][key]
 
     def momentum(self, g: int, group: dict, step: dict, lazy: bool, trace=None):
-        """(bucket, this rank's gradient pieces through Muon's momentum) per bucket of Muon group ``g``: the
-        pieces to orthogonalise (None for a skipped parameter, whose momentum is left as it is). For a flow that
-        consumes every bucket before it hands anything back, in one pass over the group; for a ``lazy`` one (the
-        bucket layout's, which keeps at most two gathered buckets alive) bucket by bucket, as it asks."""
+        """(bucket, this rank's gradient pieces through Muon's momentum) per bucket of Muon group ``g`` (None: a
+        skipped parameter, its momentum left as it is): one pass over the group, or for a ``lazy`` flow (the
+        bucket layout's) one bucket at a time, as it asks."""
         def momentum(buckets):
             rows = [list(self.grad_pieces(g, b, step, trace)) for b in buckets]   # new lists: the cache keeps the gradients
             todo = [(n, k) for n, row in enumerate(rows) for k, grad in enumerate(row)
@@ -248,8 +231,8 @@ class Store:
     def _grad_pieces(self, g: int, bucket, present: list[bool], keep=None) -> list:
         params, metas, dtype = self.params[g], self.plan.metas[g], self.master_dtypes[g]
         if self.grid.dp == 1:
-            return [None if not present[i] else _flat(local(params[i].grad), dtype) if params[i].grad is not None
-                    else torch.zeros(metas[i].local_numel, dtype=dtype, device=self.grid.device)
+            return [None if not present[i] else torch.zeros(metas[i].local_numel, dtype=dtype, device=self.grid.device)
+                    if params[i].grad is None else local(params[i].grad).reshape(-1).to(dtype)
                     for i in bucket.param_indices]
         shard = self.reduce_scatter(g, bucket)
         if keep is not None:
@@ -277,10 +260,7 @@ class Store:
             if grad.dtype == dtype and grad.is_contiguous():
                 # the same values; the next backward accumulates into the buffer
                 _point_grad(p, view.view(grad.shape))
-        if dsts:
-            torch._foreach_copy_(dsts, srcs)
-        if zeros:
-            torch._foreach_zero_(zeros)
+        copy_all(dsts, srcs, zeros)
         shard = slot.grad_shard
         self.comm.reduce_scatter_into(shard, flat, "dp", Phase.GRAD_REDUCE_SCATTER)
         return shard.div_(self.grid.dp)
@@ -302,16 +282,10 @@ class Store:
             self._own(bucket, slot).copy_(slot.master)
         comm.all_gather_into(slot.params, self.grid.dp_rank, "dp", Phase.PARAM_ALL_GATHER)
 
-    def allocated_master_bytes(self) -> int:
-        """Bytes of master shards kept apart from the parameters (0 where the parameter is its own master)."""
-        return sum(s.master.numel() * s.master.element_size() for row in self.slots for s in row
-                   if not s.master_is_param)
-
 
 class _Landing:
-    """One parameter's post-accumulate-grad hook: autograd's gradient into its place in the bucket's gradient
-    buffer (``view``), once, and ``p.grad`` pointed at that place. When ``p.grad`` is the place already (the
-    second backward of an accumulation, or gradients zeroed in place) backward added into it: nothing to do."""
+    """One parameter's post-accumulate-grad hook: autograd's gradient into its place ``view`` in the gradient
+    buffer, once, and ``p.grad`` pointed there; when ``p.grad`` is that place, backward added into it already."""
 
     __slots__ = ("view",)
 
@@ -319,10 +293,9 @@ class _Landing:
         self.view = view
 
     def __call__(self, p: torch.Tensor) -> None:
-        grad = p.grad
-        if grad is None or _is_place(held(grad), self.view):
+        mine = None if p.grad is None else held(p.grad)
+        if mine is None or _is_place(mine, self.view):
             return
-        mine = held(grad)
         if mine.shape != self.view.shape or mine.dtype != self.view.dtype or mine.layout != torch.strided:
             return   # the step's checks name the problem (distributed._check_grads)
         with torch.no_grad():
@@ -331,9 +304,8 @@ class _Landing:
 
 
 def _point_grad(p: torch.Tensor, view: torch.Tensor) -> None:
-    """``p.grad`` becomes ``view`` (its values already there): for a DTensor gradient placed as its parameter,
-    its local shard does (the object and its placements stay); one placed otherwise is left alone (the step
-    refuses it, ``distributed._check_grads``)."""
+    """``p.grad`` becomes ``view`` (its values already there); a DTensor gradient placed as its parameter keeps
+    its object and takes ``view`` as local shard, one placed otherwise is left for the step to refuse."""
     if not is_dtensor(p.grad):
         p.grad = view
     elif is_dtensor(p) and p.grad._spec.placements == p._spec.placements:
@@ -342,10 +314,8 @@ def _point_grad(p: torch.Tensor, view: torch.Tensor) -> None:
 
 def _only(params: list, bucket, make) -> list:
     """``make(p)`` for the bucket's parameters, None for the others (indexed like ``params``)."""
-    out = [None] * len(params)
-    for i in bucket.param_indices:
-        out[i] = make(params[i])
-    return out
+    mine = set(bucket.param_indices)
+    return [make(p) if i in mine else None for i, p in enumerate(params)]
 
 
 def _is_place(grad: torch.Tensor, view: torch.Tensor) -> bool:
@@ -358,11 +328,6 @@ def _remove(handles: list) -> None:
         handle.remove()
 
 
-def _flat(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    grad = grad.reshape(-1)
-    return grad if grad.dtype == dtype else grad.to(dtype)
-
-
 def _storage(p: torch.Tensor) -> int:
     """An id of ``p``'s storage (not its data pointer: every tensor on ``meta`` has pointer 0)."""
     return p.untyped_storage()._cdata
@@ -370,8 +335,5 @@ def _storage(p: torch.Tensor) -> int:
 
 def _shared_storages(params: list[torch.Tensor]) -> set[int]:
     """Storages that more than one of ``params`` lives in (binding would untie them)."""
-    seen, shared = set(), set()
-    for p in params:
-        key = _storage(held(p))
-        (shared if key in seen else seen).add(key)
-    return shared
+    counts = collections.Counter(_storage(held(p)) for p in params)
+    return {key for key, n in counts.items() if n > 1}
