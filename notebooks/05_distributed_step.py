@@ -233,7 +233,7 @@ listing('store.py', pyobject='Store.reduce_scatter')
 # next stages work on.
 #
 # **Stage 2**, momentum. It is elementwise, so it runs on the pieces unchanged:
-# `ZeroOneOptimizer._momentum` gathers every piece of the buckets the flow asks for (one bucket at a
+# `Store.momentum` gathers every piece of the buckets the flow asks for (one bucket at a
 # time for this layout, the whole group at once for the owner layouts) and makes one call of
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
