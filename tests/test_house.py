@@ -117,7 +117,7 @@ def test_no_package_module_executes_a_file_by_path():
 # 2,525 lines before it and asked for fewer after; lower the budget as the path shrinks, never raise it silently.
 STEP_PATH = ("distributed.py", "flows.py", "owner_flow.py", "group_flow.py", "store.py", "comm.py", "updates.py",
              "sharding.py", "finite.py", "contract.py")
-STEP_PATH_BUDGET = 3060
+STEP_PATH_BUDGET = 2524   # issue 42: fewer than 2,525 lines
 # What else a step runs: the math (Newton-Schulz, alone or shared by a group), the plan it follows, and the
 # checks of the optimizer contract it shares with the one-process optimizers.
 STEP_ALSO_RUNS = {"newton_schulz.py", "ns_variants.py", "ns_group.py", "ns_gram_group.py", "plan.py", "layouts.py",
