@@ -13,7 +13,7 @@ order, and where do they sit in the block?
 Either way the elements travel in the piece's own (row-major) order, and the same indices bring the
 orthogonalised block back, so every rank gets exactly its piece again. ``count_in_band`` is the closed
 form (used for the all-to-all sizes and by ``lab/costmodel.py``); ``band_indices`` and ``block_positions``
-build the index tensors the flow uses (``flows.GroupFlow``), and a test checks they agree.
+build the index tensors the flow uses (``group_flow.group_route``), and a test checks they agree.
 
     >>> long_bounds((10, 7), 3)
     (0, (0, 4, 7, 10))

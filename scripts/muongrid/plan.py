@@ -271,7 +271,7 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
         sizes.append(offset)
     plan = Plan(dp, dp_rank, tp, all_buckets, all_metas, sizes, layout)
     if layout == "group":
-        # split_b: the group layout runs zeropower_sharded with B's rows divided too (flows.GroupFlow)
+        # split_b: the group layout runs zeropower_sharded with B's rows divided too (group_flow.group_newton_schulz)
         matrices = _owner_candidates(plan, muon)
         shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
         owners, groups, _ = assign_owners_and_groups(matrices, dp * tp, shapes, split_b=True, tp=tp, hw=hw)
