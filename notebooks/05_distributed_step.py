@@ -245,7 +245,7 @@ listing('updates.py', pyobject='muon_momentum_foreach_', caption='muongrid/updat
 #
 # **Stage 3**, the DP gather of each bucket (bf16), started per bucket. `flat_shard` lays the pieces
 # out as this rank's shard of the bucket and casts them to bf16 in the same copy, straight into this
-# rank's part of a gather buffer that the optimizer made once (a few of them, used in turn), and the
+# rank's part of a gather buffer that the flow made once (a few of them, used in turn), and the
 # all-gather fills in the other ranks' parts in place:
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}

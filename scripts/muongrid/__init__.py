@@ -31,7 +31,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses): the step
     options        what the optimizers are built with: layout defaults, the checks made once when one is built
     rank_state     one rank's state: its per-parameter views, state_bytes, state_dict / load_state_dict
-    contract       what every torch optimizer promises (keywords, checks, skipped gradients, schedulers)
+    contract       what every torch optimizer promises in a step (checks, skipped gradients, schedulers)
     capture        capturable=True: hyperparameters and step counts as device tensors, what a captured step refuses
     clipping       opt.clip_grad_norm_: the DP-mean gradient's global norm, TP counted once
     launch         one entry point for local gloo processes and torchrun

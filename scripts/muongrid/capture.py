@@ -66,7 +66,7 @@ def _fill(tensor: torch.Tensor, value) -> None:
 def refuse(opt, qk_clip) -> None:
     """What ``capturable=True`` cannot do, refused when the optimizer is built, each with the way out."""
     if opt.check_finite == "raise":
-        raise ValueError("capturable=True cannot use check_finite='raise': raising is a decision the host makes "
+        raise ValueError("capturable=True cannot use check_finite='raise' (or True): raising is a decision the host makes "
                          "after reading the gradients' verdict, and a captured step cannot read anything back. Use "
                          "check_finite='defer' (the verdict stays on the device; opt.check_finite_now() reads it "
                          "between steps) or False")

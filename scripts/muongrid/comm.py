@@ -8,7 +8,7 @@
   (on NCCL, ProcessGroupNCCL's own watchdog does it, hence ``Grid.build``'s ``--timeout``).
 * **Time and traces.** Host time on a CPU; on CUDA only with ``time_device=True`` (CUDA events, read when a
   summary asks), so a GPU step records no events by default. While a profiler records, a call runs in a
-  range ``comm:<phase>`` (its wait in ``comm_wait:<phase>``, ``traces.py``).
+  range ``comm:<phase>`` (its wait in ``comm_wait:<phase>``, ``lab/traces.py``).
 * A group of one rank moves nothing and records zero bytes: its collectives hand back their input.
 
 The step's decisions ride one device all-reduce (``contract.vote``), never a host collective. Chapters 2 and 6
@@ -37,7 +37,9 @@ _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.redu
 
 
 class Phase:
-    """The phases of a ZeRO-1 step, named once (the layouts that use each: chapter 5)."""
+    """The phases of a ZeRO-1 step, named once (the bucket layout's: chapter 5; the owner and group layouts':
+    chapters 8 and 15). The presence and NaN/Inf ballot's small all-reduce is phase "contract" (``contract.vote``),
+    outside these: summaries and the closed-form byte count (``lab/costmodel.py``) leave it out alike."""
 
     GRAD_REDUCE_SCATTER = "grad_reduce_scatter"
     NS_GATHER_DP = "ns_gather_dp"

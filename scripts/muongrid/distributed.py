@@ -4,10 +4,12 @@ Each rank holds its TP-local parameters and gradients and the optimizer state of
 bucket (``plan.py``). The optimizer builds the plan, the store (``store.py``: every bucket's buffers and state)
 and the layout's flow (``flows.py``, ``owner_flow.py``); a step hands them data, bucket by bucket:
 
-  1. gradients    reduce-scatter over DP (fp32, sum / dp)                    -> my gradient shard
-  2. Muon groups  momentum on my pieces -> the flow: my pieces of the orthogonalised update -> ``Applier``:
-                  decay and scaled lr into my master shard; AdamW groups: AdamW on my shard, elementwise
-  3. parameters   all-gather the master shards over DP, into the parameters in place
+  1     gradients   reduce-scatter over DP (fp32, sum / dp)                     -> my gradient shard
+  2     momentum    Muon's momentum on my pieces of every matrix (fp32; the store's pass)
+  3-6   the flow    my pieces -> whole matrices -> Newton-Schulz -> my pieces of the orthogonalised update
+                    (bucket: DP then TP gathers, every rank; owner layouts: to each matrix's owner and back)
+  7     update      decay and scaled lr into my master shard (``Applier``); AdamW groups: AdamW on my shard
+  8     parameters  all-gather the master shards over DP, into the parameters in place
 
     opt = DistributedMuon(hybrid_param_groups(model.named_parameters()), grid)   # layout="owner"
     loss.backward(); opt.step(); opt.zero_grad()
@@ -42,7 +44,12 @@ FLOWS = {"bucket": BucketFlow, "owner": OwnerFlow, "aligned": OwnerFlow, "group"
 
 
 class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer):
-    """The engine: ZeRO-1 sharded state, Muon or AdamW per group. Use the two classes below."""
+    """The engine: ZeRO-1 sharded state, Muon or AdamW per group. Use the two classes below.
+
+    Three parts live beside it, one concern each: ``RankState`` (``rank_state.py``: the per-parameter state views
+    ``views`` and step counts ``_steps``, ``state_dict``/``load_state_dict``, ``state_bytes``), ``OptionViews``
+    (``options.py``: ``layout``, ``overlap``, ``ns_batch``, ``chunks``, ``trace``) and ``ClipZero1``
+    (``clipping.py``: ``clip_grad_norm_``)."""
 
     _step_supports_amp_scaling = True   # so torch.amp.GradScaler hands us its step, and we refuse it (contract.py)
 
@@ -52,7 +59,9 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
                  hw: dict | None = None, param_buffers: bool | str = True, qk_clip=None, chunks: int | None = None,
                  capturable: bool = False, **hyper):
         hyper = check_hyper(hyper)
-        overlap = overlap or default_overlap(layout)
+        if not isinstance(capturable, bool):
+            raise TypeError(f"capturable must be True or False, got {capturable!r}")
+        overlap = default_overlap(layout) if overlap is None else overlap
         ns_batch = default_ns_batch(layout, torch.device(grid.device)) if ns_batch is None else ns_batch
         check_layout(layout, grid, ns_batch)
         self.grid = grid

@@ -20,7 +20,9 @@ from .plan import Bucket, DistMeta
 from .sharding import bucket_matrix, copy_all, dp_shard_of, local_shard, tp_shard, tp_unshard
 
 Updates = Iterable[tuple[Bucket, list]]           # (bucket, my momentum-updated piece of each of its matrices)
-Pieces = Iterator[tuple[DistMeta, torch.Tensor]]  # (matrix, my piece of its orthogonalised update)
+# (matrix, my piece of its orthogonalised update): flat, the TP-local matrix itself, or (owner flow, a transposed
+# result) a list of (offset in the piece, 2-D view) rectangles (owner_flow._block_piece), which Applier.add unpacks
+Pieces = Iterator[tuple[DistMeta, "torch.Tensor | list[tuple[int, torch.Tensor]]"]]
 
 
 OVERLAP_MODES = ("none", "naive", "prefetch")
@@ -42,7 +44,7 @@ class FlowOptions:
     def __post_init__(self):
         if self.overlap not in OVERLAP_MODES:
             raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {self.overlap!r}")
-        if self.chunks is not None and (isinstance(self.chunks, bool) or int(self.chunks) != self.chunks
+        if self.chunks is not None and (not isinstance(self.chunks, int) or isinstance(self.chunks, bool)
                                         or self.chunks < 1):
             raise ValueError(f"chunks must be a whole number >= 1 (exchanges per direction), got {self.chunks!r}")
 
