@@ -66,7 +66,7 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
         check_layout(layout, grid, ns_batch)
         self.grid = grid
         self.options = FlowOptions(overlap, chunks, bool(ns_batch))   # what the flow is told (flows.py)
-        self.check_finite = resolve_mode(check_finite, torch.device(grid.device), bool(capturable))
+        self.check_finite = resolve_mode(check_finite, torch.device(grid.device), capturable)
         self._deferred = Deferred()
         self.comm = comm or Comm(grid)
         self.comm.naive_async = overlap == "naive"
@@ -79,7 +79,7 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
             check_group(group, g_idx, banks=True)
             check_banks(group)
         MomentumSync.of(self)
-        self.capturable = bool(capturable)   # hyperparameters and step counts on the device (capture.py)
+        self.capturable = capturable   # hyperparameters and step counts on the device (capture.py)
         if self.capturable:
             refuse_capture(self, qk_clip)
             for group in self.param_groups:
@@ -152,11 +152,11 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
         agreed, late = prepared["agreed"], prepared.get("late")
         if agreed is None:
             return
+        rank, world = job_place(self.grid)[:2]
         if late is not None:
-            rank, world = job_place(self.grid)[:2]
             agreed = torch.maximum(agreed, late_codes(late, agreed.numel(), rank, world, agreed.device))
         self._deferred.launch(agreed, prepared["keep"], [n for g in self.param_groups for n in g["names"]],
-                              self.steps_taken, self.grid.tp, job_place(self.grid)[1],
+                              self.steps_taken, self.grid.tp, world,
                               self._uncount_steps(prepared["present"], self.steps_taken), hold=self.capturable)
 
     def _checked_in_step(self) -> frozenset:

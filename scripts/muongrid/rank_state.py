@@ -13,7 +13,6 @@ import copy
 import torch
 
 from .contract import MomentumSync
-from .sharding import local_shard
 
 
 class RankState:
@@ -27,10 +26,10 @@ class RankState:
         return deepcopy_sharing(self, memo, ("grid", "comm", "options"))
 
     def _bind_state(self) -> None:
-        """``self.state[p]`` holds views of this rank's part of every shard tensor, plus a step count (a view of
-        one host tensor per group, so a step counts every parameter with one op). The same views, per bucket,
-        are kept in ``self.views`` for the step's passes."""
-        self.views: dict = {}
+        """``self.state[p]`` holds the store's views of this rank's part of every shard tensor (``Store.views``,
+        also ``self.views``: per bucket, for the step's passes), plus a step count (a view of one host tensor per
+        group, so a step counts every parameter with one op)."""
+        self.views = self.store.views
         self._steps = []
         for g, group in enumerate(self.param_groups):
             steps = torch.tensor([float(self.state[p].get("step", 0)) if p in self.state else 0.0
@@ -38,14 +37,11 @@ class RankState:
             if self.capturable:   # counted on the device, where AdamW's bias corrections are computed
                 steps = steps.to(self.grid.device)
             self._steps.append(steps)
-            for i, (p, meta) in enumerate(zip(group["params"], self.plan.metas[g])):
-                shard = self.shards[g][meta.bucket_idx]
-                self.state[p] = {k: local_shard(t, self.plan, meta) for k, t in shard.items()}
-                self.state[p]["step"] = steps[i]
             for bucket in self.plan.buckets[g]:
-                self.views[(g, bucket.bucket_idx)] = {
-                    k: [self.state[group["params"][i]][k] for i in bucket.param_indices]
-                    for k in self.shards[g][bucket.bucket_idx]}
+                views = self.views[(g, bucket.bucket_idx)]
+                for k, i in enumerate(bucket.param_indices):
+                    self.state[group["params"][i]] = dict({kind: pieces[k] for kind, pieces in views.items()},
+                                                          step=steps[i])
         self._masters = [[self.state[p]["master"] for p in group["params"]] for group in self.param_groups]
 
     def state_bytes(self) -> dict:

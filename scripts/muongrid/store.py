@@ -113,9 +113,10 @@ class Store:
         self.shards = [[{k: slot.master if k == "master" else torch.zeros_like(slot.master)
                          for k in (MUON_STATE if muon[g] else ADAMW_STATE)} for slot in row]
                        for g, row in enumerate(self.slots)]
-        self.momenta = {(g, b.bucket_idx): [local_shard(self.shards[g][b.bucket_idx]["momentum"], plan, plan.metas[g][i])
-                                            for i in b.param_indices]
-                        for g, buckets in enumerate(plan.buckets) if muon[g] for b in buckets}
+        # per bucket and kind, this rank's piece of each of its parameters: the views the optimizer's state[p] holds
+        self.views = {(g, b.bucket_idx): {k: [local_shard(t, plan, plan.metas[g][i]) for i in b.param_indices]
+                                          for k, t in self.shards[g][b.bucket_idx].items()}
+                      for g, buckets in enumerate(plan.buckets) for b in buckets}
         self.hooks = []   # the gradient hooks' handles, removed when these buffers go
         if self.grid.dp > 1:
             self._land_gradients()
@@ -218,7 +219,7 @@ class Store:
             rows = [list(self.grad_pieces(g, b, step, trace)) for b in buckets]   # new lists: the cache keeps the gradients
             todo = [(n, k) for n, row in enumerate(rows) for k, grad in enumerate(row)
                     if grad is not None and grad.numel()]
-            out = muon_momentum_foreach_([self.momenta[(g, buckets[n].bucket_idx)][k] for n, k in todo],
+            out = muon_momentum_foreach_([self.views[(g, buckets[n].bucket_idx)]["momentum"][k] for n, k in todo],
                                          [rows[n][k] for n, k in todo], group["momentum"], group["nesterov"],
                                          step["keep"] if self.grid.dp == 1 else None)
             for (n, k), piece in zip(todo, out):

@@ -67,7 +67,7 @@ def _two_steps(grid, comm, layout: str, capturable: bool, tracer: LineTracer) ->
     for step in range(2):
         for g in groups:
             for p in g["params"]:
-                p.grad = torch.randn_like(p) if p.device.type != "meta" else torch.empty_like(p)
+                p.grad = torch.randn_like(p)
         if step:
             with tracer:
                 opt.step()
