@@ -20,7 +20,7 @@
 # ```{admonition} What this chapter runs
 # [`scripts/inspect_grid.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/inspect_grid.py) on 8 processes (a 2 x 4 grid), and one launch of [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py)
 # that is meant to fail before starting. About 20 seconds on a 2-core laptop.
-# Reading: about 5 minutes, plus running it. Read first: {doc}`chapter 2 <02_distributed_map>`.
+# Reading: about 10 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 2 <02_distributed_map>`.
 # ```
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}

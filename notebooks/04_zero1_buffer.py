@@ -20,7 +20,7 @@
 # ```{admonition} What this chapter runs
 # The ZeRO-1 plan computed in the notebook, then [`scripts/inspect_grid.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/inspect_grid.py) on 6 processes (3 x 2)
 # to check it. About 15 seconds on a 2-core laptop.
-# Reading: about 5 minutes, plus running it. Read first: {doc}`chapter 2 <02_distributed_map>` and {doc}`chapter 3 <03_grid>`.
+# Reading: about 25 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 2 <02_distributed_map>` and {doc}`chapter 3 <03_grid>`.
 # ```
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}

@@ -21,7 +21,7 @@
 # [`scripts/profile_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/profile_step.py) twice (2 processes, tiny GPT, batch 32 and 128), [`scripts/bench.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/bench.py) with
 # three overlap modes on a 2 x 2 grid, and `bench.py --sweep` over three 4-process grids. About 2
 # minutes on a 2-core laptop.
-# Reading: about 10 minutes, plus running it. Read first: {doc}`chapter 6 <06_communication>`.
+# Reading: about 20 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 6 <06_communication>`.
 # ```
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}

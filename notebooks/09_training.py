@@ -21,7 +21,7 @@
 # [`scripts/train.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/train.py) on four grids, the convergence study's script at a short
 # length, and [`scripts/profile_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/profile_step.py) on three grids. The full study is too long to rerun on
 # every build; its recorded result is read from `book/data/`, with the command that made it.
-# Reading: about 10 minutes, plus running it. Read first: {doc}`chapter 1 <01_muon>` and {doc}`chapter 8 <08_beyond_poc>`.
+# Reading: about 35 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 1 <01_muon>` and {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
 # So far every step ran on synthetic matrices. Two questions remain: does Distributed Muon work on

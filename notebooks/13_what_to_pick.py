@@ -23,7 +23,7 @@
 # then the whole training step of four real configurations on the book's H100 table, up to Kimi
 # K2 on 256 GPUs (its plans of 70,000 matrices are most of the time). No process and no kernel.
 # About twenty seconds.
-# Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
+# Reading: about 20 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
 # This page sets the earlier chapters' layouts side by side: which to pick, and what each costs

@@ -21,7 +21,7 @@
 # No GPU: it reads the project's one-GPU record (a run made outside this build, kept with its
 # provenance in `book/data/`) and counts one optimizer step of today's code on the meta device
 # (the shapes of three real models, no memory, no kernels: about 15 seconds).
-# Reading: about 5 minutes, plus running it. Read first: {doc}`chapter 13 <13_what_to_pick>`.
+# Reading: about 10 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 13 <13_what_to_pick>`.
 # ```
 #
 # Every other page runs on a CPU over gloo. This one shows what the same code did on one H100.

@@ -22,7 +22,7 @@
 # communication ledger, and arithmetic: the ZeRO-1 plan and closed forms for Llama-3-8B's
 # matrices beside the other implementations' formulas
 # ([`muongrid/lab/rivals.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/rivals.py)). About twenty seconds on two idle cores.
-# Reading: about 15 minutes, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
+# Reading: about 35 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
 # This page compares the projects that distribute Muon: Moonshot's proof of concept

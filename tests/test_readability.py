@@ -218,3 +218,23 @@ def test_prose_words_counts_prose_not_code_math_or_printed_output():
             "<figure><figcaption><span class='caption-number'>Fig. 3 </span>A caption counts.</figcaption></figure>"
             "</article><nav>sidebar words</nav>")
     assert page_words(html) == len("Muon keeps one moment and math".split()) + len("A caption counts".split())
+
+
+def test_reading_time_counts_prose_code_and_figures():
+    """Each chapter's reading time (its box's last line, written by ``python -m muongrid.lab.notebook sync``)
+    counts prose at 200 words, the code a reader sees at 8 lines and each figure at one minute (issue 51): an
+    admonition's words count, a code block in the prose counts as code, folded or removed code does not, and a
+    cell numbered as a figure counts once."""
+    from muongrid.lab.notebook import _percent_cells
+    from muongrid.lab.page import READ_PER_MINUTE, code_lines, figure_count, prose_words, reading_minutes
+
+    chapter = ('# %% [markdown]\n# # 1. Title\n#\n# ```{admonition} Note\n# four words of prose\n# ```\n#\n'
+               '# ```bash\n# make book\n# make test\n# ```\n\n'
+               '# %%\nx = 1\n\ny = 2\n\n'
+               '# %% tags=["remove-input"] jupyter={"source_hidden": true}\nhidden = 1\n\n'
+               '# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-x", "caption": "a=b tags=[1]"}}\n'
+               'show(fig)\n')
+    cells = _percent_cells(chapter)
+    assert READ_PER_MINUTE == {"words": 200, "code lines": 8, "figures": 1}
+    assert (prose_words(cells), code_lines(cells), figure_count(cells)) == (5, 4, 1)
+    assert reading_minutes(cells) == 5 / 200 + 4 / 8 + 1

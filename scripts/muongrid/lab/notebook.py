@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import functools
 import json
+import math
 import os
 import re
 import shlex
@@ -359,27 +360,40 @@ def _with_setup(text: str, chapter: Path) -> str:
 # The chapters to read first, by number: the learner's road (the index routes readers by goal).
 READ_FIRST = {0: (), 1: (), 2: (), 3: (2,), 4: (2, 3), 5: (1, 4), 6: (5,), 7: (6,), 8: (5, 6), 9: (1, 8),
               10: (5,), 11: (2, 8), 12: (1, 8), 13: (8,), 14: (13,), 15: (8, 13), 16: (8,)}
-WORDS_PER_MINUTE = 200
 READING_PREFIX = "# Reading: about "
 
 
 def reading_line(text: str, chapter: Path) -> str:
-    """The box's last line for chapter ``chapter`` whose py:percent source is ``text``: minutes of reading,
-    counted from its own prose at WORDS_PER_MINUTE and rounded up to 5 (so a small edit rarely changes it;
-    the set-up test says when ``sync`` must rewrite it), and the chapters to read first."""
-    from .page import prose_words
+    """The box's last line for chapter ``chapter`` whose py:percent source is ``text``: minutes of reading
+    (``page.reading_minutes``: its prose, the code it shows and its figures, at ``page.READ_PER_MINUTE``),
+    rounded up to 5 (so a small edit rarely changes it; the set-up test says when ``sync`` must rewrite
+    it), what that counts, and the chapters to read first."""
+    from .page import READ_PER_MINUTE, reading_minutes
 
-    words = prose_words(_percent_cells(_without_reading(text)))
-    minutes = 5 * -(-words // (5 * WORDS_PER_MINUTE))
+    minutes = 5 * math.ceil(reading_minutes(_percent_cells(_without_reading(text))) / 5)
+    rate = READ_PER_MINUTE
     stems = {int(p.name[:2]): p.stem for p in chapters()}
     first = [f"{{doc}}`chapter {n} <{stems[n]}>`" for n in READ_FIRST[int(chapter.name[:2])]]
-    return (f"{READING_PREFIX}{minutes} minutes, plus running it. Read first: "
-            f"{' and '.join(first) if first else 'nothing but PyTorch'}.")
+    figures = "one figure" if rate["figures"] == 1 else f"{rate['figures']} figures"
+    return (f"{READING_PREFIX}{minutes} minutes at {rate['words']} words, {rate['code lines']} lines of code "
+            f"or {figures} a minute, plus running it. "
+            f"Read first: {' and '.join(first) if first else 'nothing but PyTorch'}.")
+
+
+def _cell_metadata(head: str) -> dict:
+    """The metadata a py:percent cell's ``# %%`` line carries (``tags=[...] mystnb={...}``: JSON values, read
+    one after the other, so an ``=`` inside a value, a caption's, is never taken for a key)."""
+    metadata, decoder, key = {}, json.JSONDecoder(), re.compile(r"\s+(\w+)=")
+    m = key.search(head)
+    while m:
+        metadata[m.group(1)], end = decoder.raw_decode(head, m.end())
+        m = key.match(head, end)
+    return metadata
 
 
 def _percent_cells(text: str) -> list:
-    """A py:percent chapter's cells as (cell_type, source) objects, read without jupytext (which Colab
-    lacks): a Markdown cell's lines lose their ``# ``, a code cell's stay as they are."""
+    """A py:percent chapter's cells as (cell_type, source, metadata) objects, read without jupytext (which
+    Colab lacks): a Markdown cell's lines lose their ``# ``, a code cell's stay as they are."""
     from types import SimpleNamespace
 
     out = []
@@ -388,9 +402,9 @@ def _percent_cells(text: str) -> list:
         if "[markdown]" in head:
             body = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#")
                               for line in body.rstrip("\n").splitlines())
-            out.append(SimpleNamespace(cell_type="markdown", source=body))
+            out.append(SimpleNamespace(cell_type="markdown", source=body, metadata=_cell_metadata(head)))
         else:
-            out.append(SimpleNamespace(cell_type="code", source=body.rstrip("\n")))
+            out.append(SimpleNamespace(cell_type="code", source=body.rstrip("\n"), metadata=_cell_metadata(head)))
     return out
 
 

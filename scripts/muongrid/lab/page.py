@@ -175,11 +175,58 @@ def listings_of(cells) -> list[tuple[dict, str]]:
 
 
 WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")   # a word of prose: letters, so numbers do not count
+FENCE = re.compile(r"^\s*(`{3,}|:{3,})\s*(\S*)")
+# What a reader gets through in a minute: the reading time counts code and figures, not prose alone
+READ_PER_MINUTE = {"words": 200, "code lines": 8, "figures": 1}
+HIDES_CODE = {"remove-input", "remove-cell", "hide-input", "hide-cell"}   # folded code is not read
+
+
+def _split_fences(markdown: str) -> tuple[str, list[str]]:
+    """(the prose, the lines of its code blocks) of Markdown: a fence whose info is a directive
+    (```` ```{admonition} ````, ``:::{admonition}``) holds prose; any other fence holds code."""
+    prose, code, stack = [], [], []   # stack: (fence characters, is code) of the open fences
+    for line in markdown.splitlines():
+        m = FENCE.match(line)
+        if m and stack and m.group(1) == stack[-1][0] and not m.group(2):   # closes the innermost
+            stack.pop()
+            continue
+        if m and not (stack and stack[-1][1]):   # opens a block (nothing opens inside code)
+            stack.append((m.group(1), not m.group(2).startswith("{")))
+            continue
+        (code if stack and stack[-1][1] else prose).append(line)
+    return "\n".join(prose), code
 
 
 def prose_words(cells) -> int:
     """Words of prose a reader reads in a chapter (``shown_markdown`` without code blocks, inline code and
-    math): what its reading time is counted from."""
-    text = re.sub(r"```.*?```", " ", shown_markdown(cells), flags=re.S)
+    math; admonitions count, they are prose)."""
+    text = _split_fences(shown_markdown(cells))[0]
     text = re.sub(r"\$\$.*?\$\$|\$[^$\n]*\$|`[^`]*`", " ", text, flags=re.S)
     return len(WORD.findall(text))
+
+
+def _tags(cell) -> set[str]:
+    return set(getattr(cell, "metadata", {}).get("tags", []))
+
+
+def code_lines(cells) -> int:
+    """Non-blank lines of code a reader reads in a chapter: code cells whose input the page shows (not
+    folded or removed), code blocks in its prose, and the package code its ``listing`` calls show."""
+    shown = [c.source for c in cells if c.cell_type == "code" and not _tags(c) & HIDES_CODE]
+    blocks = _split_fences(shown_markdown(cells))[1]
+    listed = [code for _, code in listings_of(cells)]
+    return sum(1 for line in "\n".join([*shown, *blocks, *listed]).splitlines() if line.strip())
+
+
+def figure_count(cells) -> int:
+    """Figures in a chapter: cells the book numbers as figures (``mystnb`` figure metadata) and figures
+    its Markdown places (```` ```{figure} ````, ``![..](..)``)."""
+    numbered = sum(1 for c in cells if "figure" in (getattr(c, "metadata", {}).get("mystnb") or {}))
+    placed = len(re.findall(r"^\s*`{3,}\{figure\}|!\[[^\]]*\]\(", shown_markdown(cells), re.M))
+    return numbered + placed
+
+
+def reading_minutes(cells) -> float:
+    """Minutes to read a chapter at ``READ_PER_MINUTE``: its prose, the code it shows and its figures."""
+    counts = {"words": prose_words(cells), "code lines": code_lines(cells), "figures": figure_count(cells)}
+    return sum(n / READ_PER_MINUTE[k] for k, n in counts.items())
