@@ -53,6 +53,16 @@ def grads(step, named):
             for i, (n, p) in enumerate(named)}
 
 
+def reference_step(step, named, opt, sched) -> dict:
+    """Step ``step``'s seeded whole gradients given to the single-device reference, which steps; returns them."""
+    whole = grads(step, named)
+    for n, p in named:
+        p.grad = whole[n]
+    opt.step()
+    sched.step()
+    return whole
+
+
 def give(model, grid, whole):
     """Each parameter's gradient as FSDP2 leaves it: this rank's block of the whole, placed like the parameter."""
     for n, p in model.named_parameters():
@@ -81,11 +91,7 @@ def worker(grid, comm, args):
                       torch.optim.AdamW(g[1]["params"], lr=0.01, weight_decay=0.1)]
         torch_scheds = [warmup(o) for o in torch_opts]
     for step in range(1, args.steps + 1):
-        whole = grads(step, named)
-        for n, p in named:
-            p.grad = whole[n]
-        ref_opt.step()
-        ref_sched.step()
+        whole = reference_step(step, named, ref_opt, ref_sched)
         if step < first:
             continue
         give(model, grid, whole)

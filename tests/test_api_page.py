@@ -46,6 +46,7 @@ def chain(name: str) -> list:
             "FSDPMuon": [muongrid.FSDPMuon.__init__],
             "Muon": [muongrid.Muon.__init__],
             "Grid.build": [muongrid.Grid.build], "Grid.single": [muongrid.Grid.single],
+            "Grid.from_mesh": [muongrid.Grid.from_mesh],
             "Grid.expert": [muongrid.Grid.expert],
             "hybrid_param_groups": [muongrid.hybrid_param_groups],
             "checkpoint.save": [checkpoint.save], "checkpoint.load": [checkpoint.load],
@@ -94,6 +95,7 @@ def test_the_hyperparameter_table_is_the_optimizers_defaults():
 
 
 @pytest.mark.parametrize("name", ["DistributedMuon", "FSDPMuon", "Muon", "Grid.build", "Grid.single", "Grid.expert",
+                                  "Grid.from_mesh",
                                   "hybrid_param_groups", "checkpoint.save", "checkpoint.load", "checkpoint.export",
                                   "resume.save_run", "ResumableLoader", "parallelize_llama"])
 def test_each_table_lists_every_keyword_with_its_default(name):

@@ -25,9 +25,15 @@ through. Measured on this model after 3 steps: 0% to 2.7% of how far a matrix mo
 A wrong orthogonalisation lands far outside: Newton-Schulz on each local block alone (a mutation
 tried once by hand on 2x1) is 22% to 43% off, over 3.5 times the tolerance. The AdamW vectors agree
 with torch.optim.AdamW exactly.
+
+**Sharded by someone else** (one more launch, tests/fsdp_mesh_run.py, 3 ranks: uneven rows): ``fully_shard`` on
+torch's default mesh (1-D, unnamed) with the grid from ``Grid.from_mesh``, and Accelerate's order (the
+optimizer built on the plain model, then accelerate's own FSDP2 ``prepare`` swaps in the sharded parameters),
+each against MuonW bit for bit, as above; and first, accelerate left to itself on a CPU (DDP), refused by name.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import shutil
 import sys
@@ -162,12 +168,21 @@ def test_bad_input_is_refused_by_name(grid):
     from torch.distributed.tensor import distribute_tensor, Shard
     from muongrid.fsdp import FSDPMuon
     plain = torch.nn.Linear(4, 6, bias=False)
-    with pytest.raises(ValueError, match=r"'w' is a plain tensor, not an FSDP2 parameter.*fully_shard"):
-        FSDPMuon([dict(params=[plain.weight], names=["w"])], grid)
+    opt = FSDPMuon([dict(params=[plain.weight], names=["w"])], grid)   # Accelerate's order: planned at step 1
+    plain.weight.grad = torch.ones(6, 4)
+    with pytest.raises(ValueError, match=r"'w' is a plain tensor, not an FSDP2 parameter: call fully_shard\(model\) "
+                                         r"before the first step.*Accelerate's prepare"):
+        opt.step()
     other = init_device_mesh("cpu", (1,), mesh_dim_names=("x",))
     w = torch.nn.Parameter(distribute_tensor(torch.randn(6, 4), other, [Shard(0)]))
-    with pytest.raises(ValueError, match=r"'w' is a DTensor on a mesh with dimensions \('x',\)"):
-        FSDPMuon([dict(params=[w], names=["w"])], grid)
+    with pytest.raises(ValueError, match=r"'v' is a plain tensor"):   # some sharded, some not: refused when built
+        FSDPMuon([dict(params=[w, plain.weight], names=["w", "v"])], grid)
+    FSDPMuon([dict(params=[w], names=["w"])], grid)   # a 1-D mesh of any name whose ranks are the DP group
+    two_d = init_device_mesh("cpu", (1, 1), mesh_dim_names=("x", "y"))
+    w2 = torch.nn.Parameter(distribute_tensor(torch.randn(6, 4), two_d, [Shard(0), Shard(0)]))
+    with pytest.raises(ValueError, match=r"'w' is a DTensor on a mesh with dimensions \('x', 'y'\); FSDPMuon reads "
+                                         r"FSDP2 parameters sharded on a 1-D mesh \(any name\)"):
+        FSDPMuon([dict(params=[w2], names=["w"])], grid)
     tp_only = torch.nn.Parameter(distribute_tensor(torch.randn(6, 4), grid.mesh["tp"], [Shard(0)]))
     with pytest.raises(ValueError, match=r"dimensions \('tp',\)"):
         FSDPMuon([dict(params=[tp_only], names=["w"])], grid)
@@ -245,6 +260,71 @@ def train(model, opt, sched, steps):
         opt.step()
         sched.step()
     return [p.detach().to_local().clone() for p in model.parameters()]
+
+
+def test_accelerates_order_plans_at_the_first_step_and_keeps_a_state_loaded_before_it(grid):
+    """Built on plain parameters, which fully_shard then replaces and the optimizer's groups are given (what
+    Accelerate's prepare does): no plan and no state until the parameters are sharded; a state_dict loaded into
+    it before its first step (Accelerate's load_state after prepare) is kept, and it then steps as the
+    optimizer it came from."""
+    from torch.distributed.fsdp import fully_shard
+    from muongrid.fsdp import FSDPMuon
+    model, opt, sched = small_fsdp(grid)
+    train(model, opt, sched, [1, 2])
+    torch.manual_seed(5)
+    late = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+    named = list(late.named_parameters())
+    late_opt = FSDPMuon([dict(params=[p for _, p in named if p.ndim == 2], names=[n for n, p in named if p.ndim == 2]),
+                         dict(params=[p for _, p in named if p.ndim == 1], names=[n for n, p in named if p.ndim == 1],
+                              use_muon=False)], grid, lr=0.05)
+    late_sched = torch.optim.lr_scheduler.LambdaLR(late_opt, lambda s: min(1.0, (s + 1) / 4))
+    assert late_opt.routes is None and not late_opt.state and late_opt.state_dict()["state"] == {}
+    fully_shard(late)
+    swap = {id(p): q for (_, p), (_, q) in zip(named, late.named_parameters())}
+    for group in late_opt.param_groups:
+        group["params"] = [swap[id(p)] for p in group["params"]]
+    assert len(late_opt.state_dict()["state"]) == 4 and late_opt.routes is None   # zeros, placed like FSDP2's
+    with torch.no_grad():
+        for mine, theirs in zip(late.parameters(), model.parameters()):
+            mine.to_local().copy_(theirs.to_local())
+    late_opt.load_state_dict(copy.deepcopy(opt.state_dict()))   # torch's load keeps the tensors it is given
+    late_sched.load_state_dict(sched.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(train(model, opt, sched, [3, 4]),
+                                                 train(late, late_opt, late_sched, [3, 4])))
+
+
+def test_grid_from_mesh_takes_a_1d_mesh_over_the_job(grid):
+    from torch.distributed.device_mesh import init_device_mesh
+    from muongrid import Grid
+    g = Grid.from_mesh(init_device_mesh("cpu", (1,)))
+    assert (g.dp, g.tp, g.rank, g.dp_rank, g.device) == (1, 1, 0, 0, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"takes a 1-D mesh over every rank of the job in order \(0..0\); this one "
+                                         r"is 2-D \('dp', 'tp'\).*use Grid.build\(dp, tp\)"):
+        Grid.from_mesh(grid.mesh)
+
+
+@functools.lru_cache(maxsize=None)
+def sharded_elsewhere() -> dict:
+    proc = run([sys.executable, str(ROOT / "tests" / "fsdp_mesh_run.py"), "--dp", "3", "--steps", "3"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return last_json(proc.stdout)
+
+
+@pytest.mark.parametrize("case", ["unnamed", "accelerate"])
+def test_a_model_sharded_by_someone_else_steps_as_one_process(case):
+    """3 ranks (41 rows cut 14/14/13): bit for bit with MuonW, as the runs above (the same kernels on the same
+    numbers); each matrix orthogonalised once; the state on every parameter, placed as FSDP2 placed it."""
+    r = sharded_elsewhere()
+    c = r[case]
+    assert r["max_diff"][case] == 0.0 and c["lrs"] == r["ref_lrs"]
+    assert c["mesh_names"] is None and c["mesh_ranks"] == [0, 1, 2]   # torch's default mesh: 1-D, unnamed
+    assert sum(r["ns_calls"][case]) == len(c["owners"]) == 7
+    assert c["state_entries"] == c["params"] == 13
+    if case == "accelerate":
+        assert not c["planned_at_build"] and not c["planned_before_step"] and c["wrapper"] == "AcceleratedOptimizer"
+        # on a CPU accelerate's FSDP2 plugin gives DDP (why the run then sets FSDP2 by hand): refused by name
+        assert c["accelerate_type_on_cpu"] == "DistributedType.MULTI_CPU" and c["cpu_wraps_in"] == "DistributedDataParallel"
+        assert "wrapped in DistributedDataParallel, not sharded by FSDP2" in c["cpu_refusal"]
 
 
 def test_checkpoint_save_and_load_take_an_fsdpmuon_with_its_scheduler(grid, tmp_path):

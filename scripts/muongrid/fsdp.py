@@ -36,6 +36,16 @@ to say. What is shared is what matters: the owner rule, the Newton-Schulz and up
 ``state_dict()`` round-trips, FSDP2's own ``get_state_dict`` / ``set_state_dict`` read it, and
 ``muongrid.checkpoint.save`` / ``load`` save it on one grid and load it on another (``checkpoint_fsdp.py``).
 
+**Sharded by someone else.** A model sharded on any 1-D mesh whose ranks are the grid's DP group is read as
+sharded over "dp", whatever the mesh's dimension is called: ``fully_shard(model)`` with no mesh (torch's default,
+unnamed), Accelerate's and HF Trainer's FSDP2; ``Grid.from_mesh(mesh)`` is the grid of such a mesh. Built on
+plain parameters (Accelerate's order: the optimizer first, then ``prepare`` shards the model and puts FSDP2's
+parameters in ``param_groups``), FSDPMuon makes its plan and its state at the first step; a parameter still
+plain then is refused, naming the order that works. Run on a CPU (``tests/test_fsdp.py``, 3 gloo ranks): the
+default mesh, and accelerate 1.16's own FSDP2 ``prepare`` with its state set to FSDP2 by hand, since on a CPU it
+wraps in DDP whatever its FSDP2 plugin says (refused here by name). On paper only: Accelerate and HF Trainer
+reaching FSDP2 themselves (GPUs), with their mixed-precision upcast and ``cpu_ram_efficient_loading``.
+
 **As a torch optimizer** (``contract.py``): parameters are updated in place (no master copy: FSDP2 keeps
 the sharded parameters in their own dtype), so a step starts from their current values; a gradient that
 is None on every rank skips its parameter, None on some ranks counts as zeros there (one small all-reduce
@@ -63,6 +73,17 @@ def local_grad(p: torch.Tensor) -> torch.Tensor:
     return p.grad.to_local() if p.grad is not None else torch.zeros_like(p.to_local())
 
 
+def refuse_ddp_model(params: list) -> None:
+    """Parameters still plain at the first step because a DDP wrapper holds them (Accelerate on a CPU uses DDP
+    whatever its FSDP2 plugin says): say that, rather than "a plain tensor"."""
+    try:
+        refuse_ddp(params)
+    except RuntimeError as e:
+        raise RuntimeError("these parameters belong to a model wrapped in DistributedDataParallel, not sharded by "
+                           "FSDP2 (Accelerate on a CPU uses DDP whatever its FSDP2 plugin says): FSDPMuon needs "
+                           "fully_shard's parameters; for a DDP model use DistributedMuon") from e
+
+
 def fsdp_piece(name: str, p: torch.Tensor, grid) -> Piece:
     """This rank's rectangle of an FSDP2 parameter, after checking that it is one and lives on ``grid``."""
     from torch.distributed.tensor import Replicate, Shard
@@ -70,25 +91,33 @@ def fsdp_piece(name: str, p: torch.Tensor, grid) -> Piece:
     from torch.distributed.tensor.placement_types import _StridedShard
 
     if not is_dtensor(p):
-        raise ValueError(f"parameter {name!r} is a plain tensor, not an FSDP2 parameter: call "
-                         "fully_shard(model, mesh=grid.mesh['dp']) before building FSDPMuon (for a model without "
-                         "FSDP use DistributedMuon)")
-    mesh, names = p.device_mesh, tuple(p.device_mesh.mesh_dim_names or ())
-    if names not in (("dp",), ("dp", "tp")):
-        raise ValueError(f"parameter {name!r} is a DTensor on a mesh with dimensions {names or '(unnamed)'}; "
-                         "FSDPMuon reads FSDP2 parameters on the grid's mesh: ('dp',) or ('dp', 'tp')")
+        raise ValueError(f"parameter {name!r} is a plain tensor, not an FSDP2 parameter: call fully_shard(model) "
+                         "before the first step (FSDPMuon built on plain parameters makes its plan there, once "
+                         "Accelerate's prepare or your own fully_shard has replaced them); for a model without FSDP "
+                         "use DistributedMuon")
+    mesh, named = p.device_mesh, tuple(p.device_mesh.mesh_dim_names or ())
+    if mesh.ndim == 1 and named != ("tp",):
+        names = ("dp",)   # a 1-D mesh of any name (fully_shard's default, Accelerate's): read as the DP group
+    elif named == ("dp", "tp"):
+        names = named
+    else:
+        raise ValueError(f"parameter {name!r} is a DTensor on a mesh with dimensions {named or '(unnamed)'}; "
+                         "FSDPMuon reads FSDP2 parameters sharded on a 1-D mesh (any name) whose ranks are the grid's "
+                         "DP group, or on the grid's ('dp', 'tp') mesh")
     sizes = dict(dp=grid.dp, tp=grid.tp)
     for i, dim in enumerate(names):
         if mesh.size(i) != sizes[dim]:
-            raise ValueError(f"parameter {name!r}: mesh dimension {dim!r} has size {mesh.size(i)}, the grid has "
-                             f"{dim}={sizes[dim]}; build the model on grid.mesh")
+            raise ValueError(f"parameter {name!r}: mesh dimension {named[i] if named else 0!r} has size "
+                             f"{mesh.size(i)}, the grid has {dim}={sizes[dim]}; build the grid from the model's mesh "
+                             "(Grid.from_mesh) or the model on grid.mesh")
     if names == ("dp",):
         expected = [d * grid.tp + grid.tp_rank for d in range(grid.dp)]
     else:
         expected = list(range(grid.dp * grid.tp))
     if [int(r) for r in mesh.mesh.reshape(-1)] != expected:
         raise ValueError(f"parameter {name!r} lives on ranks {mesh.mesh.tolist()}, not on this grid's "
-                         f"{'DP group' if names == ('dp',) else 'mesh'} {expected}: build the model on grid.mesh")
+                         f"{'DP group' if names == ('dp',) else 'mesh'} {expected}: build the grid from the model's "
+                         "mesh (Grid.from_mesh) or the model on grid.mesh")
     for dim, pl in zip(names, p.placements):
         row_shard = isinstance(pl, (Shard, _StridedShard)) and pl.dim == 0
         if dim == "dp" and not (row_shard or (isinstance(pl, Replicate) and grid.dp == 1)):
@@ -123,19 +152,33 @@ class FSDPMuon(torch.optim.Optimizer):
         self._deferred = Deferred()
         self.comm = comm or Comm(grid)
         super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **hyper))
-        mine = []
         for g_idx, group in enumerate(self.param_groups):
             group["names"] = param_names(group, g_idx)
             check_group(group, g_idx, banks=True)
+        self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
+        MomentumSync.of(self)
+        self.steps_taken = 0
+        self.qk_clip = qk_clip   # MuonClip (qk_clip.py): query and key rows rescaled after each update
+        self.routes = None
+        if any(is_dtensor(p) for p in self._all_params()):
+            self._plan()
+        # else every parameter is plain: Accelerate's order (the optimizer built first, then prepare shards the
+        # model and swaps the parameters in param_groups for FSDP2's): the plan waits for the first step
+        self._built = True
+
+    def _plan(self) -> None:
+        """Each rank's rectangle of every parameter (checked), the Muon matrices' owners and routes, and zero state
+        for every parameter that has none: when built, or at the first step if the parameters were plain then."""
+        grid, mine = self.grid, []
+        for group in self.param_groups:
             for n, p in zip(group["names"], group["params"]):
-                if group["use_muon"] and p.ndim == 3 and getattr(p, "device_mesh", None) is not None and \
-                        tuple(p.device_mesh.mesh_dim_names or ()) != ("dp",):
+                if group["use_muon"] and p.ndim == 3 and is_dtensor(p) and p.device_mesh.ndim != 1:
                     raise ValueError(f"parameter {n!r} is a bank of matrices on a {p.device_mesh.mesh_dim_names} "
                                      "mesh; FSDPMuon takes banks sharded over 'dp' only (each rank's experts whole)")
             mine.append([(n, tuple(p.shape), fsdp_piece(n, p, grid)) for n, p in zip(group["names"], group["params"])])
         self.pieces = {id(p): piece for g, group in zip(mine, self.param_groups)
                        for (_, _, piece), p in zip(g, group["params"])}
-        everyone = self.comm.gather_objects(mine, "setup")  # one small all-gather when built
+        everyone = self.comm.gather_objects(mine, "setup")  # one small all-gather when planned
         for rank, theirs in enumerate(everyone):
             if [[(n, s) for n, s, _ in g] for g in theirs] != [[(n, s) for n, s, _ in g] for g in mine]:
                 raise ValueError(f"the ranks disagree about the parameters they optimize (rank {rank} differs from "
@@ -149,20 +192,22 @@ class FSDPMuon(torch.optim.Optimizer):
                  for i in range(len(group["params"])) if group["params"][i].ndim == 2]
         self.routes = routes([tuple(self.param_groups[g]["params"][i].shape) for g, i in where],
                              [[theirs[g][i][2] for g, i in where] for theirs in everyone], grid.tp)
-        self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
-        MomentumSync.of(self)
-        self.steps_taken = 0
-        self.qk_clip = qk_clip   # MuonClip (qk_clip.py): query and key rows rescaled after each update
-        if qk_clip is not None:
-            qk_clip.bind_fsdp(self)
-        for group in self.param_groups:  # state now, not at the first step: get_state_dict never steps it
+        if self.qk_clip is not None:
+            self.qk_clip.bind_fsdp(self)
+        self._fill_state()
+
+    def _fill_state(self) -> None:
+        """Zero state for every parameter without any (made now, not at the first step: get_state_dict never
+        steps it; a state loaded before the first step is kept)."""
+        for group in self.param_groups:
             for p in group["params"]:
-                self.state[p] = (dict(momentum_buffer=torch.zeros_like(p)) if group["use_muon"] else
-                                 dict(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
-                                      exp_avg_sq=torch.zeros_like(p)))
+                if not self.state.get(p):
+                    self.state[p] = (dict(momentum_buffer=torch.zeros_like(p)) if group["use_muon"] else
+                                     dict(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
+                                          exp_avg_sq=torch.zeros_like(p)))
 
     def add_param_group(self, param_group: dict) -> None:
-        if getattr(self, "routes", None) is not None:
+        if getattr(self, "_built", False):
             raise RuntimeError("owners are fixed when FSDPMuon is built: give every parameter group to the constructor")
         super().add_param_group(param_group)
 
@@ -173,6 +218,9 @@ class FSDPMuon(torch.optim.Optimizer):
         # the contract's checks belong to the step; a caller's autocast stays outside it
         with record_function("optimizer.step"), no_autocast(self.grid.device):
             self.check_finite_now()
+            if self.routes is None:   # built on plain parameters: planned now, on what FSDP2 put in their place
+                refuse_ddp_model(self._all_params())
+                self._plan()
             MomentumSync.of(self)(self.param_groups)
             if self.steps_taken == 0 and not getattr(self, "_ddp_checked", False):
                 refuse_ddp(self._all_params())
@@ -239,6 +287,8 @@ class FSDPMuon(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         self.check_finite_now()   # a skipped "defer" step's counts are taken back before anything is handed out
+        if self.routes is None and all(is_dtensor(p) for p in self._all_params()):
+            self._fill_state()    # not planned yet (that needs every rank): the state it will have
         return super().state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -120,6 +120,24 @@ class Grid:
         return grid
 
     @classmethod
+    def from_mesh(cls, mesh) -> "Grid":
+        """The grid of a 1-D device mesh someone else made: every rank of the job, in rank order, on one DP
+        dimension of any name (``fully_shard(model)``'s default mesh, Accelerate's FSDP2 mesh); no TP. Its group
+        is the mesh's own, with the timeout it was made with (a 1-D mesh over the job uses the default group)."""
+        if not dist.is_initialized():
+            raise RuntimeError("Grid.from_mesh needs init_process_group first (the mesh's group belongs to it)")
+        ranks, world = [int(r) for r in mesh.mesh.reshape(-1)], dist.get_world_size()
+        if mesh.ndim != 1 or ranks != list(range(world)):
+            raise ValueError(f"Grid.from_mesh takes a 1-D mesh over every rank of the job in order (0..{world - 1}); "
+                             f"this one is {mesh.ndim}-D {tuple(mesh.mesh_dim_names or ())} on ranks "
+                             f"{mesh.mesh.tolist()}: for DP x TP use Grid.build(dp, tp) and shard on grid.mesh['dp']")
+        device = torch.device(mesh.device_type)
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        rank = dist.get_rank()
+        return cls(world, 1, rank, rank, 0, mesh.get_group(0), None, device, mesh)
+
+    @classmethod
     def single(cls, device: torch.device | str = "cpu") -> "Grid":
         """A 1 x 1 grid with no process groups, for running the distributed code in one process."""
         return cls(1, 1, 0, 0, 0, None, None, torch.device(device))
