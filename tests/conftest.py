@@ -79,7 +79,7 @@ _BY_SUITE = {
             "routing step_cost step_vote timemodel wholestep muonshare tp_host_work "
             "store_buffers capturable",
     # launches processes: gloo ranks, the entry points, a wheel in a fresh environment, the warm-start server
-    "distributed": "agree checkpoint contract distributed exactness_gap expert_parallel failures finite_modes "
+    "distributed": "agree checkpoint contract ddp distributed exactness_gap expert_parallel failures finite_modes "
                    "from_scratch fsdp group_layout hf_models loops measure ns_group package qk_clip resume study "
                    "train warmstart grad_landing step_explorer",
     # the book: its chapters executed or read, its prose, its build

@@ -98,7 +98,8 @@ def test_grad_scaler_is_refused_on_every_rank_before_anything_changes():
 def test_a_ddp_wrapped_model_is_refused_with_the_fix():
     for r in two():
         refused = r["ddp"]["refused"]
-        assert refused and "DistributedDataParallel" in refused and "Unwrap" in refused, refused
+        assert refused and "DistributedDataParallel" in refused and "unwrap the model" in refused, refused
+        assert "grad_reduce='ddp'" in refused, refused   # the other fix: the DDP mode
 
 
 def test_the_plan_check_sends_a_hash_not_the_plan():

@@ -39,6 +39,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     finite         the gradients' NaN/Inf check: raised on every rank together, or the step skipped
     qk_clip        MuonClip: query and key rows rescaled after each update, on ZeRO-1 or FSDP2 shards
     checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
+    shard_files    every rank's own shard to one folder and back, bit for bit (the same world): for trainers
     tp_plans       tensor-parallel plans for models people bring (a Hugging Face Llama), for parallelize_module
     data           the rows each rank reads: a DataLoader keyed by the DP rank, its position saved and resumed
     resume         train.py's --save/--resume: model, optimizer, scheduler, data position, RNG

@@ -61,15 +61,11 @@ import torch
 import torch.distributed as dist
 
 from .placements import local
-from .rank_state import after_load
+from .rank_state import CheckpointError, after_load  # noqa: F401 (CheckpointError: re-exported here)
 
 FORMAT = "muongrid-checkpoint/1"
 MARKER = "muongrid.json"
 SINGLE_KEYS = {"momentum": "momentum_buffer"}  # canonical name -> single-device MuonW's state name
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, incomplete, foreign, or does not fit this optimizer."""
 
 
 # ---- geometry: a rank's piece as rectangles of the whole parameter -------------------------------

@@ -110,9 +110,9 @@ class ClipZero1:
 
 def clip_zero1_(opt, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
     """``DistributedMuon`` / ``DistributedAdamW``: reduce-scatter now (the step's own, cached), norm of the
-    mean over every rank's pieces, scale the pieces ``step()`` will use. With several DP ranks those are this
-    rank's reduced shard, scaled in place; with one they are ``p.grad`` itself, so they are replaced by scaled
-    copies and ``p.grad`` keeps this rank's own gradient, as with several."""
+    mean over every rank's pieces, scale the pieces ``step()`` will use. Where the step reduces, those are this
+    rank's reduced shard, scaled in place; with one DP rank or ``grad_reduce="ddp"`` they are views of ``p.grad``,
+    so they are replaced by scaled copies and ``p.grad`` is left as it is."""
     if getattr(opt.grid, "ep", 1) > 1:
         raise ValueError("this optimizer runs on an expert grid (grid.expert(ep)): its gradients are one expert "
                          "slice's, so their norm is not the model's; clip every optimizer of the model together "
@@ -149,7 +149,7 @@ def clip_together_(opts: list, max_norm: float, norm_type: float = 2.0, error_if
         live = [g for g in grads if g is not None and g.numel()]
         if not live:
             continue
-        if opt.grid.dp > 1:   # this rank's reduced shard: the optimizer's own, scaled in place
+        if opt.store.reduces:   # this rank's reduced shard: the optimizer's own, scaled in place
             _scale(live, max_norm, total)
             continue
         scaled = iter(torch._foreach_mul(live, coef.to(opt.grid.device)))   # p.grad itself: scaled copies

@@ -9,8 +9,9 @@ checks each point against ``torch.optim.Muon`` and ``torch.optim.AdamW``; chapte
   zeros there. That, and the NaN/Inf verdict (``finite.py``), is decided in one small device all-reduce on every
   rank alike, before the first collective that moves gradients (``vote``; ``prepare_together`` decides a model's
   optimizers as one), so a loop that skips a bad batch keeps every rank in step;
-* ``torch.amp.GradScaler`` (``refuse_grad_scaler``) and a ``DistributedDataParallel`` model (``refuse_ddp``) are
-  refused at the first step, and a caller's ``torch.autocast`` does not reach inside it (``no_autocast``).
+* ``torch.amp.GradScaler`` (``refuse_grad_scaler``; allowed with ``grad_reduce="ddp"``) and a
+  ``DistributedDataParallel`` model without ``grad_reduce="ddp"`` (``check_ddp``) are refused at the first step,
+  and a caller's ``torch.autocast`` does not reach inside it (``no_autocast``).
 
 What is checked when an optimizer is built (torch's keywords and refusals) is ``optim.py``'s ``check_group``;
 pickling and deep copies are ``rank_state.py``'s.
@@ -119,7 +120,8 @@ def vote(opt, params: list, named: list, index: list[int], where: str, later: fr
     job_rank, job_world, slot, ep = job_place(opt.grid)
     names, n, mode = [name for g in opt.param_groups for name in g["names"]], len(params), opt.check_finite
     mine = [p.grad is not None for p in params]
-    if job_world == 1 or not params:
+    if job_world == 1 or not params or getattr(opt, "grad_reduce", "step") == "ddp":
+        # "ddp": every rank holds the same averaged gradients, so each decides alone and all decide alike
         return _vote_alone(opt, mine, named, index, where, names, job_rank, job_world, later)
     import torch.distributed as dist
     device, here = opt.grid.device, all(mine)
@@ -153,7 +155,7 @@ def _vote_alone(opt, mine: list, named: list, index: list[int], where: str, name
     """``vote`` in a job of one rank: presence is this rank's, and no one can disagree. "raise" reads the flags
     once; "defer" keeps its vote and does not mask the step (the next read raises), leaving out the places
     ``later``, whose codes the step adds itself (``finite.late_codes``)."""
-    n, mode = len(mine), opt.check_finite
+    n, mode, same = len(mine), opt.check_finite, job_world > 1   # same: "ddp", every rank alike (``vote``)
     if mode == "raise":
         norms = grad_norms(named)
         finite = [] if norms is None else norms.isfinite().tolist()   # the step's one host read
@@ -168,8 +170,8 @@ def _vote_alone(opt, mine: list, named: list, index: list[int], where: str, name
         kept = [k for k, i in enumerate(index) if i not in later]
         named, index = [named[k] for k in kept], [index[k] for k in kept]
     norms = grad_norms(named)
-    return mine, None, spread(None if norms is None else local_codes(norms, job_rank, job_world), index, n,
-                              opt.grid.device)
+    agreed = spread(None if norms is None else local_codes(norms, job_rank, job_world), index, n, opt.grid.device)
+    return mine, (agreed == 0).all() if same else None, agreed
 
 
 def prepare_together(opts: list) -> None:
@@ -223,20 +225,47 @@ def _note_ddp(module, name: str, submodule):
 torch.nn.modules.module.register_module_module_registration_hook(_note_ddp)
 
 
-def refuse_ddp(params: list[torch.Tensor]) -> None:
-    """Refuse parameters that a ``DistributedDataParallel`` module holds (twice the gradient traffic, silently):
-    checked against every DDP wrapper built since muongrid was imported (``_note_ddp``)."""
+def ddp_wrapper(params: list[torch.Tensor], scan: bool = False):
+    """The ``DistributedDataParallel`` module that holds any of ``params``, or None: among those built since
+    muongrid was imported (``_note_ddp``), and with ``scan`` among all live objects (one built before)."""
+    import gc
     ours = {id(p) for p in params}
 
-    def wrapper():
-        return next((d for d in list(_DDP_MODULES) if any(id(p) in ours for p in d.module.parameters())), None)
-    if wrapper() is not None:
-        import gc
-        gc.collect()   # a wrapper the caller dropped may wait in a reference cycle: it does not count
-        ddp = wrapper()
-        if ddp is not None:
-            raise RuntimeError(
-                f"these parameters belong to a model wrapped in {type(ddp).__name__}: DDP all-reduces every "
-                "gradient and then this optimizer reduce-scatters it again (twice the gradient traffic). Unwrap "
-                "the model (use ddp.module, or do not wrap it): the optimizer averages the gradients over the "
-                "data-parallel ranks itself, inside step()")
+    def find(scan_all: bool):
+        every = (o for o in gc.get_objects() if isinstance(o, torch.nn.parallel.DistributedDataParallel))
+        return next((d for d in (every if scan_all else list(_DDP_MODULES))
+                     if any(id(p) in ours for p in d.module.parameters())), None)
+    for scan_all in (False, True) if scan else (False,):
+        if find(scan_all) is not None:
+            gc.collect()   # a wrapper the caller dropped may wait in a reference cycle: it does not count
+            return find(scan_all)
+    return None
+
+
+def check_ddp(params: list[torch.Tensor], grad_reduce: str = "step", dp: int = 2) -> None:
+    """At the first step: ``grad_reduce="step"`` refuses parameters a ``DistributedDataParallel`` holds (twice
+    the gradient traffic, silently); ``"ddp"`` on several DP ranks needs one (else each rank would step on its own
+    gradient and the replicas would drift apart)."""
+    ddp = ddp_wrapper(params, scan=grad_reduce == "ddp") if grad_reduce == "step" or dp > 1 else None
+    if grad_reduce == "step" and ddp is not None:
+        raise RuntimeError(
+            f"these parameters belong to a model wrapped in {type(ddp).__name__}: DDP all-reduces every gradient "
+            "and then this optimizer reduce-scatters it again (twice the gradient traffic). Build the optimizer "
+            "with grad_reduce='ddp' (DDP averages, step() reduces nothing: what HF Trainer, Accelerate and "
+            "Lightning need), or unwrap the model (use ddp.module, or do not wrap it): the optimizer then averages "
+            "the gradients over the data-parallel ranks itself, inside step()")
+    if grad_reduce == "ddp" and dp > 1 and ddp is None:
+        raise RuntimeError(
+            "grad_reduce='ddp' says DistributedDataParallel averages the gradients before step(), but no "
+            "DistributedDataParallel holds these parameters: each rank would step on its own gradient. Wrap the "
+            "model in DDP (HF Trainer, Accelerate and Lightning do under torchrun), or build the optimizer with "
+            "grad_reduce='step' (the default: step() averages them)")
+
+
+def refuse_ddp(params: list[torch.Tensor]) -> None:
+    """``FSDPMuon``: parameters a ``DistributedDataParallel`` module holds are refused."""
+    ddp = ddp_wrapper(params)
+    if ddp is not None:
+        raise RuntimeError(
+            f"these parameters belong to a model wrapped in {type(ddp).__name__}: DDP all-reduces every "
+            "gradient that FSDP2 already reduce-scatters. Unwrap the model (use ddp.module, or do not wrap it)")

@@ -27,12 +27,12 @@ from .capture import need_every_grad, pin_group
 from .capture import refuse as refuse_capture
 from .clipping import ClipZero1
 from .comm import Comm
-from .contract import MomentumSync, job_place, lr_of, no_autocast, refuse_ddp, refuse_grad_scaler, vote, where_of
+from .contract import MomentumSync, check_ddp, job_place, lr_of, no_autocast, refuse_grad_scaler, vote, where_of
 from .finite import Deferred, late_codes
 from .flows import OVERLAP_MODES, BucketFlow, FlowOptions  # noqa: F401 (OVERLAP_MODES: bench, verify)
 from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names, resolve_mode
-from .options import (OptionViews, check_banks, check_layout, check_ranks_agree, default_ns_batch,
-                      default_overlap, master_dtype, param_specs)   # default_*: bench, the lab, tests
+from .options import (OptionViews, check_banks, check_grad_reduce, check_layout, check_ranks_agree,
+                      default_layout, default_ns_batch, default_overlap, master_dtype, param_specs)   # default_*: bench, the lab, tests
 from .owner_flow import OwnerFlow
 from .placements import is_dtensor, local, resolve_tp_split_dims
 from .plan import build_plan, plan_key
@@ -53,14 +53,19 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
 
     _step_supports_amp_scaling = True   # so torch.amp.GradScaler hands us its step, and we refuse it (contract.py)
 
-    def __init__(self, params, grid, comm: Comm | None = None, layout: str = "owner",
+    def __init__(self, params, grid, comm: Comm | None = None, layout: str | None = None,
                  bucket_numel: int | str | None = "auto", use_muon: bool = True,
                  check_finite: bool | str | None = None, overlap: str | None = None, ns_batch: bool | None = None,
                  hw: dict | None = None, param_buffers: bool | str = True, qk_clip=None, chunks: int | None = None,
-                 capturable: bool = False, **hyper):
+                 capturable: bool = False, grad_reduce: str = "step", **hyper):
         hyper = check_hyper(hyper)
         if not isinstance(capturable, bool):
             raise TypeError(f"capturable must be True or False, got {capturable!r}")
+        layout = default_layout(grad_reduce) if layout is None else layout
+        check_grad_reduce(grad_reduce, layout, grid)
+        self.grad_reduce = grad_reduce   # "ddp": DDP averaged the gradients before step() (contract.check_ddp)
+        if grad_reduce == "ddp":   # GradScaler unscales and checks the averaged gradients itself: the same everywhere
+            self._step_supports_amp_scaling = False
         overlap = default_overlap(layout) if overlap is None else overlap
         ns_batch = default_ns_batch(layout, torch.device(grid.device)) if ns_batch is None else ns_batch
         check_layout(layout, grid, ns_batch)
@@ -96,7 +101,7 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
             self.comm.add_subgroups(self.plan.groups.values())
         self.flow = self._make_flow(layout)
         self.store = Store(self.plan, [g["params"] for g in self.param_groups], self.master_dtypes, self.muon_groups,
-                           grid, self.comm, bind=param_buffers)
+                           grid, self.comm, bind=param_buffers, reduce=grad_reduce == "step")
         self.shards = self.store.shards
         self._bind_state()
         self.qk_clip = qk_clip   # MuonClip (qk_clip.py): query and key rows rescaled after each update
@@ -185,7 +190,7 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
         self.comm.ledger.begin_step(self.steps_taken + 1)  # clip_grad_norm_'s reduce-scatter belongs to this step
         MomentumSync.of(self)(self.param_groups)
         if self.steps_taken == 0 and not getattr(self, "_ddp_checked", False):
-            refuse_ddp([p for g in self.param_groups for p in g["params"]])
+            check_ddp([p for g in self.param_groups for p in g["params"]], self.grad_reduce, self.grid.dp)
             self._ddp_checked = True
         grads, index, where = self._check_grads()
         params = [p for g in self.param_groups for p in g["params"]]

@@ -30,6 +30,32 @@ def default_overlap(layout: str) -> str:
     return "none" if layout == "bucket" else "prefetch"
 
 
+GRAD_REDUCE = ("step", "ddp")   # where the gradients are averaged over DP: inside step(), or by DDP before it
+
+
+def default_layout(grad_reduce: str) -> str:
+    """"owner" when ``step()`` averages the gradients; "aligned" under DDP, whose averaged gradient is whole on
+    every rank: a shard cut on matrix boundaries then holds whole matrices, and nothing travels for Newton-Schulz."""
+    return "aligned" if grad_reduce == "ddp" else "owner"
+
+
+def check_grad_reduce(grad_reduce, layout: str, grid) -> None:
+    """``grad_reduce`` names where gradients are averaged; "ddp" needs the aligned layout and a DP-only grid."""
+    if grad_reduce not in GRAD_REDUCE:
+        raise ValueError(f"grad_reduce must be one of {GRAD_REDUCE} (where the gradients are averaged over the "
+                         f"data-parallel ranks: inside step(), or by DistributedDataParallel), got {grad_reduce!r}")
+    if grad_reduce != "ddp":
+        return
+    if layout != "aligned":
+        raise ValueError(f"grad_reduce='ddp' takes layout='aligned' (its default: whole matrices on the rank that "
+                         f"holds their averaged gradient, so nothing is exchanged), not layout={layout!r}")
+    if grid.tp > 1 or getattr(grid, "ep", 1) > 1:
+        raise ValueError(f"grad_reduce='ddp' needs a data-parallel grid (tp=1, no expert slices), got dp={grid.dp}, "
+                         f"tp={grid.tp}: DistributedDataParallel averages every gradient over all the ranks it "
+                         "spans and knows nothing of TP shards. For DP x TP, leave the model unwrapped and keep "
+                         "grad_reduce='step' (the optimizer averages over the dp group inside step())")
+
+
 def check_layout(layout: str, grid, ns_batch: bool) -> None:
     if layout == "group" and getattr(grid, "ep", 1) > 1:
         raise ValueError("layout='group' on an expert grid (grid.expert(ep)) is not supported: its Newton-Schulz "

@@ -9,7 +9,7 @@ comes back in pieces. Who sends what to whom is arithmetic on the plan, done onc
     the results --one copy into the send buffer--> all-to-all --> back                       "from owner"
 
 A rank's own pieces of a matrix it owns never enter a collective; a matrix replicated over TP is sent by one TP
-rank, the owner's. Per matrix the arithmetic is the single-device one, bit for bit (chapter 8). The send and
+rank, the owner's. Under "aligned" on a DP-only grid every matrix is whole on its owner: nothing is exchanged. Per matrix the arithmetic is the single-device one, bit for bit (chapter 8). The send and
 receive buffers, banks and blocks are made on the first step and kept (``lab/stepcost.persistent_bytes``).
 
     python -m pytest -q tests/test_routes.py tests/test_exchanges.py tests/test_store_buffers.py
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import record_function
 
-from .comm import Phase
+from .comm import Pending, Phase
 from .flows import PREFETCH_CHUNKS, Flow, FlowOptions, Pieces  # noqa: F401 (PREFETCH_CHUNKS: the lab, tests)
 from .group_flow import GroupRoute, group_newton_schulz, group_route, sends
 from .sharding import copy_all
@@ -83,6 +83,7 @@ class OwnerFlow(Flow):
         super().__init__(plan, grid, comm, muon)
         self._routes: dict[tuple, OwnerRoute] = {}
         self._banks: dict[tuple, dict] = {}   # per set of chunks orthogonalised together: shape -> bank, staging
+        self.silent = plan.layout == "aligned" and grid.tp == 1   # whole matrices on their owner: no exchange
 
     # ---- the arithmetic, once per chunk ----------------------------------------------------------
 
@@ -207,6 +208,8 @@ class OwnerFlow(Flow):
                 srcs.append(piece if where is None else piece[where])
         copy_all(dsts, srcs, zeros)
         self.trace("to_owner", name_of(chunk), send)
+        if self.silent:
+            return Pending(route.buffers["recv"])
         return self.comm.all_to_all(send, route.send_counts, route.recv_counts, "world", Phase.NS_TO_OWNER,
                                     wait_now=wait_now, out=route.buffers["recv"])
 
@@ -300,8 +303,9 @@ class OwnerFlow(Flow):
                 if item.mine is not None:
                     mine[item.k] = _block_piece(out, item, *item.mine)
             copy_all(dsts, srcs)
-            pending = self.comm.all_to_all(send, route.back_counts, route.back_recv_counts, "world",
-                                           Phase.NS_FROM_OWNER, wait_now=wait_now, out=route.buffers["back_recv"])
+            pending = Pending(route.buffers["back_recv"]) if self.silent else self.comm.all_to_all(
+                send, route.back_counts, route.back_recv_counts, "world", Phase.NS_FROM_OWNER, wait_now=wait_now,
+                out=route.buffers["back_recv"])
             backs.append((chunk, pending, mine))
         return backs
 

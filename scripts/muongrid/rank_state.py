@@ -69,21 +69,10 @@ class RankState:
         sd["muongrid"] = self._signature()
         return sd
 
-    def _signature(self) -> dict:
-        """What a saved state depends on: resharding to another grid or layout is not done here."""
-        return dict(dp=self.grid.dp, tp=self.grid.tp, dp_rank=self.grid.dp_rank, tp_rank=self.grid.tp_rank,
-                    layout=self.layout, global_buffer_size=list(self.plan.global_buffer_size))
-
-    @torch.no_grad()
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Load a state saved by the same optimizer on the same grid, layout and rank. Everything is
-        checked before anything changes; a mismatch is an error naming it. ``register_load_state_dict_pre_hook``
-        and ``_post_hook`` hooks run as in torch."""
-        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
-            result = pre_hook(self, state_dict)
-            if result is not None:
-                state_dict = result
-        check_signature(state_dict.get("muongrid"), self._signature())
+    def check_state_dict(self, state_dict: dict) -> None:
+        """Raise, naming the problem, unless ``load_state_dict(state_dict)`` would fit (this rank's own shard of
+        the same grid, layout and parameters); changes nothing."""
+        check_signature(state_dict.get("muongrid"), self._signature(), "muongrid.hf.ShardedCheckpoint" in state_dict)
         groups = state_dict["param_groups"]
         if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
             raise ValueError("the saved parameter groups differ from this optimizer's in number or size")
@@ -94,6 +83,34 @@ class RankState:
             if set(theirs) != set(ours) or any(torch.as_tensor(theirs[k]).shape != ours[k].shape for k in ours):
                 raise ValueError(f"saved state of parameter {i} has {sorted(theirs)} with other shapes than "
                                  f"this optimizer's {sorted(ours)}")
+
+    def _signature(self) -> dict:
+        """What a saved state depends on: resharding to another grid or layout is not done here."""
+        return dict(dp=self.grid.dp, tp=self.grid.tp, dp_rank=self.grid.dp_rank, tp_rank=self.grid.tp_rank,
+                    layout=self.layout, global_buffer_size=list(self.plan.global_buffer_size))
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a state saved by the same optimizer on the same grid, layout and rank. Everything is
+        checked before anything changes; a mismatch is an error naming it. In a job of several ranks this is
+        collective (call it on every rank, each with its own shard): a rank whose state does not fit makes every
+        rank raise (``agree``), so none walks on into a collective the others never join. Hooks registered with
+        ``register_load_state_dict_pre_hook`` and ``_post_hook`` run as in torch."""
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        problem = None
+        try:
+            self.check_state_dict(state_dict)
+        except (ValueError, KeyError, TypeError) as e:
+            problem = e
+        if job_world(self.grid) == 1 and problem is not None:
+            raise problem
+        agree(problem and str(problem), "load_state_dict")   # every rank raises together, nothing changed
+        groups = state_dict["param_groups"]
+        ids = [i for g in groups for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
         for i, p in zip(ids, params):
             for k, t in self.state[p].items():
                 t.copy_(torch.as_tensor(state_dict["state"][i][k]))  # a Python-number step too
@@ -110,10 +127,47 @@ class RankState:
             post_hook(self)
 
 
-def check_signature(saved: dict | None, ours: dict) -> None:
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, incomplete, foreign, or does not fit this optimizer (``muongrid.checkpoint``'s)."""
+
+
+def job_world(grid) -> int:
+    return grid.dp * grid.tp * getattr(grid, "ep", 1)
+
+
+def agree(problem: str | None, what: str) -> None:
+    """Every rank of the job calls this with its own problem (None: fine); if any rank has one, every rank raises
+    a ``CheckpointError`` naming each failed rank and its problem. One small host all-gather (never in a step)."""
+    import torch.distributed as dist
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    problems = [problem]
+    if world > 1:
+        problems = [None] * world
+        dist.all_gather_object(problems, problem)
+    failed: dict[str, list[int]] = {}
+    for r, p in enumerate(problems):
+        if p:
+            failed.setdefault(p, []).append(r)
+    if failed:
+        ranks = sorted(r for rs in failed.values() for r in rs)
+        raise CheckpointError(f"{what} failed on {'rank' if len(ranks) == 1 else 'ranks'} "
+                              f"{', '.join(map(str, ranks))} (this is rank {rank} of {world}), so every rank stops "
+                              "here: " + "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} "
+                                                    f"{', '.join(map(str, rs))}: {p}" for p, rs in failed.items()))
+
+
+TRAINERS = ("HF Trainer, Accelerate and Lightning save the optimizer from rank 0 only: with Trainer, add "
+            "callbacks=[muongrid.hf.ShardedCheckpoint(opt)], which saves and resumes every rank's shard")
+
+
+def check_signature(saved: dict | None, ours: dict, pointer: bool = False) -> None:
     """Refuse a state_dict from another rank, grid or layout, saying which and what to do."""
     if saved == ours:
         return
+    if saved is None and pointer:
+        raise ValueError("this state_dict is the record muongrid.hf.ShardedCheckpoint writes into Trainer's "
+                         "optimizer.pt, pointing at every rank's shard: resume with callbacks="
+                         "[muongrid.hf.ShardedCheckpoint(opt)] given to the Trainer, which loads them")
     if saved is None:
         raise ValueError("this state_dict has no 'muongrid' entry: it was not saved by DistributedMuon/DistributedAdamW "
                          "(a single-device optimizer's state cannot be loaded into ZeRO-1 shards; use muongrid.checkpoint)")
@@ -124,7 +178,7 @@ def check_signature(saved: dict | None, ours: dict) -> None:
                          "keeps each rank's own shard of the optimizer state, so 'save on rank 0, load everywhere' "
                          "cannot work: save opt.state_dict() on every rank (e.g. torch.save(opt.state_dict(), "
                          "f'opt.{rank}.pt')) and load each rank's own file, or use muongrid.checkpoint.save/load "
-                         "(one folder, loadable on any grid and layout)")
+                         f"(one folder, loadable on any grid and layout). {TRAINERS}")
     differ = {k: (saved.get(k), ours[k]) for k in grid_keys if saved.get(k) != ours[k]}
     hint = ""
     if saved.get("layout") == "bucket" and ours["layout"] == "owner":

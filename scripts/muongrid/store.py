@@ -11,7 +11,8 @@ and kept (the glossary's "store"), as in Megatron-LM's parameter-and-gradient bu
   parameter no longer equals it rounded. Other buckets are packed and unpacked (``sharding.py``).
   ``param_buffers="all"`` binds DTensors' local shards too (not by default: torch 2.13's ``torch.compile``
   cannot trace one inside a bigger storage); ``False`` binds nothing. ``p.data = new`` is taken up at the step.
-* **Gradients.** One DP rank reads ``p.grad`` where autograd left it. With several, a post-accumulate-grad hook
+* **Gradients.** One DP rank, or a rank whose ``p.grad`` DDP averaged (``grad_reduce="ddp"``), reads its piece
+  of ``p.grad`` where autograd left it. Otherwise, with several DP ranks, a post-accumulate-grad hook
   copies each gradient of the master's dtype into its place in the gradient buffer once and points ``p.grad``
   there, so the next backward accumulates in place: at most one pass over the gradients whatever ``zero_grad``
   the loop uses. Any other gradient is copied in at the step.
@@ -93,11 +94,12 @@ class Store:
     group's parameter list (the optimizer's own lists); ``muon``: whether each group is Muon's."""
 
     def __init__(self, plan, params: list[list], master_dtypes: list, muon: list[bool], grid, comm,
-                 bind: bool | str = True):
+                 bind: bool | str = True, reduce: bool = True):
         if bind not in (True, False, "all"):
             raise ValueError(f"param_buffers must be True, False or 'all' (DTensor parameters too), got {bind!r}")
         self.plan, self.params, self.master_dtypes, self.muon = plan, params, master_dtypes, muon
         self.grid, self.comm = grid, comm
+        self.reduces = reduce and grid.dp > 1   # False: one DP rank, or DDP averaged p.grad (grad_reduce="ddp")
         shared = _shared_storages([p for group in params for p in group])
         self.slots = []
         for g, group in enumerate(params):
@@ -118,7 +120,7 @@ class Store:
                                           for k, t in self.shards[g][b.bucket_idx].items()}
                       for g, buckets in enumerate(plan.buckets) for b in buckets}
         self.hooks = []   # the gradient hooks' handles, removed when these buffers go
-        if self.grid.dp > 1:
+        if self.reduces:
             self._land_gradients()
             weakref.finalize(self, _remove, self.hooks)
 
@@ -201,12 +203,12 @@ class Store:
 
     def grad_pieces(self, g: int, bucket, step: dict, trace=None) -> list:
         """This rank's DP-mean gradient of each parameter of the bucket, flat, in master dtype (None: no rank has
-        one), made once per step and kept in ``step["grads"]`` (``step``: ``present`` per group, ``keep``). With
-        several DP ranks, a Muon group's shard is its momentum where ``keep`` (a "defer" verdict) is False."""
+        one), made once per step and kept in ``step["grads"]`` (``step``: ``present`` per group, ``keep``). Where
+        the step reduces, a Muon group's shard is its momentum where ``keep`` (a "defer" verdict) is False."""
         key = (g, bucket.bucket_idx)
         if key not in step["grads"]:
             step["grads"][key] = self._grad_pieces(g, bucket, step["present"][g], step["keep"] if self.muon[g] else None)
-            if trace is not None and self.grid.dp > 1:
+            if trace is not None and self.reduces:
                 trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}",
                       torch.cat([x for x in step["grads"][key] if x is not None] or [torch.zeros(0)]))
         return step["grads"][key]
@@ -221,7 +223,7 @@ class Store:
                     if grad is not None and grad.numel()]
             out = muon_momentum_foreach_([self.views[(g, buckets[n].bucket_idx)]["momentum"][k] for n, k in todo],
                                          [rows[n][k] for n, k in todo], group["momentum"], group["nesterov"],
-                                         step["keep"] if self.grid.dp == 1 else None)
+                                         None if self.reduces else step["keep"])
             for (n, k), piece in zip(todo, out):
                 rows[n][k] = piece
             return list(zip(buckets, rows))
@@ -231,9 +233,9 @@ class Store:
 
     def _grad_pieces(self, g: int, bucket, present: list[bool], keep=None) -> list:
         params, metas, dtype = self.params[g], self.plan.metas[g], self.master_dtypes[g]
-        if self.grid.dp == 1:
+        if not self.reduces:   # p.grad is the mean already (one rank, or DDP's): my piece of it, a view
             return [None if not present[i] else torch.zeros(metas[i].local_numel, dtype=dtype, device=self.grid.device)
-                    if params[i].grad is None else local(params[i].grad).reshape(-1).to(dtype)
+                    if params[i].grad is None else local(params[i].grad).reshape(-1)[metas[i].param_slice].to(dtype)
                     for i in bucket.param_indices]
         shard = self.reduce_scatter(g, bucket)
         if keep is not None:
