@@ -15,7 +15,8 @@ left in ``p.grad`` (the DP mean, the same on every rank). Cases, every one compa
 * ``refused``: a DDP model with ``grad_reduce="step"`` (the reason and the keyword), ``grad_reduce="ddp"`` with
   no DDP (refused on every rank, nothing changed);
 * ``shards``: ``muongrid.shard_files`` saves every rank's shard after step 2 and a fresh optimizer resumes from it
-  bit for bit; another world's folder and a missing file are refused on every rank, nothing changed;
+  bit for bit; another world's folder and a missing file are refused on every rank, nothing changed; then a
+  ``muongrid.checkpoint`` save and load print no deprecation warning;
 * ``zero`` (2 ranks): bytes each rank sends per step and Newton-Schulz FLOPs per rank (from the plan) against
   DDP + ``ZeroRedundancyOptimizer(torch.optim.Muon)`` + ``ZeroRedundancyOptimizer(torch.optim.AdamW)`` on the same
   tiny Llama (DDP's own all-reduce is the same on both sides and is left out), and both runs' losses.
@@ -280,7 +281,8 @@ def shards(grid, folder) -> dict:
     extra = shard_files.load(opt, folder)
     loss_of(ddp, *batch(3, grid.rank)).backward()
     opt.step()
-    out = dict(extra=extra, resumed_equal=all(torch.equal(a, p) for a, p in zip(straight, model.parameters())), files=sorted(os.listdir(folder)))
+    out = dict(extra=extra, resumed_equal=all(torch.equal(a, p) for a, p in zip(straight, model.parameters())),
+               files=sorted(os.listdir(folder)))
     before = [t.clone() for t in opt.state_dict()["state"][0].values() if isinstance(t, torch.Tensor)]
     for name, damage in (("other_world", "world"), ("missing", "missing")):
         bad = folder.parent / name
@@ -299,6 +301,15 @@ def shards(grid, folder) -> dict:
             out[name] = str(e)
     after = [t for t in opt.state_dict()["state"][0].values() if isinstance(t, torch.Tensor)]
     out["refusals_changed_nothing"] = all(torch.equal(a, b) for a, b in zip(before, after))
+    import warnings
+
+    from muongrid import checkpoint
+    with warnings.catch_warnings(record=True) as seen:   # DCP's ShardedTensor notice is muongrid.checkpoint's own
+        warnings.simplefilter("always")
+        checkpoint.save(opt, folder.parent / "dcp", step=3)
+        checkpoint.load(opt, folder.parent / "dcp")
+    out["dcp_warnings"] = [f"{w.category.__name__}: {w.message}"[:200] for w in seen
+                           if issubclass(w.category, (FutureWarning, DeprecationWarning))]
     return out
 
 

@@ -39,7 +39,7 @@ def sections() -> dict[str, dict[str, str]]:
 def chain(name: str) -> list:
     """The functions whose parameters ``name`` accepts, in the order keywords travel."""
     import muongrid
-    from muongrid import checkpoint, data, resume, tp_plans
+    from muongrid import checkpoint, data, hf, resume, shard_files, tp_plans
     from muongrid.distributed import ZeroOneOptimizer
 
     return {"DistributedMuon": [muongrid.DistributedMuon.__init__, ZeroOneOptimizer.__init__],
@@ -52,6 +52,7 @@ def chain(name: str) -> list:
             "checkpoint.save": [checkpoint.save], "checkpoint.load": [checkpoint.load],
             "checkpoint.export": [checkpoint.export],
             "resume.save_run": [resume.save_run],
+            "ShardedCheckpoint": [hf._Sharded.__init__], "shard_files.save": [shard_files.save],
             "ResumableLoader": [data.ResumableLoader.__init__],
             "parallelize_llama": [tp_plans.parallelize_llama]}[name]
 
@@ -97,7 +98,8 @@ def test_the_hyperparameter_table_is_the_optimizers_defaults():
 @pytest.mark.parametrize("name", ["DistributedMuon", "FSDPMuon", "Muon", "Grid.build", "Grid.single", "Grid.expert",
                                   "Grid.from_mesh",
                                   "hybrid_param_groups", "checkpoint.save", "checkpoint.load", "checkpoint.export",
-                                  "resume.save_run", "ResumableLoader", "parallelize_llama"])
+                                  "resume.save_run", "ShardedCheckpoint", "shard_files.save", "ResumableLoader",
+                                  "parallelize_llama"])
 def test_each_table_lists_every_keyword_with_its_default(name):
     from muongrid.optim import DEFAULTS
 

@@ -169,11 +169,13 @@ def test_finding5_float64_parameters_stay_float64():
 @pytest.mark.parametrize("cls", [DistributedMuon, DistributedAdamW])
 @pytest.mark.parametrize("bad, match", [
     (dict(lr=-1.0), "lr should be >= 0"), (dict(momentum=-0.5), "momentum should be >= 0"),
-    (dict(weight_decay=-0.1), "weight_decay should be >= 0"), (dict(lr=torch.tensor([0.1, 0.2])), "1-element")])
+    (dict(weight_decay=-0.1), "weight_decay should be >= 0"), (dict(lr=torch.tensor([0.1, 0.2])), "1-element"),
+    (dict(lr="3e-4"), "lr must be a number.*got '3e-4'"), (dict(lr=None), "lr must be a number.*got None"),
+    (dict(momentum="0.9"), "momentum must be a number")])   # issue 50: a string kept until a scheduler fails
 def test_finding5_invalid_hyperparameters_are_refused_at_construction(cls, bad, match):
     if cls is DistributedAdamW and "momentum" in bad:
         pytest.skip("AdamW groups have no momentum")
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(TypeError if "must be a number" in match else ValueError, match=match):
         cls(model_params(), GRID, **bad)
 
 

@@ -121,6 +121,7 @@ def test_shard_files_resume_bit_for_bit_and_refuse_another_world_or_a_missing_fi
         assert "muongrid.checkpoint" in shards["other_world"], shards["other_world"]
         assert "failed on rank 1 " in shards["missing"] and "shard-rank1-of-2.pt is missing" in shards["missing"]
         assert shards["refusals_changed_nothing"]
+        assert shards["dcp_warnings"] == [], shards["dcp_warnings"]   # issue 50: DCP's ShardedTensor notice
 
 
 # ---- checked when the optimizer is built --------------------------------------------------------------

@@ -195,6 +195,17 @@ def test_vocabulary_sized_matrix_to_muon_warns_naming_it():
         assert not hybrid_param_groups(model, head="proj")[0]["use_muon"]
 
 
+def test_no_vocabulary_warning_when_the_mlp_width_is_the_vocabulary_size():
+    """Issue 50: a Llama whose intermediate_size equals its vocab_size: its MLP matrices are not a missed head."""
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**dict(SMALL, intermediate_size=100)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        groups = hybrid_param_groups(model)
+    assert "model.layers.0.mlp.up_proj.weight" in groups[0]["names"] and groups[0]["use_muon"]
+    assert "lm_head.weight" in groups[1]["names"]
+
+
 def test_hybrid_param_groups_takes_the_model_and_returns_the_table():
     model = build("gpt2")
     groups, table = hybrid_param_groups(model, muon=dict(lr=0.02), adamw=dict(lr=3e-3), return_table=True)

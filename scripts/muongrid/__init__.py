@@ -40,6 +40,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     qk_clip        MuonClip: query and key rows rescaled after each update, on ZeRO-1 or FSDP2 shards
     checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
     shard_files    every rank's own shard to one folder and back, bit for bit (the same world): for trainers
+    hf             HF Trainer: ShardedCheckpoint saves and resumes every rank's shard (imports transformers when used)
     tp_plans       tensor-parallel plans for models people bring (a Hugging Face Llama), for parallelize_module
     data           the rows each rank reads: a DataLoader keyed by the DP rank, its position saved and resumed
     resume         train.py's --save/--resume: model, optimizer, scheduler, data position, RNG
@@ -53,7 +54,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
 cost model, traces, the tiny GPT, the proof of concept's bugs). The command-line entry points live
 one folder up: ``python scripts/verify.py --dp 2 --tp 2 --layout bucket,owner``.
 """
-__version__ = "0.4.0"  # the one place the version is written: pyproject.toml reads it from here
+__version__ = "0.5.0"  # the one place the version is written: pyproject.toml reads it from here
 
 from .requires import check_torch as _check_torch
 

@@ -324,8 +324,11 @@ def _barrier(world: int) -> None:
 
 @contextlib.contextmanager
 def _quiet(world: int):
-    """DCP warns that it runs in a single process when there is no process group: that is intended."""
+    """DCP warns that it runs in a single process when there is no process group: that is intended. It also
+    warns, on every rank, that ShardedTensor (what this module's pieces are, ``_sharded``) is deprecated for
+    DTensor: a ZeRO-1 cut is not a DTensor placement, and DCP still reads and writes ShardedTensor."""
     with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*ShardedTensor.*")
         if world == 1:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield

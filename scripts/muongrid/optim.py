@@ -68,10 +68,15 @@ def fill_group(group: dict) -> None:
 
 
 def _number(name: str, value, g_idx: int) -> float:
+    """``value`` as a float: a real number or a one-element tensor; anything else (a string, None) is refused by
+    name, as ``torch.optim.Muon`` refuses it when built (rather than kept until a step or a scheduler fails)."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"group {g_idx}: Tensor {name} must be 1-element, got shape {tuple(value.shape)}")
         value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"group {g_idx}: {name} must be a number (a float, or a one-element tensor), got {value!r} "
+                        f"({type(value).__name__}); e.g. {name}=3e-4, not {name}='3e-4'")
     return float(value)
 
 

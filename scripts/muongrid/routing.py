@@ -32,7 +32,8 @@ matrix held by a module named ``gate`` or ``router``. Pass the model where you c
 
 Every matrix routed to Muon with a vocabulary-sized side is reported with a ``warnings.warn`` naming it: it is
 probably an embedding or head these rules missed (pass ``head=``, or build the groups yourself). A side is
-vocabulary-sized when it equals the model's ``config.vocab_size``, or, where no config says it, when it is
+vocabulary-sized when it equals the model's ``config.vocab_size`` (unless another width of the config, such as
+``intermediate_size``, is the same number: no warning then), or, where no config says it, when it is
 ``VOCAB_SIZED`` or more (not used where the config is known: Llama 3.1 405B's MLP matrices have 53,248 rows).
 """
 from __future__ import annotations
@@ -109,13 +110,15 @@ def routing_table(model_or_named, head=None, _stacklevel: int = 2) -> RoutingTab
     Warns, naming it, about each matrix with a vocabulary-sized side routed to Muon."""
     if isinstance(model_or_named, torch.nn.Module):
         table, vocab = _route_module(model_or_named, head), _vocab_size(model_or_named)
+        explained = vocab is None and isinstance(getattr(getattr(model_or_named, "config", None), "vocab_size",
+                                                         None), int)   # a width equal to the vocabulary
     else:
         if head is not None:
             raise TypeError("head= needs the model: pass hybrid_param_groups(model, head=...) or "
                             "routing_table(model, head=...), not named parameters")
-        table, vocab = _route_named(model_or_named), None
+        table, vocab, explained = _route_named(model_or_named), None, False
     for r in table:
-        _warn_if_vocab_sized(r, vocab, _stacklevel + 1)
+        _warn_if_vocab_sized(r, vocab, _stacklevel + 1, explained)
     return table
 
 
@@ -227,14 +230,22 @@ def _head_params(model: torch.nn.Module, modules: dict, head) -> dict[int, str]:
 
 
 def _vocab_size(model: torch.nn.Module) -> int | None:
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    return vocab if isinstance(vocab, int) else None
+    """The config's ``vocab_size``, or None where it has none, or where another of its widths (an
+    ``intermediate_size`` equal to the vocabulary, say) is the same number: the shape then cannot tell a missed
+    head from that layer's matrices, and the rules above routed the model's embeddings and head by module."""
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int):
+        return None
+    widths = {v for k, v in getattr(config, "__dict__", {}).items() if k != "vocab_size" and isinstance(v, int)
+              and not isinstance(v, bool) and k.endswith(("_size", "_dim", "_embd"))}
+    return None if vocab in widths else vocab
 
 
-def _warn_if_vocab_sized(r: RoutingRow, vocab: int | None, stacklevel: int) -> None:
+def _warn_if_vocab_sized(r: RoutingRow, vocab: int | None, stacklevel: int, explained: bool = False) -> None:
     if not (r.use_muon and len(r.shape) == 2):
         return
-    sized = vocab in r.shape if vocab is not None else max(r.shape) >= VOCAB_SIZED
+    sized = vocab in r.shape if vocab is not None else max(r.shape) >= VOCAB_SIZED and not explained
     if sized:
         size = f"the config's vocab_size {vocab}" if vocab is not None else f">= {VOCAB_SIZED}"
         warnings.warn(f"{r.name!r} (shape {r.shape}) goes to Muon but has a vocabulary-sized side ({size}): if it "

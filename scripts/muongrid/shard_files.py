@@ -9,7 +9,8 @@ these two functions from the hook each trainer offers, on every rank:
     extra = shard_files.load(opt, f"{ckpt}/muongrid")                 # each rank its own file, the same world
 
 A save or a load that fails on one rank fails on every rank, with each rank's problem in the message (``agree``),
-so no rank walks on into a collective its peers never join (``rank_state.agree``); a load changes nothing unless every rank could load.
+so no rank walks on into a collective its peers never join (``rank_state.agree``); a load changes nothing unless
+every rank could load.
 A folder written by another world size is refused by name: these files are shards of one plan. Moving a run to
 another world size goes through ``muongrid.checkpoint`` (global coordinates, resharded on load).
 
