@@ -102,6 +102,8 @@ class Grid:
 
         check_grid(dp, tp, dist.get_world_size())
         device = torch.device(device)
+        if device.type == "cpu":   # "cpu:0" (HF TrainingArguments.device) is the CPU: tensors say "cpu"
+            device = torch.device("cpu")
         if device.type == "cuda":
             if device.index is None:
                 raise ValueError("Grid.build needs a CUDA device with an index (cuda:I): use "
