@@ -69,6 +69,31 @@ def test_importing_muongrid_loads_no_lab_module():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def lab_modules_loaded_by(module: str) -> list[str]:
+    """The lab modules that importing ``module`` loads: its module-level imports of the package, followed."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = PACKAGE.parent.joinpath(*name.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        todo += imports(path, top_level_only=True)
+    return sorted(m.removeprefix("muongrid.lab.") for m in seen if m.startswith("muongrid.lab."))
+
+
+def test_the_lab_map_says_what_the_package_checks_import_from_the_lab():
+    import re
+
+    import muongrid.lab
+
+    said = dict(re.findall(r"^    muongrid\.(\w+) imports: (.+)$", muongrid.lab.__doc__, flags=re.M))
+    assert sorted(said) == sorted(ENTRY_POINTS)
+    for entry, names in said.items():
+        assert names.split(", ") == lab_modules_loaded_by(f"muongrid.{entry}"), entry
+
+
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Import cycles in ``graph`` (module -> modules it imports), each as the modules around it."""
     cycles, state = [], {}

@@ -1,11 +1,13 @@
 """The package as someone who adopts it meets it: licences, citation, versions, the torch it needs,
 and the wheel installed into a fresh environment (torch, numpy, nothing of this repository) running
-``python -m muongrid.verify`` there.
+``python -m muongrid.verify`` there, and importing every module it ships there (the one import rule:
+plotly, matplotlib, yaml and the like are imported where used, never at a shipped module's top).
 
     PYTHONPATH=scripts python -m pytest -q tests/test_package.py
 
-Only the last test launches anything (one 2-rank verify run from the installed wheel, about 20 s with
-the build and the virtual environment); it downloads nothing (pip runs with --no-index).
+The wheel tests share one build and one virtual environment (``installed``, about 10 s); one 2-rank verify
+run and one interpreter importing every shipped module run there; nothing is downloaded (pip runs with
+--no-index).
 """
 from __future__ import annotations
 
@@ -189,29 +191,65 @@ def requirements_folder(dest: Path, names: list[str]) -> Path:
     return dest
 
 
-def test_the_wheel_installs_into_a_fresh_environment_and_verifies_a_grid_there(tmp_path):
-    import shutil
+class Installed:
+    """The wheel built from this checkout, installed with ``--no-deps`` into a fresh virtual environment that sees
+    torch and numpy (and what they require) from this machine and nothing else: no muongrid, no plotly."""
 
-    # Build from a copy of what the wheel is made of, so nothing (build/, egg-info) is written into the checkout.
-    src = tmp_path / "src"
-    # All of scripts/: the entry points and the book's tooling (booktools) lie beside the package, as in a checkout.
-    shutil.copytree(ROOT / "scripts", src / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md", "LICENSE", "LICENSE-TEXT"):
-        shutil.copy(ROOT / name, src / name)
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    def __init__(self, tmp_path: Path):
+        import shutil
+        import zipfile
 
-    def check(cmd, **kw):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=clean, **kw)
+        self.tmp_path = tmp_path
+        # Build from a copy of what the wheel is made of, so nothing (build/, egg-info) is written into the checkout.
+        src = tmp_path / "src"
+        # All of scripts/: the entry points and the book's tooling (booktools) lie beside the package, as in a checkout.
+        shutil.copytree(ROOT / "scripts", src / "scripts", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        for name in ("pyproject.toml", "README.md", "LICENSE", "LICENSE-TEXT"):
+            shutil.copy(ROOT / name, src / name)
+        self.clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+        self.check([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", str(src), "-w",
+                    str(tmp_path / "dist")])
+        self.wheel = tmp_path / "dist" / f"muongrid-{muongrid.__version__}-py3-none-any.whl"
+        assert self.wheel.exists(), list((tmp_path / "dist").iterdir())
+        self.names = zipfile.ZipFile(self.wheel).namelist()
+        self.info = f"muongrid-{muongrid.__version__}.dist-info"
+        self.meta = zipfile.ZipFile(self.wheel).read(f"{self.info}/METADATA").decode()
+        self.declared = re.findall(r"^Requires-Dist: (.+)$", self.meta, flags=re.M)
+
+        # A fresh environment from the interpreter this one was made from: no pip, no site-packages of ours.
+        self.env_dir = tmp_path / "venv"
+        self.check([sys._base_executable, "-m", "venv", "--without-pip", str(self.env_dir)])
+        self.python = self.env_dir / "bin" / "python"
+        self.site = Path(self.check([str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+                                    ).stdout.strip())
+        # What pip would bring for the wheel: torch and numpy, with their requirements (from this machine, offline).
+        visible = requirements_folder(tmp_path / "requirements",
+                                      [re.match(r"[\w.-]+", r).group() for r in self.declared])
+        (self.site / "requirements.pth").write_text(f"{visible}\n")
+        self.work = tmp_path / "elsewhere"  # outside the repository: nothing there to import from
+        self.work.mkdir()
+        probe = subprocess.run([str(self.python), "-c", "import muongrid"], capture_output=True, text=True,
+                               cwd=self.work, env=self.clean)
+        assert probe.returncode != 0 and "No module named 'muongrid'" in probe.stderr  # nothing leaks in before
+        self.check([*pip, "--python", str(self.python), "install", "--no-index", "--no-deps", "--no-cache-dir",
+                    str(self.wheel)])
+        assert (self.site / "muongrid" / "verify.py").exists()  # the imports can only find this copy (the probe)
+
+    def check(self, cmd, **kw) -> subprocess.CompletedProcess:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=self.clean, **kw)
         assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         return proc
 
-    check([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", str(src), "-w", str(tmp_path / "dist")])
-    wheel = tmp_path / "dist" / f"muongrid-{muongrid.__version__}-py3-none-any.whl"
-    assert wheel.exists(), list((tmp_path / "dist").iterdir())
-    import zipfile
-    names = zipfile.ZipFile(wheel).namelist()
-    info = f"muongrid-{muongrid.__version__}.dist-info"
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    """One wheel and one fresh environment for the tests of this file (a build and a venv: seconds each)."""
+    return Installed(tmp_path_factory.mktemp("wheel"))
+
+
+def test_the_wheel_holds_the_package_alone_and_declares_torch_and_numpy(installed):
+    names, info = installed.names, installed.info
     for must in ("muongrid/verify.py", "muongrid/bench.py", "muongrid/requires.py", "muongrid/lab/synthetic.py",
                  f"{info}/licenses/LICENSE", f"{info}/licenses/LICENSE-TEXT", f"{info}/entry_points.txt"):
         assert must in names, must
@@ -220,32 +258,49 @@ def test_the_wheel_installs_into_a_fresh_environment_and_verifies_a_grid_there(t
     tooling = {p.stem for p in (ROOT / "scripts" / "booktools").glob("*.py")} - {"__init__"}
     assert len(tooling) >= 4 and not [n for n in names if Path(n).stem in tooling or n.startswith("booktools/")]
     assert [n for n in names if not n.startswith(("muongrid/", f"{info}/"))] == []
-    meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
-    assert "License-Expression: BSD-3-Clause AND CC-BY-4.0" in meta
-    declared = re.findall(r"^Requires-Dist: (.+)$", meta, flags=re.M)
-    assert declared == ["torch>=2.9", "numpy"], declared  # numpy: torch's all_gather_object needs it, undeclared
+    assert "License-Expression: BSD-3-Clause AND CC-BY-4.0" in installed.meta
+    # numpy: torch's all_gather_object needs it, undeclared
+    assert installed.declared == ["torch>=2.9", "numpy"], installed.declared
 
-    # A fresh environment from the interpreter this one was made from: no pip, no site-packages of ours.
-    env_dir = tmp_path / "venv"
-    check([sys._base_executable, "-m", "venv", "--without-pip", str(env_dir)])
-    python = env_dir / "bin" / "python"
-    site = Path(check([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
-    # What pip would bring for the wheel: torch and numpy, with their requirements (from this machine, offline).
-    visible = requirements_folder(tmp_path / "requirements", [re.match(r"[\w.-]+", r).group() for r in declared])
-    (site / "requirements.pth").write_text(f"{visible}\n")
-    work = tmp_path / "elsewhere"  # outside the repository: nothing there to import from
-    work.mkdir()
-    probe = subprocess.run([str(python), "-c", "import muongrid"], capture_output=True, text=True, cwd=work, env=clean)
-    assert probe.returncode != 0 and "No module named 'muongrid'" in probe.stderr  # nothing leaks in before the install
 
-    check([*pip, "--python", str(python), "install", "--no-index", "--no-deps", "--no-cache-dir", str(wheel)])
-    assert (site / "muongrid" / "verify.py").exists()  # the import below can only find this copy (see the probe)
-
-    run = check([str(python), "-m", "muongrid.verify", "--dp", "2", "--tp", "1"], cwd=work)
+def test_the_wheel_installs_into_a_fresh_environment_and_verifies_a_grid_there(installed):
+    run = installed.check([str(installed.python), "-m", "muongrid.verify", "--dp", "2", "--tp", "1"],
+                          cwd=installed.work)
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["ok"] and result["max_abs_diff"] == 0.0 and (result["dp"], result["tp"]) == (2, 1), result
     assert "OK: largest difference" in run.stdout  # the same output as scripts/verify.py
     for script, module in (("muongrid-verify", "muongrid.verify"), ("muongrid-bench", "muongrid.bench")):
-        assert f"from {module} import main" in (env_dir / "bin" / script).read_text()
-    usage = check([str(env_dir / "bin" / "muongrid-bench"), "--help"], cwd=work).stdout  # bench imports there too
-    assert "--sweep" in usage and "--layout" in usage
+        assert f"from {module} import main" in (installed.env_dir / "bin" / script).read_text()
+    usage = installed.check([str(installed.env_dir / "bin" / "muongrid-bench"), "--help"], cwd=installed.work).stdout
+    assert "--sweep" in usage and "--layout" in usage  # bench imports there too
+
+
+# Imports every module it is given, in one interpreter, and prints {module: the error} for those that fail.
+IMPORT_EACH = textwrap.dedent("""
+    import importlib, json, sys
+    failed = {}
+    for name in sys.argv[1:]:
+        try:
+            importlib.import_module(name)
+        except BaseException as e:  # SystemExit too: a module must not exit when imported
+            failed[name] = f"{type(e).__name__}: {e}"
+    print(json.dumps(failed))
+""")
+
+
+def test_every_module_the_wheel_ships_imports_with_torch_and_numpy_alone(installed):
+    """The one import rule (CONTRIBUTING.md): what the package declares is all a shipped module may import at its
+    top; plotly, matplotlib, yaml, IPython, transformers and the like are imported inside the functions that use
+    them. The modules are read from the wheel itself, so a new one is held to the rule the day it ships."""
+    modules = sorted(n.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+                     for n in installed.names if n.endswith(".py"))
+    assert {"muongrid", "muongrid.lab", "muongrid.verify", "muongrid.lab.explorers", "muongrid.lab.diagrams",
+            "muongrid.lab.roadmap"} <= set(modules) and len(modules) > 60, modules
+    # The environment has none of the book's other packages: the rule is tested, not assumed.
+    absent = installed.check([str(installed.python), "-c", IMPORT_EACH, "plotly", "matplotlib", "yaml", "IPython"],
+                             cwd=installed.work)
+    assert sorted(json.loads(absent.stdout.strip().splitlines()[-1])) == ["IPython", "matplotlib", "plotly", "yaml"]
+    proc = installed.check([str(installed.python), "-c", IMPORT_EACH, *modules], cwd=installed.work)
+    failed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert failed == {}, "shipped modules that need more than torch and numpy to import (import those where used):\n" \
+        + "\n".join(f"  {m}: {e}" for m, e in failed.items())

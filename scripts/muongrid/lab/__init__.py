@@ -1,4 +1,13 @@
-"""muongrid.lab: what the book's chapters, the benchmarks and the tests use beside the engine; the engine never imports it.
+"""muongrid.lab: what the book's chapters, the benchmarks and the tests use beside the engine.
+
+The engine never imports it (``import muongrid`` loads none of it); the package's two checks do, since an
+install runs them (``tests/test_engine_floor.py`` holds these two lists to the imports):
+
+    muongrid.verify imports: costmodel, poc_bugs, synthetic, timemodel
+    muongrid.bench imports: costmodel, profiling, provenance, synthetic, timemodel, verdicts
+
+Every module here imports with torch and numpy alone, as the wheel ships it: plotly, matplotlib, yaml and
+IPython are imported inside the functions that draw or read with them (``tests/test_package.py``).
 
 Problems, models and measurements:
 

@@ -14,9 +14,6 @@
 """
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-from matplotlib.patches import Rectangle
-
 from . import palette
 
 RANK_COLORS = palette.RANK
@@ -25,6 +22,8 @@ SUM_COLOR = palette.NEUTRAL["sum"]
 
 def book_style() -> None:
     """Larger fonts: book figures are shown at the column's width, and on phones at 400 px."""
+    import matplotlib.pyplot as plt
+
     plt.rcParams.update({"font.size": 12, "axes.titlesize": 12, "axes.labelsize": 12, "legend.fontsize": 11,
                          "xtick.labelsize": 11, "ytick.labelsize": 11, "figure.dpi": 100, "savefig.dpi": 100})
 
@@ -40,6 +39,8 @@ COLLECTIVES = [  # (result key in collectives.py's JSON, title, what the input i
 
 
 def _row(ax, y, values, colors, x0=0.0, w=1.0):
+    from matplotlib.patches import Rectangle
+
     for i, (v, c) in enumerate(zip(values, colors)):
         ax.add_patch(Rectangle((x0 + i * w, y), w, 0.8, fc=c, ec="white", lw=1.5))
         ax.text(x0 + (i + 0.5) * w, y + 0.4, str(int(v)), ha="center", va="center", fontsize=9,
@@ -48,6 +49,8 @@ def _row(ax, y, values, colors, x0=0.0, w=1.0):
 
 def collectives_diagram(demo: dict):
     """Four stacked panels (legible on narrow screens): inputs on the left, outputs on the right."""
+    import matplotlib.pyplot as plt
+
     world, numel = demo["world"], demo["numel"]
     results = demo["results"]
     shard = numel // world
@@ -101,6 +104,9 @@ def step_flow_diagram(trace: dict, metas_by_dp: list, name: str = "w3"):
     """Rows: ranks; columns: stages. Each cell is the whole matrix ``name`` (outline, its TP halves
     dashed); the filled part is what the rank holds of it at that stage. ``metas_by_dp[d]`` is DP
     rank ``d``'s ``dist_meta`` for the matrix (its TP-local shape, global and local ranges)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
     ranks = trace["ranks"]
     tp = trace["tp"]
     meta0 = metas_by_dp[0]
@@ -167,6 +173,8 @@ LAYOUT_MOVES = {  # what travels for Newton-Schulz, in words; the numbers come f
 
 def _piece_band(ax, x, aspect, lo, hi, numel, color):
     """Rows [lo, hi) of a row-major matrix of ``numel`` elements, drawn as a band in the outline at x."""
+    from matplotlib.patches import Rectangle
+
     if hi > lo:
         top, bottom = lo / numel, hi / numel
         ax.add_patch(Rectangle((x, aspect * (1 - bottom)), 1, aspect * (bottom - top), fc=color, alpha=0.85))
@@ -176,6 +184,9 @@ def layouts_diagram(plans_by_layout: dict, name: str = "w3"):
     """One matrix under each layout on a DP-only grid: which piece each DP rank holds of its momentum
     (blue), who runs Newton-Schulz on the whole matrix (red), and the orthogonalised pieces kept.
     ``plans_by_layout[layout]`` is the list of every DP rank's ``build_plan(..., layout=layout)``."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
     layouts = list(plans_by_layout)
     dp = len(plans_by_layout[layouts[0]])
     fig, axes = plt.subplots(len(layouts), 1, figsize=(9, 1.75 * len(layouts) + 0.6))
@@ -248,6 +259,9 @@ def holders_diagram(shapes=((64, 64), (192, 64)), dp: int = 2, tp: int = 2, buck
     (weights), as optimizer state, and for Newton-Schulz, under ZeRO-1 x TP with the owner layout and
     under FSDP2 x TP with FSDPMuon. Computed with the real ``build_plan`` (ZeRO-1) and
     ``fsdp_routes.routes`` (FSDPMuon's owners) on the same shapes."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
     from ..fsdp_routes import routes
     from ..plan import ParamSpec, build_plan
 

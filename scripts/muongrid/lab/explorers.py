@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import sys
 
-import plotly.graph_objects as go
-
 from . import palette
 
 # A narrow-screen friendly look: legend above the plot, small margins, responsive width.
@@ -61,6 +59,8 @@ def slider_figure(frames: list[dict], label: str, active: int = 0, **layout) -> 
     """One figure, one slider. ``frames``: dicts with ``label`` (the slider tick), ``title`` and
     ``traces`` (Plotly trace objects). Every frame's traces are in the figure; a slider step shows
     one frame's traces and its title, so the title always states the values drawn."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     owner = []
     for i, frame in enumerate(frames):
@@ -83,6 +83,7 @@ def slider_figure(frames: list[dict], label: str, active: int = 0, **layout) -> 
 
 def ns_map_explorer(max_steps: int = 8, active: int = 5):
     """Slider over the number of NS steps; the cubic (1.5, -0.5, 0) and Jordan's quintic side by side."""
+    import plotly.graph_objects as go
     import torch
 
     from muongrid.newton_schulz import NS_COEFFICIENTS, singular_value_map
@@ -111,6 +112,7 @@ def ns_coefficient_explorer(cs=(0.0, 1.0, 1.5, 1.8, 2.0315, 2.2, 2.5), steps=(3,
 
     Stands in for a live coefficient widget: every position is computed here, so the static page
     moves and every curve drawn is the map of the coefficients in the title."""
+    import plotly.graph_objects as go
     import torch
 
     from muongrid.newton_schulz import NS_COEFFICIENTS, singular_value_map
@@ -147,6 +149,8 @@ MEMORY_PARTS = [("params", "parameters (bf16)"), ("grads", "gradients (bf16)"), 
 def _totals(rows: list[str], totals_gb: list[float], x_max: float) -> go.Scatter:
     """Each row's total at the end of its bar; a bar longer than the fixed axis is cut at its edge
     and its total, written inside, says by how much."""
+    import plotly.graph_objects as go
+
     return go.Scatter(y=rows, x=[min(t, x_max) for t in totals_gb], mode="text", showlegend=False,
                       text=[f"{t:,.0f} GB" + (" ▶" if t > x_max else "") for t in totals_gb],
                       textposition=["middle left" if t > x_max else "middle right" for t in totals_gb],
@@ -155,6 +159,8 @@ def _totals(rows: list[str], totals_gb: list[float], x_max: float) -> go.Scatter
 
 def memory_explorer(sizes_b=(0.125, 0.35, 1.3, 3, 7, 13, 34, 70, 175, 405), active_b: float = 7, device_gb: float = 80):
     """Slider over model size (billions of parameters): GB per rank on 8 devices, by layout and optimizer."""
+    import plotly.graph_objects as go
+
     from muongrid.lab.memory import per_rank_bytes
 
     colors = [palette.MEMORY[key] for key, _ in MEMORY_PARTS]
@@ -183,6 +189,8 @@ def grid_memory_explorer(billions: float = 7, grids=((1, 1), (8, 1), (64, 1), (4
                          active=(8, 1), device_gb: float = 80):
     """Slider over the grid (dp x tp) at one model size: GB per rank under each ZeRO stage, for AdamW
     and Muon (mixed precision). Stands in for a live calculator widget."""
+    import plotly.graph_objects as go
+
     from muongrid.lab.memory import STRATEGIES, per_rank_bytes
 
     colors = [palette.MEMORY[key] for key, _ in MEMORY_PARTS]
@@ -213,6 +221,8 @@ def grid_memory_explorer(billions: float = 7, grids=((1, 1), (8, 1), (64, 1), (4
 
 def plan_frame(specs, dp: int, tp: int, bucket: int) -> dict:
     """Bars for one ZeRO-1 plan (all DP ranks' plans computed with ``build_plan``) and its summary."""
+    import plotly.graph_objects as go
+
     from muongrid.plan import build_plan
 
     plans = [build_plan(specs, dp, r, tp, bucket) for r in range(dp)]
@@ -295,6 +305,8 @@ def projection_explorer(project, inter_gb_s=(10, 25, 50, 100, 200, 400), active:
 def link_explorer(project, values, label: str, title: str, active, dps=(1, 2, 4, 8, 16, 32, 64), tps=(1, 8)):
     """Slider over one link constant; ``project(dp, tp, value)`` returns (Muon s, AdamW s) of
     communication per step. ``title`` formats the value (``"{:g} GB/s between nodes"``)."""
+    import plotly.graph_objects as go
+
     frames, highest = [], 0.0
     for value in values:
         traces, ratios = [], []

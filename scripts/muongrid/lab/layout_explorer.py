@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import math
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-
 from . import costmodel, timemodel
 from .choice import STATE_BYTES
 from .explorers import BASE_LAYOUT
@@ -76,6 +73,8 @@ def explorer_rows(sets: dict | None = None, grids=GRIDS, bucket_numel: int | Non
 
 
 def _frame_traces(rows: list[dict], profile_names: list[str]) -> list:
+    import plotly.graph_objects as go
+
     x = [LAYOUT_NAMES[r["layout"]] for r in rows]
     colors = [LAYOUT_COLORS[r["layout"]] for r in rows]
     ratio = ["" if r["vs_adamw"] is None else f"{r['vs_adamw']:.2f}x" for r in rows]
@@ -118,6 +117,8 @@ def _range(values: list[float], log: bool = False) -> list[float]:
 
 def layout_explorer(rows: list[dict]) -> go.Figure:
     """The figure: a menu over the sets of shapes, a slider over the grids, four panels of bars."""
+    from plotly.subplots import make_subplots
+
     sets = list(dict.fromkeys(r["shapes"] for r in rows))
     grids = list(dict.fromkeys((r["dp"], r["tp"]) for r in rows))
     profile_names = list(dict.fromkeys(p for r in rows for p in r["seconds"]))

@@ -13,12 +13,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import yaml
-
 from .notebook import ROOT
 
 def toc_files(toc_text: str | None = None) -> list[str]:
     """Every page of ``_toc.yml`` (or of ``toc_text``), in order: its root, then each part's chapters."""
+    import yaml
+
     toc = yaml.safe_load(toc_text or (ROOT / "_toc.yml").read_text())
     files = [toc["root"]]
     for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):

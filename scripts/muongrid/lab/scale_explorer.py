@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import math
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-
 from . import palette
 from .explorers import BASE_LAYOUT
 
@@ -32,6 +29,8 @@ COSTS = {"GB per rank": "_bytes_per_rank_max", "collectives": "_collectives_per_
 
 
 def _frame(name: str, row: dict) -> tuple[list[go.Bar], str]:
+    import plotly.graph_objects as go
+
     rules = list(RULES)
     ns = go.Bar(x=[RULES[k][0] for k in rules], y=[row[k + "_ns_ms"] for k in rules],
                 marker_color=[palette.LAYOUT[RULES[k][1]] for k in rules], showlegend=False,
@@ -50,6 +49,8 @@ def _frame(name: str, row: dict) -> tuple[list[go.Bar], str]:
 
 def scale_explorer(rows: list[tuple[str, dict]], active: int = 0) -> go.Figure:
     """A slider over ``rows`` ((model name, ``plan_at_scale`` row) pairs), two panels per position."""
+    from plotly.subplots import make_subplots
+
     if not rows:
         raise ValueError("scale_explorer needs at least one (model, plan_at_scale row) pair")
     fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.1,

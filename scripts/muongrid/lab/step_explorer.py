@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import math
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-
 from . import palette
 from .explorers import BASE_LAYOUT
 
@@ -180,6 +177,8 @@ def _tint(colour: str, amount: float) -> str:
 def _panel(rows: list[dict], dp: int, tp: int, layout: str, stage: int, col: int, zmax: float) -> list:
     """The traces of one layout at one stage: rank boxes, bars, text (row 1) and the send matrix (row 2).
     The boxes are laid out in pixels of the panel's height (``PANEL_PX``), so text never overlaps."""
+    import plotly.graph_objects as go
+
     xa, ya = ("x", "y") if col == 1 else ("x2", "y2")
     xm, ym = ("x3", "y3") if col == 1 else ("x4", "y4")
     phase = next((p for p in STAGES[stage][2] if any(r["sends"] for r in rows)), None)
@@ -258,6 +257,8 @@ def _title(stage: int, totals: dict) -> str:
 
 def step_explorer(traces: list[dict], active_grid=(2, 2), active_stage: int = 3) -> go.Figure:
     """The figure: buttons over the traced grids, a slider over the stages, bucket and owner side by side."""
+    from plotly.subplots import make_subplots
+
     rows = stage_rows(traces)
     grids = list(dict.fromkeys((t["dp"], t["tp"]) for t in traces))
     layouts = [l for l in LAYOUTS if any(r["layout"] == l for r in rows)]
