@@ -5,7 +5,8 @@
 A line tracer (``sys.settrace``) watches the second of two ``step()`` calls of ``DistributedMuon`` on small odd
 shapes (the tests' own), for every layout (bucket, owner, aligned, group), with and without ``capturable``, on
 a 1 x 1 grid on the CPU and on 2 x 1 and 2 x 2 grids over the fake process group on the meta device
-(``devicecheck.simulate``: every rank in this process, in turn). Every module of ``muongrid`` (``lab`` aside)
+(``devicecheck.simulate``: every rank in this process, in turn), and in the DDP mode (``grad_reduce="ddp"``,
+aligned, 1 x 1 and 2 x 1). Every module of ``muongrid`` (``lab`` aside)
 that ran a line is on the step path; ``tests/test_house.py`` holds the files a newcomer reads to follow a step
 to a line budget, and checks that each of them really runs in a step.
 """
@@ -59,11 +60,14 @@ def _params(grid):
             dict(params=gains, use_muon=False, tp_split_dims=[-1, -1], lr=1e-3)]
 
 
-def _two_steps(grid, comm, layout: str, capturable: bool, tracer: LineTracer) -> None:
+def _two_steps(grid, comm, layout: str, capturable: bool, tracer: LineTracer, grad_reduce: str = "step") -> None:
     from ..distributed import DistributedMuon
 
     groups = _params(grid)
-    opt = DistributedMuon(groups, grid, comm=comm, layout=layout, capturable=capturable, bucket_numel=600)
+    opt = DistributedMuon(groups, grid, comm=comm, layout=layout, capturable=capturable, bucket_numel=600,
+                          grad_reduce=grad_reduce)
+    if grad_reduce == "ddp":   # no DistributedDataParallel here: the first step's check that one holds the model
+        opt._ddp_checked = True   # is not a steady-state step's (contract.check_ddp; tests/test_ddp.py runs it)
     for step in range(2):
         for g in groups:
             for p in g["params"]:
@@ -88,6 +92,11 @@ def step_lines() -> set[tuple[str, int]]:
             for dp, tp in ((2, 1), (2, 2)):
                 simulate(lambda grid, comm, _: _two_steps(grid, comm, layout, capturable, tracer), dp, tp, None)
                 seen |= tracer.lines
+    for capturable in (False, True):   # the DDP mode: aligned, DP only (options.check_grad_reduce)
+        _two_steps(Grid.single("cpu"), None, "aligned", capturable, tracer, "ddp")
+        seen |= tracer.lines
+        simulate(lambda grid, comm, _: _two_steps(grid, comm, "aligned", capturable, tracer, "ddp"), 2, 1, None)
+        seen |= tracer.lines
     return seen
 
 
