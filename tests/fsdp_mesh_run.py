@@ -16,7 +16,6 @@ scheduler. Prints one JSON line (rank 0).
 """
 import argparse
 import json
-import os
 import sys
 
 import torch
@@ -46,9 +45,8 @@ def sharded_first():
 
 def accelerate_order(grid):
     """The optimizer first, on plain parameters; then accelerate's FSDP2 prepare shards and swaps them."""
-    os.environ.update(RANK=str(grid.rank), WORLD_SIZE=str(grid.dp), LOCAL_WORLD_SIZE=str(grid.dp))
     accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
-    seen = dict(accelerate_type_on_cpu=str(accelerator.distributed_type))   # it joins the existing process group
+    seen = dict(accelerate_type_on_cpu=str(accelerator.distributed_type))   # it joins the launcher's group
     model = gpt()
     model, opt = accelerator.prepare(model, FSDPMuon(groups(model), grid, **HYPER))
     seen["cpu_wraps_in"] = type(model).__name__

@@ -41,6 +41,8 @@ The engine, in the order the book introduces it (the math apart from the orchest
     checkpoint     DCP checkpoints in global coordinates: save on one grid and layout, load on any
     shard_files    every rank's own shard to one folder and back, bit for bit (the same world): for trainers
     hf             HF Trainer: ShardedCheckpoint saves and resumes every rank's shard (imports transformers when used)
+    accelerate     Accelerate: ShardedState adds every rank's shard to save_state / load_state (hooks; no import)
+    lightning      Lightning Trainer and Fabric: DDP strategies that keep every rank's shard (import it when used)
     tp_plans       tensor-parallel plans for models people bring (a Hugging Face Llama), for parallelize_module
     data           the rows each rank reads: a DataLoader keyed by the DP rank, its position saved and resumed
     resume         train.py's --save/--resume: model, optimizer, scheduler, data position, RNG

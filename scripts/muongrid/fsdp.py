@@ -81,7 +81,8 @@ def refuse_ddp_model(params: list) -> None:
     except RuntimeError as e:
         raise RuntimeError("these parameters belong to a model wrapped in DistributedDataParallel, not sharded by "
                            "FSDP2 (Accelerate on a CPU uses DDP whatever its FSDP2 plugin says): FSDPMuon needs "
-                           "fully_shard's parameters; for a DDP model use DistributedMuon") from e
+                           "fully_shard's parameters; for a DDP model use DistributedMuon(groups, grid, "
+                           "grad_reduce='ddp')") from e
 
 
 def fsdp_piece(name: str, p: torch.Tensor, grid) -> Piece:

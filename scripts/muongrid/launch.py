@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import ctypes
 import datetime
+import json
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -109,6 +110,19 @@ def launch(worker, args) -> int:
     return _spawn(worker, args)
 
 
+class PrintsLog:
+    """A worker for ``launch`` made of ``train(grid, args) -> (model, log)``: every rank trains, rank 0 prints the
+    log as one JSON line (the trainer recipes: ``scripts/loop_accelerate.py``, ``loop_fabric.py``, ...)."""
+
+    def __init__(self, train):
+        self.train = train
+
+    def __call__(self, grid, comm, args) -> None:
+        log = self.train(grid, args)[1]
+        if grid.rank == 0:
+            print(json.dumps(log), flush=True)
+
+
 def _backend(args) -> str:
     if args.backend != "auto":
         return args.backend
@@ -125,6 +139,8 @@ def _run_rank(worker, args, rank: int, world: int, store) -> int:
         dist.init_process_group(backend, timeout=timeout)
     else:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        # as torchrun sets them, so that a library reading them (Accelerate, Lightning) joins this group
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     grid = Grid.build(args.dp, args.tp, device, timeout=timeout)
     comm = Comm(grid, timeout_s=args.timeout, time_device=True)   # the entry points report time per phase
     code = worker(grid, comm, args)  # on an exception, skip the teardown: peers may be mid-collective
