@@ -21,7 +21,7 @@
 # Both loops as real scripts on a 2 x 2 grid with bf16, two micro-batches a step and
 # evaluation, each saved half-way and resumed on another grid (the template on 4 x 1, the FSDP2
 # variant on 2 x 1), and a Hugging Face Llama's routing: about a minute in all.
-# Reading: about 25 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 1 <01_muon>` and {doc}`chapter 8 <08_beyond_poc>`.
+# Reading: about 35 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 1 <01_muon>` and {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
 # This chapter is the code you copy: **one template**,
@@ -39,6 +39,7 @@
 #   accumulation, a compiled model, evaluation, a scheduler, clipping and checkpoints;
 # - pick the learning rate and weight decay when you port from AdamW;
 # - start it with `torchrun` on one node or several;
+# - run it inside HF Trainer, Accelerate or Lightning, resuming from their own checkpoints;
 # - say what differs from `torch.optim.Muon` / `torch.optim.AdamW` and what to do about each difference.
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}
@@ -201,6 +202,59 @@ assert [s for s, _ in first["evals"]] == [10, 20] and again["first_step"] == 11
 # [`tests/test_loops.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_loops.py)
 # checks a compiled run's losses against the uncompiled loop's.
 #
+# ## Inside a trainer: HF Trainer, Accelerate, Lightning
+#
+# HF `Trainer`, Accelerate and Lightning (Fabric, and its `Trainer`) wrap the model in
+# `DistributedDataParallel`, which averages the gradients during backward. So the optimizer is built
+# with `grad_reduce="ddp"`: data parallel only, ZeRO-1's sharded state, each matrix whole on the
+# rank whose shard holds it (one Newton-Schulz each), and no second reduction in `step()`. Each of
+# them also saves the optimizer from rank 0 alone, which under ZeRO-1 is one shard of several; one
+# hook of each carries every rank's shard, and a resume on the same number of ranks then ends where
+# the run would have:
+#
+# | trainer | what carries every rank's shard | the recipe |
+# |---|---|---|
+# | HF `Trainer` | `callbacks=[muongrid.hf.ShardedCheckpoint(opt)]` | [the README](https://github.com/muongrid-book/distributed-muon/blob/main/README.md#under-hf-trainer-accelerate-or-lightning-ddp) |
+# | Accelerate | `muongrid.accelerate.ShardedState(accelerator, opt)`, after `prepare` | [`scripts/loop_accelerate.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_accelerate.py) |
+# | Lightning Fabric | `Fabric(strategy=muongrid.lightning.FabricShardedDDPStrategy())` | [`scripts/loop_fabric.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_fabric.py) |
+# | Lightning `Trainer` | `Trainer(strategy=muongrid.lightning.ShardedDDPStrategy())` | [`scripts/loop_lightning.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_lightning.py) |
+#
+# Accelerate's hooks (`register_save_state_pre_hook` and its load twin) run on every rank and are
+# given the folder; Lightning calls its `CheckpointIO` plugins on rank 0 only and gives callbacks no
+# path, so there the hook is the strategy. The Accelerate recipe's loop, with `prepare`,
+# `accumulate`, `backward`, `clip_grad_norm_`, `save_state` and `load_state`:
+
+# %%
+listing("scripts/loop_accelerate.py", pyobject="train")
+
+# %% [markdown]
+# Fabric's recipe is the same loop with Fabric's names (`setup`, `no_backward_sync`, `backward`,
+# `clip_gradients`, `save`, `load`). The Lightning `Trainer` runs its own loop; its recipe gives it
+# the module, the data and the strategy:
+
+# %%
+listing("scripts/loop_lightning.py", pyobject="TinyLM")
+listing("scripts/loop_lightning.py", pyobject="train")
+
+# %% [markdown]
+# [`tests/test_trainers.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_trainers.py)
+# runs the three recipes as they are on 2 gloo processes (one launch for Accelerate, one for
+# Lightning): 4 steps of 2 micro-batches, saved after step 2 with the trainer's own save, resumed
+# from it with the trainer's own load, and run again with the single-device `MuonW` on every rank in
+# place of `DistributedMuon`. The resumed runs end bit for bit where the straight runs end, the
+# ranks end equal, and they equal `MuonW` bit for bit: both step DDP's averaged gradient with the
+# same functions. These have run on a CPU only; on GPUs, under `torchrun` with NCCL, they are
+# written for it and have not run. Another number of ranks is refused, by name: only the HF
+# callback also keeps a resharded copy.
+#
+# A model Accelerate shards with FSDP2 takes `FSDPMuon`: build it on the plain model, before
+# `prepare`, and it plans at its first step on the parameters FSDP2 made (on any one-dimensional
+# mesh: `Grid.from_mesh`). Accelerate does this on GPUs only (on a CPU it uses DDP, whatever its
+# FSDP2 plugin says, and `FSDPMuon` then stops naming `grad_reduce="ddp"`);
+# [`tests/test_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/tests/test_fsdp.py)
+# runs its FSDP2 `prepare` on 3 CPU processes with its state set to FSDP2 by hand, bit for bit with
+# `MuonW`.
+#
 # ## Your own model: a Hugging Face Llama (and a MoE)
 #
 # A `transformers` model built from its config (random weights, nothing downloaded):
@@ -321,6 +375,8 @@ steps the lr follows a cosine down to a tenth.
 # - Build the grid, split the model (or `fully_shard` it), build `DistributedMuon` (or
 #   `FSDPMuon`) from `hybrid_param_groups`, and train as with any torch optimizer.
 # - Clip with `opt.clip_grad_norm_`; checkpoint on every rank, resume on any grid.
+# - Under a trainer that wraps the model in DDP: `grad_reduce="ddp"`, and the trainer's hook that
+#   keeps every rank's shard (`ShardedCheckpoint`, `ShardedState`, the two Lightning strategies).
 # - One lr for both groups, from AdamW's, swept upwards; weight decay 0.1 unless you set it.
 # - Copy [`scripts/loop_zero1_tp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_zero1_tp.py)
 #   (or [`scripts/loop_fsdp.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_fsdp.py)).

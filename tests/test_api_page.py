@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +40,7 @@ def sections() -> dict[str, dict[str, str]]:
 def chain(name: str) -> list:
     """The functions whose parameters ``name`` accepts, in the order keywords travel."""
     import muongrid
-    from muongrid import checkpoint, data, hf, resume, shard_files, tp_plans
+    from muongrid import accelerate, checkpoint, data, hf, resume, shard_files, tp_plans
     from muongrid.distributed import ZeroOneOptimizer
 
     return {"DistributedMuon": [muongrid.DistributedMuon.__init__, ZeroOneOptimizer.__init__],
@@ -53,6 +54,7 @@ def chain(name: str) -> list:
             "checkpoint.export": [checkpoint.export],
             "resume.save_run": [resume.save_run],
             "ShardedCheckpoint": [hf._Sharded.__init__], "shard_files.save": [shard_files.save],
+            "ShardedState": [accelerate.ShardedState.__init__],
             "ResumableLoader": [data.ResumableLoader.__init__],
             "parallelize_llama": [tp_plans.parallelize_llama]}[name]
 
@@ -98,7 +100,8 @@ def test_the_hyperparameter_table_is_the_optimizers_defaults():
 @pytest.mark.parametrize("name", ["DistributedMuon", "FSDPMuon", "Muon", "Grid.build", "Grid.single", "Grid.expert",
                                   "Grid.from_mesh",
                                   "hybrid_param_groups", "checkpoint.save", "checkpoint.load", "checkpoint.export",
-                                  "resume.save_run", "ShardedCheckpoint", "shard_files.save", "ResumableLoader",
+                                  "resume.save_run", "ShardedCheckpoint", "shard_files.save", "ShardedState",
+                                  "ResumableLoader",
                                   "parallelize_llama"])
 def test_each_table_lists_every_keyword_with_its_default(name):
     from muongrid.optim import DEFAULTS
@@ -113,6 +116,18 @@ def test_each_table_lists_every_keyword_with_its_default(name):
                                          f"not in the code {sorted(set(table) - set(keywords))}")
     wrong = {k: (table[k], keywords[k]) for k in keywords if not same_default(table[k], keywords[k])}
     assert not wrong, f"book/api.md, {name}: the page's default against the code's: {wrong}"
+
+
+def test_the_lightning_strategies_add_no_keyword_to_lightnings_and_have_their_section():
+    """``muongrid.lightning``'s two strategies take Lightning's ``DDPStrategy`` keywords unchanged (no ``__init__``
+    of their own; read from the source, since importing Lightning takes seconds), and the page names both."""
+    from muongrid import lightning
+    tree = ast.parse(Path(lightning.__file__).read_text())
+    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    assert set(classes) == set(lightning._MADE)
+    assert not [c for c, node in classes.items() for f in node.body if getattr(f, "name", "") == "__init__"]
+    page = PAGE.read_text()
+    assert "## `ShardedDDPStrategy`" in page and "`FabricShardedDDPStrategy(**keywords)`" in page
 
 
 def test_the_check_sees_a_missing_keyword_and_a_stale_default():
