@@ -343,7 +343,8 @@ def test_finding8_save_on_rank0_load_everywhere_is_refused_with_what_to_do():
         assert "failed on rank 1 " in message, message
         assert "shard of rank dp 0, tp 0; this is rank dp 1, tp 0" in message
         assert "save opt.state_dict() on every rank" in message and "muongrid.checkpoint" in message
-        assert "muongrid.hf.ShardedCheckpoint" in message
+        assert "muongrid.hf.ShardedCheckpoint" in message   # each trainer's hook, by name
+        assert "muongrid.accelerate.ShardedState" in message and "muongrid.lightning.ShardedDDPStrategy" in message
 
 
 # ---- FSDPMuon at world size 1 (a one-process gloo group: fully_shard needs one) -----------------------

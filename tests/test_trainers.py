@@ -65,3 +65,15 @@ def test_every_ranks_shard_is_saved_beside_the_trainers_checkpoint(recipe):
         assert sorted(f.rsplit("/", 1)[1] for f in shards) == ["shard-rank0-of-2.pt", "shard-rank1-of-2.pt"], files
     if recipe == "loop_accelerate":   # Accelerate still writes rank 0's state; the load hook keeps each rank's own
         assert "step2/optimizer.bin" in files and "step2/model.safetensors" in files
+
+
+def test_a_lightning_checkpoint_loaded_without_the_strategy_is_refused_naming_it():
+    """Lightning's own DDP strategy loads the checkpoint's entry for the optimizer, the marker ours writes, into the
+    optimizer: refused, naming the strategy that loads the shards (one process, nothing launched)."""
+    import torch
+    from muongrid import DistributedMuon, Grid, lightning
+    opt = DistributedMuon([torch.nn.Parameter(torch.randn(4, 3))], Grid.single())
+    with pytest.raises(Exception, match=r"the record muongrid.lightning writes into a Lightning checkpoint, pointing "
+                                        r"at every rank's shard: resume with strategy=muongrid.lightning."
+                                        r"ShardedDDPStrategy\(\) \(Fabric: FabricShardedDDPStrategy\(\)\)"):
+        opt.load_state_dict({lightning.MARKER: "every rank's shard is in the checkpoint's .muongrid folder"})

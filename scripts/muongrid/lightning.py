@@ -27,7 +27,7 @@ import shutil
 
 from . import shard_files
 
-MARKER = "muongrid_shards"   # what the checkpoint holds in a sharded optimizer's place
+MARKER = "muongrid.lightning"   # the key of what a checkpoint holds in a ZeRO-1 optimizer's place (rank_state)
 
 
 def shard_folder(path, name) -> str:

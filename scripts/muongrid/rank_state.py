@@ -72,7 +72,8 @@ class RankState:
     def check_state_dict(self, state_dict: dict) -> None:
         """Raise, naming the problem, unless ``load_state_dict(state_dict)`` would fit (this rank's own shard of
         the same grid, layout and parameters); changes nothing."""
-        check_signature(state_dict.get("muongrid"), self._signature(), "muongrid.hf.ShardedCheckpoint" in state_dict)
+        pointer = next((k for k in POINTERS if k in state_dict), None)
+        check_signature(state_dict.get("muongrid"), self._signature(), pointer)
         groups = state_dict["param_groups"]
         if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
             raise ValueError("the saved parameter groups differ from this optimizer's in number or size")
@@ -157,17 +158,26 @@ def agree(problem: str | None, what: str) -> None:
 
 
 TRAINERS = ("HF Trainer, Accelerate and Lightning save the optimizer from rank 0 only: with Trainer, add "
-            "callbacks=[muongrid.hf.ShardedCheckpoint(opt)], which saves and resumes every rank's shard")
+            "callbacks=[muongrid.hf.ShardedCheckpoint(opt)]; with Accelerate, call "
+            "muongrid.accelerate.ShardedState(accelerator, opt) after prepare; with Lightning, use "
+            "strategy=muongrid.lightning.ShardedDDPStrategy() (Fabric: FabricShardedDDPStrategy()). Each saves and "
+            "resumes every rank's shard")
+# The records the trainer integrations leave where a trainer keeps rank 0's optimizer state: where, and what loads it
+POINTERS = {"muongrid.hf.ShardedCheckpoint": ("Trainer's optimizer.pt",
+                                              "callbacks=[muongrid.hf.ShardedCheckpoint(opt)] given to the Trainer"),
+            "muongrid.lightning": ("a Lightning checkpoint", "strategy=muongrid.lightning.ShardedDDPStrategy() "
+                                   "(Fabric: FabricShardedDDPStrategy())")}
 
 
-def check_signature(saved: dict | None, ours: dict, pointer: bool = False) -> None:
-    """Refuse a state_dict from another rank, grid or layout, saying which and what to do."""
+def check_signature(saved: dict | None, ours: dict, pointer: str | None = None) -> None:
+    """Refuse a state_dict from another rank, grid or layout, saying which and what to do (``pointer``: the
+    ``POINTERS`` key the state_dict holds, if it is such a record)."""
     if saved == ours:
         return
     if saved is None and pointer:
-        raise ValueError("this state_dict is the record muongrid.hf.ShardedCheckpoint writes into Trainer's "
-                         "optimizer.pt, pointing at every rank's shard: resume with callbacks="
-                         "[muongrid.hf.ShardedCheckpoint(opt)] given to the Trainer, which loads them")
+        where, loader = POINTERS[pointer]
+        raise ValueError(f"this state_dict is the record {pointer} writes into {where}, pointing at every rank's "
+                         f"shard: resume with {loader}, which loads them")
     if saved is None:
         raise ValueError("this state_dict has no 'muongrid' entry: it was not saved by DistributedMuon/DistributedAdamW "
                          "(a single-device optimizer's state cannot be loaded into ZeRO-1 shards; use muongrid.checkpoint)")
