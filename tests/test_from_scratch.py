@@ -64,3 +64,27 @@ def test_every_planted_bug_is_one_line_of_the_class():
 
 def test_unknown_planted_bug_is_refused():
     assert "unknown" in refused(from_scratch.main, "--dp", 2, "--plant", "nope")
+
+
+def test_help_gives_the_defaults_it_runs_with(capsys):
+    """``--help`` names the shapes the script steps when none are given (it said the proof of concept's)."""
+    with pytest.raises(SystemExit):
+        from_scratch.main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    args = from_scratch.parse_args(["--dp", "2"])
+    assert "x".join(map(str, args.shapes[0])) == "36x57"
+    assert f"(default: {','.join('x'.join(map(str, s)) for s in args.shapes)})" in shown
+    assert "(default: 0,1,none,1,0)" in shown and args.tp_dims == [0, 1, -1, 1, 0]
+
+
+def test_your_code_is_checked_before_anything_launches(tmp_path):
+    """``--code`` runs a reader's version of the listing; what cannot run is refused by name first."""
+    owner = str(from_scratch.__file__).replace("from_scratch.py", "from_scratch_owner.py")
+    assert "no such class" in refused(from_scratch.main, "--dp", 2, "--class", "Nope")
+    assert "leave out --code" in refused(from_scratch.main, "--dp", 2, "--plant", "tp-lr", "--code", owner)
+    assert "No such file" in refused(from_scratch.main, "--dp", 2, "--code", tmp_path / "missing.py")
+    broken = tmp_path / "broken.py"
+    broken.write_text("class FromScratchMuon(:\n")
+    assert "--code" in refused(from_scratch.main, "--dp", 2, "--code", broken)
+    scope, defined = from_scratch.load_code(owner)   # the exercise's solution: one class on top of the listing
+    assert defined == ["OwnerMuon"] and issubclass(scope["OwnerMuon"], scope["FromScratchMuon"])

@@ -60,15 +60,19 @@ def parse_tp_dims(text: str) -> list[int]:
     return dims
 
 
-def add_problem_args(parser) -> None:
-    """The command-line arguments that describe a synthetic problem (shapes, TP dims, buckets, seed)."""
+def add_problem_args(parser, shapes: str | None = None, tp_dims: str | None = None) -> None:
+    """The command-line arguments that describe a synthetic problem (shapes, TP dims, buckets, seed); ``shapes``
+    and ``tp_dims`` (as typed on the command line) replace the proof of concept's defaults, help included."""
     from ..launch import arg_type
     from ..plan import DEFAULT_BUCKET_NUMEL
 
-    parser.add_argument("--shapes", type=arg_type(parse_shapes), default=DEFAULT_SHAPES,
-                        help="matrix shapes, e.g. 100x100,124x324 (default: the proof of concept's five)")
-    parser.add_argument("--tp-dims", type=arg_type(parse_tp_dims), default=None,
-                        help="TP split dim per shape: 0, 1 or none (default: 0,1,none,1,0)")
+    parser.add_argument("--shapes", type=arg_type(parse_shapes),
+                        default=DEFAULT_SHAPES if shapes is None else parse_shapes(shapes),
+                        help="matrix shapes, e.g. 100x100,124x324 (default: "
+                             + ("the proof of concept's five" if shapes is None else shapes) + ")")
+    parser.add_argument("--tp-dims", type=arg_type(parse_tp_dims),
+                        default=None if tp_dims is None else parse_tp_dims(tp_dims),
+                        help=f"TP split dim per shape: 0, 1 or none (default: {tp_dims or '0,1,none,1,0'})")
     parser.add_argument("--bucket-numel", type=int, default=DEFAULT_BUCKET_NUMEL, help="elements per bucket")
     parser.add_argument("--seed", type=int, default=0)
 
