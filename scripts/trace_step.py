@@ -12,7 +12,8 @@ orthogonalises, what comes back). Rank 0 prints the stages of one matrix on ever
 one JSON line holding every rank's trace and the ledger of the step.
 
 Besides the trace, each rank reports what the trace hook does not see: its TP-local gradients before
-the step, its plan (the piece of each matrix in its DP shard, the matrices it orthogonalises), the
+the step, its plan (the piece of each matrix in its DP shard: its ``slice`` of the flattened TP-local
+matrix; the matrices it orthogonalises; each matrix's ``owner`` under an owner layout), the
 dtypes of the optimizer state it keeps (the momentum and master shards), its parameters after the
 step, and the ledger's record of every collective with the bytes it delivered to each other rank
 (``Comm.peers``). ``--layouts`` runs the same step (same parameters, same gradients) once per layout,
@@ -52,8 +53,10 @@ def one_step(grid, comm, args, layout: str) -> dict:
     grads = [dict(shape=list(p.grad.shape), dtype=_dtype(p.grad)) for p in group["params"]]
     opt.step()
     ns = opt.plan.ns_keys(grid.rank, 0)
+    owners = opt.plan.owners   # empty under "bucket"
     matrices = [dict(name=m.name, full_shape=list(m.full_shape), shape=list(m.shape), tp_split_dim=m.tp_split_dim,
                      bucket=m.bucket_idx, piece=m.local_numel, orthogonalises=(m.buffer_idx, m.param_idx) in ns,
+                     slice=[m.param_slice.start, m.param_slice.stop], owner=owners.get((m.buffer_idx, m.param_idx)),
                      grad=grads[m.param_idx], param=dict(shape=list(p.shape), dtype=_dtype(p)))
                 for m, p in zip(opt.plan.metas[0], group["params"])]
     state = {kind: dict(numel=sum(s[kind].numel() for s in opt.shards[0]), dtype=_dtype(opt.shards[0][0][kind]))

@@ -2,7 +2,8 @@
 form's; what it shows each rank holding is what the trace saw; its controls switch precomputed frames.
 
 One real traced step (``scripts/trace_step.py``, 2 x 2, bucket and owner, shapes that divide by nothing and
-buckets small enough to need padding); tests/test_browser.py moves the figure in the built chapter.
+buckets small enough to need padding), and a 2 x 1 one for the grid buttons; a ring of four ranks is a report
+written here. tests/test_browser.py moves the figure in the built chapter.
 
     PYTHONPATH=scripts python -m pytest -q tests/test_step_explorer.py
 """
@@ -15,18 +16,28 @@ import pytest
 
 from conftest import ODD_SHAPES, ODD_TP_DIMS, last_json, script
 
-from muongrid.lab import costmodel
-from muongrid.lab.step_explorer import STAGES, runs_of, stage_rows, step_explorer
+from muongrid.lab import costmodel, explorers
+from muongrid.lab.step_explorer import MIN_WIDTH, OFFSET, STAGES, runs_of, stage_rows, step_explorer
+from muongrid.lab.step_transfers import describe, transfers
 
 BUCKET = 700   # elements: the five matrices (TP-local) fill three buckets, padded
 
 
-@pytest.fixture(scope="module")
-def traced() -> dict:
-    proc = script("trace_step.py", "--dp", "2", "--tp", "2", "--shapes", ODD_SHAPES, "--tp-dims", ODD_TP_DIMS,
+def trace(dp: int, tp: int) -> dict:
+    proc = script("trace_step.py", "--dp", str(dp), "--tp", str(tp), "--shapes", ODD_SHAPES, "--tp-dims", ODD_TP_DIMS,
                   "--bucket-numel", str(BUCKET), "--layouts", "bucket,owner", "--show", "w1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return last_json(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def traced() -> dict:
+    return trace(2, 2)
+
+
+@pytest.fixture(scope="module")
+def figure(traced) -> go.Figure:
+    return step_explorer([traced], active_grid=(2, 2), active_stage=3)
 
 
 def test_the_run_is_what_the_test_means(traced):
@@ -42,8 +53,9 @@ def test_the_run_is_what_the_test_means(traced):
 
 
 def test_each_records_peers_add_up_to_its_bytes(traced):
-    """``Comm.peers``: a ring collective's bytes spread over the other members of its group (a DP group: the
-    ranks with this TP rank); an all-to-all's, to the ranks it sent to."""
+    """``Comm.peers`` (the ledger's view; the explorer draws rings as rings): a ring collective's bytes spread
+    over the other members of its group (a DP group: the ranks with this TP rank); an all-to-all's, to the ranks
+    it sent to."""
     tp = traced["tp"]
     for run in runs_of(traced):
         for rank in run["ranks"]:
@@ -78,12 +90,11 @@ def test_the_bytes_shown_are_the_ledgers_and_the_closed_forms(traced):
     assert not any(r["bytes_sent"] for r in rows if r["layout"] == "owner" and r["stage"] == 4)
 
 
-def test_the_figure_draws_those_bytes(traced):
+def test_the_figure_draws_those_bytes(traced, figure):
     """Each frame's send matrix (rows: from, columns: to) holds the rows' bytes, and each row of it sums to
     what the ledger says that rank sent in that stage."""
     rows = stage_rows([traced])
-    fig = step_explorer([traced], active_grid=(2, 2), active_stage=3)
-    maps = [t for t in fig.data if isinstance(t, go.Heatmap)]
+    maps = [t for t in figure.data if isinstance(t, go.Heatmap)]
     assert len(maps) == len(STAGES) * 2   # one per stage and layout
     for k, heat in enumerate(maps):
         stage, layout = k // 2, ("bucket", "owner")[k % 2]
@@ -117,23 +128,82 @@ def test_what_each_rank_holds_is_what_the_trace_saw(traced):
                 assert kept == sum(h["numel"] for h in held(layout, 0, t) if h["name"] == name)
 
 
-def test_controls_switch_precomputed_frames(traced):
-    fig = step_explorer([traced], active_grid=(2, 2), active_stage=3)
+def test_controls_switch_precomputed_frames_and_a_grid_keeps_the_stage(traced):
+    """The slider shows one stage's traces (of every grid) and sets each grid's title; a grid button only moves
+    the axes' window to its grid's drawing (a relayout): it never touches what the slider chose."""
+    other = trace(2, 1)   # a second grid, drawn OFFSET further along the same axes
+    fig = step_explorer([traced, other], active_grid=(2, 2), active_stage=3)
     (slider,), (menu,) = fig.layout.sliders, fig.layout.updatemenus
     assert [s.label for s in slider.steps] == [s[0] for s in STAGES]
-    assert [b.label for b in menu.buttons] == ["2 x 2"]
+    assert [b.label for b in menu.buttons] == ["2 x 2", "2 x 1"]
     shown = [i for i, t in enumerate(fig.data) if t.visible]
     assert shown == [i for i, v in enumerate(slider.steps[3].args[0]["visible"]) if v]
-    titles, seen = [], set()
-    for step in slider.steps:   # one frame's traces and its title; never an axis
-        (key, title), = step.args[1].items()
+    seen = set()
+    for k, step in enumerate(slider.steps):   # one stage's traces, and one title per grid; never an axis
         frame = {i for i, v in enumerate(step.args[0]["visible"]) if v}
-        assert key.startswith("annotations[") and frame and not frame & seen
+        assert frame and not frame & seen
         seen |= frame
-        titles.append(title)
+        keys = list(step.args[1])
+        assert len(keys) == 2 and all(key.startswith("annotations[") and key.endswith("].text") for key in keys)
+        assert all(f"Stage {k} of 8" in title for title in step.args[1].values())
     assert seen == set(range(len(fig.data)))   # every trace drawn belongs to one stage
-    assert all(f"Stage {k} of 8" in t for k, t in enumerate(titles))
-    assert fig.layout.annotations[int(key[12:-6])].text == titles[3]
+    titles = [fig.layout.annotations[int(key[12:-6])] for key in slider.steps[3].args[1]]
+    assert [a.text for a in titles] == list(slider.steps[3].args[1].values())
+    for k, button in enumerate(menu.buttons):
+        assert button.method == "relayout"
+        (window,) = button.args
+        assert all(key.split(".")[1] in ("range", "tickvals", "ticktext") for key in window)
+        # the grid's own title is in its window, the other grid's is not: Plotly draws only the one in range
+        lo, hi = window["xaxis.range"]
+        assert [lo <= a.x <= hi for a in titles] == [j == k for j in range(2)], (k, lo, hi)
+        assert lo == OFFSET * k and all(titles[j].xref == "x" for j in range(2))
+    # the figure opens on the active grid's window
+    assert list(fig.layout.xaxis.range) == menu.buttons[0].args[0]["xaxis.range"]
+
+
+def test_what_travels_is_named_and_adds_up(traced):
+    """Each transfer's hover names its pieces; an all-to-all's pieces are its bytes exactly, a ring's its bytes
+    less the shards' padding (``step_transfers`` raises otherwise, so building the rows checks every one)."""
+    rows = stage_rows([traced])
+    at = {(r["layout"], r["stage"], r["rank"]): r for r in rows}
+    for r in range(4):
+        ring = at["bucket", 3, r]["transfers"]
+        assert list(ring) == [r ^ 2] and ring[r ^ 2]["kind"] == "ring all-gather over DP"
+        assert {p["kept_by"] for p in ring[r ^ 2]["pieces"]} == {r}   # a ring of two passes its own shard
+        for q, t in at["owner", 3, r]["transfers"].items():
+            assert t["kind"] == "all-to-all" and t["padding"] == 0 and t["pieces"]
+            assert {p["owner"] for p in t["pieces"]} == {q}   # each piece goes to its matrix's owner
+            assert sum(p["numel"] for p in t["pieces"]) * 2 == t["bytes"]
+        for q, t in at["owner", 6, r]["transfers"].items():   # and comes back to the rank that keeps it
+            assert {(p["owner"], p["kept_by"]) for p in t["pieces"]} == {(r, q)}
+    line = describe(at["owner", 3, 0]["transfers"][next(iter(at["owner", 3, 0]["transfers"]))]["pieces"][0], True)
+    assert "kept by rank 0" in line and "its owner: rank" in line
+
+
+def test_a_ring_goes_to_the_next_rank_and_passes_on_the_rest():
+    """Four DP ranks: an all-gather passes every shard but the next rank's to the next rank; a reduce-scatter,
+    partial sums of every shard but its own (so the bytes are the ledger's: three shards each)."""
+    shard = 5
+
+    def report(rank, op, phase):
+        matrix = dict(name="w0", shape=[4, 5], full_shape=[4, 5], tp_split_dim=-1, owner=None,
+                      slice=[rank * shard, (rank + 1) * shard])
+        rec = dict(phase=phase, op=op, group="dp", dtype="float32", numel=shard, bytes_sent=3 * shard * 4,
+                   peers={str(q): shard * 4 for q in range(4) if q != rank})
+        return dict(rank=rank, dp_rank=rank, tp_rank=0, matrices=[matrix], records=[rec])
+
+    for op, phase, skip in (("all_gather", "param_all_gather", 1), ("reduce_scatter", "grad_reduce_scatter", 0)):
+        ranks = [report(r, op, phase) for r in range(4)]
+        for r in range(4):
+            (to, t), = transfers(ranks, r, (phase,), 4, 1).items()
+            assert to == (r + 1) % 4 and t["bytes"] == 3 * shard * 4 and t["padding"] == 0
+            assert sorted(p["kept_by"] for p in t["pieces"]) == sorted(set(range(4)) - {(r + skip) % 4})
+
+
+def test_a_narrow_screen_scrolls_the_figure_instead_of_squeezing_it(figure):
+    html = explorers._html(figure, include_plotlyjs=False)
+    assert html.startswith(f'<div style="overflow-x: auto"><div style="min-width: {MIN_WIDTH}px">')
+    assert not explorers._html(go.Figure(), include_plotlyjs=False).startswith("<div style=\"overflow")
 
 
 def test_a_phase_it_does_not_know_fails(traced):

@@ -48,6 +48,7 @@ What the chapters show:
     layout_explorer  chapter 13's layout x grid x shapes explorer
     scale_explorer   chapter 15's plans at scale
     step_explorer    chapter 5's step, stage by stage, on every rank
+    step_transfers   which matrix pieces each rank sends to whom in a traced step (its hover)
     verdicts       timing verdicts that a busy machine cannot turn around
     provenance     the command, commit, versions and machine of a recorded result
     claims         the paper's and the report's claims, each with its figure and source

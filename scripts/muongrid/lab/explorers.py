@@ -30,14 +30,16 @@ class Figure:
     """A Plotly figure as a notebook output: HTML for the book, Plotly JSON for Jupyter.
 
     The HTML carries no plotly.js (the book page loads it once); JupyterLab and VS Code render the
-    ``application/vnd.plotly.v1+json`` part themselves. MyST-NB's ``glue`` accepts it too.
+    ``application/vnd.plotly.v1+json`` part themselves. MyST-NB's ``glue`` accepts it too. A figure
+    whose ``layout.meta`` names a ``min_width`` (px) keeps that width on a narrower screen and scrolls
+    sideways as a whole (``html``).
     """
 
     def __init__(self, fig: go.Figure):
         self.fig = fig
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        html = self.fig.to_html(full_html=False, include_plotlyjs=False, config=CONFIG)
+        html = _html(self.fig, include_plotlyjs=False)
         return {"text/html": html, "application/vnd.plotly.v1+json": json.loads(self.fig.to_json()),
                 "text/plain": f"<Plotly figure: {self.fig.layout.title.text or 'untitled'}>"}
 
@@ -48,11 +50,22 @@ def show(fig: go.Figure):
     from IPython.display import HTML, display
 
     if "google.colab" in sys.modules:
-        display(HTML(fig.to_html(full_html=False, include_plotlyjs="cdn", config=CONFIG)))
+        display(HTML(_html(fig, include_plotlyjs="cdn")))
         return None
     out = Figure(fig)
     display(out)
     return out
+
+
+def _html(fig: go.Figure, include_plotlyjs) -> str:
+    """The figure as an HTML fragment; with ``layout.meta.min_width``, inside a box that scrolls sideways
+    below that width (the figure's text does not shrink with the screen, so it would overlap)."""
+    html = fig.to_html(full_html=False, include_plotlyjs=include_plotlyjs, config=CONFIG)
+    meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
+    if meta.get("min_width"):
+        html = (f'<div style="overflow-x: auto"><div style="min-width: {int(meta["min_width"])}px">'
+                f"{html}</div></div>")
+    return html
 
 
 def slider_figure(frames: list[dict], label: str, active: int = 0, **layout) -> go.Figure:
