@@ -18,10 +18,10 @@
 # # 5. One distributed Muon step
 #
 # ```{admonition} What this chapter runs
-# [`scripts/from_scratch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/from_scratch.py) on 2 and 4 processes, [`scripts/trace_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/trace_step.py) on 2 and 4 processes, [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) on five grids of 2 to 4 processes, and
+# [`scripts/from_scratch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/from_scratch.py) on 2, 3 and 4 processes, [`scripts/trace_step.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/trace_step.py) on 2 and 4 processes, [`scripts/verify.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/verify.py) on five grids of 2 to 4 processes, and
 # three short runs that put the proof of concept's two bugs back. About 1-2 minutes
 # on a 2-core laptop.
-# Reading: about 55 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 1 <01_muon>` and {doc}`chapter 4 <04_zero1_buffer>`.
+# Reading: about 60 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 1 <01_muon>` and {doc}`chapter 4 <04_zero1_buffer>`.
 # ```
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}
@@ -59,7 +59,7 @@ elif (importlib.util.find_spec("muongrid") is None
 
 # %% [markdown]
 # Chapters 3 and 4 left every rank with a TP slice of each matrix and the optimizer state for a
-# DP shard of a flat buffer that cuts through matrices. Newton-Schulz needs each momentum matrix
+# DP shard of a flat buffer that cuts through matrices. Newton-Schulz needs each update matrix
 # whole. Moonshot's Distributed Muon {cite:p}`liu2025muonscalable` brings it together with a
 # sequence of gathers and slices:
 #
@@ -81,9 +81,10 @@ elif (importlib.util.find_spec("muongrid") is None
 #
 # 1. **Gradients**: copy the bucket's gradients into a flat fp32 buffer and *reduce-scatter* it
 #    over the DP group, dividing by `dp`: each rank receives the averaged gradient of its shard.
-# 2. **Momentum** on the shard: the EMA update and Nesterov look-ahead of chapter 1, elementwise.
-# 3. **DP gather**: cast the momentum shard to bf16 and *all-gather* it over DP: every rank now has
-#    the whole bucket's momentum (the TP-local slices).
+# 2. **Momentum** on the shard: the EMA of chapter 1, elementwise, then the *Nesterov update*
+#    (the gradient moved toward the new momentum), which is what Newton-Schulz orthogonalises.
+# 3. **DP gather**: cast the shard of the Nesterov update to bf16 and *all-gather* it over DP:
+#    every rank now has the whole bucket's update (the TP-local slices).
 # 4. **TP gather**: for each matrix split over TP, all-gather the slices over the TP group and join
 #    them along `tp_split_dim`: the whole matrix.
 # 5. **Newton-Schulz** on the whole matrix.
@@ -94,26 +95,61 @@ elif (importlib.util.find_spec("muongrid") is None
 #
 # Stages 1, 2 (with Adam's math), 7 and 8 are exactly Distributed AdamW under ZeRO-1. Stages 3-6 are
 # what Muon adds.
-#
-# ## The step from scratch
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 from muongrid.lab.page import keep, listing, say, show, source_of
+from muongrid.lab.synthetic import DEFAULT_SHAPES
+from muongrid.plan import DEFAULT_BUCKET_NUMEL, SHARD_NUMEL, bucket_limit
 
+keep("ch5-bucket-numel", f"{bucket_limit('auto', 1):,}")
+keep("ch5-bucket-pow", f"$2^{{{DEFAULT_BUCKET_NUMEL.bit_length() - 1}}}$")
+keep("ch5-shard-pow", f"$2^{{{SHARD_NUMEL.bit_length() - 1}}}$")
+assert 2 ** (DEFAULT_BUCKET_NUMEL.bit_length() - 1) == DEFAULT_BUCKET_NUMEL
+keep("ch5-five-numel", f"{sum(r * c for r, c in DEFAULT_SHAPES):,}")
+assert all(bucket_limit("auto", dp) == DEFAULT_BUCKET_NUMEL for dp in (1, 2, 3, 4))
+assert sum(r * c for r, c in DEFAULT_SHAPES) <= DEFAULT_BUCKET_NUMEL  # one bucket, as said
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+A *bucket* is a run of consecutive matrices of one group, at most `bucket_numel` elements
+long (a larger matrix gets a bucket of its own). By default (`bucket_numel="auto"`) that is
+{{ch5-bucket-pow}} = {{ch5-bucket-numel}} elements on up to 4 DP ranks, grown beyond so that
+each rank's shard keeps {{ch5-shard-pow}} (`muongrid.plan.bucket_limit`). The five matrices this
+chapter traces hold {{ch5-five-numel}} elements in all, so on every grid here they make one
+bucket.
+""")
+
+# %% [markdown]
+# ## The step from scratch
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
 SCRATCH = dict(start_after="BOOK-START from-scratch", end_before="BOOK-END from-scratch")
 scratch_code = source_of("scripts/from_scratch.py", **SCRATCH)
-keep("ch5-scratch-lines", sum(1 for line in scratch_code.splitlines() if line.strip()))
+launch_code = scratch_code[scratch_code.index("def run_rank("):]
+keep("ch5-scratch-lines", sum(1 for line in scratch_code[:len(scratch_code) - len(launch_code)]
+                              .splitlines() if line.strip()))
+keep("ch5-launch-lines", sum(1 for line in launch_code.splitlines() if line.strip()))
+assert max(map(len, scratch_code.splitlines())) <= 88  # no line wraps at 1280 px
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
 [`scripts/from_scratch.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/from_scratch.py) writes the eight stages in
-{{ch5-scratch-lines}} lines of plain `torch.distributed`, for one parameter group.
-`make_groups` builds the DP and TP groups with `new_group` (the launcher has run
-`init_process_group` on every rank). The flat buffer and its `dp` padded shards are chapter
-4's, with the whole group as one bucket; a rank keeps the fp32 master and momentum of its own
-shard only. Newton-Schulz is
-chapter 1's `zeropower_ns5`, imported: nothing in it is distributed.
+{{ch5-scratch-lines}} lines of plain `torch.distributed`, for one parameter group, and starts
+its processes in {{ch5-launch-lines}} more. Every call is `torch.distributed`'s own, under its own
+name: `new_group` makes the DP and TP groups (`make_groups`), `reduce_scatter` and `all_gather`
+take one tensor per rank in a list (here views of one flat buffer: `chunk(dp)`), and
+`init_process_group` joins a process to the job. Their flat forms, `reduce_scatter_tensor` and
+`all_gather_into_tensor`, take the flat buffer itself; torch 2.13 renamed those to
+`reduce_scatter_single` and `all_gather_single` and warns at the old names, while older torch
+has only the old ones. The list forms are long-standing and kept their names, so the listing
+uses them.
+
+The flat buffer and its `dp` padded shards are chapter 4's, with the whole group as one bucket; a
+rank keeps the fp32 master and momentum of its own shard only. Stages 3-6 are one method,
+`orthogonalise`, which an exercise below replaces. Newton-Schulz is chapter 1's `zeropower_ns5`,
+imported: nothing in it is distributed.
 """)
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
@@ -121,27 +157,41 @@ listing("scripts/from_scratch.py", start_after="BOOK-START from-scratch",
         end_before="BOOK-END from-scratch")
 
 # %% [markdown]
+# `launch(fn, dp, tp)` runs `fn(dp, tp)` in `dp * tp` processes: each joins the job over gloo
+# (`init_process_group`, meeting at a free port) and can then make its groups and its optimizer.
+# `mp.start_processes` is `mp.spawn`'s general form; `start_method="fork"` starts every rank from
+# the running process, torch already imported, where `mp.spawn` would start a new interpreter per
+# rank (seconds each). On macOS and Windows, where fork is unsafe or missing, write `"spawn"` and
+# call `launch` only where `__name__ == "__main__"`. On a GPU cluster, `torchrun` starts the
+# processes and each calls `init_process_group("nccl")` itself.
+#
 # The script steps this class and muongrid's `DistributedMuon(layout="bucket")` side by side on
 # the same grid and gradients (different on every DP rank), over five matrices whose buffers
-# divide by neither 2 nor 3, and compares every parameter's bits after each step. `--plant` adds
-# copies of the class with one line changed:
+# divide by neither 2 nor 3, and compares every parameter's bits after each step. On 2 x 2 the
+# ranks are started by the listing's own `launch` (`--launch listing`; by default muongrid's
+# launcher starts them, which also runs under `torchrun`). `--plant` adds copies of the class with
+# one line changed:
 
 # %%
 from muongrid.lab.notebook import last_json, run, table
 
 scratch = {}
-for dp, tp, plant in [(2, 1, "lost-momentum"), (2, 2, "tp-lr,no-mean")]:
-    out = run(f"from_scratch.py --dp {dp} --tp {tp} --plant {plant}", log="collapsed")
+for dp, tp, plant, how in [(2, 1, "lost-momentum", "muongrid"),
+                           (2, 2, "tp-lr,no-mean", "listing")]:
+    out = run(f"from_scratch.py --dp {dp} --tp {tp} --plant {plant} --launch {how}",
+              log="collapsed")
     scratch[f"{dp} x {tp}"] = last_json(out)
-rows = [[grid, "from scratch", r["equal"], f"{r['max_abs_diff']:.1e}"]
+rows = [[grid, r["launch"], "from scratch", r["equal"], f"{r['max_abs_diff']:.1e}"]
         for grid, r in scratch.items()]
-rows += [[grid, f"planted: {name}", p["equal"], f"{p['max_abs_diff']:.1e}"]
+rows += [[grid, r["launch"], f"planted: {name}", p["equal"], f"{p['max_abs_diff']:.1e}"]
          for grid, r in scratch.items() for name, p in r["planted"].items()]
-table(["grid", "optimizer", "bit for bit", "largest difference"], rows, align="llll")
+HEAD = ["grid", "ranks started by", "optimizer", "bit for bit", "largest difference"]
+table(HEAD, rows, align="lllll")
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # Kept for the prose and checked for the book (folded in Jupyter and Colab).
 assert all(r["equal"] and r["max_abs_diff"] == 0 for r in scratch.values())
+assert scratch["2 x 2"]["launch"] == "listing"  # the prose says the listing's launch ran it
 planted = {name: p for r in scratch.values() for name, p in r["planted"].items()}
 assert not planted["lost-momentum"]["equal"] and not planted["tp-lr"]["equal"]
 assert planted["no-mean"]["equal"], "the prose says no-mean is invisible with dp = 2"
@@ -208,8 +258,8 @@ table(["from scratch", "muongrid", "lines", "what the extra lines do"],
 listing('distributed.py', pyobject='ZeroOneOptimizer.step')
 
 # %% [markdown]
-# Stages 1-7 for a Muon group. The generator `updates` (the store's) hands the flow each bucket's momentum-updated
-# gradient pieces (stages 1-2); the flow hands back this rank's piece of every orthogonalised matrix
+# Stages 1-7 for a Muon group. The generator `updates` (the store's) hands the flow each bucket's pieces of the
+# Nesterov update (stages 1-2); the flow hands back this rank's piece of every orthogonalised matrix
 # (stages 3-6), which stage 7 applies to the master shard. The last line checks, after every step,
 # that exactly the matrices the plan gives this rank ran Newton-Schulz here and that every matrix it
 # holds a piece of got its update (a matrix skipped or updated without orthogonalisation fails the
@@ -232,7 +282,7 @@ listing('store.py', pyobject='Store.reduce_scatter')
 # Of that shard, each parameter's piece is a view (`local_shard`), and those pieces are what the
 # next stages work on.
 #
-# **Stage 2**, momentum. It is elementwise, so it runs on the pieces unchanged:
+# **Stage 2**, momentum and the Nesterov update. Both are elementwise, so they run on the pieces unchanged:
 # `Store.momentum` gathers every piece of the buckets the flow asks for (one bucket at a
 # time for this layout, the whole group at once for the owner layouts) and makes one call of
 
@@ -240,10 +290,11 @@ listing('store.py', pyobject='Store.reduce_scatter')
 listing('updates.py', pyobject='muon_momentum_foreach_', caption='muongrid/updates.py')
 
 # %% [markdown]
-# `lerp_(grad, 1 - momentum)` is the EMA of chapter 1, and the Nesterov look-ahead is a second
-# `lerp` toward the buffer.
+# `lerp_(grad, 1 - momentum)` is the EMA of chapter 1, and the Nesterov update is a second
+# `lerp` toward the buffer: that update, not the momentum, is what the next stages gather and
+# orthogonalise.
 #
-# **Stage 3**, the DP gather of each bucket (bf16), started per bucket. `flat_shard` lays the pieces
+# **Stage 3**, the DP gather of each bucket's Nesterov update (bf16), started per bucket. `flat_shard` lays the pieces
 # out as this rank's shard of the bucket and casts them to bf16 in the same copy, straight into this
 # rank's part of a gather buffer that the flow made once (a few of them, used in turn), and the
 # all-gather fills in the other ranks' parts in place:
@@ -308,7 +359,7 @@ trace = last_json(run("trace_step.py --dp 2 --tp 2 --show w3 --layouts bucket,ow
 # {numref}`fig-ch5-flow` draws, for every rank, which part of `w3` it holds at each stage;
 # {numref}`fig-ch5-stages` follows rank 0 with the shapes and dtypes.
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-flow", "caption": "One Distributed Muon step on a 2 x 2 grid, following the 676 x 876 matrix `w3` (split over TP by columns, dashed). Each row is a rank; the filled part is what the rank holds of `w3`, numbered as the stages of the list above: its DP shard of the momentum (2), the whole TP half after the DP gather (3), the whole matrix after the TP gather (4), orthogonalised (5), and the elements it keeps (6). Labels: shapes (or element counts of flat buffers, the whole bucket for 2 and 3) and dtypes from the run's trace."}} jupyter={"source_hidden": true}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-flow", "caption": "One Distributed Muon step on a 2 x 2 grid, following the 676 x 876 matrix `w3` (split over TP by columns, dashed). Each row is a rank; the filled part is what the rank holds of `w3`, numbered as the stages of the list above: its DP shard of the Nesterov update (2), the whole TP half after the DP gather (3), the whole matrix after the TP gather (4), orthogonalised (5), and the elements it keeps (6). Labels: shapes (or element counts of flat buffers, the whole bucket for 2 and 3) and dtypes from the run's trace."}} jupyter={"source_hidden": true}
 import matplotlib.pyplot as plt
 
 from muongrid.lab import palette
@@ -329,12 +380,12 @@ for r in trace["ranks"]:
 show(step_flow_diagram(trace, w3_metas))
 plt.close("all")
 
-# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-stages", "caption": "One step on rank 0 (dp 0, tp 0), following `w3`: the shape and dtype of what the optimizer holds at each stage, read from the trace (left column first), numbered as in the list above. The momentum itself stays fp32; stage 2 shows the bf16 copy of it that the DP gather sends. Blue: as in AdamW's step; orange: what Muon adds."}} jupyter={"source_hidden": true}
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch5-stages", "caption": "One step on rank 0 (dp 0, tp 0), following `w3`: the shape and dtype of what the optimizer holds at each stage, read from the trace (left column first), numbered as in the list above. Stage 2 shows the Nesterov update (momentum's look-ahead), in the bf16 that the DP gather sends; the momentum itself stays fp32. Blue: as in AdamW's step; orange: what Muon adds."}} jupyter={"source_hidden": true}
 ORDER = ["grad_shard", "momentum_shard", "dp_gathered", "ns_input", "tp_gathered",
          "orthogonalised", "tp_shard", "dp_shard"]
 LABEL = {
     "grad_shard": "1. grad shard\n(after reduce-scatter)",
-    "momentum_shard": "2. momentum shard\n(sent as bf16)",
+    "momentum_shard": "2. Nesterov update\n(sent as bf16)",
     "dp_gathered": "3. DP gather\n(whole bucket)",
     "ns_input": "3. matrix, TP-local",
     "tp_gathered": "4. TP gather\n(whole matrix)",
@@ -448,14 +499,19 @@ steps = [
 ]
 
 # %% [markdown]
-# Pick a grid with the buttons under the figure and move the slider through the stages. Each box
-# is a rank (rows: DP rank, columns: TP rank) and each bar a matrix, filled as far as the rank
-# holds it after the stage, labelled with the shape (or the element count of a flat piece) and
-# dtype that the run reported. Under each layout, the bytes every rank sent to every other rank in
-# that stage, from the ledger (for a ring collective, each rank's share for each peer; the ring
-# relays it, with the same total per rank).
+# Pick a grid with the buttons above the figure and move the slider through the stages (a grid
+# keeps the stage you are at). Each box is a rank (rows: DP rank, columns: TP rank; the 4 x 1
+# grid's four ranks fill two rows of two) and each bar a matrix, filled as far as the rank holds it
+# after the stage, labelled with the shape (or the element count of a flat piece) and dtype that
+# the run reported; hovering a bar says where that matrix runs Newton-Schulz. Under each layout,
+# the bytes each rank sent, and to whom, in that stage, from the ledger. A ring collective
+# (all-gather, reduce-scatter) is drawn as the ring it is: each rank sends to the next rank of its
+# group, which passes on what is not its own, so on 4 x 1 the cells make a ring. An all-to-all
+# goes straight to each rank. Hovering a cell names the pieces of that transfer: each matrix's TP
+# slice and element range, the rank that keeps it (whose DP shard holds it) and, in the owner
+# layout's all-to-alls, the matrix's owner.
 
-# %% mystnb={"figure": {"name": "fig-ch5-explorer", "caption": "One Distributed Muon step, stage by stage, from traced runs on four grids (buttons), for the bucket layout (left) and the owner layout (right). Top: what each rank holds of each matrix after the stage (bar: its share of the whole matrix; label: shape or element count, and dtype, from the trace). Bottom: the bytes each rank sent to each other rank in the stage (rows: from, columns: to), from the ledger. Stage 0 is before the step."}}
+# %% mystnb={"figure": {"name": "fig-ch5-explorer", "caption": "One Distributed Muon step, stage by stage, from traced runs on four grids (buttons), for the bucket layout (left) and the owner layout (right). Top: what each rank holds of each matrix after the stage (bar: its share of the whole matrix; label: shape or element count, and dtype, from the trace). Bottom: the bytes each rank sent to each other rank in the stage (rows: from, columns: to), from the ledger, ring collectives as rings; hovering a cell names the matrix pieces it carried, who keeps them and their owner. Stage 0 is before the step."}}
 show(step_explorer(steps, active_grid=(2, 2), active_stage=3))
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
@@ -484,6 +540,12 @@ for r in range(4):
         assert at["bucket", stage, r]["sends"] == at["owner", stage, r]["sends"]
 assert len({at["bucket", 3, r]["bytes_sent"] for r in range(4)}) == 1
 assert max(range(4), key=lambda r: at["owner", 6, r]["bytes_sent"]) == w3_owner
+# the paragraph above the figure: 4 x 1's rings, and its boxes in two rows of two
+from muongrid.lab.step_explorer import box_grid
+
+ring = {x["rank"]: set(x["sends"]) for x in rows
+        if (x["dp"], x["tp"], x["layout"], x["stage"]) == (4, 1, "bucket", 3)}
+assert ring == {r: {(r + 1) % 4} for r in range(4)} and box_grid(4, 1) == (2, 2)
 keep("ch5-ns-runs-bucket", ns_runs["bucket"])
 keep("ch5-ns-runs-owner", ns_runs["owner"])
 keep("ch5-ns-mb-bucket", f"{ns_bytes['bucket'] / 1e6:.2f} MB")
@@ -498,8 +560,8 @@ together): {{ch5-ns-mb-bucket}} in the bucket layout's DP and TP gathers, agains
 {{ch5-ns-mb-owner}} to the owners and back. The bucket layout's send matrices are regular
 (each rank sends the same to its DP partner, then to its TP partner); the owner layout's are
 not: in stage 3 every other rank sends most to the owner of the largest matrix, `w3`, and in
-stage 6 that owner sends the most. Stages 2 and 7 keep the momentum and the master in fp32; only the copy that stage 3
-sends is cast to bf16. Stages 1 and 8, and the state, are the same in both layouts.
+stage 6 that owner sends the most. Stages 2 and 7 keep the momentum and the master in fp32; only the Nesterov update that
+stage 3 sends is cast to bf16. Stages 1 and 8, and the state, are the same in both layouts.
 """)
 
 # %% [markdown]
@@ -609,13 +671,37 @@ whole, straddlers = (
 assert whole == phases["ns_gather_dp"]["bytes_sent"]
 keep("ch5-ex3-whole", f"{whole:,.0f}")
 keep("ch5-ex3-straddlers", f"{straddlers:,.0f}")
+# exercise 4's solution, run against the engine's owner layout: 2 x 1, and 3 x 1 (a buffer 3 does
+# not divide, matrices cut by shard boundaries)
+OWNER = "--code scripts/from_scratch_owner.py --class OwnerMuon --layout owner"
+owner_runs = {dp: last_json(run(f"from_scratch.py --dp {dp} {OWNER}", log="collapsed"))
+              for dp in (2, 3)}
+assert all(r["equal"] and r["max_abs_diff"] == 0 and r["layout"] == "owner"
+           and r["cls"] == "OwnerMuon" and "OwnerMuon" in r["defined"] for r in owner_runs.values())
+owner_code = source_of("scripts/from_scratch_owner.py", start_after="BOOK-START owner",
+                       end_before="BOOK-END owner")
+assert max(map(len, owner_code.splitlines())) <= 88 and "all_to_all_single" in owner_code
+keep("ch5-owner-code", owner_code.strip("\n"))
+keep("ch5-owner-steps", owner_runs[3]["steps"])
+# the engine's owners (balanced Newton-Schulz work) against the solution's i % dp, on 3 x 1
+from muongrid.lab.synthetic import build_problem
+
+r3 = owner_runs[3]
+problem = build_problem("muon", [tuple(x) for x in r3["shapes"]], r3["tp_dims"], 2, r3["seed"], 1)
+plan3 = build_plan([[ParamSpec(n, tuple(x), -1) for n, x in zip(g["names"], g["shapes"])]
+                    for g in problem.groups], 3, 0, 1, "auto", "owner")
+other = sum(plan3.owner_of(m) != i % 3 for metas in plan3.metas for i, m in enumerate(metas))
+assert other > 0, "the solution's prose says the engine picks other owners"
+keep("ch5-owner-other", other)
+keep("ch5-owner-all", sum(map(len, plan3.metas)))
 
 # %% [markdown]
 # ## Summary
 #
-# - Distributed Muon per bucket: reduce-scatter gradients (fp32), momentum on the shard, DP gather
-#   (bf16, whole bucket), TP gather (per matrix), Newton-Schulz on the whole matrix, keep the TP
-#   then the DP shard, update the fp32 master shard, all-gather the parameters.
+# - Distributed Muon per bucket: reduce-scatter gradients (fp32), momentum and the Nesterov update
+#   on the shard, DP gather of the update (bf16, whole bucket), TP gather (per matrix),
+#   Newton-Schulz on the whole matrix, keep the TP then the DP shard, update the fp32 master
+#   shard, all-gather the parameters.
 # - The DP and TP gathers are Muon's extra communication; in the proof of concept's layout every
 #   rank also orthogonalises every matrix of the bucket.
 # - On one machine a correct implementation matches single-process Muon exactly, a test that
@@ -623,11 +709,20 @@ keep("ch5-ex3-straddlers", f"{straddlers:,.0f}")
 #
 # ## Exercises
 #
-# 1. Run `trace_step.py --dp 3 --tp 1 --show w1`. How many DP ranks own a piece of `w1`?
+# 1. Run `trace_step.py --dp 3 --tp 1 --show w1`. How many DP ranks own a piece of `w1`? (Its five
+#    matrices make one bucket at the default bucket size: see "The flow".)
 # 2. Put bug 1 back and run `verify.py` with `--groups 1`. Does the check catch it? What does that
 #    tell you about testing distributed optimizers?
 # 3. How many bytes would the DP gather move if each rank gathered only the matrices it owns a piece
 #    of? (Chapter 6 works it out.)
+# 4. Change the class: write stages 3-6 (`orthogonalise`) with one owner per matrix, chapter 8's
+#    layout, for data parallelism alone (`tp = 1`). Each rank sends its part of every matrix to that
+#    matrix's owner in one `dist.all_to_all_single`, the owner runs Newton-Schulz once per matrix,
+#    and a second `all_to_all_single` gives every rank its part of each result. Put your class in a
+#    file (it runs after the listing, so it can subclass `FromScratchMuon`) and check it against the
+#    engine's owner layout, on a grid that does not divide the buffer:
+#    `python scripts/from_scratch.py --dp 3 --code mine.py --class MyMuon --layout owner`.
+#    Does the choice of owners change any bit?
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
@@ -645,5 +740,16 @@ say(r"""
    2 x 2 grid traced above, {{ch5-ex3-straddlers}} bytes per rank on average instead of
    the {{ch5-ex3-whole}} of the whole-bucket DP gather (`dp_gather_bytes(...,
    "straddlers")`, which chapter 6 derives).
+4. One way, [`scripts/from_scratch_owner.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/from_scratch_owner.py) (the
+   chapter ran it on 2 x 1 and 3 x 1, {{ch5-owner-steps}} steps each: equal to
+   `DistributedMuon(layout="owner")` bit for bit on both). The owners do not change a bit: on
+   3 x 1 the engine, which balances the Newton-Schulz work, gives {{ch5-owner-other}} of the
+   {{ch5-owner-all}} matrices another owner than `i % dp`, and the parameters are the same,
+   since every owner runs the same Newton-Schulz on the same whole bf16 matrix and the other
+   stages are elementwise.
+
+```python
+{{ch5-owner-code}}
+```
 :::
 """)

@@ -83,7 +83,7 @@ _BY_SUITE = {
                    "hf_trainer from_scratch fsdp group_layout hf_models loops measure ns_group package qk_clip "
                    "readme_loop resume study train warmstart grad_landing step_explorer trainers",
     # the book: its chapters executed or read, its prose, its build
-    "book": "api_page book book_links claims colab nbexec notebook_outputs notebooks palette readability",
+    "book": "api_page book book_links claims colab from_scratch_page nbexec notebook_outputs notebooks palette readability",
     # a headless browser on the built pages
     "browser": "browser",
 }

@@ -169,41 +169,194 @@ def test_page_reads_well_offline(built_book, browser, name):
 
 # Chapter 5's step explorer (muongrid/lab/step_explorer.py): the text its SVG shows, and its slider and buttons.
 STEP_PLOT = "return document.querySelector('#fig-ch5-explorer .js-plotly-plot')"
-SHOWN_TEXT = "return [...arguments[0].querySelectorAll('.main-svg text')].map(t => t.textContent).join('\\n')"
+# The text a reader sees: drawn inside the figure (another grid's drawing lies far outside it, on the same axes).
+SHOWN_TEXT = """
+const plot = arguments[0], outer = plot.getBoundingClientRect();
+return [...plot.querySelectorAll('.main-svg text')].filter(t => !t.closest('.hoverlayer')).filter(t => {
+  const r = t.getBoundingClientRect();
+  return r.width > 0 && r.right > outer.left && r.left < outer.right && r.bottom > outer.top && r.top < outer.bottom;
+}).map(t => t.textContent).join('\\n');
+"""
+# What would read badly: text that runs off the figure, text that starts in a rank box and runs out of it,
+# and text over other text. The boxes' outlines are the figure's only lines: one path per layout and stage,
+# a closed run ("M...L...") per box, read here in page pixels.
+FIGURE_PROBLEMS = """
+const plot = arguments[0], outer = plot.getBoundingClientRect();
+const inside = (r, b) => r.left >= b.left - 1 && r.right <= b.right + 1 && r.top >= b.top - 1 && r.bottom <= b.bottom + 1;
+const meets = (r, b) => r.right > b.left && r.left < b.right && r.bottom > b.top && r.top < b.bottom;
+const boxes = [];
+for (const path of plot.querySelectorAll('.main-svg g.trace.scatter path.js-line')) {
+  const m = path.getScreenCTM();
+  for (const run of (path.getAttribute('d') || '').split('M').slice(1)) {
+    const xy = run.replace(/Z/g, '').split('L').map(p => p.split(',').map(Number));
+    const a = new DOMPoint(Math.min(...xy.map(p => p[0])), Math.min(...xy.map(p => p[1]))).matrixTransform(m);
+    const b = new DOMPoint(Math.max(...xy.map(p => p[0])), Math.max(...xy.map(p => p[1]))).matrixTransform(m);
+    const box = {left: a.x, top: a.y, right: b.x, bottom: b.y};
+    if (meets(box, outer)) boxes.push(box);
+  }
+}
+const problems = [], shown = [];
+for (const t of plot.querySelectorAll('.main-svg text')) {
+  if (t.closest('.hoverlayer')) continue;
+  const r = t.getBoundingClientRect();
+  if (r.width === 0 || !meets(r, outer)) continue;
+  if (!inside(r, outer)) { problems.push('runs off the figure: ' + t.textContent); continue; }
+  const y = (r.top + r.bottom) / 2;
+  const box = boxes.find(b => r.left + 1 >= b.left && r.left + 1 <= b.right && y >= b.top && y <= b.bottom);
+  if (box && !inside(r, box)) problems.push('runs out of its rank box: ' + t.textContent);
+  for (const [q, u] of shown)
+    if (Math.min(r.right, q.right) - Math.max(r.left, q.left) > 1
+        && Math.min(r.bottom, q.bottom) - Math.max(r.top, q.top) > 1)
+      problems.push('"' + t.textContent + '" over "' + u + '"');
+  shown.push([r, t.textContent]);
+}
+return problems;
+"""
+# Stages on every grid, set as the slider's steps and the buttons set them (Plotly.update, relayout); then back.
+# Stages 2 (a rank's header says what it will send) and 5 (its Newton-Schulz count) hold text that stages 3 and 6,
+# which the test clicks to, do not; a redraw takes seconds on a busy 2-core machine, so not all nine.
+SOME_STATES = """
+const [plot, check, stages, done] = [arguments[0], new Function(arguments[1]), arguments[2],
+                                     arguments[arguments.length - 1]];
+(async () => {
+  const found = [], steps = plot.layout.sliders[0].steps, buttons = plot.layout.updatemenus[0].buttons;
+  const start = plot.layout.sliders[0].active;
+  for (const s of stages) {
+    await Plotly.update(plot, steps[s].args[0], steps[s].args[1]);
+    for (const b of buttons) {
+      await Plotly.relayout(plot, b.args[0]);
+      for (const p of check.call(null, plot)) found.push(b.label + ', ' + steps[s].label + ': ' + p);
+    }
+  }
+  await Plotly.relayout(plot, buttons[plot.layout.updatemenus[0].active].args[0]);
+  await Plotly.update(plot, steps[start].args[0], steps[start].args[1]);
+  done(found);
+})();
+"""
+# The centre of send-matrix cell (from, to) of a layout (its axes: xaxis3 bucket, xaxis4 owner), in page pixels.
+CELL = """
+const [plot, axis, from, to] = [...arguments];
+const xa = plot._fullLayout['x' + axis], ya = plot._fullLayout['y' + axis], box = plot.getBoundingClientRect();
+return [box.left + xa._offset + xa.l2p(xa.range[0] + 0.5 + to), box.top + ya._offset + ya.l2p(from)];
+"""
 
 
 def shown_stage(driver, plot) -> str:
-    """The stage line the figure displays ("Stage 3 of 8: Gather for Newton-Schulz ...")."""
+    """The stage line the figure displays ("Stage 3 of 8: Gather the Nesterov update ...")."""
     text = driver.execute_script(SHOWN_TEXT, plot)
-    return next(line for line in text.split("\n") if line.startswith("Stage "))
+    stages = [line for line in text.split("\n") if line.startswith("Stage ")]
+    assert len(stages) == 1, stages   # one grid's title in sight
+    return stages[0]
 
 
-def test_the_step_explorer_steps_in_the_built_page(built_book, browser):
-    """Chapter 5's explorer moves with no kernel: a click on the slider shows another stage (its title, and
-    the ranks' text), a grid button another grid (a 4 x 1 grid's rank 3 is DP rank 3)."""
+def click_stage(driver, plot, stage: int, stages: int = 8) -> None:
+    """Click the slider's rail where ``stage`` of 0..``stages`` is."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
-    load(browser, built_book / "notebooks" / "05_distributed_step.html")
-    plot = browser.execute_script(STEP_PLOT)
-    assert plot is not None, "no Plotly figure inside fig-ch5-explorer"
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", plot)
-    assert shown_stage(browser, plot).startswith("Stage 3 of 8")
     rail = plot.find_element(By.CSS_SELECTOR, ".slider-rail-touch-rect")
-    seen = []
-    for fraction in (0.0, 1.0):   # the rail's two ends: stage 0, then stage 8
-        offset = round((fraction - 0.5) * (rail.size["width"] - 8))
-        ActionChains(browser).move_to_element_with_offset(rail, offset, 0).click().perform()
-        time.sleep(0.5)
-        seen.append(shown_stage(browser, plot))
-    assert seen[0].startswith("Stage 0 of 8: Before the step"), seen
-    assert seen[1].startswith("Stage 8 of 8: All-gather the parameters"), seen
-    assert "(dp 3, tp 0)" not in browser.execute_script(SHOWN_TEXT, plot)
-    button = next(b for b in plot.find_elements(By.CSS_SELECTOR, ".updatemenu-button") if b.text.strip() == "4 x 1")
-    ActionChains(browser).move_to_element(button).click().perform()
+    offset = round((stage / stages - 0.5) * (rail.size["width"] - 8))
+    ActionChains(driver).move_to_element_with_offset(rail, offset, 0).click().perform()
     time.sleep(0.5)
-    assert "(dp 3, tp 0)" in browser.execute_script(SHOWN_TEXT, plot)
-    assert shown_stage(browser, plot).startswith("Stage 3 of 8")   # a grid button starts at stage 3 again
+
+
+def click_grid(driver, plot, label: str) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    button = next(b for b in plot.find_elements(By.CSS_SELECTOR, ".updatemenu-button") if b.text.strip() == label)
+    ActionChains(driver).move_to_element(button).click().perform()
+    time.sleep(0.5)
+
+
+def hover_cell(driver, plot, axis: str, sender: int, receiver: int) -> str:
+    """Hover send-matrix cell (sender, receiver) of the layout drawn on ``axis``; the hover's text."""
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+
+    driver.execute_script("arguments[0].scrollIntoView({block: 'end'})", plot)   # the send matrices in view
+    x, y = driver.execute_script(CELL, plot, axis, sender, receiver)
+    for where in ((2, 2), (round(x), round(y))):   # away first, so the hover is this cell's
+        actions = ActionBuilder(driver)
+        actions.pointer_action.move_to_location(*where)
+        actions.perform()
+    time.sleep(0.4)
+    return driver.execute_script(
+        "const h = arguments[0].querySelector('.hoverlayer'); return h ? h.textContent : ''", plot)
+
+
+def test_the_step_explorer_in_the_built_page(built_book, browser):
+    """Chapter 5's explorer in the page a reader opens: its controls and rank boxes fit one 1280 x 800 view;
+    a click on the slider shows another stage, and a grid button another grid at the same stage; no text of
+    the figure runs off it, out of its rank box or over other text (at 1280 px: stages 2 and 5 on every grid,
+    3 and 6 where the clicks take it; at 400 px, where the figure keeps its width and scrolls); hovering a
+    send-matrix cell names the matrix pieces that travelled, who keeps them and, for the owner layout,
+    their owner."""
+    from muongrid.lab.step_explorer import MIN_WIDTH
+
+    load(browser, built_book / "notebooks" / "05_distributed_step.html")
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            dict(width=1280, height=800, deviceScaleFactor=1, mobile=False))
+    try:
+        time.sleep(0.5)
+        plot = browser.execute_script(STEP_PLOT)
+        assert plot is not None, "no Plotly figure inside fig-ch5-explorer"
+        # One view: the figure's top just under the page's header bar, its controls and rank boxes above the
+        # bottom edge (the send matrices may go below it).
+        browser.execute_script("""
+            const plot = arguments[0], bar = document.querySelector('.bd-header-article');
+            const below = bar ? bar.getBoundingClientRect().bottom : 0;
+            window.scrollBy(0, plot.getBoundingClientRect().top - below);""", plot)
+        time.sleep(0.3)
+        view = browser.execute_script("""
+            const plot = arguments[0], outer = plot.getBoundingClientRect();
+            const bar = document.querySelector('.bd-header-article');
+            const parts = [...plot.querySelectorAll('.slider-container, .updatemenu-container')]
+              .concat([...plot.querySelectorAll('.main-svg g.trace.scatter path.js-line')]
+                      .filter(p => { const r = p.getBoundingClientRect();
+                                     return r.width > 0 && r.left < outer.right && r.right > outer.left; }));
+            return {top: bar ? bar.getBoundingClientRect().bottom : 0, height: window.innerHeight,
+                    parts: parts.length, highest: Math.min(...parts.map(p => p.getBoundingClientRect().top)),
+                    lowest: Math.max(...parts.map(p => p.getBoundingClientRect().bottom))};""", plot)
+        assert view["height"] == 800 and view["parts"] >= 2 + 8   # slider, buttons, 2 x 4 rank boxes
+        assert view["highest"] >= view["top"] - 1 and view["lowest"] <= view["height"], view
+
+        assert shown_stage(browser, plot).startswith("Stage 3 of 8")
+        assert not browser.execute_script(FIGURE_PROBLEMS, plot)
+        browser.set_script_timeout(600)
+        problems = browser.execute_async_script(SOME_STATES, plot, FIGURE_PROBLEMS, [2, 5])
+        assert not problems, f"at 1280 px: {problems}"
+
+        click_stage(browser, plot, 6)
+        assert shown_stage(browser, plot).startswith("Stage 6 of 8: Keep my slice")
+        for label in ("4 x 1", "2 x 1", "2 x 2"):   # a grid keeps the stage
+            click_grid(browser, plot, label)
+            assert shown_stage(browser, plot).startswith("Stage 6 of 8"), label
+            assert ("(dp 3, tp 0)" in browser.execute_script(SHOWN_TEXT, plot)) == (label == "4 x 1")
+            assert not browser.execute_script(FIGURE_PROBLEMS, plot), label
+        click_stage(browser, plot, 3)
+        assert shown_stage(browser, plot).startswith("Stage 3 of 8")
+        ring, to_owner = hover_cell(browser, plot, "axis3", 0, 2), None
+        assert "ring all-gather over DP" in ring and "kept by rank 0" in ring, ring
+        for sender in range(4):   # an owner layout's all-to-all cell with something in it
+            for receiver in range(4):
+                text = hover_cell(browser, plot, "axis4", sender, receiver) if sender != receiver else ""
+                if "all-to-all" in text:
+                    to_owner = text
+                    break
+            if to_owner:
+                break
+        assert to_owner and f"its owner: rank {receiver}" in to_owner, to_owner
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+    narrow(browser, 400)
+    time.sleep(0.5)
+    plot = browser.execute_script(STEP_PLOT)
+    width, page_scrolls = browser.execute_script("""
+        const s = document.scrollingElement;
+        return [arguments[0].getBoundingClientRect().width, s.scrollWidth > s.clientWidth + 1];""", plot)
+    assert width >= MIN_WIDTH and not page_scrolls, (width, page_scrolls)   # the figure's box scrolls, not the page
+    assert not browser.execute_script(FIGURE_PROBLEMS, plot), "at 400 px"
     assert not console_errors(browser)
 
 

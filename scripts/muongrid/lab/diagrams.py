@@ -88,11 +88,12 @@ def collectives_diagram(demo: dict):
 # ---- one Muon step on a 2 x 2 grid -------------------------------------------------------------
 
 # Numbered as the stages of chapter 5's list and of the code's comments (flows.py, distributed.py):
-# 1 reduce-scatter, 2 momentum, 3 DP gather, 4 TP gather, 5 Newton-Schulz, 6 TP shard + DP shard,
-# 7 update, 8 parameter all-gather. The figure draws 2-6, the stages that move the momentum.
+# 1 reduce-scatter, 2 momentum and the Nesterov update, 3 DP gather, 4 TP gather, 5 Newton-Schulz, 6 TP shard +
+# DP shard, 7 update, 8 parameter all-gather. The figure draws 2-6, the stages that move the Nesterov update.
 FLOW_STAGES = [
-    # the trace reads the momentum shard as it leaves for the gather: a bf16 copy (the state stays fp32)
-    ("momentum_shard", "2. momentum (fp32):\nmy shard, sent as bf16", "shard"),
+    # the trace reads this rank's shard of the Nesterov update as it leaves for the gather, in bf16 (the momentum
+    # itself stays fp32)
+    ("momentum_shard", "2. Nesterov update:\nmy shard, sent as bf16", "shard"),
     ("dp_gathered", "3. DP gather\n(bucket, bf16)", "tp_block"),
     ("tp_gathered", "4. TP gather\n(whole matrix)", "whole"),
     ("orthogonalised", "5. Newton-Schulz\n(whole matrix)", "whole"),
