@@ -38,25 +38,27 @@ def layout_costs(groups: list[dict], dp: int, tp: int, bucket_numel: int | None,
     for layout in layouts:
         plans = costmodel.plans_for(groups, dp, tp, bucket_numel, layout)
         sent = costmodel.step_bytes(groups, dp, tp, bucket_numel, layout=layout)
-        metas = [m for g, metas_g in enumerate(plans[0].metas) if groups[g]["use_muon"] for m in metas_g]
-        if layout == "bucket":
-            runs = dp * tp
-            busiest = sum(ns5_flops(*m.full_shape) for m in metas)
-        else:
-            runs = 1
-            load = [0] * (dp * tp)
-            for m in metas:
-                members = plans[0].group_of(m)
-                for r in members or [plans[0].owner_of(m)]:
-                    load[r] += sharded_flops(*m.full_shape, len(members), split_b=True) if members else \
-                        ns5_flops(*m.full_shape)
-            busiest = max(load)
         rows.append(dict(layout=layout, bytes_per_rank=sent["total"],
                          vs_adamw=costmodel.bytes_ratio(groups, dp, tp, bucket_numel, layout),
-                         ns_runs_per_matrix=runs, busiest_ns_flops=busiest,
+                         ns_runs_per_matrix=dp * tp if layout == "bucket" else 1,
+                         busiest_ns_flops=max(ns_flops_per_rank(plans[0], groups)),
                          state_bytes_per_rank=max(p.local_state_numel() for p in plans) * STATE_BYTES,
                          overlap=default_overlap(layout)))
     return rows
+
+
+def ns_flops_per_rank(plan, groups: list[dict]) -> list[int]:
+    """Each rank's Newton-Schulz FLOPs under ``plan`` (any DP rank's: they share the owners): every matrix on every
+    rank under "bucket"; under the owner layouts each owner's matrices, a grouped one shared by its members."""
+    metas = [m for g, metas_g in enumerate(plan.metas) if groups[g]["use_muon"] for m in metas_g]
+    if plan.layout == "bucket":
+        return [sum(ns5_flops(*m.full_shape) for m in metas)] * (plan.dp * plan.tp)
+    load = [0] * (plan.dp * plan.tp)
+    for m in metas:
+        members = plan.group_of(m)
+        for r in members or [plan.owner_of(m)]:
+            load[r] += sharded_flops(*m.full_shape, len(members), split_b=True) if members else ns5_flops(*m.full_shape)
+    return load
 
 
 def fsdp2_row_pieces(shape: tuple[int, int], dp: int) -> list[Piece]:

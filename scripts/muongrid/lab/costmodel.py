@@ -37,6 +37,17 @@ aligned layout moves nothing over DP, but its uneven shards pad the reduce-scatt
 argument about the bound: the whole bucket (what the bucket layout does), only the matrices that
 straddle a shard boundary, or none.
 
+torch's own data-parallel paths, priced with the same ring convention (``comm.ring_bytes``), so a DDP user's
+options sit beside ours (``scripts/iteration_bench.py`` counts them; chapter 13 compares them):
+
+    DDP all-reduce (fp32)       2 (dp - 1) ceil(b / dp) * 4 per gradient bucket of b elements, under backward
+    ZeRO broadcast (fp32)       every parameter from its owner, its whole size on every rank (the ledger charges a
+                                broadcast in full to each rank of the ring); owners chosen "sorted-greedy"
+                                (``zero_partition``), by elements, not by Newton-Schulz FLOPs; DDP also
+                                broadcasts the module's buffers from rank 0 at every forward (``broadcast_bytes``)
+    our step's ballot (int32)   one MAX all-reduce of one int per parameter, two with a NaN/Inf check (phase
+                                "contract", which ``step_bytes`` leaves out)
+
 Time: a ring collective over ``n`` ranks takes ``(n - 1) * (alpha + shard_bytes / beta)``
 (``alpha`` the per-hop latency, ``beta`` the bandwidth); an all-reduce twice that. Gloo runs a
 reduce-scatter as an all-reduce of the whole input, so ``gloo_reduce_scatter=True`` prices it so.
@@ -58,20 +69,22 @@ DP_GATHER_VARIANTS = ("bucket", "straddlers", "none")
 
 
 def plans_for(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str = "bucket",
-              muon: bool = True, hw: dict | None = None) -> list:
+              muon: bool = True, hw: dict | None = None, first_only: bool = False) -> list:
     """The plan of every DP rank for ``groups`` (dicts with ``shapes`` (full), ``tp_split_dims`` and
     ``use_muon``, as ``synthetic.Problem.groups``); ``muon=False`` plans every group as AdamW; ``hw``
-    sizes the group layout's groups by time (``hardware.py``), as the optimizer's ``hw=`` does."""
+    sizes the group layout's groups by time (``hardware.py``), as the optimizer's ``hw=`` does. ``first_only``:
+    DP rank 0's plan alone (its geometry, cuts and owners are every rank's), in a list: at 1,024 ranks, the others
+    cost seconds for nothing."""
     specs = [[ParamSpec(f"g{g}.p{i}", tuple(s), d) for i, (s, d) in enumerate(zip(gr["shapes"], gr["tp_split_dims"]))]
              for g, gr in enumerate(groups)]
     flags = [bool(muon and g["use_muon"]) for g in groups]
-    return [build_plan(specs, dp, d, tp, bucket_numel, layout, flags, hw) for d in range(dp)]
+    return [build_plan(specs, dp, d, tp, bucket_numel, layout, flags, hw) for d in ([0] if first_only else range(dp))]
 
 
 def step_calls(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, muon: bool = True):
     """Every ring collective of one step under the bucket layout: (phase, op, group, ranks, shard elements,
     bytes per element). ``muon=False`` prices every group as AdamW (the baseline)."""
-    plan = plans_for(groups, dp, tp, bucket_numel, "bucket", muon)[0]
+    plan = plans_for(groups, dp, tp, bucket_numel, "bucket", muon, first_only=True)[0]
     for g, buckets in enumerate(plan.buckets):
         use_muon = muon and groups[g]["use_muon"]
         for bucket in buckets:
@@ -90,15 +103,41 @@ def step_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, m
     """Bytes world rank ``rank`` sends per step, by phase, and their total. With ``rank=None``, the mean
     over all ranks (every rank sends the same under the bucket layout; the owner layouts differ by rank).
     ``hw``: the group layout's plan sized by time on that profile (``plans_for``)."""
-    plan = plans_for(groups, dp, tp, bucket_numel, layout, muon, hw)[0]
+    plan = plans_for(groups, dp, tp, bucket_numel, layout, muon, hw, first_only=True)[0]
     use_muon = [bool(muon and g["use_muon"]) for g in groups]
     steps = [g.get("ns_steps", NS_STEPS) for g in groups]
     forms = [g.get("ns_form", NS_FORM) for g in groups]
     if rank is not None:
         return _rank_bytes(plan, use_muon, rank, steps, forms)
-    every = [_rank_bytes(plan, use_muon, r, steps, forms) for r in (range(dp * tp) if layout != "bucket" else [0])]
-    mean = {k: sum(e[k] for e in every) / len(every) for k in every[0]}
+    apart = layout == "group" and tp == 1   # grouped matrices summed over ranks at once: O(members), not O(dp^2)
+    every = [_rank_bytes(plan, use_muon, r, steps, forms, apart) for r in (range(dp * tp) if layout != "bucket" else [0])]
+    if apart:
+        every.append(_group_totals(plan, use_muon, steps, forms))
+    mean = {k: sum(e[k] for e in every) / (dp * tp if layout != "bucket" else 1) for k in every[0]}
     return {k: int(v) if v == int(v) else v for k, v in mean.items()}
+
+
+def _group_totals(plan, use_muon: list[bool], steps: list[int], forms: list[str]) -> dict:
+    """What every rank together sends for the grouped matrices on a DP-only grid: each matrix's pieces partition it,
+    so what travels to (and back from) its members is all of it but what each member holds of its own block."""
+    out = dict.fromkeys(PHASES, 0)
+    for g, metas in enumerate(plan.metas):
+        for meta in metas if use_muon[g] else ():
+            members = plan.group_of(meta)
+            if members is None:
+                continue
+            dim, bounds = long_bounds(meta.full_shape, len(members))
+            held = 0
+            for i, q in enumerate(members):
+                piece = plan.piece_slice(meta, q)
+                lo, hi = local_band(meta.full_shape, meta.shape, meta.tp_split_dim, 0, bounds[i], bounds[i + 1])
+                held += count_in_band(piece.start, piece.stop, meta.shape, dim, lo, hi)
+            moved = (meta.numel - held) * NS_BYTES
+            out["ns_to_owner"] += moved
+            out["ns_from_owner"] += moved
+            out["ns_group_gram"] += len(members) * group_bytes(*meta.full_shape, len(members), steps[g], forms[g])
+    out["total"] = sum(out.values())
+    return out
 
 
 def group_gram_bytes(rows: int, cols: int, size: int, steps: int = NS_STEPS) -> int:
@@ -149,7 +188,7 @@ def _group_bytes(plan, meta, members: tuple[int, ...], rank: int, steps: int, ou
 
 
 def _rank_bytes(plan, use_muon: list[bool], rank: int, steps: list[int] | None = None,
-                forms: list[str] | None = None) -> dict:
+                forms: list[str] | None = None, groups_apart: bool = False) -> dict:
     dp, tp, layout = plan.dp, plan.tp, plan.layout
     out = dict.fromkeys(PHASES, 0)
     for g, buckets in enumerate(plan.buckets):
@@ -167,6 +206,8 @@ def _rank_bytes(plan, use_muon: list[bool], rank: int, steps: list[int] | None =
                         out["ns_gather_tp"] += (tp - 1) * meta.numel * NS_BYTES
                     continue
                 members = plan.group_of(meta)
+                if members is not None and groups_apart:   # _group_totals counts them
+                    continue
                 if members is not None:
                     _group_bytes(plan, meta, members, rank, (steps or [NS_STEPS] * len(use_muon))[g], out,
                                  (forms or [NS_FORM] * len(use_muon))[g])
@@ -200,7 +241,7 @@ def dp_gather_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | No
         raise ValueError(f"variant must be one of {DP_GATHER_VARIANTS}")
     if variant == "none" or dp == 1:
         return 0.0
-    plan = plans_for(groups, dp, tp, bucket_numel)[0]
+    plan = plans_for(groups, dp, tp, bucket_numel, first_only=True)[0]
     total = 0.0
     for g, buckets in enumerate(plan.buckets):
         if not groups[g]["use_muon"]:
@@ -264,3 +305,29 @@ def links_for_grid(dp: int, tp: int, gpus_per_node: int, intra: tuple[float, flo
     ring is as slow as its slowest link.
     """
     return {"tp": intra if tp <= gpus_per_node else inter, "dp": intra if dp * tp <= gpus_per_node else inter}
+
+
+def ddp_all_reduce_bytes(bucket_numels: list[int], dp: int, element_size: int = GRAD_BYTES) -> int:
+    """Bytes one rank sends when DDP all-reduces gradient buckets of ``bucket_numels`` elements over ``dp`` ranks."""
+    return sum(2 * (dp - 1) * -(-b // dp) * element_size for b in bucket_numels)
+
+
+def zero_partition(numels: list[int], dp: int) -> list[int]:
+    """The rank ``ZeroRedundancyOptimizer`` gives each parameter of one group (``numels``, in the group's order): the
+    largest first (a stable sort), each to the rank holding the fewest elements so far (the first such rank)."""
+    owners, held = [0] * len(numels), [0] * dp
+    for i in sorted(range(len(numels)), key=lambda i: -numels[i]):
+        owners[i] = held.index(min(held))
+        held[owners[i]] += numels[i]
+    return owners
+
+
+def broadcast_bytes(numels: list[int], dp: int, element_size: int = PARAM_BYTES) -> int:
+    """Bytes one rank sends when tensors of ``numels`` elements are each broadcast over ``dp`` ranks: every parameter
+    from its owner under ``ZeroRedundancyOptimizer``; DDP's module buffers from rank 0 at each forward."""
+    return sum(numels) * element_size if dp > 1 else 0
+
+
+def ballot_bytes(n_params: int, world: int, checked: bool = True) -> int:
+    """Bytes one rank sends in our step's one ballot (``contract.vote``): int32 per parameter, twice with a check."""
+    return 2 * (world - 1) * -(-(n_params * (2 if checked else 1)) // world) * 4 if world > 1 else 0
