@@ -25,6 +25,10 @@ Problems, models and measurements:
     steppath       the step path, measured: which modules and lines one steady-state step() runs
     poc_bugs       the proof of concept's two bugs, put back on purpose
     faultcheck     what a clean failure shows, for each fault scripts/faults.py injects
+    c10d_count     every collective a process runs (DDP's and ZeRO's too), counted where torch dispatches it
+    iteration      DDP + torch's Muon, DDP + ZeroRedundancyOptimizer and ours: one training iteration, timed in parts
+    iteration_run  iteration_bench.py's schedule on every rank: warm up, count, time interleaved runs, probe DDP
+    iteration_report  its records read into times, counts, the closed forms and the count checks
 
 Models of cost, closed forms beside the ledger:
 

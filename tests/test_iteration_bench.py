@@ -1,0 +1,70 @@
+"""``scripts/iteration_bench.py`` counts what each data-parallel option moves and runs, and the counts are the closed
+forms': one short launch (3 gloo ranks, a one-layer Llama and a one-layer tied GPT-2, one timed iteration), whose
+checks the script makes itself (bytes per rank equal to ``costmodel``'s, every gradient reduced once, ZeRO's owners,
+each matrix orthogonalised once, the losses within 1e-4 of ZeRO's, our layouts bit for bit alike) and whose counts
+are read here. Times are printed by the script and never asserted.
+
+    python -m pytest -q tests/test_iteration_bench.py
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import last_json, refused, script
+from muongrid.lab.iteration import OURS
+from muongrid.newton_schulz import ns5_flops
+
+DP = 3   # uneven: buckets pad, ZeRO's greedy owners and ours differ
+
+
+@pytest.fixture(scope="module")
+def record():
+    proc = script("iteration_bench.py", "--dp", str(DP), "--models", "llama:32x1,gpt2:32x1", "--runs", "1",
+                  "--iters", "1", "--probes", "1", "--batch", "6", "--seq", "16", "--scale", "8", timeout=600)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    return last_json(proc.stdout)
+
+
+def test_every_count_check_passes(record):
+    assert record["ok"] and not record["failed"]
+    checks = [c for r in record["results"] for c in r["checks"]]
+    assert len(checks) >= 2 * 6 * 4, checks   # two models, six options, at least four checks each
+    assert [r["model"]["kind"] for r in record["results"]] == ["llama", "gpt2"]
+
+
+def test_who_moves_what_where(record):
+    for result in record["results"]:
+        options = result["options"]
+        torch_, zero = options["torch"], options["zero"]
+        # DDP reduces under backward, torch's Muon moves nothing in step(); ZeRO adds one broadcast per parameter
+        assert torch_["by_stage"]["backward"]["calls"] == len(torch_["buckets"]) >= 1
+        assert "step" not in torch_["by_stage"]
+        assert zero["by_stage"]["step"]["calls"] > 0 and zero["buckets"] == torch_["buckets"]
+        assert zero["by_stage"]["step"]["bytes"] == zero["bytes_per_rank"][0] - torch_["bytes_per_rank"][0]
+        for name in OURS:
+            assert set(options[name]["by_stage"]) == {"step"}
+        # the gate of issue 54: ours moves fewer bytes per rank than DDP + ZeRO, under every layout here
+        for name in ("owner", "aligned", "group"):
+            assert max(options[name]["bytes_per_rank"]) < min(zero["bytes_per_rank"])
+
+
+def test_newton_schulz_work_per_rank(record):
+    for result in record["results"]:
+        options = result["options"]
+        every = options["torch"]["ns_flops_per_rank"]
+        assert len(set(every)) == 1   # DDP + torch.optim.Muon: every rank orthogonalises every matrix
+        total = every[0]
+        assert total == sum(ns5_flops(*s) for g in result["groups"] if g["use_muon"] for s in g["shapes"])
+        assert options["bucket"]["ns_flops_per_rank"] == every
+        for name in ("zero", "owner", "aligned"):   # each matrix once, on its owner
+            per_rank = options[name]["ns_flops_per_rank"]
+            assert sum(per_rank) == total and max(per_rank) < total
+        # ours owns by Newton-Schulz FLOPs, ZeRO by elements: ours is never less balanced here
+        assert max(options["owner"]["ns_flops_per_rank"]) <= max(options["zero"]["ns_flops_per_rank"])
+
+
+def test_bad_arguments_are_refused_before_anything_starts():
+    from iteration_bench import main
+    assert "--warmup >= 2" in refused(main, "--warmup", "1")
+    assert "unknown" in refused(main, "--variants", "torch,adam")
+    assert "KIND:HIDDENxLAYERS" in refused(main, "--models", "llama-256")
