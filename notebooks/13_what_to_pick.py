@@ -18,11 +18,12 @@
 # # 13. What to pick and what it costs
 #
 # ```{admonition} What this chapter runs
-# Only arithmetic: the ZeRO-1 plan, the closed-form cost model of chapters 4, 6 and 8 and a time
+# Arithmetic above all: the ZeRO-1 plan, the closed-form cost model of chapters 4, 6 and 8 and a time
 # model on two hardware profiles (one of them this machine's, read from a recorded calibration),
 # then the whole training step of four real configurations on the book's H100 table, up to Kimi
-# K2 on 256 GPUs (its plans of 70,000 matrices are most of the time). No process and no kernel.
-# About twenty seconds.
+# K2 on 256 GPUs (its plans of 70,000 matrices are most of the time); and one short run on 3
+# processes that counts what DDP, `ZeroRedundancyOptimizer` and this package each move.
+# About forty seconds.
 # Reading: about 20 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
@@ -50,7 +51,7 @@ if "google.colab" in sys.modules:
     install = [sys.executable, "-m", "pip", "install", "-q"]
     if importlib.util.find_spec("muongrid") is None:  # the book's package, not its deps
         subprocess.run([*install, "--no-deps", ".."], check=True)
-    wanted = []
+    wanted = [('transformers', 'transformers==5.24.0')]
     missing = [pip for module, pip in wanted
                if importlib.util.find_spec(module) is None]
     if missing:
@@ -72,25 +73,83 @@ elif (importlib.util.find_spec("muongrid") is None
 #    already reduce-scatters the gradients and gathers the parameters; Muon adds only each
 #    matrix's trip to its owner and back, and runs Newton-Schulz once per matrix.
 #    (`torch.optim.Muon` also runs on FSDP2 parameters, but gathers every matrix on every rank.)
-# 2. **Otherwise: ZeRO-1 data parallel, times tensor parallel if the model is tensor-parallel**, with
+# 2. **Is the model wrapped in `DistributedDataParallel` (Hugging Face Trainer, Accelerate,
+#    Lightning), data parallel only?** torch's own `ZeroRedundancyOptimizer(torch.optim.Muon)`
+#    is correct Muon and may be enough: see when below, and
+#    {doc}`chapter 12 <12_use_it>` for the clock. This package pays where the counts do.
+# 3. **Otherwise: ZeRO-1 data parallel, times tensor parallel if the model is tensor-parallel**, with
 #    `DistributedMuon(groups, grid)`, whose default is `layout="owner"` (chapters 8 and 12). Each
 #    matrix is orthogonalised once, by an owner chosen to balance Newton-Schulz work; only pieces
 #    not already on the owner travel. The other knobs rarely need touching: `overlap` (prefetch by
 #    default), `chunks` (exchanges per step), `ns_batch` (batched by shape on a GPU by default),
 #    `bucket_numel`, `check_finite`; the {doc}`API reference <../book/api>` says what each does.
-# 3. **`layout="aligned"` only for a stack of equal matrices smaller than a bucket.** It cuts the
+# 4. **`layout="aligned"` only for a stack of equal matrices smaller than a bucket.** It cuts the
 #    shards on matrix boundaries, so nothing travels over DP for Newton-Schulz. But unequal
 #    matrices, or matrices larger than a bucket (every matrix of an 8B model), make the shards
 #    uneven, and the gradient reduce-scatter and parameter all-gather carry the padding: one layer
 #    of Llama-3-8B, and its whole optimizer step, cost more bytes under `aligned` than under
 #    `owner` (computed below). Price your shapes with `layout_costs` first.
-# 4. **One matrix holds more than its fair share of the Newton-Schulz work** (its owner would be the
+# 5. **One matrix holds more than its fair share of the Newton-Schulz work** (its owner would be the
 #    busiest rank by far, or there are more ranks than matrices): `layout="group"` shares such a
 #    matrix over a group of ranks ({doc}`chapter 15 <15_muon_at_scale>`). Its collectives cost
 #    bytes and memory, so keep each group inside a node.
-# 5. **`layout="bucket"` only to reproduce the paper and the proof of concept**: every rank gathers
+# 6. **`layout="bucket"` only to reproduce the paper and the proof of concept**: every rank gathers
 #    whole buckets and orthogonalises every matrix: the paper's 1.25 x AdamW on a DP-only grid,
 #    and Newton-Schulz work that does not shrink as ranks are added.
+
+# %% [markdown]
+# ### Under DDP: ZeroRedundancyOptimizer or this package
+#
+# What each moves and runs, counted: one short run of `scripts/iteration_bench.py` on 3 ranks (a
+# Llama and a GPT-2 with tied embeddings, two layers of width 128; about 20 s), whose byte counts
+# equal the closed form, and the closed form at 8 to 1,024 ranks. Its times are too short to read;
+# {doc}`chapter 12 <12_use_it>` times a longer run.
+
+# %%
+from IPython.display import Markdown, display
+from muongrid.lab.page import keep, listing, say, show
+
+from muongrid.lab.iteration_report import LABELS
+from muongrid.lab.notebook import last_json, run, table
+
+counted = last_json(run("iteration_bench.py --dp 3 --models llama:128x2,gpt2:128x2 "
+                        "--runs 1 --iters 2 --probes 1", log="collapsed"))
+DPS = (3, 8, 64, 1024)
+for result in counted["results"]:
+    rows = []
+    for name in ("zero", "owner", "group"):
+        o = result["options"][name]
+        at = [max(o["bytes_per_rank"])] + [o["closed_form_at"][str(d)] for d in DPS[1:]]
+        ns = [max(o["ns_flops_per_rank"])] + [o["busiest_ns_at"][str(d)] for d in DPS[1:]]
+        rows.append([LABELS[name], *(f"{b / 1e6:.2f}" for b in at), *(f"{f / 1e9:.2f}" for f in ns)])
+    kind = "Llama" if result["model"]["kind"] == "llama" else "GPT-2, tied embeddings"
+    display(Markdown(f"**{kind}**: MB sent per rank and iteration, then the busiest rank's "
+                     "Newton-Schulz GFLOP, at 3 (counted), 8, 64 and 1,024 ranks:"))
+    table(["option", *map(str, DPS), *map(str, DPS)], rows, align="lrrrrrrrr")
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# The claims below, on the counts above.
+assert counted["ok"]
+ratios, ns_ratio = [], []
+for result in counted["results"]:
+    z, o, g = (result["options"][k] for k in ("zero", "owner", "group"))
+    ratios += [z["closed_form_at"][str(d)] / o["closed_form_at"][str(d)] for d in DPS[1:]]
+    ratios.append(max(z["bytes_per_rank"]) / max(o["bytes_per_rank"]))
+    ns_ratio.append(z["busiest_ns_at"]["1024"] / g["busiest_ns_at"]["1024"])
+assert min(ratios) > 1 and min(ns_ratio) > 1
+keep("ch13-zero-bytes", f"{min(ratios):.2f} to {max(ratios):.2f}")
+keep("ch13-zero-ns", f"{min(ns_ratio):.0f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+Under DDP + `ZeroRedundancyOptimizer`, each rank sends {{ch13-zero-bytes}} times the bytes it sends
+under ours (owner layout) on these models, from 3 to 1,024 ranks: DDP all-reduces every gradient
+(a reduce-scatter and an all-gather) and ZeRO then broadcasts every parameter. ZeRO owns whole
+matrices by their number of elements; at 1,024 ranks its busiest rank does {{ch13-zero-ns}} or more
+times the Newton-Schulz work of ours under `layout="group"`, which shares a matrix among ranks.
+So ZeRO is enough while the links are not the bottleneck and the ranks are few against the matrices;
+past that, and with TP or FSDP2 (which ZeRO does not shard), use this package.
+""")
 
 # %% [markdown]
 # ## What each layout costs
@@ -103,11 +162,7 @@ elif (importlib.util.find_spec("muongrid") is None
 # padding included).
 
 # %% tags=["hide-input"] jupyter={"source_hidden": true}
-from IPython.display import Markdown, display
-from muongrid.lab.page import keep, listing, say, show
-
 from muongrid.lab.choice import layout_costs
-from muongrid.lab.notebook import table
 from muongrid.lab.synthetic import DEFAULT_SHAPES, DEFAULT_TP_DIMS, stack_shapes
 from muongrid.plan import DEFAULT_BUCKET_NUMEL
 
