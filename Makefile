@@ -17,7 +17,7 @@ help:
 	@echo "make verify  check Distributed Muon against one process on a 2 x 2 grid"
 	@echo "make record  re-record the timing runs the book cites (book/data/bench_*.json, time_model_cpu.json; ~10 min, idle machine)"
 	@echo "make step-bench  one optimizer step's GPU cost counted on the meta device, against torch.optim.Muon (~30 s)"
-	@echo "make record-gpu  on a machine with a GPU: time the step there (OUT=file, default _build/record-gpu/step_bench_gpu.json)"
+	@echo "make record-gpu  on a machine with a GPU: time the step there (OUT=file, default _build/record-gpu/step_bench_gpu.json), and with 2+ GPUs the whole iteration against DDP + ZeroRedundancyOptimizer (ITER_OUT)"
 	@echo "make lab     set up .venv, add JupyterLab to it, and open the chapters (notebooks/) in it"
 	@echo "make mutate  mutation testing (cosmic-ray) of the engine's math, plan and routes; by hand, not in make test (MUTATE_ARGS='--sample 100': fewer)"
 	@echo "make setup   only create .venv from requirements.txt and install muongrid into it (editable)"
@@ -75,10 +75,18 @@ step-bench: $(STAMP)
 # GPU's model, driver, CUDA and NCCL versions beside the command, commit and machine (muongrid/lab/provenance.py,
 # muongrid/lab/gpurecord.py). It writes OUT (default under _build/, which git ignores); copy a record worth
 # citing into book/data/ by hand. PYTHON=/path/to/python make record-gpu OUT=/some/file.json
+# With two GPUs or more it also records the whole iteration (DDP + torch.optim.Muon, DDP + ZeroRedundancyOptimizer and
+# ours, scripts/iteration_bench.py) under torchrun, one rank per GPU on NCCL, into ITER_OUT; it has not run on GPUs yet.
 OUT ?= _build/record-gpu/step_bench_gpu.json
+ITER_OUT ?= _build/record-gpu/iteration_bench_gpu.json
 record-gpu:
 	PYTHONPATH=scripts $(PYTHON) scripts/step_bench.py --device cuda --time --out $(OUT)
 	@echo "make record-gpu: wrote $(OUT)"
+	@gpus=$$($(PYTHON) -c "import torch; print(torch.cuda.device_count())"); \
+	if [ "$$gpus" -ge 2 ]; then \
+		PYTHONPATH=scripts $(PYTHON) -m torch.distributed.run --standalone --nproc-per-node $$gpus \
+			scripts/iteration_bench.py --dp $$gpus --out $(ITER_OUT) && echo "make record-gpu: wrote $(ITER_OUT)"; \
+	else echo "make record-gpu: iteration_bench.py needs 2 GPUs or more (one NCCL rank per GPU); $$gpus here"; fi
 
 # Mutation testing (issue 41): cosmic-ray, pinned, installed here rather than in requirements.txt (nothing else
 # needs it); it runs in a copy of the tree (tests/mutate_run.py says how) and reports each module's score.

@@ -76,7 +76,9 @@ elif (importlib.util.find_spec("muongrid") is None
 # 2. **Is the model wrapped in `DistributedDataParallel` (Hugging Face Trainer, Accelerate,
 #    Lightning), data parallel only?** torch's own `ZeroRedundancyOptimizer(torch.optim.Muon)`
 #    is correct Muon and may be enough: see when below, and
-#    {doc}`chapter 12 <12_use_it>` for the clock. This package pays where the counts do.
+#    {doc}`chapter 12 <12_use_it>` for the clock. Where the trainer keeps the wrapper,
+#    `DistributedMuon(groups, grid, grad_reduce="ddp")` takes ZeRO's place; where you can leave
+#    it out, `DistributedMuon(groups, grid)` on the bare model moves the fewest bytes (below).
 # 3. **Otherwise: ZeRO-1 data parallel, times tensor parallel if the model is tensor-parallel**, with
 #    `DistributedMuon(groups, grid)`, whose default is `layout="owner"` (chapters 8 and 12). Each
 #    matrix is orthogonalised once, by an owner chosen to balance Newton-Schulz work; only pieces
@@ -113,19 +115,22 @@ from muongrid.lab.iteration_report import LABELS
 from muongrid.lab.notebook import last_json, run, table
 
 counted = last_json(run("iteration_bench.py --dp 3 --models llama:128x2,gpt2:128x2 "
-                        "--runs 1 --iters 2 --probes 1", log="collapsed"))
-DPS = (3, 8, 64, 1024)
+                        "--seq 64 --runs 1 --iters 2 --probes 1", log="collapsed"))
+DPS = ("3", "8", "64", "1024")
 for result in counted["results"]:
     rows = []
-    for name in ("zero", "owner", "group"):
+    for name in ("zero", "ddp", "owner", "group"):
         o = result["options"][name]
-        at = [max(o["bytes_per_rank"])] + [o["closed_form_at"][str(d)] for d in DPS[1:]]
-        ns = [max(o["ns_flops_per_rank"])] + [o["busiest_ns_at"][str(d)] for d in DPS[1:]]
-        rows.append([LABELS[name], *(f"{b / 1e6:.2f}" for b in at), *(f"{f / 1e9:.2f}" for f in ns)])
+        sent = [max(o["bytes_per_rank"])] + [o["closed_form_at"][d] for d in DPS[1:]]
+        ns = [max(o["ns_flops_per_rank"])] + [o["busiest_ns_at"][d] for d in DPS[1:]]
+        rows.append([LABELS[name], *(f"{b / 1e6:.2f}" for b in sent),
+                     *(f"{f / 1e9:.2f}" for f in ns)])
     kind = "Llama" if result["model"]["kind"] == "llama" else "GPT-2, tied embeddings"
-    display(Markdown(f"**{kind}**: MB sent per rank and iteration, then the busiest rank's "
-                     "Newton-Schulz GFLOP, at 3 (counted), 8, 64 and 1,024 ranks:"))
-    table(["option", *map(str, DPS), *map(str, DPS)], rows, align="lrrrrrrrr")
+    display(Markdown(f"**{kind}**: MB sent per rank and iteration, then the busiest "
+                     "rank's Newton-Schulz (NS) GFLOP, at 3 ranks (counted), 8, 64 and "
+                     "1024 (the closed form):"))
+    table(["option", *(f"MB, {n}" for n in DPS), *(f"NS, {n}" for n in DPS)], rows,
+          align="lrrrrrrrr")
 
 # %% tags=["remove-cell"] jupyter={"source_hidden": true}
 # The claims below, on the counts above.
@@ -133,12 +138,20 @@ assert counted["ok"]
 ratios, ns_ratio = [], []
 for result in counted["results"]:
     z, o, g = (result["options"][k] for k in ("zero", "owner", "group"))
-    ratios += [z["closed_form_at"][str(d)] / o["closed_form_at"][str(d)] for d in DPS[1:]]
+    ratios += [z["closed_form_at"][d] / o["closed_form_at"][d] for d in DPS[1:]]
     ratios.append(max(z["bytes_per_rank"]) / max(o["bytes_per_rank"]))
     ns_ratio.append(z["busiest_ns_at"]["1024"] / g["busiest_ns_at"]["1024"])
 assert min(ratios) > 1 and min(ns_ratio) > 1
 keep("ch13-zero-bytes", f"{min(ratios):.2f} to {max(ratios):.2f}")
 keep("ch13-zero-ns", f"{min(ns_ratio):.0f}")
+ddp_vs, counted_vs = [], []
+for result in counted["results"]:
+    d, z = result["options"]["ddp"], result["options"]["zero"]
+    ddp_vs += [d["closed_form_at"][n] / z["closed_form_at"][n] for n in DPS[1:]]
+    counted_vs.append(max(d["bytes_per_rank"]) / max(z["bytes_per_rank"]))
+assert max(counted_vs) < 1 < max(ddp_vs)   # fewer on 3 ranks, more where padding grows
+keep("ch13-ddp-3", f"{min(counted_vs):.2f} to {max(counted_vs):.2f}")
+keep("ch13-ddp-most", f"{max(ddp_vs):.1f}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
@@ -147,8 +160,12 @@ under ours (owner layout) on these models, from 3 to 1,024 ranks: DDP all-reduce
 (a reduce-scatter and an all-gather) and ZeRO then broadcasts every parameter. ZeRO owns whole
 matrices by their number of elements; at 1,024 ranks its busiest rank does {{ch13-zero-ns}} or more
 times the Newton-Schulz work of ours under `layout="group"`, which shares a matrix among ranks.
-So ZeRO is enough while the links are not the bottleneck and the ranks are few against the matrices;
-past that, and with TP or FSDP2 (which ZeRO does not shard), use this package.
+The DDP mode (`grad_reduce="ddp"`) keeps DDP's all-reduce and all-gathers the parameters where ZeRO
+broadcasts them: {{ch13-ddp-3}} x ZeRO's bytes on 3 ranks. Its shards hold whole matrices, so they
+are uneven and the all-gather carries their padding, which grows with the ranks: up to
+{{ch13-ddp-most}} x ZeRO's in the closed form on these small models. So ZeRO is enough while the
+links are not the bottleneck and the ranks are few against the matrices; past that, and with TP or
+FSDP2 (which ZeRO does not shard), use this package on the bare model.
 """)
 
 # %% [markdown]

@@ -8,7 +8,8 @@ same batches (rank r takes its rows of each global batch) and runs them interlea
              vectors: ``hybrid_param_groups``' routing, as ours): every rank steps every parameter
     zero     DDP + ZeroRedundancyOptimizer(torch.optim.Muon) + ZeroRedundancyOptimizer(torch.optim.AdamW): each
              whole parameter has an owner, which steps it and broadcasts it
-    ddp      DDP + DistributedMuon(groups, grid, grad_reduce="ddp"), where this version has it
+    ddp      DDP + DistributedMuon(groups, grid, grad_reduce="ddp") (the aligned layout: step() reduces nothing,
+             orthogonalises each whole matrix on the rank whose shard holds it, and all-gathers the parameters)
     bucket, owner, aligned, group    DistributedMuon(groups, grid, layout=...) on the bare model (no DDP)
 
 Each iteration is timed in parts (forward, backward, step), and the step inside (``Clock``): Newton-Schulz
@@ -58,18 +59,20 @@ def has_ddp_mode() -> bool:
 
 def build_model(kind: str, hidden: int, layers: int, vocab: int, seq: int, seed: int) -> torch.nn.Module:
     """A Llama (untied, MLP 2 x hidden, 4 heads, as many key-value heads) or GPT-2 (tied, no dropout), seeded."""
+    import transformers
+    transformers.logging.set_verbosity_error()   # its notes on configs built without a tokenizer
     torch.manual_seed(seed)
     if kind == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
         return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                                             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
                                             max_position_embeddings=seq, tie_word_embeddings=False,
-                                            bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM"))
+                                            bos_token_id=0, eos_token_id=0))
     if kind == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
         return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=hidden, n_layer=layers,
                                           n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                          bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM"))
+                                          bos_token_id=0, eos_token_id=0))
     raise ValueError(f"unknown model {kind!r}: llama or gpt2")
 
 

@@ -53,6 +53,9 @@ def closed_form(name: str, census: dict, buckets: list[int], dp: int, rank: int 
         ours = costmodel.step_bytes(_groups(census), dp, 1, "auto", layout=name, rank=rank)["total"]
         return ours + costmodel.ballot_bytes(census["n_params"], dp, census["check_finite"] is not None)
     ddp = costmodel.ddp_all_reduce_bytes(buckets, dp) + costmodel.broadcast_bytes(census["buffers"], dp)
+    if name == "ddp":   # our DDP mode: the aligned plan's step without its reduce-scatter, and no ballot
+        step = costmodel.step_bytes(_groups(census), dp, 1, "auto", layout="aligned", rank=rank)
+        return ddp + step["total"] - step["grad_reduce_scatter"]
     return ddp + (costmodel.broadcast_bytes(params, dp) if name == "zero" else 0)
 
 
@@ -64,8 +67,8 @@ def ns_per_rank(name: str, census: dict, dp: int) -> list[int]:
     if name == "zero":
         owners = costmodel.zero_partition([s[0] * s[1] for s in shapes], dp)
         return [sum(ns5_flops(*s) for s, o in zip(shapes, owners) if o == r) for r in range(dp)]
-    groups = _groups(census)
-    return ns_flops_per_rank(costmodel.plans_for(groups, dp, 1, "auto", name, first_only=True)[0], groups)
+    groups, layout = _groups(census), "aligned" if name == "ddp" else name
+    return ns_flops_per_rank(costmodel.plans_for(groups, dp, 1, "auto", layout, first_only=True)[0], groups)
 
 
 def summarize(everyone: list[dict], dp: int, spec: dict, scale: tuple[int, ...] = SCALE_DPS) -> dict:
@@ -139,6 +142,12 @@ def checks(n: str, row: dict, everyone: list[dict], dp: int) -> dict:
             for b, lb in zip(row["bytes_per_rank"], row["ledger_bytes_per_rank"]))
         return out
     out[f"{n}: DDP reduces every gradient element once"] = sum(row["buckets"]) == census["grad_numel"]
+    if n == "ddp":
+        out[f"{n}: step() reduces nothing and holds no ballot"] = "reduce_scatter" not in {
+            c["op"] for c in census["calls"] if c["stage"] == "step"} and all(
+            c["summary"]["by_stage"].get("step", {}).get("bytes", 0) == c["ledger_bytes"]
+            for c in (r["counted"][n] for r in everyone))
+        out[f"{n}: each matrix orthogonalised once"] = sum(row["ns_flops_per_rank"]) == total_ns
     if n == "torch":
         out[f"{n}: nothing moves in step()"] = "step" not in stages
     if n == "zero":
