@@ -1,8 +1,9 @@
 """``scripts/iteration_bench.py`` counts what each data-parallel option moves and runs, and the counts are the closed
-forms': one short launch (3 gloo ranks, a one-layer Llama and a one-layer tied GPT-2, one timed iteration), whose
+forms': one short launch (3 gloo ranks, a one-layer Llama, one timed iteration), whose
 checks the script makes itself (bytes per rank equal to ``costmodel``'s, every gradient reduced once, ZeRO's owners,
-each matrix orthogonalised once, the losses within 1e-4 of ZeRO's, our layouts bit for bit alike) and whose counts
-are read here. Times are printed by the script and never asserted.
+each matrix orthogonalised once, the first losses within 1e-4 of ZeRO's) and whose counts are read here. Times are
+printed by the script and never asserted. Chapter 13 runs the same checks on a Llama and a GPT-2 with tied
+embeddings, two layers each (its build fails if one fails).
 
     python -m pytest -q tests/test_iteration_bench.py
 """
@@ -19,7 +20,7 @@ DP = 3   # uneven: buckets pad, ZeRO's greedy owners and ours differ
 
 @pytest.fixture(scope="module")
 def record():
-    proc = script("iteration_bench.py", "--dp", str(DP), "--models", "llama:32x1,gpt2:32x1", "--runs", "1",
+    proc = script("iteration_bench.py", "--dp", str(DP), "--models", "llama:32x1", "--runs", "1",
                   "--iters", "1", "--probes", "1", "--batch", "6", "--seq", "16", "--scale", "8", timeout=600)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     return last_json(proc.stdout)
@@ -28,8 +29,8 @@ def record():
 def test_every_count_check_passes(record):
     assert record["ok"] and not record["failed"]
     checks = [c for r in record["results"] for c in r["checks"]]
-    assert len(checks) >= 2 * 6 * 4, checks   # two models, six options, at least four checks each
-    assert [r["model"]["kind"] for r in record["results"]] == ["llama", "gpt2"]
+    assert len(checks) >= 7 * 4, checks   # seven options, at least four checks each
+    assert [r["model"]["kind"] for r in record["results"]] == ["llama"]
 
 
 def test_who_moves_what_where(record):
