@@ -16,8 +16,9 @@ Each iteration is timed in parts (forward, backward, step), and the step inside 
 (torch's kernel wrapped where torch.optim.Muon looks it up; our flows' ``newton_schulz`` on the optimizer's own
 flow), ZeRO's parameter broadcast (its ``_sync_params``), and our ledger's seconds per phase (gradient
 reduce-scatter, the exchange, the parameter all-gather). DDP reduces under backward, so two probes after each run
-say what that costs: the same backward under ``no_sync()`` (no reduction; the difference is the reduction left
-exposed after backward) and DDP's buckets all-reduced alone (the whole reduction). One iteration per option, set
+say what that costs: the same backward under ``no_sync()`` (no reduction; the difference is what DDP adds to
+backward: the reduction it leaves exposed, and its copies into and out of its buckets) and DDP's buckets
+all-reduced alone (the whole reduction). One iteration per option, set
 apart and untimed, is counted (``c10d_count.C10dCounter``: every collective, DDP's and ZeRO's too).
 
 Models are built from configs (``transformers``, no download): a Llama, and GPT-2 (tied embeddings). The report
@@ -43,18 +44,10 @@ from ..optim import hybrid_param_groups
 from .c10d_count import C10dCounter
 
 OURS = ("bucket", "owner", "aligned", "group")
-DDP_KINDS = ("torch", "zero", "ddp")
 VARIANTS = ("torch", "zero", "ddp") + OURS
 HYPER = dict(muon=dict(lr=0.02, weight_decay=0.01, momentum=0.95, nesterov=True),
              adamw=dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01))
 EXCHANGE = ("ns_gather_dp", "ns_gather_tp", "ns_to_owner", "ns_from_owner")   # ns_group_gram runs inside NS
-
-
-def has_ddp_mode() -> bool:
-    """Whether this version's DistributedMuon takes ``grad_reduce="ddp"``."""
-    import inspect
-    from ..distributed import ZeroOneOptimizer
-    return "grad_reduce" in inspect.signature(ZeroOneOptimizer.__init__).parameters
 
 
 def build_model(kind: str, hidden: int, layers: int, vocab: int, seq: int, seed: int) -> torch.nn.Module:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .c10d_count import C10dCounter
-from .iteration import DDP_KINDS, build_model, has_ddp_mode, iterate, make_variant, probe_no_sync, probe_reduction
+from .iteration import build_model, iterate, make_variant, probe_no_sync, probe_reduction
 
 
 def parse_model(text: str) -> dict:
@@ -42,7 +42,7 @@ def batches(args, n: int) -> list[torch.Tensor]:
 
 def measure_model(grid, comm, args, spec: dict) -> list[dict] | None:
     """Run the schedule for one model; rank 0 gets every rank's records (the others None)."""
-    names = [n for n in args.variants if n != "ddp" or has_ddp_mode()]
+    names = list(args.variants)
     device, dp = grid.device, grid.dp
     modules = [build_model(spec["kind"], spec["hidden"], spec["layers"], args.vocab, args.seq, args.seed).to(device)
                for _ in names]
@@ -128,5 +128,3 @@ def final_gaps(variants) -> dict:
     return dict(zero=gaps(next((v for v in variants if v.name == "zero"), variants[0])),
                 ours=gaps(ours[0]) if ours else {})
 
-
-__all__ = ["DDP_KINDS", "measure_model", "parse_model"]
