@@ -8,17 +8,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup lab book test verify record step-bench record-gpu mutate clean
+.PHONY: help setup lab colab book test verify record step-bench record-gpu mutate clean
 
 help:
-	@echo "make book    execute every chapter and build the book (_build/html)"
+	@echo "make book    execute every chapter, build the book (_build/html) and its notebook edition (_build/colab)"
 	@echo "make test    run the tests (unit, distributed on gloo, notebooks, book, browser)"
 	@echo "make test-unit  one suite alone (also test-distributed, test-book, test-browser)"
 	@echo "make verify  check Distributed Muon against one process on a 2 x 2 grid"
 	@echo "make record  re-record the timing runs the book cites (book/data/bench_*.json, time_model_cpu.json; ~10 min, idle machine)"
 	@echo "make step-bench  one optimizer step's GPU cost counted on the meta device, against torch.optim.Muon (~30 s)"
 	@echo "make record-gpu  on a machine with a GPU: time the step there (OUT=file, default _build/record-gpu/step_bench_gpu.json), and with 2+ GPUs the whole iteration against DDP + ZeroRedundancyOptimizer (ITER_OUT)"
-	@echo "make lab     set up .venv, add JupyterLab to it, and open the chapters (notebooks/) in it"
+	@echo "make lab     set up .venv, add JupyterLab (and jupyterlab-myst) to it, and open the chapters (notebooks/) in it"
+	@echo "make colab   run chapters of the notebook edition as Colab would (CHAPTERS=04_zero1_buffer,05_distributed_step)"
 	@echo "make mutate  mutation testing (cosmic-ray) of the engine's math, plan and routes; by hand, not in make test (MUTATE_ARGS='--sample 100': fewer)"
 	@echo "make setup   only create .venv from requirements.txt and install muongrid into it (editable)"
 	@echo "make clean   remove the build and the virtual environment"
@@ -33,8 +34,11 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 
 # JupyterLab is for reading the chapters as notebooks; the book build and the tests do not need it.
+# jupyterlab-myst renders the chapters' MyST (roles, admonitions, folded solutions) in JupyterLab; a
+# reference to another page stays unresolved there (the notebook edition, _build/colab, has links).
 lab: $(STAMP)
-	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/pip install --quiet "jupyterlab==4.6.6"
+	$(BIN)/python -c "import jupyterlab, jupyterlab_myst" 2>/dev/null || \
+		$(BIN)/pip install --quiet "jupyterlab==4.6.6" "jupyterlab-myst==2.7.0"
 	$(BIN)/jupyter lab notebooks
 
 book: $(STAMP)
@@ -42,6 +46,12 @@ book: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 tests
+
+# Chapters of the notebook edition run as Colab runs them (tests/test_colab.py; chapter 1 is in every
+# `make test`): make colab CHAPTERS=04_zero1_buffer,05_distributed_step
+CHAPTERS ?= 01_muon
+colab: $(STAMP)
+	MUONGRID_COLAB_CHAPTERS=$(CHAPTERS) $(BIN)/python -m pytest -q tests/test_colab.py
 
 # One suite alone: make test-unit, test-distributed, test-book, test-browser (marks from tests/conftest.py).
 test-%: $(STAMP)

@@ -6,8 +6,10 @@
 
 Each chapter runs once in a guarded nbclient (``booktools.nbexec``: no silent stalls; a stalled
 cell is named and its chapter executed again), its executed copy is kept in ``_build/executed/``,
-and the book is rendered from those copies with ``jupyter-book build -W -n --keep-going``. The time
-per chapter is printed at the end. Exits non-zero if a chapter fails or the render warns.
+and the book is rendered from those copies with ``jupyter-book build -W -n --keep-going``. Then the
+notebook edition is written from the same copies into ``_build/colab/notebooks/`` (``booktools.edition``:
+what the pages' Colab buttons and downloads give). The time per chapter is printed at the end. Exits
+non-zero if a chapter fails, the render warns or the edition finds a reference the site lacks.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 os.chdir(ROOT)  # muongrid.lab.notebook finds the checkout from the working directory
 
-from booktools import bookbuild, warmstart
+from booktools import bookbuild, edition, warmstart
+from booktools.mystmd import MystError
 from booktools.nbexec import Report, quiet_openmp, timing_table
 
 
@@ -75,10 +78,22 @@ def main(argv=None) -> int:
         shutil.rmtree(html, ignore_errors=True)
         shutil.copytree(src / "_build" / "html", html)
     render_s = time.monotonic() - render_started
+    # The notebook edition (what the Colab buttons and .ipynb downloads give): from the executed
+    # chapters, its links checked against the pages just built.
+    edition_started = time.monotonic()
+    try:
+        written = edition.Edition(html).write(stems, bookbuild.EXECUTED)
+    except MystError as e:  # MyST it has no rule for, or a reference the site lacks: named, with its chapter
+        print(f"[build_book] the notebook edition failed: {e}", file=sys.stderr)
+        return 1
+    edition.install(html)
+    edition_s = time.monotonic() - edition_started
 
     print("\n" + timing_table(reports))
-    print(f"{'render':<28} {render_s:8.1f}\n{'whole build':<28} {time.monotonic() - started:8.1f}")
-    print(f"\nThe book is in {html.relative_to(ROOT)}/index.html")
+    print(f"{'render':<28} {render_s:8.1f}\n{'notebook edition':<28} {edition_s:8.1f}\n"
+          f"{'whole build':<28} {time.monotonic() - started:8.1f}")
+    print(f"\nThe book is in {html.relative_to(ROOT)}/index.html; its notebook edition "
+          f"({len(written)} chapters) in {edition.EDITION.relative_to(ROOT)}/notebooks")
     return 0
 
 

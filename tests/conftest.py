@@ -77,14 +77,15 @@ _BY_SUITE = {
     "unit": "choice engine_floor exchanges fast_plan group_rows guard hardware_table house layout_explorer math "
             "meta_device ns_variants optim_api oracle plan plan_at_scale plan_ep precision record_gpu rivals routes "
             "routing step_cost step_vote timemodel wholestep muonshare tp_host_work "
-            "store_buffers capturable old_checkpoint zero_cost",
+            "store_buffers capturable old_checkpoint zero_cost mystmd",
     # launches processes: gloo ranks, the entry points, a wheel in a fresh environment, the warm-start server
     "distributed": "agree checkpoint contract ddp distributed exactness_gap expert_parallel failures finite_modes "
                    "hf_trainer from_scratch fsdp group_layout hf_models loops measure ns_group package qk_clip "
                    "readme_loop resume study train warmstart grad_landing step_explorer trainers "
                    "iteration_bench",
     # the book: its chapters executed or read, its prose, its build
-    "book": "api_page book book_links claims colab from_scratch_page nbexec notebook_outputs notebooks palette readability",
+    "book": "api_page book book_links claims colab edition from_scratch_page nbexec notebook_outputs notebooks palette "
+            "readability",
     # a headless browser on the built pages
     "browser": "browser",
 }
@@ -215,3 +216,15 @@ def built_book(tmp_path_factory) -> Path:
     shutil.rmtree(BUILD / "html-tested", ignore_errors=True)
     shutil.copytree(html, BUILD / "html-tested")  # kept as an artifact beside the screenshots
     return html
+
+
+@pytest.fixture(scope="session")
+def book_edition(built_book, tmp_path_factory) -> Path:
+    """The notebook edition, written as ``make book`` writes it: from the executed chapters, its links checked
+    against the built book, its notebooks made the pages' downloads. Returns its folder (``notebooks/`` inside)."""
+    from booktools import edition
+
+    out = tmp_path_factory.mktemp("colab")
+    edition.Edition(built_book).write(bookbuild.toc_chapters(), bookbuild.EXECUTED, out)
+    edition.install(built_book, out)
+    return out

@@ -1,13 +1,19 @@
-"""A chapter runs as Colab runs it: a bare runtime, the set-up cell cloning the repository and installing.
+"""A chapter of the notebook edition runs as Colab runs it: a bare runtime, the set-up cell fetching
+the commit that made the edition's outputs and installing what the chapter needs.
 
-Colab opens a chapter's ``.ipynb`` in a runtime that has torch, numpy, matplotlib, plotly, ipywidgets,
-scikit-learn, pandas and ipykernel, imports ``google.colab`` at start, and has neither MyST-NB nor the
-book's package. The chapter's first cell must clone the repository, install what the chapter needs
-beyond that image (never torch) and go on. Here that runtime is a virtual environment whose
-site-packages hold only those distributions and what they require (links into this checkout's .venv,
-so nothing is downloaded but what the set-up cell itself installs), with a ``google.colab`` module
-imported at start-up. The set-up cell runs as written, except that it clones this checkout (its
-committed ``HEAD``) instead of the public URL, into a folder the test picks instead of ``/content``.
+The pages' Colab buttons open the notebook edition (``booktools.edition``, written by ``make book``
+from the executed chapters), so that is what runs here. Colab opens it in a runtime that has torch,
+numpy, matplotlib, plotly, ipywidgets, scikit-learn, pandas and ipykernel, imports ``google.colab`` at
+start, and has neither MyST-NB nor the book's package. The chapter's set-up cell must fetch the
+repository at the commit that made its outputs, install what the chapter needs beyond that image
+(never torch) and go on. Here that runtime is a virtual environment whose site-packages hold only
+those distributions and what they require (links into this checkout's .venv, so nothing is
+downloaded but what the set-up cell itself installs), with a ``google.colab`` module imported at
+start-up. The set-up cell runs as written, except that it fetches from this checkout instead of the
+public URL, into a folder the test picks instead of ``/content``.
+
+Chapter 1 runs in every ``make test``; others on request: ``make colab CHAPTERS=04_zero1_buffer,05_distributed_step``
+(or ``MUONGRID_COLAB_CHAPTERS=...``).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ import pytest
 from nbclient import NotebookClient
 from packaging.requirements import Requirement
 
+from booktools.edition import EDITION_MARKER
 from muongrid.lab.notebook import repository_url
 from conftest import ROOT
 
@@ -78,7 +85,7 @@ CHAPTERS = os.environ.get("MUONGRID_COLAB_CHAPTERS", "01_muon").split(",")
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_a_chapter_runs_as_in_colab(tmp_path, monkeypatch, chapter):
+def test_a_chapter_runs_as_in_colab(tmp_path, monkeypatch, chapter, book_edition):
     python = colab_runtime(tmp_path)
     probe = subprocess.run([str(python), "-c", "import importlib.util, json, sys; print(json.dumps("
                             "{m: importlib.util.find_spec(m) is not None for m in sys.argv[1:]}))",
@@ -94,8 +101,10 @@ def test_a_chapter_runs_as_in_colab(tmp_path, monkeypatch, chapter):
         "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "Colab-like", "language": "python"}))
 
-    nb = nbformat.read(ROOT / "notebooks" / f"{chapter}.ipynb", as_version=4)
-    setup = nb.cells[1]
+    nb = nbformat.read(book_edition / "notebooks" / f"{chapter}.ipynb", as_version=4)
+    setup = next(c for c in nb.cells if c.cell_type == "code" and EDITION_MARKER in c.source)
+    commit = nb.metadata["muongrid"]["edition"]["run"]["commit"]
+    assert f'COMMIT = "{commit}"' in setup.source, "the set-up cell does not fetch the commit that ran"
     content = tmp_path / "content"
     content.mkdir()
     source = re.sub(r'^REPOSITORY = ".*"$', f'REPOSITORY = "file://{ROOT}"', setup.source, count=1, flags=re.M)
@@ -111,16 +120,18 @@ def test_a_chapter_runs_as_in_colab(tmp_path, monkeypatch, chapter):
                    resources={"metadata": {"path": str(content)}}).execute()
 
     clone = content / repository_url().rstrip("/").split("/")[-1]  # the folder the set-up cell names
-    assert (clone / "notebooks" / f"{chapter}.ipynb").is_file(), "the set-up cell did not clone the repository"
+    assert (clone / "notebooks" / f"{chapter}.ipynb").is_file(), "the set-up cell did not fetch the repository"
+    fetched = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert fetched.stdout.strip() == commit, "the set-up cell fetched another commit than the one that ran"
     installed = subprocess.run([str(python), "-c", "import muongrid; print(muongrid.__file__)"],
                                capture_output=True, text=True, check=True).stdout
     assert str(tmp_path / "venv") in installed, f"muongrid was not installed into the runtime: {installed}"
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
-    figures = [c for c in nb.cells if c.cell_type == "code" and c.metadata.get("mystnb", {}).get("figure")]
+    figures = [c for c in nb.cells if c.cell_type == "code" and c.metadata.get("muongrid", {}).get("figure")]
     assert chapter != "01_muon" or len(figures) >= 3  # (chapter 1 draws a spectrum and two explorers)
     for cell in figures:
         shown = [o for o in cell.outputs if o.get("output_type") in ("display_data", "execute_result")]
         kinds = {k for o in shown for k in o["data"]}
         html = " ".join(str(o["data"].get("text/html", "")) for o in shown)
-        assert "image/png" in kinds or "plotly" in html.lower(), (cell.metadata["mystnb"], kinds)
+        assert "image/png" in kinds or "plotly" in html.lower(), (cell.metadata["muongrid"], kinds)

@@ -4,6 +4,8 @@
     bookbuild  execute each chapter once (fingerprinted in _build/executed/), stage the sources, render the book
     warmstart  fork the build's and the tests' scripts from a Python that has imported torch (with a fork check)
     pagecheck  layout checks of a built page in a browser (what a reader sees cut off, broken or dead)
+    edition    the notebook edition (_build/colab): the executed chapters as Jupyter and Colab show them
+    mystmd     MyST to the Markdown Jupyter and Colab render, each reference a link checked against the build
 
 ``scripts/build_book.py`` (``make book``) and the tests import it (``scripts/`` is on their path: the
 script's own folder, pytest's ``pythonpath``); ``muongrid`` never does, except ``muongrid.lab.notebook.run``,

@@ -42,10 +42,16 @@ def _digest(paths) -> str:
     return h.hexdigest()
 
 
+# What reads the executed chapters after they ran and never runs inside one: a change here writes the
+# notebook edition again without executing a chapter again.
+AFTER_THE_RUN = {"scripts/booktools/edition.py", "scripts/booktools/mystmd.py"}
+
+
 def fingerprint(stem: str) -> str:
     """What a chapter's executed copy depends on: itself, the code it runs, the data it reads."""
     shared = [p for folder in ("scripts", "book/data") for p in (ROOT / folder).rglob("*")
-              if p.is_file() and "__pycache__" not in p.parts and ".egg-info" not in str(p)]
+              if p.is_file() and "__pycache__" not in p.parts and ".egg-info" not in str(p)
+              and str(p.relative_to(ROOT)) not in AFTER_THE_RUN]
     return _digest([ROOT / "notebooks" / f"{stem}.ipynb", ROOT / "requirements.txt", *shared])
 
 
@@ -64,12 +70,34 @@ def executed(stem: str, force: bool = False) -> tuple[Path, Report | None]:
     if not force and is_fresh(stem):
         return out, None
     want = fingerprint(stem)
+    run = run_record()  # before the run: what it ran is the checkout as it is now
     nb, report = execute_chapter(ROOT / "notebooks" / f"{stem}.ipynb", cwd=ROOT / "notebooks")
+    nb.metadata.setdefault("muongrid", {})["run"] = dict(run, seconds=round(report.seconds, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
     nbformat.write(nb, out)
     stamp.write_text(want)
     return out, report
+
+
+def run_record() -> dict:
+    """What made a chapter's outputs (kept in the executed copy, shown by the notebook edition): the commit,
+    whether the inputs the fingerprint covers differed from it, the versions and the machine, the time."""
+    import datetime
+    import platform
+    from importlib import metadata
+
+    from muongrid.lab.provenance import cpu_model
+
+    def git(*args):
+        proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    changed = git("status", "--porcelain", "--", "notebooks", "scripts", "book/data", "requirements.txt")
+    return dict(commit=git("rev-parse", "HEAD"), uncommitted_changes=bool(changed) if changed is not None else None,
+                torch=metadata.version("torch"), python=platform.python_version(), cpu=cpu_model(),
+                cores=os.cpu_count(), platform=sys.platform,
+                executed_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
 
 
 def stage(dest: Path, stems: list[str], toc: str | None = None) -> Path:

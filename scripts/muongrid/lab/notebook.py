@@ -192,11 +192,10 @@ SETUP_CELL = """\
 # In Colab: fetch the book's code and install what this chapter needs beyond Colab's
 # image (never torch). Elsewhere nothing is installed here: `make setup` does it.
 import importlib.util, os, subprocess, sys  # noqa: E401
-REPOSITORY = "{url}"
+REPOSITORY = "{url}"{commit}
 HOME = "/content/{name}"  # where Colab keeps the clone
 if "google.colab" in sys.modules:
-    if not os.path.isdir(HOME) and subprocess.run(
-            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode:
+    if {fetch}:
         raise RuntimeError(
             f"could not clone {{REPOSITORY}}: this book's repository is not public "
             "yet (or this runtime cannot reach it). Run the book on your machine: "
@@ -327,11 +326,27 @@ def repository_is_public() -> bool:
     return repository_url().rstrip("/") != PLACEHOLDER_URL
 
 
-def setup_cell(chapter: Path) -> str:
-    """The set-up cell of ``chapter``: the repository from ``_config.yml``, the installs it needs."""
+# How the set-up cell fetches the code: the branch's newest commit (a chapter of the repository), or
+# the one commit whose run made the stored outputs (the notebook edition, booktools.edition).
+CLONE = """not os.path.isdir(HOME) and subprocess.run(
+            ["git", "clone", "--quiet", "--depth", "1", REPOSITORY, HOME]).returncode"""
+FETCH_COMMIT = """not os.path.isdir(os.path.join(HOME, "scripts")) and any(
+            subprocess.run(git).returncode for git in (
+                ["git", "init", "--quiet", HOME],
+                ["git", "-C", HOME, "fetch", "--quiet", "--depth", "1", REPOSITORY, COMMIT],
+                ["git", "-C", HOME, "checkout", "--quiet", "FETCH_HEAD"]))"""
+
+
+def setup_cell(chapter: Path, commit: str | None = None, marker: str = SETUP_MARKER,
+               wanted: list | None = None) -> str:
+    """The set-up cell of ``chapter``: the repository from ``_config.yml``, the installs it needs (``wanted``,
+    if already known: ``colab_installs``). With ``commit``, the cell fetches that commit instead of cloning
+    the branch (the notebook edition)."""
     url = repository_url()
-    return SETUP_CELL.format(marker=SETUP_MARKER, url=url, name=url.rstrip("/").split("/")[-1],
-                             wanted=repr(colab_installs(chapter)))
+    pinned = f'\nCOMMIT = "{commit}"  # the commit whose run made the outputs stored below' if commit else ""
+    return SETUP_CELL.format(marker=marker, url=url, name=url.rstrip("/").split("/")[-1],
+                             wanted=repr(colab_installs(chapter) if wanted is None else wanted), commit=pinned,
+                             fetch=FETCH_COMMIT if commit else CLONE)
 
 
 def chapters() -> list[Path]:
