@@ -214,12 +214,14 @@ assert [s for s, _ in first["evals"]] == [10, 20] and again["first_step"] == 11
 # hook of each carries every rank's shard, and a resume on the same number of ranks then ends where
 # the run would have:
 #
-# | trainer | what carries every rank's shard | the recipe |
-# |---|---|---|
-# | HF `Trainer` | `callbacks=[muongrid.hf.ShardedCheckpoint(opt)]` | [the README](https://github.com/muongrid-book/distributed-muon/blob/main/README.md#under-hf-trainer-accelerate-or-lightning-ddp) |
-# | Accelerate | `muongrid.accelerate.ShardedState(accelerator, opt)`, after `prepare` | [`scripts/loop_accelerate.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_accelerate.py) |
-# | Lightning Fabric | `Fabric(strategy=muongrid.lightning.FabricShardedDDPStrategy())` | [`scripts/loop_fabric.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_fabric.py) |
-# | Lightning `Trainer` | `Trainer(strategy=muongrid.lightning.ShardedDDPStrategy())` | [`scripts/loop_lightning.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_lightning.py) |
+# - HF `Trainer`: `callbacks=[muongrid.hf.ShardedCheckpoint(opt)]`; the recipe is in
+#   [the README](https://github.com/muongrid-book/distributed-muon/blob/main/README.md#under-hf-trainer-accelerate-or-lightning-ddp).
+# - Accelerate: `muongrid.accelerate.ShardedState(accelerator, opt)`, after `prepare`; the recipe is
+#   [`scripts/loop_accelerate.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_accelerate.py).
+# - Lightning Fabric: `Fabric(strategy=muongrid.lightning.FabricShardedDDPStrategy())`; the recipe is
+#   [`scripts/loop_fabric.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_fabric.py).
+# - Lightning `Trainer`: `Trainer(strategy=muongrid.lightning.ShardedDDPStrategy())`; the recipe is
+#   [`scripts/loop_lightning.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/loop_lightning.py).
 #
 # Accelerate's hooks (`register_save_state_pre_hook` and its load twin) run on every rank and are
 # given the folder; Lightning calls its `CheckpointIO` plugins on rank 0 only and gives callbacks no
@@ -327,8 +329,9 @@ listing("tp_plans.py", pyobject="parallelize_llama")
 # ```
 #
 # Each whole parameter has one owner, which holds its whole averaged gradient, runs
-# Newton-Schulz on it and broadcasts the result. `scripts/iteration_bench.py` runs that, DDP with
-# an unsharded `torch.optim.Muon`, and `DistributedMuon` in each layout, interleaved in one job on
+# Newton-Schulz on it and broadcasts the result.
+# [`scripts/iteration_bench.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/iteration_bench.py)
+# runs that, DDP with an unsharded `torch.optim.Muon`, and `DistributedMuon` in each layout, interleaved in one job on
 # the same batches (a Llama from its config, here a small one on 2 ranks: about 30 s), checks that
 # their losses agree, and counts every collective each one runs, DDP's and ZeRO's included:
 

@@ -3,6 +3,7 @@
     python scripts/build_book.py              # chapters whose inputs changed are executed, others reused
     python scripts/build_book.py --force      # execute every chapter again
     python scripts/build_book.py --only 05_distributed_step   # execute one chapter (no render)
+    python scripts/build_book.py --no-edition # render the pages, skip the notebook edition
 
 Each chapter runs once in a guarded nbclient (``booktools.nbexec``: no silent stalls; a stalled
 cell is named and its chapter executed again), its executed copy is kept in ``_build/executed/``,
@@ -35,6 +36,9 @@ def main(argv=None) -> int:
     p.add_argument("--force", action="store_true", help="execute every chapter, even unchanged ones")
     p.add_argument("--only", help="execute only these chapters (comma-separated stems) and skip the render")
     p.add_argument("--toc", help="a _toc.yml to build instead of the repository's")
+    p.add_argument("--no-edition", action="store_true",
+                   help="skip the notebook edition (a book of some chapters: its pages link to ones it leaves out, "
+                        "which the edition refuses, since each of its links must reach a built page)")
     args = p.parse_args(argv)
 
     toc = Path(args.toc).read_text() if args.toc else None
@@ -80,13 +84,16 @@ def main(argv=None) -> int:
     render_s = time.monotonic() - render_started
     # The notebook edition (what the Colab buttons and .ipynb downloads give): from the executed
     # chapters, its links checked against the pages just built.
-    edition_started = time.monotonic()
-    try:
-        written = edition.Edition(html).write(stems, bookbuild.EXECUTED)
-    except MystError as e:  # MyST it has no rule for, or a reference the site lacks: named, with its chapter
-        print(f"[build_book] the notebook edition failed: {e}", file=sys.stderr)
-        return 1
-    edition.install(html)
+    edition_started, written = time.monotonic(), []
+    if args.no_edition:
+        print("[build_book] notebook edition skipped (--no-edition)", flush=True)
+    else:
+        try:
+            written = edition.Edition(html).write(stems, bookbuild.EXECUTED)
+        except MystError as e:  # MyST it has no rule for, or a reference the site lacks: named, with its chapter
+            print(f"[build_book] the notebook edition failed: {e}", file=sys.stderr)
+            return 1
+        edition.install(html)
     edition_s = time.monotonic() - edition_started
 
     print("\n" + timing_table(reports))

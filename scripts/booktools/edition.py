@@ -187,7 +187,8 @@ class Edition:
         at = f"{self.repo}/blob/{commit}"
         changed = (" (the checkout had uncommitted changes to the chapters or their code, so what ran may "
                    "differ from that commit)") if run.get("uncommitted_changes") else ""
-        index = self.site.address(self.site.docs["book/index"][0])
+        root = yaml.safe_load((ROOT / "_toc.yml").read_text())["root"]   # the book's front page (book/index)
+        index = self.site.address(self.site.docs[root][0])
         text = (
             f"> **The notebook edition** of this chapter of [*{self.title}*]({index}), written by the book's build "
             f"from its own run. Every output below, and every number the text quotes, comes from that run: "

@@ -108,7 +108,9 @@ class RankState:
             problem = e
         if job_world(self.grid) == 1 and problem is not None:
             raise problem
-        agree(problem and str(problem), "load_state_dict")   # every rank raises together, nothing changed
+        # every rank raises together, nothing changed (over the whole job where experts span several grids)
+        one_grid = getattr(self.grid, "ep", 1) == 1
+        agree(problem and str(problem), "load_state_dict", getattr(self, "comm", None) if one_grid else None)
         groups = state_dict["param_groups"]
         ids = [i for g in groups for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
@@ -136,13 +138,17 @@ def job_world(grid) -> int:
     return grid.dp * grid.tp * getattr(grid, "ep", 1)
 
 
-def agree(problem: str | None, what: str) -> None:
+def agree(problem: str | None, what: str, comm=None) -> None:
     """Every rank of the job calls this with its own problem (None: fine); if any rank has one, every rank raises
-    a ``CheckpointError`` naming each failed rank and its problem. One small host all-gather (never in a step)."""
+    a ``CheckpointError`` naming each failed rank and its problem. One small all-gather of objects (never in a
+    step): through the optimizer's ``comm`` where there is one (the one place that wraps collectives, and the
+    one ``lab/devicecheck.py`` plays on the meta device), else over the default group."""
     import torch.distributed as dist
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     problems = [problem]
-    if world > 1:
+    if comm is not None:
+        problems = comm.gather_objects(problem, "setup")
+    elif world > 1:
         problems = [None] * world
         dist.all_gather_object(problems, problem)
     failed: dict[str, list[int]] = {}
