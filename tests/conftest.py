@@ -82,7 +82,7 @@ _BY_SUITE = {
     "distributed": "agree checkpoint contract ddp distributed exactness_gap expert_parallel failures finite_modes "
                    "hf_trainer from_scratch fsdp group_layout hf_models loops measure ns_group package qk_clip "
                    "readme_loop resume study train warmstart grad_landing step_explorer trainers "
-                   "iteration_bench",
+                   "iteration_bench backward_reduce",
     # the book: its chapters executed or read, its prose, its build
     "book": "api_page book book_links claims colab edition from_scratch_page nbexec notebook_outputs notebooks palette "
             "readability",

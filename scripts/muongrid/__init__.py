@@ -19,6 +19,7 @@ The engine, in the order the book introduces it (the math apart from the orchest
     sharding       moving tensors by the plan: TP shard/unshard, pack/unpack buckets
     placements     DTensor placements -> tp_split_dim, and a DTensor's local shard
     store          the step's store: each bucket's parameters, gradients, master shard and state as flat buffers
+    reducer        grad_reduce="backward": each bucket's gradient reduce-scatter launched from backward, in one order
     comm           every collective, with the communication ledger (bytes and Newton-Schulz work)
     ledger         reading the ledger (summary, table, peers) and Comm's calls outside the step (setup, reports)
     flows          momentum pieces -> orthogonalised pieces: FlowOptions, the bucket layout's flow

@@ -234,13 +234,19 @@ class Comm(CommOutsideStep):
     def reduce_scatter_into(self, shard: torch.Tensor, full: torch.Tensor, group: str, phase: str) -> torch.Tensor:
         """Sum flat ``full`` over ``group`` into this rank's ``shard`` (``full.numel() / size`` elements); ``full``
         is left as it was. With one rank, ``full`` is copied into ``shard``."""
+        return self.reduce_scatter_into_async(shard, full, group, phase, wait_now=True).wait()
+
+    def reduce_scatter_into_async(self, shard: torch.Tensor, full: torch.Tensor, group: str, phase: str,
+                                  wait_now: bool = False) -> Pending:
+        """``reduce_scatter_into``, started (``grad_reduce="backward"``: from the gradient-landing hook, ``reducer.py``):
+        ``.wait()`` on the result blocks until it is done and returns ``shard``; ``full`` must stay as it is till then."""
         pg, size = self._group(group)
         rec = self._record("reduce_scatter", group, size, shard.numel(), shard.dtype, phase)
         if size == 1:
-            return shard.copy_(full)
-        self._collective(rec, lambda a: _reduce_scatter_flat(shard, full, op=dist.ReduceOp.SUM, group=pg,
-                                                                    async_op=a))
-        return shard
+            return Pending(shard.copy_(full))
+        work = self._collective(rec, lambda a: _reduce_scatter_flat(shard, full, op=dist.ReduceOp.SUM, group=pg,
+                                                                    async_op=a), wait=wait_now)
+        return Pending(shard, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
 
     def all_gather_into(self, full: torch.Tensor, rank_in_group: int, group: str, phase: str) -> torch.Tensor:
         """All-gather in place: every rank's shard already sits in ``full`` (flat) at its own offset, and after

@@ -246,8 +246,8 @@ def check_ddp(params: list[torch.Tensor], grad_reduce: str = "step", dp: int = 2
     """At the first step: ``grad_reduce="step"`` refuses parameters a ``DistributedDataParallel`` holds (twice
     the gradient traffic, silently); ``"ddp"`` on several DP ranks needs one (else each rank would step on its own
     gradient and the replicas would drift apart)."""
-    ddp = ddp_wrapper(params, scan=grad_reduce == "ddp") if grad_reduce == "step" or dp > 1 else None
-    if grad_reduce == "step" and ddp is not None:
+    ddp = ddp_wrapper(params, scan=grad_reduce == "ddp") if grad_reduce != "ddp" or dp > 1 else None
+    if grad_reduce != "ddp" and ddp is not None:
         raise RuntimeError(
             f"these parameters belong to a model wrapped in {type(ddp).__name__}: DDP all-reduces every gradient "
             "and then this optimizer reduce-scatters it again (twice the gradient traffic). Build the optimizer "

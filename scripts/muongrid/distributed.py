@@ -64,6 +64,9 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
         layout = default_layout(grad_reduce) if layout is None else layout
         check_grad_reduce(grad_reduce, layout, grid)
         self.grad_reduce = grad_reduce   # "ddp": DDP averaged the gradients before step() (contract.check_ddp)
+        if grad_reduce == "backward" and capturable:
+            raise ValueError("grad_reduce='backward' launches the gradient reduce-scatters from backward's hooks, "
+                             "outside the step a graph captures; capturable=True needs grad_reduce='step'")
         if grad_reduce == "ddp":   # GradScaler unscales and checks the averaged gradients itself: the same everywhere
             self._step_supports_amp_scaling = False
         overlap = default_overlap(layout) if overlap is None else overlap
@@ -101,7 +104,8 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
             self.comm.add_subgroups(self.plan.groups.values())
         self.flow = self._make_flow(layout)
         self.store = Store(self.plan, [g["params"] for g in self.param_groups], self.master_dtypes, self.muon_groups,
-                           grid, self.comm, bind=param_buffers, reduce=grad_reduce == "step")
+                           grid, self.comm, bind=param_buffers, reduce=grad_reduce != "ddp" and grad_reduce,
+                           step_number=lambda: self.steps_taken + 1)
         self.shards = self.store.shards
         self._bind_state()
         self.qk_clip = qk_clip   # MuonClip (qk_clip.py): query and key rows rescaled after each update
@@ -136,7 +140,15 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
                 self._gather_params()          # stage 8
         finally:
             self._prepared = None
+            if self.store.reducer is not None:
+                self.store.reducer.end_step()   # grad_reduce="backward": nothing left in flight (reducer.py)
         return loss
+
+    def no_sync(self):
+        """A context for every backward but a step's last (gradient accumulation) under ``grad_reduce="backward"``:
+        the gradients are summed in the buffers and nothing is launched (``reducer.py``). Elsewhere it does nothing."""
+        import contextlib
+        return self.store.reducer.no_sync() if self.store.reducer is not None else contextlib.nullcontext()
 
     def _count_steps(self) -> None:
         """Every parameter with a gradient somewhere counts a step (one op per group; a step "defer" skips takes
@@ -193,6 +205,8 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
             check_ddp([p for g in self.param_groups for p in g["params"]], self.grad_reduce, self.grid.dp)
             self._ddp_checked = True
         grads, index, where = self._check_grads()
+        if self.store.reducer is not None:   # grad_reduce="backward": every rank's reduce-scatters before its ballot
+            self.store.reducer.launch_rest()
         params = [p for g in self.param_groups for p in g["params"]]
         later = self._checked_in_step()
         flat, keep, agreed = vote(self, params, grads, index, where, later)

@@ -147,6 +147,9 @@ class FSDPMuon(torch.optim.Optimizer):
     def __init__(self, params, grid, comm: Comm | None = None, use_muon: bool = True,
                  check_finite: bool | str | None = None, qk_clip=None, **hyper):
         from .optim import DEFAULTS
+        if "grad_reduce" in hyper:
+            raise TypeError(f"FSDPMuon takes no grad_reduce (got {hyper['grad_reduce']!r}): FSDP2 reduce-scatters "
+                            "the gradients in backward itself, before step(); grad_reduce is DistributedMuon's")
         hyper = check_hyper(hyper)
         self.grid = grid
         self.check_finite = resolve_mode(check_finite, torch.device(grid.device))   # finite.py: "raise" or "defer"

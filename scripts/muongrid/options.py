@@ -30,7 +30,8 @@ def default_overlap(layout: str) -> str:
     return "none" if layout == "bucket" else "prefetch"
 
 
-GRAD_REDUCE = ("step", "ddp")   # where the gradients are averaged over DP: inside step(), or by DDP before it
+GRAD_REDUCE = ("step", "ddp", "backward")   # where the gradients are averaged over DP: inside step(), by DDP
+# before it, or by this optimizer from backward's hooks (reducer.py)
 
 
 def default_layout(grad_reduce: str) -> str:
@@ -43,7 +44,8 @@ def check_grad_reduce(grad_reduce, layout: str, grid) -> None:
     """``grad_reduce`` names where gradients are averaged; "ddp" needs the aligned layout and a DP-only grid."""
     if grad_reduce not in GRAD_REDUCE:
         raise ValueError(f"grad_reduce must be one of {GRAD_REDUCE} (where the gradients are averaged over the "
-                         f"data-parallel ranks: inside step(), or by DistributedDataParallel), got {grad_reduce!r}")
+                         f"data-parallel ranks: inside step(), by DistributedDataParallel, or launched from "
+                         f"backward as each bucket's gradients land), got {grad_reduce!r}")
     if grad_reduce != "ddp":
         return
     if layout != "aligned":

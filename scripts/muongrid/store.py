@@ -15,7 +15,9 @@ and kept (the glossary's "store"), as in Megatron-LM's parameter-and-gradient bu
   of ``p.grad`` where autograd left it. Otherwise, with several DP ranks, a post-accumulate-grad hook
   copies each gradient of the master's dtype into its place in the gradient buffer once and points ``p.grad``
   there, so the next backward accumulates in place: at most one pass over the gradients whatever ``zero_grad``
-  the loop uses. Any other gradient is copied in at the step.
+  the loop uses. Any other gradient is copied in at the step. With ``grad_reduce="backward"`` the hook also copies
+  (cast) a gradient of another dtype, and tells the ``reducer.Reducer``, which launches each bucket's
+  reduce-scatter from backward when its last gradient lands (the rules that keep every rank's order: its docstring).
 
     python -m pytest -q tests/test_grad_landing.py tests/test_store_buffers.py
 """
@@ -94,12 +96,13 @@ class Store:
     group's parameter list (the optimizer's own lists); ``muon``: whether each group is Muon's."""
 
     def __init__(self, plan, params: list[list], master_dtypes: list, muon: list[bool], grid, comm,
-                 bind: bool | str = True, reduce: bool = True):
+                 bind: bool | str = True, reduce: bool | str = True, step_number=None):
         if bind not in (True, False, "all"):
             raise ValueError(f"param_buffers must be True, False or 'all' (DTensor parameters too), got {bind!r}")
         self.plan, self.params, self.master_dtypes, self.muon = plan, params, master_dtypes, muon
         self.grid, self.comm = grid, comm
-        self.reduces = reduce and grid.dp > 1   # False: one DP rank, or DDP averaged p.grad (grad_reduce="ddp")
+        self.reduces = bool(reduce) and grid.dp > 1   # False: one DP rank, or DDP averaged p.grad (grad_reduce="ddp")
+        self.reducer = None   # reduce="backward": the launches from backward (reducer.py)
         shared = _shared_storages([p for group in params for p in group])
         self.slots = []
         for g, group in enumerate(params):
@@ -121,7 +124,7 @@ class Store:
                       for g, buckets in enumerate(plan.buckets) for b in buckets}
         self.hooks = []   # the gradient hooks' handles, removed when these buffers go
         if self.reduces:
-            self._land_gradients()
+            self._land_gradients(backward=reduce == "backward", step_number=step_number)
             weakref.finalize(self, _remove, self.hooks)
 
     # ---- building --------------------------------------------------------------------------------
@@ -185,21 +188,32 @@ class Store:
 
     # ---- gradients --------------------------------------------------------------------------------
 
-    def _land_gradients(self) -> None:
-        """Every bucket's flat gradient buffer, and a hook on each parameter that lands its gradient there."""
+    def _land_gradients(self, backward: bool = False, step_number=None) -> None:
+        """Every bucket's flat gradient buffer, and a hook on each parameter that lands its gradient there
+        (``backward``: every parameter that can get a gradient, cast where its dtype differs, and the reducer)."""
+        from .reducer import Reducer
+
+        hooked, landings = {}, []
         for g, params in enumerate(self.params):
             metas, dtype = self.plan.metas[g], self.master_dtypes[g]
             for bucket in self.plan.buckets[g]:
                 slot = self.slots[g][bucket.bucket_idx]
                 slot.grads = torch.zeros(bucket.padded_numel, dtype=dtype, device=self.grid.device)
                 slot.grad_shard = torch.zeros(bucket.shard_numel, dtype=dtype, device=self.grid.device)
+                hooked[(g, bucket.bucket_idx)] = mine = []
                 for i in bucket.param_indices:
                     p = params[i]
-                    if p.dtype != dtype or not p.requires_grad:
+                    if not p.requires_grad or (p.dtype != dtype and not backward):
                         continue   # copied in at the step (reduce_scatter)
                     at, shape = _run(bucket, metas[i]), held(p).shape
                     view = slot.grads[at: at + metas[i].numel].view(shape)
-                    self.hooks.append(p.register_post_accumulate_grad_hook(_Landing(view)))
+                    landings.append(_Landing(view, (g, bucket.bucket_idx, i) if backward else None))
+                    self.hooks.append(p.register_post_accumulate_grad_hook(landings[-1]))
+                    mine.append(i)
+        if backward:
+            self.reducer = Reducer(self, hooked, step_number)
+            for landing in landings:
+                landing.reducer = weakref.ref(self.reducer)   # weak: the hooks must not keep the store alive
 
     def grad_pieces(self, g: int, bucket, step: dict, trace=None) -> list:
         """This rank's DP-mean gradient of each parameter of the bucket, flat, in master dtype (None: no rank has
@@ -244,7 +258,18 @@ class Store:
 
     def reduce_scatter(self, g: int, bucket) -> torch.Tensor:
         """Copy the bucket's gradients into its flat buffer (those not already there),
-        reduce-scatter over DP, divide by dp: this rank's DP-mean gradient shard."""
+        reduce-scatter over DP, divide by dp: this rank's DP-mean gradient shard (``grad_reduce="backward"``:
+        the reduce-scatter launched from backward, waited for)."""
+        if self.reducer is not None:
+            return self.reducer.take(g, bucket)
+        self.fill(g, bucket)
+        shard = self.slots[g][bucket.bucket_idx].grad_shard
+        self.comm.reduce_scatter_into(shard, self.slots[g][bucket.bucket_idx].grads, "dp", Phase.GRAD_REDUCE_SCATTER)
+        return shard.div_(self.grid.dp)
+
+    def fill(self, g: int, bucket) -> None:
+        """Copy the bucket's gradients into its flat buffer where backward did not put them; zeros for a parameter
+        with no gradient here."""
         slot = self.slots[g][bucket.bucket_idx]
         params, metas, dtype = self.params[g], self.plan.metas[g], self.master_dtypes[g]
         flat, dsts, srcs, zeros = slot.grads, [], [], []
@@ -264,9 +289,6 @@ class Store:
                 # the same values; the next backward accumulates into the buffer
                 _point_grad(p, view.view(grad.shape))
         copy_all(dsts, srcs, zeros)
-        shard = slot.grad_shard
-        self.comm.reduce_scatter_into(shard, flat, "dp", Phase.GRAD_REDUCE_SCATTER)
-        return shard.div_(self.grid.dp)
 
     # ---- after the step: the parameters all-gathered --------------------------------------------------
 
@@ -288,22 +310,30 @@ class Store:
 
 class _Landing:
     """One parameter's post-accumulate-grad hook: autograd's gradient into its place ``view`` in the gradient
-    buffer, once, and ``p.grad`` pointed there; when ``p.grad`` is that place, backward added into it already."""
+    buffer, once, and ``p.grad`` pointed there; when ``p.grad`` is that place, backward added into it already.
+    ``key`` (``grad_reduce="backward"``: group, bucket, parameter) is told to the reducer once the gradient is in
+    place; there a gradient of another dtype is copied in cast, every time (``p.grad`` keeps its own sum)."""
 
-    __slots__ = ("view",)
+    __slots__ = ("view", "key", "reducer")
 
-    def __init__(self, view: torch.Tensor):
-        self.view = view
+    def __init__(self, view: torch.Tensor, key: tuple | None = None):
+        self.view, self.key, self.reducer = view, key, None
 
     def __call__(self, p: torch.Tensor) -> None:
         mine = None if p.grad is None else held(p.grad)
-        if mine is None or _is_place(mine, self.view):
+        if mine is None:
             return
-        if mine.shape != self.view.shape or mine.dtype != self.view.dtype or mine.layout != torch.strided:
-            return   # the step's checks name the problem (distributed._check_grads)
-        with torch.no_grad():
-            self.view.copy_(mine)
-        _point_grad(p, self.view)
+        if not _is_place(mine, self.view):
+            if mine.shape != self.view.shape or mine.layout != torch.strided or (
+                    mine.dtype != self.view.dtype and self.key is None):
+                return   # the step's checks name the problem (distributed._check_grads)
+            with torch.no_grad():
+                self.view.copy_(mine)
+            if mine.dtype == self.view.dtype:
+                _point_grad(p, self.view)
+        reducer = self.reducer and self.reducer()
+        if reducer is not None:
+            reducer.landed_in(self.key[:2], self.key[2])
 
 
 def _point_grad(p: torch.Tensor, view: torch.Tensor) -> None:
