@@ -29,7 +29,7 @@ def record():
 def test_every_count_check_passes(record):
     assert record["ok"] and not record["failed"]
     checks = [c for r in record["results"] for c in r["checks"]]
-    assert len(checks) >= 7 * 4, checks   # seven options, at least four checks each
+    assert len(checks) >= 8 * 4, checks   # eight options, at least four checks each
     assert [r["model"]["kind"] for r in record["results"]] == ["llama"]
 
 
@@ -43,7 +43,13 @@ def test_who_moves_what_where(record):
         assert zero["by_stage"]["step"]["calls"] > 0 and zero["buckets"] == torch_["buckets"]
         assert zero["by_stage"]["step"]["bytes"] == zero["bytes_per_rank"][0] - torch_["bytes_per_rank"][0]
         for name in OURS:
-            assert set(options[name]["by_stage"]) == {"step"}
+            if name != "backward":
+                assert set(options[name]["by_stage"]) == {"step"}
+        # grad_reduce="backward": the owner layout's collectives, its gradient reduce-scatters moved into backward
+        owner, backward = options["owner"], options["backward"]
+        assert backward["bytes_per_rank"] == owner["bytes_per_rank"]
+        assert backward["by_stage"]["backward"]["calls"] + backward["by_stage"]["step"]["calls"] == \
+            owner["by_stage"]["step"]["calls"]
         # the gate of issue 54: ours moves fewer bytes per rank than DDP + ZeRO, under every layout here
         for name in ("owner", "aligned", "group"):
             assert max(options[name]["bytes_per_rank"]) < min(zero["bytes_per_rank"])

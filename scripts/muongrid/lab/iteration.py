@@ -11,6 +11,8 @@ same batches (rank r takes its rows of each global batch) and runs them interlea
     ddp      DDP + DistributedMuon(groups, grid, grad_reduce="ddp") (the aligned layout: step() reduces nothing,
              orthogonalises each whole matrix on the rank whose shard holds it, and all-gathers the parameters)
     bucket, owner, aligned, group    DistributedMuon(groups, grid, layout=...) on the bare model (no DDP)
+    backward DistributedMuon(groups, grid, grad_reduce="backward") on the bare model: the owner layout, its
+             gradient reduce-scatters launched from backward as each bucket's gradients land (``reducer.py``)
 
 Each iteration is timed in parts (forward, backward, step), and the step inside (``Clock``): Newton-Schulz
 (torch's kernel wrapped where torch.optim.Muon looks it up; our flows' ``newton_schulz`` on the optimizer's own
@@ -18,7 +20,8 @@ flow), ZeRO's parameter broadcast (its ``_sync_params``), and our ledger's secon
 reduce-scatter, the exchange, the parameter all-gather). DDP reduces under backward, so two probes after each run
 say what that costs: the same backward under ``no_sync()`` (no reduction; the difference is what DDP adds to
 backward: the reduction it leaves exposed, and its copies into and out of its buckets) and DDP's buckets
-all-reduced alone (the whole reduction). One iteration per option, set
+all-reduced alone (the whole reduction); ``backward`` gets the first probe too (its optimizer's ``no_sync()``),
+and its reduction is the ledger's seconds in launching and waiting. One iteration per option, set
 apart and untimed, is counted (``c10d_count.C10dCounter``: every collective, DDP's and ZeRO's too).
 
 Models are built from configs (``transformers``, no download): a Llama, and GPT-2 (tied embeddings). The report
@@ -43,8 +46,13 @@ from ..newton_schulz import native_bf16_matmul, ns5_flops, zeropower_ns5
 from ..optim import hybrid_param_groups
 from .c10d_count import C10dCounter
 
-OURS = ("bucket", "owner", "aligned", "group")
-VARIANTS = ("torch", "zero", "ddp") + OURS
+# Our options: DistributedMuon's keywords for each (an option to add, e.g. a new grad_reduce, is one line here;
+# iteration_report prices each by its layout). "ddp" is ours under DDP; the others run on the bare model.
+OURS_KWARGS = dict(bucket=dict(layout="bucket"), owner=dict(layout="owner"), aligned=dict(layout="aligned"),
+                   group=dict(layout="group"), backward=dict(layout="owner", grad_reduce="backward"))
+DDP_KWARGS = dict(ddp=dict(grad_reduce="ddp"))
+OURS = tuple(OURS_KWARGS)
+VARIANTS = ("torch", "zero", *DDP_KWARGS, *OURS)
 HYPER = dict(muon=dict(lr=0.02, weight_decay=0.01, momentum=0.95, nesterov=True),
              adamw=dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01))
 EXCHANGE = ("ns_gather_dp", "ns_gather_tp", "ns_to_owner", "ns_from_owner")   # ns_group_gram runs inside NS
@@ -134,6 +142,14 @@ class Variant:
     ddp: DDP | None = None
     ours: object = None                  # the DistributedMuon, if any
 
+    @property
+    def reduces_in_backward(self) -> bool:
+        return self.ddp is not None or getattr(self.ours, "grad_reduce", "step") == "backward"
+
+    def no_sync(self):
+        """Backward without its reduction: DDP's ``no_sync()``, or our optimizer's under grad_reduce="backward"."""
+        return self.ddp.no_sync() if self.ddp is not None else self.ours.no_sync()
+
     def zero_grad(self) -> None:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
@@ -146,13 +162,13 @@ def make_variant(name: str, module: torch.nn.Module, grid, timeout: float) -> Va
     muon = [g for g in groups if g["use_muon"]]
     rest = [g for g in groups if not g["use_muon"]]
     ids = [grid.device.index] if grid.device.type == "cuda" else None
-    if name in OURS or name == "ddp":
-        extra = dict(grad_reduce="ddp") if name == "ddp" else dict(layout=name)
+    if name in OURS_KWARGS or name in DDP_KWARGS:
+        extra = {**OURS_KWARGS, **DDP_KWARGS}[name]
         opt = DistributedMuon(groups, grid, comm=Comm(grid, timeout_s=timeout, time_device=True), **extra)
         clock.wrap(opt.flow, "newton_schulz", "newton_schulz")
         if hasattr(opt.flow, "_group_ns"):   # the group layout's own Newton-Schulz (its collectives inside)
             clock.wrap(opt.flow, "_group_ns", "newton_schulz")
-        ddp = DDP(module, device_ids=ids) if name == "ddp" else None
+        ddp = DDP(module, device_ids=ids) if name in DDP_KWARGS else None
         return Variant(name, ddp or module, module, [opt], clock, groups, ddp, opt)
     ddp = DDP(module, device_ids=ids)
     muon_params, rest_params = [p for g in muon for p in g["params"]], [p for g in rest for p in g["params"]]
@@ -206,15 +222,16 @@ def iterate(v: Variant, x: torch.Tensor, counter: C10dCounter | None = None) -> 
         out.update(reduction=phases.get("grad_reduce_scatter", 0.0), param_gather=phases.get("param_all_gather", 0.0),
                    exchange=sum(phases.get(k, 0.0) for k in EXCHANGE), ns_calls=s["ns_calls"], ns_flops=s["ns_flops"],
                    ledger_bytes=s["bytes_sent"], ledger_calls=sum(p["calls"] for p in s["phases"].values()))
-    # the rest of the step: momentum, the update, copies, the ballot
-    out["update"] = out["step"] - sum(out.get(k, 0.0) for k in ("reduction", "exchange", "newton_schulz", "param_gather"))
+    # the rest of the step: momentum, the update, copies, the ballot (a reduction from backward is not in it)
+    inside = ("exchange", "newton_schulz", "param_gather") + (() if v.reduces_in_backward else ("reduction",))
+    out["update"] = out["step"] - sum(out.get(k, 0.0) for k in inside)
     return out
 
 
 def probe_no_sync(v: Variant, x: torch.Tensor) -> float:
-    """Seconds of ``v``'s backward with DDP's reduction off (``no_sync``); the gradients are dropped after."""
+    """Seconds of ``v``'s backward with its reduction off (``no_sync``); the gradients are dropped after."""
     device = v.clock.device
-    with v.ddp.no_sync():
+    with v.no_sync():
         loss = v.model(input_ids=x, labels=x, use_cache=False).loss
         t0 = now(device)
         loss.backward()

@@ -6,12 +6,14 @@ iteration is the median of its runs with their min and max, and its ratio to ZeR
 (forward, backward, the step's parts) is the median over every timed iteration of its slowest rank. What each
 part is, per option:
 
-    reduction   ours: the gradient reduce-scatter in step(); DDP: its buckets all-reduced alone (a probe)
-    exposed     ours: the same (nothing of it runs under backward); DDP: backward - backward under no_sync()
+    reduction   ours: the gradient reduce-scatter in step() (``backward``: launching it from backward and waiting
+                for it, the ledger's seconds); DDP: its buckets all-reduced alone (a probe)
+    exposed     ours: the same (nothing of it runs under backward); DDP and ``backward``: backward - backward
+                under no_sync()
     exchange    ours: pieces to Newton-Schulz and back (gathers or all-to-alls); torch's: none
     NS          Newton-Schulz (the group layout's collectives for a grouped matrix inside it)
     gather      ours: the parameter all-gather; ZeRO: its broadcasts (_sync_params); DDP + torch.optim.Muon: none
-    update      the rest of step(), iteration by iteration: step - reduction (ours) - exchange - NS - gather
+    update      the rest of step(), iteration by iteration: step - reduction (ours, in step()) - exchange - NS - gather
                 (momentum, the update, copies, the ballot)
 
 Counts (the gate). Bytes one rank sends per iteration, priced as the ledger prices them (``c10d_count``), and
@@ -25,12 +27,12 @@ import statistics
 from ..newton_schulz import ns5_flops
 from . import costmodel
 from .choice import ns_flops_per_rank
-from .iteration import OURS
+from .iteration import OURS, OURS_KWARGS
 from .verdicts import fastest_text, ratio_text, spread, spread_text
 
 PARTS = ("forward", "backward", "step", "reduction", "exchange", "newton_schulz", "param_gather", "update")
 SCALE_DPS = (8, 64, 1024)
-EXACT = ("bucket", "owner", "aligned")   # one process's result bit for bit on 2 ranks (not "group": its
+EXACT = ("bucket", "owner", "aligned", "backward")   # one process's result bit for bit on 2 ranks (not "group": its
 #                                          Newton-Schulz of a shared matrix adds in another order)
 LOSS_TOLERANCE = 1e-4   # |loss - ZeRO's loss| in the first AGREE_ITERATIONS: the script's docstring says why
 AGREE_ITERATIONS = 3
@@ -51,7 +53,8 @@ def closed_form(name: str, census: dict, buckets: list[int], dp: int, rank: int 
     (``rank=None``: the mean over ranks, for our layouts whose ranks differ)."""
     params = [n for g in census["groups"] for n in g["numels"]]
     if name in OURS:
-        ours = costmodel.step_bytes(_groups(census), dp, 1, "auto", layout=name, rank=rank)["total"]
+        layout = OURS_KWARGS[name].get("layout", "owner")
+        ours = costmodel.step_bytes(_groups(census), dp, 1, "auto", layout=layout, rank=rank)["total"]
         return ours + costmodel.ballot_bytes(census["n_params"], dp, census["check_finite"] is not None)
     ddp = costmodel.ddp_all_reduce_bytes(buckets, dp) + costmodel.broadcast_bytes(census["buffers"], dp)
     if name == "ddp":   # our DDP mode: the aligned plan's step without its reduce-scatter, and no ballot
@@ -68,7 +71,8 @@ def ns_per_rank(name: str, census: dict, dp: int) -> list[int]:
     if name == "zero":
         owners = costmodel.zero_partition([s[0] * s[1] for s in shapes], dp)
         return [sum(ns5_flops(*s) for s, o in zip(shapes, owners) if o == r) for r in range(dp)]
-    groups, layout = _groups(census), "aligned" if name == "ddp" else name
+    groups = _groups(census)
+    layout = "aligned" if name == "ddp" else OURS_KWARGS.get(name, {}).get("layout", "owner")
     return ns_flops_per_rank(costmodel.plans_for(groups, dp, 1, "auto", layout, first_only=True)[0], groups)
 
 
@@ -89,15 +93,16 @@ def summarize(everyone: list[dict], dp: int, spec: dict, scale: tuple[int, ...] 
         counted = [r["counted"][n] for r in everyone]
         census, summary = counted[0], counted[0]["summary"]
         buckets = [c["numel"] for c in census["calls"] if c["op"] == "all_reduce" and c["stage"] == "backward"]
-        if n in OURS:
+        if n in OURS and not everyone[0]["no_sync"][n]:   # reduced in step(), after backward: all of it exposed
             parts["exposed"] = parts["reduction"]
             parts["backward_no_reduction"] = parts["backward"]
-        else:
+        else:   # reduced under backward (DDP, or ours with grad_reduce="backward"): what it adds to backward
             probes = [r["no_sync"][n] for r in everyone]
             parts["backward_no_reduction"] = statistics.median(max(p[i] for p in probes) for i in range(len(probes[0])))
             parts["exposed"] = parts["backward"] - parts["backward_no_reduction"]
-            reductions = [r["reduction"][n] for r in everyone]
-            parts["reduction"] = statistics.median(max(p[i] for p in reductions) for i in range(len(reductions[0])))
+            if n not in OURS:
+                reductions = [r["reduction"][n] for r in everyone]
+                parts["reduction"] = statistics.median(max(p[i] for p in reductions) for i in range(len(reductions[0])))
         bytes_rank = [c["summary"]["bytes"] for c in counted]
         row = dict(whole_runs=whole, whole=spread(whole), parts=parts,
                    bytes_per_rank=bytes_rank, calls_per_rank=[c["summary"]["calls"] for c in counted],
@@ -137,8 +142,14 @@ def checks(n: str, row: dict, everyone: list[dict], dp: int) -> dict:
                row["first_loss_gap"] <= LOSS_TOLERANCE}
     if n in EXACT and dp == 2:   # a sum of two is exact in any order (the script's docstring)
         out[f"{n}: the same parameters as our first layout, bit for bit"] = everyone[0]["final_gap"]["ours"].get(n) == 0.0
+    if n in OURS and OURS_KWARGS[n].get("grad_reduce") == "backward":
+        launched = {c["op"] for c in census["calls"] if c["stage"] == "backward"}
+        out[f"{n}: the gradient reduce-scatters in backward, the rest in step()"] = (
+            set(stages) <= {"backward", "step"} and launched == {"reduce_scatter"}
+            and "reduce_scatter" not in {c["op"] for c in census["calls"] if c["stage"] == "step"})
     if n in OURS:
-        out[f"{n}: nothing moves outside step()"] = set(stages) <= {"step"}
+        if OURS_KWARGS[n].get("grad_reduce") != "backward":
+            out[f"{n}: nothing moves outside step()"] = set(stages) <= {"step"}
         out[f"{n}: each matrix orthogonalised once"] = sum(row["ns_flops_per_rank"]) == total_ns * (
             dp if n == "bucket" else 1)
         out[f"{n}: counted bytes = ledger + the ballot"] = all(
@@ -169,7 +180,8 @@ def ratio(row: dict) -> str:
 # ---- what the chapters show (12: the section on DDP; 13: the decision) ---------------------------------------------
 
 LABELS = dict(torch="DDP + torch.optim.Muon", zero="DDP + ZeRO", ddp="DDP + ours (grad_reduce='ddp')",
-              bucket="ours, bucket", owner="ours, owner", aligned="ours, aligned", group="ours, group")
+              bucket="ours, bucket", owner="ours, owner", aligned="ours, aligned", group="ours, group",
+              backward="ours, owner, reduced in backward")
 
 
 def time_rows(result: dict) -> list[list]:

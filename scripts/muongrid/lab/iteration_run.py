@@ -6,8 +6,8 @@ global batches (``--batch`` rows of ``--seq`` tokens, drawn from a seeded genera
 1. ``--warmup`` iterations of each, untimed (state is made, DDP rebuilds its buckets in its second iteration);
 2. one iteration of each, counted (``c10d_count.C10dCounter``) and untimed;
 3. ``--runs`` runs of ``--iters`` iterations: each iteration runs every option once, after a barrier, in an order
-   that rotates by one each time; then, per DDP option, ``--probes`` backwards under ``no_sync()`` and
-   ``--probes`` all-reduces of its buckets alone (``iteration.probe_no_sync``, ``probe_reduction``).
+   that rotates by one each time; then, per option that reduces under backward, ``--probes`` backwards under
+   ``no_sync()`` and (DDP's) ``--probes`` all-reduces of its buckets alone (``iteration.probe_no_sync``, ``probe_reduction``).
 
 Every rank's records go to rank 0 (``gather_objects``), which ``iteration_report.summarize`` reads.
 """
@@ -83,13 +83,14 @@ def measure_model(grid, comm, args, spec: dict) -> list[dict] | None:
                 mine["timed"][v.name].append(dict(iterate(v, x), run=run))
             step += 1
         for v in variants:
-            if v.ddp is None:
+            if not v.reduces_in_backward:
                 continue
             for _ in range(args.probes):
                 dist.barrier()
                 mine["no_sync"][v.name].append(probe_no_sync(v, x))
-                dist.barrier()
-                mine["reduction"][v.name].append(probe_reduction(buckets[v.name]))
+                if v.ddp is not None:
+                    dist.barrier()
+                    mine["reduction"][v.name].append(probe_reduction(buckets[v.name]))
         note(f"run {run + 1} of {args.runs}: {args.iters} iterations each, and the probes")
     mine["final_gap"] = final_gaps(variants)
     everyone = comm.gather_objects(mine, "report")
