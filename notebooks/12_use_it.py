@@ -394,8 +394,8 @@ this small model.
 # %% [markdown]
 # The clock, on the machine that built this page (milliseconds, the slowest rank; the whole
 # iteration as the median of three runs and their range, then its ratio to ZeRO's run by run).
-# The exposed reduction is, under DDP, how much longer backward takes than under `no_sync()`;
-# for ours, the gradient reduce-scatter in `step()`:
+# The exposed reduction is, under DDP and ours with `grad_reduce="backward"`, how much longer backward
+# takes than under `no_sync()`; for ours otherwise, the gradient reduce-scatter in `step()`:
 
 # %%
 table(["option", "whole iteration", "/ DDP + ZeRO", "backward", "exposed reduction",
@@ -414,6 +414,10 @@ keep("ch12-load", f"{ddp['load_before']:.1f}")
 keep("ch12-ddp-exposed", f"{t['parts']['exposed'] * 1e3:.0f}")
 keep("ch12-ddp-reduction", f"{t['parts']['reduction'] * 1e3:.0f}")
 keep("ch12-ours-reduction", f"{o['parts']['reduction'] * 1e3:.0f}")
+b = vs["options"]["backward"]   # grad_reduce="backward": the same owner layout, reduced under backward
+keep("ch12-bwd-exposed", f"{b['parts']['exposed'] * 1e3:.0f}")
+keep("ch12-bwd-verdict", time_verdict(vs, "backward", "owner"))
+keep("ch12-bwd-bytes", "the same bytes" if b["bytes_per_rank"] == o["bytes_per_rank"] else "other bytes")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
@@ -421,8 +425,11 @@ By the clock: {{ch12-verdict}} (load average {{ch12-load}} when it started; on t
 verdict needs the whole range of one option below the other's). DDP's all-reduce runs under
 backward and takes {{ch12-ddp-reduction}} ms on its own; with it on, backward takes
 {{ch12-ddp-exposed}} ms longer than under `no_sync()` (its bucket copies and its waits, and noise
-that can even make it negative). Ours reduces in `step()`, after backward: all
-{{ch12-ours-reduction}} ms of it in sight. Moving that under backward is this package's next step.
+that can even make it negative). Ours reduces in `step()` by default, after backward: all
+{{ch12-ours-reduction}} ms of it in sight. With `grad_reduce="backward"` each bucket's reduce-scatter is
+launched from backward as its last gradient lands ({{ch12-bwd-bytes}}, and the same parameters bit for bit):
+its backward took {{ch12-bwd-exposed}} ms longer than under `opt.no_sync()`, and by the clock
+{{ch12-bwd-verdict}}.
 
 So: **`ZeroRedundancyOptimizer(torch.optim.Muon)` is enough** for DP alone, a few equal matrices,
 and a few ranks, {{ch12-clock}}. **This package pays** where the counts

@@ -84,7 +84,9 @@ elif (importlib.util.find_spec("muongrid") is None
 #    matrix is orthogonalised once, by an owner chosen to balance Newton-Schulz work; only pieces
 #    not already on the owner travel. The other knobs rarely need touching: `overlap` (prefetch by
 #    default), `chunks` (exchanges per step), `ns_batch` (batched by shape on a GPU by default),
-#    `bucket_numel`, `check_finite`; the {doc}`API reference <../book/api>` says what each does.
+#    `bucket_numel`, `check_finite`, and `grad_reduce="backward"` (the gradient reduce-scatter
+#    launched under backward; {doc}`chapter 12 <12_use_it>` times it against the default); the
+#    {doc}`API reference <../book/api>` says what each does.
 # 4. **`layout="aligned"` only for a stack of equal matrices smaller than a bucket.** It cuts the
 #    shards on matrix boundaries, so nothing travels over DP for Newton-Schulz. But unequal
 #    matrices, or matrices larger than a bucket (every matrix of an 8B model), make the shards
@@ -115,7 +117,8 @@ from muongrid.lab.iteration_report import LABELS
 from muongrid.lab.notebook import last_json, run, table
 
 counted = last_json(run("iteration_bench.py --dp 3 --models llama:128x2,gpt2:128x2 "
-                        "--seq 64 --runs 1 --iters 2 --probes 1", log="collapsed"))
+                        "--seq 64 --runs 1 --iters 2 --probes 1 --variants zero,ddp,owner,group",
+                        log="collapsed"))
 DPS = ("3", "8", "64", "1024")
 for result in counted["results"]:
     rows = []
