@@ -11,7 +11,7 @@ each ``grad_reduce``, both with ``check_finite="raise"`` and small buckets (seve
 3. two backwards without ``no_sync()`` (two rounds launched, the last one used);
 4. a NaN in one matrix's gradient on the last DP rank: both optimizers raise ``FloatingPointError`` on every rank,
    and no parameter changes;
-5. one backward again (the round after a raise starts fresh).
+5. one backward again (the round after a raise starts fresh), clipped by ``opt.clip_grad_norm_`` before the step.
 
 After each step the two copies must be equal bit for bit. Each rank also reports its ledger's collectives under
 "backward" (step, op, phase, elements), which every rank of a DP group must have issued in the same order. Prints
@@ -64,6 +64,8 @@ def run_step(opt, params, grid, step: int, name: str, found: dict) -> None:
                                                     rounds=reducer.rounds)
     before = [p.detach().clone() for p in params]
     try:
+        if name == "after":   # clip_grad_norm_ takes the reduced shards first; step() then finds them taken
+            opt.clip_grad_norm_(0.5)
         opt.step()
     except FloatingPointError as e:
         found.setdefault("raised", {})[name] = dict(kind=type(e).__name__,

@@ -1,8 +1,8 @@
 """``grad_reduce="backward"`` (issue 54 part 2, ``muongrid/reducer.py``): the gradient reduce-scatters launched from
 backward give the parameters ``grad_reduce="step"`` gives, bit for bit, on 2x1 and 2x2 (odd shapes), with gradient
 accumulation (under ``no_sync()`` and without), a matrix with no gradient anywhere and one with none on one rank, a
-bf16 parameter, and a NaN on one rank under ``check_finite="raise"`` (every rank raises, nothing changes). One
-launch per grid (``tests/backward_reduce_run.py``) checks all of it.
+bf16 parameter, ``clip_grad_norm_`` before a step, and a NaN on one rank under ``check_finite="raise"`` (every rank
+raises, nothing changes). One launch per grid (``tests/backward_reduce_run.py``) checks all of it.
 
     python -m pytest -q tests/test_backward_reduce.py
 """
