@@ -93,7 +93,11 @@ def case(grid, layout: str) -> dict:
 
 
 def refusals(grid) -> dict:
-    """Where "backward" cannot apply, the optimizer says so when it is built (or at the first step)."""
+    """Where "backward" cannot apply, the optimizer says so when it is built (or, a DDP model, at the first step)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from muongrid import FSDPMuon
+
     said = {}
     params, groups = problem(grid)
     for label, kwargs in (("capturable", dict(capturable=True, check_finite="defer")),
@@ -103,6 +107,20 @@ def refusals(grid) -> dict:
             said[label] = None
         except (ValueError, TypeError) as e:
             said[label] = str(e)
+    try:
+        FSDPMuon(params[:1], grid, grad_reduce="backward")
+        said["fsdp"] = None
+    except TypeError as e:
+        said["fsdp"] = str(e)
+    if grid.tp == 1:   # a DDP model (DP only): refused at the first step, as under "step"
+        model = DistributedDataParallel(torch.nn.Linear(4, 3, bias=False))
+        opt = DistributedMuon(model.parameters(), grid, grad_reduce="backward")
+        model(torch.ones(2, 4)).sum().backward()
+        try:
+            opt.step()
+            said["ddp"] = None
+        except RuntimeError as e:
+            said["ddp"] = str(e)
     return said
 
 

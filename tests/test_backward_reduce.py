@@ -52,3 +52,6 @@ def test_backward_reduce_equals_step_reduce(dp, tp):
     refused = ranks[0]["refused"]
     assert "capturable=True needs grad_reduce='step'" in refused["capturable"]
     assert "'backward'" in refused["unknown"]
+    assert "FSDPMuon takes no grad_reduce" in refused["fsdp"]
+    if tp == 1:
+        assert "wrapped in DistributedDataParallel" in refused["ddp"], refused["ddp"]
