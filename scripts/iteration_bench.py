@@ -62,25 +62,25 @@ def label(spec: dict, dp: int) -> str:
 
 def print_model(s: dict, args) -> None:
     print(f"\n{label(s['model'], s['dp'])}: {args.runs} runs x {args.iters} iterations; ms, slowest rank")
-    print(f"{'option':<8}{'whole (runs min-max)':>22}{'/ ZeRO':>18}" + "".join(f"{h:>9}" for _, h in PART_COLUMNS))
+    print(f"{'option':<9}{'whole (runs min-max)':>22}{'/ ZeRO':>18}" + "".join(f"{h:>9}" for _, h in PART_COLUMNS))
     for n, row in s["options"].items():
-        print(f"{n:<8}{spread_text(row['whole_runs']):>22}{ratio(row):>18}"
+        print(f"{n:<9}{spread_text(row['whole_runs']):>22}{ratio(row):>18}"
               + "".join(f"{row['parts'][k] * 1e3:>9.1f}" for k, _ in PART_COLUMNS))
     print(f"\nper rank and iteration (counted): bytes sent, the closed form, collectives by stage, NS GFLOP")
-    print(f"{'option':<8}{'bytes (max rank)':>18}{'closed form':>14}{'collectives':>13}{'fwd/bwd/step':>14}"
+    print(f"{'option':<9}{'bytes (max rank)':>18}{'closed form':>14}{'collectives':>13}{'fwd/bwd/step':>14}"
           f"{'NS GFLOP per rank':>24}{'loss gap':>10}{'param gap':>11}")
     for n, row in s["options"].items():
         st = row["by_stage"]
         stages = "/".join(str(st.get(k, {}).get("calls", 0)) for k in ("forward", "backward", "step"))
         ns = ", ".join(f"{f / 1e9:.2f}" for f in row["ns_flops_per_rank"])
-        print(f"{n:<8}{max(row['bytes_per_rank']):>18,}{max(row['closed_form_per_rank']):>14,}"
+        print(f"{n:<9}{max(row['bytes_per_rank']):>18,}{max(row['closed_form_per_rank']):>14,}"
               f"{max(row['calls_per_rank']):>13}{stages:>14}{ns:>24}{row['loss_gap']:>10.1e}"
               f"{row['final_param_gap']:>11.1e}")
     print("\nthe closed form at scale: bytes per rank per iteration (mean over ranks), busiest rank's NS GFLOP")
-    print(f"{'option':<8}" + "".join(f"{'dp=' + str(d):>16}" for d in args.scale)
+    print(f"{'option':<9}" + "".join(f"{'dp=' + str(d):>16}" for d in args.scale)
           + "".join(f"{'NS dp=' + str(d):>12}" for d in args.scale))
     for n, row in s["options"].items():
-        print(f"{n:<8}" + "".join(f"{row['closed_form_at'][str(d)]:>16,.0f}" for d in args.scale)
+        print(f"{n:<9}" + "".join(f"{row['closed_form_at'][str(d)]:>16,.0f}" for d in args.scale)
               + "".join(f"{row['busiest_ns_at'][str(d)] / 1e9:>12.2f}" for d in args.scale))
 
 

@@ -35,6 +35,15 @@ What could break the collectives' order, and the rules that keep it the same on 
   from a backward hook is outside it), ``FSDPMuon`` (FSDP2 reduce-scatters in backward already). One DP rank has
   nothing to reduce: the option is accepted and does nothing.
 
+Not the default. Measured at dp=2 on the 2-core CPU with gloo, Llama 4 layers, 3 runs of 10 interleaved
+iterations, the machine shared (load 11 to 24), its whole iteration against DDP + ZeroRedundancyOptimizer's, median
+(min-max) of the runs: hidden 256, 1.11 (0.95-1.47), the default "step" 1.11 (1.01-1.21); hidden 512, 1.04
+(0.85-1.08), "step" 0.96 (0.82-1.13): a tie inside the noise. At hidden 256 its backward grew by 634 ms over
+the same backward under ``no_sync()`` where "step" spent 101 ms reducing after it (at 512 that difference was
+inside the noise, -1,028 ms): on two cores already shared, gloo's reduction most likely runs on the cores backward
+needs rather than beside it. A default must pay, and this one also asks an accumulating loop for ``no_sync()``;
+on GPUs with NCCL it has not been measured yet (``scripts/iteration_bench.py --variants zero,owner,backward``).
+
     python -m pytest -q tests/test_backward_reduce.py
 """
 from __future__ import annotations
