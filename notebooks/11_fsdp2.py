@@ -20,7 +20,7 @@
 # ```{admonition} What this chapter runs
 # Four short trainings of the tiny GPT, launched as separate processes on a 2 x 2
 # and a 2 x 1 grid (a few seconds each).
-# Reading: about 20 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 2 <02_distributed_map>` and {doc}`chapter 8 <08_beyond_poc>`.
+# Reading: about 25 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 2 <02_distributed_map>` and {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
 # "Does it work with FSDP2?" is the question asked most in every Muon repository. PyTorch's
@@ -244,6 +244,135 @@ checks FSDPMuon bit for bit against single-device Muon on 2x1, 4x1, 2x2 and afte
 # expensive way.
 
 # %% [markdown]
+# ## Orthogonalise the shard? Another optimizer
+#
+# FSDPMuon's owner trips exist because Newton-Schulz needs each matrix whole. A shortcut skips
+# them: run Newton-Schulz on each rank's block as if it were the matrix, with the learning rate
+# adjusted for the block's shape, which is what a Muon optimizer computes when it is handed the
+# local shard of a sharded parameter. Call it **shard-local Newton-Schulz**. It needs no
+# communication at all (no all-to-all, no owner), and each rank orthogonalises small blocks
+# instead of whole matrices. But the blocks of an orthogonalised matrix are not the
+# orthogonalised blocks, so it is a different optimizer, not a cheaper way to run Muon.
+# [`muongrid/lab/shard_ortho.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/lab/shard_ortho.py)
+# holds it as pure functions and as a `MuonW` that trains with it (with one shard, both are Muon
+# bit for bit: `tests/test_shard_ortho.py`). Here it runs in this process, on a smaller tiny GPT,
+# beside Muon on whole matrices: how far the update moves as the shard count grows (rows cut as
+# FSDP2 cuts them, columns as a row-wise TP split does), and what it does to a short training
+# from the same start on the same batches.
+
+# %%
+import time
+
+import torch
+from muongrid.lab.charlm import TinyGPT, load_corpus, train
+from muongrid.lab.shard_ortho import ShardMuonW, muon_direction, relative_difference
+from muongrid.optim import MuonW, hybrid_param_groups
+
+data = load_corpus()
+SHARD_STEPS, SHARDS, CUTS = 150, (1, 2, 4, 8), {"rows": 0, "columns": 1}
+hyper = dict(lr=0.01, weight_decay=0.1)
+optimizers = {  # name -> how each Muon matrix is orthogonalised
+    "whole": lambda groups: MuonW(groups),
+    "rows, 4 shards": lambda groups: ShardMuonW(groups, shards=4, dim=0),
+    "columns, 4 shards": lambda groups: ShardMuonW(groups, shards=4, dim=1),
+}
+started, shard_runs = time.perf_counter(), {}
+for name, make in optimizers.items():
+    torch.manual_seed(0)  # the same start; train() draws the same batches
+    net = TinyGPT(data["vocab_size"], d=64, n_layer=2, n_head=4, context=32)
+    opt = make(hybrid_param_groups(net, muon=hyper,
+                                   adamw=dict(hyper, betas=(0.9, 0.95))))
+    shard_runs[name] = train(net, opt, data, steps=SHARD_STEPS, batch_size=16,
+                             eval_every=SHARD_STEPS // 3)
+    if name == "whole":  # the momentum of each Muon matrix at the end of Muon's run
+        momenta = [opt.state[p]["momentum_buffer"] for p in net.parameters()
+                   if "momentum_buffer" in opt.state.get(p, {})]
+        diffs = {(cut, n): [relative_difference(m, n, dim) for m in momenta]
+                 for cut, dim in CUTS.items() for n in SHARDS}
+seconds = time.perf_counter() - started
+table(["cut", "shards", "least", "mean", "most"],
+      [[cut, n, f"{min(d):.3f}", f"{sum(d) / len(d):.3f}", f"{max(d):.3f}"]
+       for (cut, n), d in diffs.items()])
+for name, h in shard_runs.items():
+    print(f"{name}: validation loss {h['val_loss'][-1]:.3f} after {SHARD_STEPS} steps")
+print(f"{len(momenta)} Muon matrices; the three trainings and the differences took "
+      f"{seconds:.1f} s here")
+
+# %% tags=["hide-input"] mystnb={"figure": {"name": "fig-ch11-shard-ortho", "caption": "Newton-Schulz on shards against Muon on whole matrices, for the smaller tiny GPT trained in this process. Left: how far each Muon matrix's update moves, |shard-local update - Muon's| / |Muon's| on the momentum at the end of Muon's run (mean over the matrices, bars from least to most), as the matrix is cut into blocks of rows (as FSDP2 cuts it) or of columns; one shard is Muon exactly. Right: validation loss of three trainings from the same start on the same batches: Muon, and shard-local Newton-Schulz on 4 blocks of rows or of columns."}} jupyter={"source_hidden": true}
+from muongrid.lab import palette
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.6))
+for cut in CUTS:
+    mean = [sum(diffs[cut, n]) / len(diffs[cut, n]) for n in SHARDS]
+    low = [m - min(diffs[cut, n]) for m, n in zip(mean, SHARDS)]
+    high = [max(diffs[cut, n]) - m for m, n in zip(mean, SHARDS)]
+    left.errorbar(SHARDS, mean, yerr=[low, high], marker="o", capsize=3,
+                  label=f"{cut} cut", color=palette.SHARD_CUT[cut])
+left.set(xscale="log", xlabel="shards per matrix", title="the update, against Muon's",
+         ylabel="relative difference of the update")
+left.set_xticks(SHARDS, [str(n) for n in SHARDS])
+left.minorticks_off()
+for name, h in shard_runs.items():
+    right.plot(h["val_steps"], h["val_loss"], marker="o", label=name,
+               color=palette.SHARD_CUT[name.split(",")[0]])
+right.set(xlabel="step", ylabel="nats per character", title="validation loss")
+for ax in (left, right):
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+fig.tight_layout()
+show(fig)
+plt.close(fig)
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+assert all(d == 0.0 for cut in CUTS for d in diffs[cut, 1])  # one shard: Muon, bit for bit
+rounding = [float((muon_direction(m, dtype=torch.float32) - muon_direction(m)).norm()
+                  / muon_direction(m).norm()) for m in momenta]
+# the least a cut moves any matrix is more than fp32 Newton-Schulz moves the most-moved one
+assert min(min(diffs[cut, n]) for cut in CUTS for n in SHARDS[1:]) > max(rounding)
+
+
+def mean_diff(cut, n):
+    return f"{sum(diffs[cut, n]) / len(diffs[cut, n]):.2f}"
+
+
+means = {cut: [sum(diffs[cut, n]) for n in SHARDS[1:]] for cut in CUTS}
+grows = all(a < b for m in means.values() for a, b in zip(m, m[1:]))
+
+final = {name: h["val_loss"][-1] for name, h in shard_runs.items()}
+keep("ch11-shard-steps", SHARD_STEPS)
+keep("ch11-shard-matrices", len(momenta))
+keep("ch11-shard-rows-2", mean_diff("rows", 2))
+keep("ch11-shard-cols-2", mean_diff("columns", 2))
+keep("ch11-shard-rows-8", mean_diff("rows", 8))
+keep("ch11-shard-cols-8", mean_diff("columns", 8))
+keep("ch11-shard-rounding", f"{max(rounding):.3f}")
+keep("ch11-shard-whole", f"{final['whole']:.3f}")
+keep("ch11-shard-rows", f"{final['rows, 4 shards']:.3f}")
+keep("ch11-shard-cols", f"{final['columns, 4 shards']:.3f}")
+keep("ch11-shard-seconds", f"{seconds:.0f}")
+keep("ch11-shard-trend", "grows with every further cut" if grows
+     else "does not go away as the cuts multiply")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+Cut into two blocks of rows, the update of the {{ch11-shard-matrices}} Muon matrices moves by
+{{ch11-shard-rows-2}} of its norm on average ({{ch11-shard-cols-2}} for two blocks of columns),
+and by {{ch11-shard-rows-8}} and {{ch11-shard-cols-8}} at eight. Running Newton-Schulz in fp32
+instead of bf16, which nobody would call another optimizer, moves it by at most
+{{ch11-shard-rounding}}. The difference comes with the first cut and {{ch11-shard-trend}}, so
+it depends on how many ranks hold a matrix: the same model trained on 2 or on 8 ranks would
+follow different paths. After
+{{ch11-shard-steps}} steps from the same start, Muon reached a validation loss of
+{{ch11-shard-whole}}, shard-local Newton-Schulz {{ch11-shard-rows}} (rows) and
+{{ch11-shard-cols}} (columns): one seed and one learning rate, so this shows that the two
+optimizers differ, not by how much in general. What the shortcut saves is real: every owner
+trip, which on the 2 x 2 grid above was {{ch11-owner-fsdp}} bytes a step from rank 0, and each
+whole matrix's Newton-Schulz on its owner. What it costs is Muon itself. (These runs added
+{{ch11-shard-seconds}} s to this chapter here.)
+""")
+
+# %% [markdown]
 # ## Checkpoints
 #
 # `muongrid.checkpoint.save` and `load` take an FSDPMuon too. Its state is torch's
@@ -262,7 +391,7 @@ checks FSDPMuon bit for bit against single-device Muon on 2x1, 4x1, 2x2 and afte
 # - **FSDP2 x TP** when one layer is too large for one device, or to keep the DP group small.
 #
 # In every case, orthogonalise each whole matrix once, on one rank: not on every rank (that is
-# `torch.optim.Muon` on DTensors), and never a block alone (a wrong update).
+# `torch.optim.Muon` on DTensors), and not a block alone (another optimizer, measured above).
 
 # %% [markdown]
 # ## Summary

@@ -232,7 +232,11 @@ class MuonW(torch.optim.Optimizer):
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p.grad)
-        update = muon_momentum_(state["momentum_buffer"], p.grad, group["momentum"], group["nesterov"])
+        self._orthogonalised_update(p, muon_momentum_(state["momentum_buffer"], p.grad, group["momentum"],
+                                                      group["nesterov"]), group)
+
+    def _orthogonalised_update(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> None:
+        """Newton-Schulz on ``update`` and the step on ``p`` (``lab/shard_ortho.py`` runs it block by block)."""
         ortho = zeropower_ns5(update, group["ns_steps"], group["ns_coefficients"], group["eps"],
                               form=group.get("ns_form", NS_FORM))
         lr = lr_of(group)

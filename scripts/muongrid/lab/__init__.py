@@ -24,6 +24,7 @@ Problems, models and measurements:
     stepcost       one step's bytes, ops, copies and host syncs, counted on the meta device
     steppath       the step path, measured: which modules and lines one steady-state step() runs
     poc_bugs       the proof of concept's two bugs, put back on purpose
+    shard_ortho    Newton-Schulz on each shard instead of the matrix: another optimizer, measured (chapter 11)
     faultcheck     what a clean failure shows, for each fault scripts/faults.py injects
     c10d_count     every collective a process runs (DDP's and ZeRO's too), counted where torch dispatches it
     iteration      DDP + torch's Muon, DDP + ZeroRedundancyOptimizer and ours: one training iteration, timed in parts
