@@ -144,7 +144,43 @@ assert all(agree), "the ledger and the closed form disagree"
 # $$\frac{4 + 2 + 4}{4 + 4} = 1.25,$$
 #
 # whatever the shapes and the padding (every term of a bucket scales with the same shard).
-# That is the paper's upper bound. The gather exists only for matrices cut by shard boundaries
+# That is the paper's upper bound, for fp32 parameters. Parameters held in bf16 keep an fp32
+# master on their own rank ({doc}`chapter 4 <04_zero1_buffer>`); their gradients are still
+# reduce-scattered in fp32 (the master's dtype), but the all-gather sends bf16 parameters. The
+# same arithmetic, done by the closed form with `param_bytes=2`:
+
+# %%
+from muongrid.lab.costmodel import GRAD_BYTES, NS_BYTES, PARAM_BYTES, bytes_ratio
+
+bf16 = 2  # bytes of a bf16 parameter element
+ratios = {
+    "fp32": bytes_ratio(groups, 4, 1, bench["bucket_numel"]),
+    "bf16": bytes_ratio(groups, 4, 1, bench["bucket_numel"], param_bytes=bf16),
+}
+for dtype, r in ratios.items():
+    print(f"parameters in {dtype}, 4 x 1: Muon / AdamW bytes {r:.4f}")
+
+# %% tags=["remove-cell"] jupyter={"source_hidden": true}
+# Kept for the prose and checked for the book (folded in Jupyter and Colab).
+fp32_terms = (GRAD_BYTES, NS_BYTES, PARAM_BYTES)
+bf16_terms = (GRAD_BYTES, NS_BYTES, bf16)
+assert ratios["fp32"] == sum(fp32_terms) / (GRAD_BYTES + PARAM_BYTES)
+assert ratios["bf16"] == sum(bf16_terms) / (GRAD_BYTES + bf16)
+keep("ch6-bf16-fraction",
+     f"({' + '.join(map(str, bf16_terms))}) / ({GRAD_BYTES} + {bf16})")
+keep("ch6-bf16-ratio", f"{ratios['bf16']:.2f}")
+keep("ch6-fp32-ratio", f"{ratios['fp32']:.2f}")
+
+# %% tags=["remove-input"] jupyter={"source_hidden": true}
+say(r"""
+With bf16 parameters the ratio is {{ch6-bf16-fraction}} = {{ch6-bf16-ratio}}, not
+{{ch6-fp32-ratio}}: Muon's bf16 gather is the same size, and AdamW's own traffic is smaller.
+(`tests/test_precision.py` checks the engine's ledger against this closed form with bf16
+parameters.)
+""")
+
+# %% [markdown]
+# The gather exists only for matrices cut by shard boundaries
 # ({doc}`chapter 4 <04_zero1_buffer>`). A layout could gather **only the straddling matrices**; one
 # that cuts the shards on matrix boundaries needs **no DP gather**, so Muon moves exactly AdamW's
 # bytes: the lower end, 1, which no layout with balanced shards reaches exactly, hence "(1".

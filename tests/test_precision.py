@@ -145,3 +145,40 @@ def test_distributed_muon_one_step_is_close_to_the_oracle_on_each_device(device)
     for p, v, g in zip(params, start, grads):
         want = Oracle(v, muon=True).step(g, hyper)
         assert float((p.detach().cpu().double() - want).norm() / (want - v.double()).norm()) <= 4e-2
+
+
+# ---- what bf16 parameters send: the ledger against the closed form -----------------------------------------
+
+@pytest.mark.parametrize("dp,tp", [(3, 1), (2, 2)])
+@pytest.mark.parametrize("muon", [True, False])
+def test_bf16_parameters_send_fp32_gradients_and_bf16_parameters(dp, tp, muon):
+    """With bf16 parameters the gradient buffer has the fp32 master's dtype, so the reduce-scatter sends 4
+    bytes an element and the parameter all-gather 2: one step's ledger on every rank (simulated on the meta
+    device over the fake process group) equals ``costmodel.step_bytes(..., param_bytes=2)`` phase by phase,
+    and on a DP-only grid Muon / AdamW is (4 + 2 + 2) / (4 + 2) (chapter 6 prints it)."""
+    from muongrid.lab.costmodel import PHASES, bytes_ratio, step_bytes
+    from muongrid.lab.devicecheck import simulate
+    from muongrid.lab.synthetic import build_problem
+
+    problem = build_problem("muon" if muon else "adamw", tp=tp)
+    ledgers = {}
+
+    def worker(grid, comm, _):
+        groups = [dict(g, params=[torch.nn.Parameter(p.detach().to(grid.device, torch.bfloat16))
+                                  for p in g["params"]]) for g in problem.param_groups(grid.tp, grid.tp_rank)]
+        make = DistributedMuon if muon else DistributedAdamW
+        opt = make(groups, grid, comm=comm, layout="bucket", bucket_numel=20_000)
+        for g in groups:
+            for p in g["params"]:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        ledgers[grid.rank] = comm.ledger.summary()["phases"]
+
+    simulate(worker, dp, tp, None)
+    for rank, phases in ledgers.items():
+        expected = step_bytes(problem.groups, dp, tp, 20_000, muon=muon, rank=rank, param_bytes=2)
+        assert {k: phases.get(k, {}).get("bytes_sent", 0) for k in PHASES} == {k: expected[k] for k in PHASES}
+        assert phases["grad_reduce_scatter"]["dtype"] == "float32"
+        assert phases["param_all_gather"]["dtype"] == "bfloat16"
+    if tp == 1 and muon:
+        assert bytes_ratio(problem.groups, dp, 1, 20_000, param_bytes=2) == pytest.approx((4 + 2 + 2) / (4 + 2))

@@ -11,6 +11,7 @@ travel padded):
 
     grad reduce-scatter (fp32)     (dp - 1) * s * 4          both optimizers, every layout
     param all-gather     (fp32)    (dp - 1) * s * 4          both optimizers, every layout
+                         (bf16)    (dp - 1) * s * 2          the same, parameters held in bf16 (``param_bytes=2``)
 
 and, for Muon's Newton-Schulz, by layout:
 
@@ -29,7 +30,8 @@ and, for Muon's Newton-Schulz, by layout:
 
 (a matrix replicated over TP is sent to its owner, or member, by the TP rank of the receiver only,
 and comes back to every rank; k is the group's size, m the matrix's short side, n its long side). So on a DP-only grid a Muon bucket costs (4 + 2 + 4) / (4 + 4) = 1.25 x an AdamW
-bucket under the bucket layout, the paper's upper bound, exactly, padding or not; the owner layout
+bucket under the bucket layout, the paper's upper bound, exactly, padding or not (with bf16 parameters,
+whose fp32 masters stay home, (4 + 2 + 2) / (4 + 2) = 1.33); the owner layout
 moves only the pieces that are not already on a matrix's owner, twice (there and back); the
 aligned layout moves nothing over DP, but its uneven shards pad the reduce-scatter and all-gather.
 
@@ -81,9 +83,11 @@ def plans_for(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, la
     return [build_plan(specs, dp, d, tp, bucket_numel, layout, flags, hw) for d in ([0] if first_only else range(dp))]
 
 
-def step_calls(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, muon: bool = True):
+def step_calls(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, muon: bool = True,
+               param_bytes: int = PARAM_BYTES):
     """Every ring collective of one step under the bucket layout: (phase, op, group, ranks, shard elements,
-    bytes per element). ``muon=False`` prices every group as AdamW (the baseline)."""
+    bytes per element). ``muon=False`` prices every group as AdamW (the baseline); ``param_bytes=2``
+    parameters held in bf16 (``step_bytes``)."""
     plan = plans_for(groups, dp, tp, bucket_numel, "bucket", muon, first_only=True)[0]
     for g, buckets in enumerate(plan.buckets):
         use_muon = muon and groups[g]["use_muon"]
@@ -95,22 +99,25 @@ def step_calls(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, m
                     meta = plan.metas[g][i]
                     if meta.tp_split_dim != -1 and tp > 1:
                         yield "ns_gather_tp", "all_gather", "tp", tp, meta.numel, NS_BYTES
-            yield "param_all_gather", "all_gather", "dp", dp, bucket.shard_numel, PARAM_BYTES
+            yield "param_all_gather", "all_gather", "dp", dp, bucket.shard_numel, param_bytes
 
 
 def step_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, muon: bool = True,
-               layout: str = "bucket", rank: int | None = None, hw: dict | None = None) -> dict:
+               layout: str = "bucket", rank: int | None = None, hw: dict | None = None,
+               param_bytes: int = PARAM_BYTES) -> dict:
     """Bytes world rank ``rank`` sends per step, by phase, and their total. With ``rank=None``, the mean
     over all ranks (every rank sends the same under the bucket layout; the owner layouts differ by rank).
-    ``hw``: the group layout's plan sized by time on that profile (``plans_for``)."""
+    ``hw``: the group layout's plan sized by time on that profile (``plans_for``). ``param_bytes``: bytes of
+    a parameter element in the all-gather, 4 for fp32 parameters, 2 for bf16 ones (their fp32 master stays
+    on its rank, and the gradient buffer, in the master's dtype, is reduce-scattered in fp32 either way)."""
     plan = plans_for(groups, dp, tp, bucket_numel, layout, muon, hw, first_only=True)[0]
     use_muon = [bool(muon and g["use_muon"]) for g in groups]
     steps = [g.get("ns_steps", NS_STEPS) for g in groups]
     forms = [g.get("ns_form", NS_FORM) for g in groups]
     if rank is not None:
-        return _rank_bytes(plan, use_muon, rank, steps, forms)
+        return _rank_bytes(plan, use_muon, rank, steps, forms, param_bytes=param_bytes)
     apart = layout == "group" and tp == 1   # grouped matrices summed over ranks at once: O(members), not O(dp^2)
-    every = [_rank_bytes(plan, use_muon, r, steps, forms, apart) for r in (range(dp * tp) if layout != "bucket" else [0])]
+    every = [_rank_bytes(plan, use_muon, r, steps, forms, apart, param_bytes) for r in (range(dp * tp) if layout != "bucket" else [0])]
     if apart:
         every.append(_group_totals(plan, use_muon, steps, forms))
     mean = {k: sum(e[k] for e in every) / (dp * tp if layout != "bucket" else 1) for k in every[0]}
@@ -188,13 +195,13 @@ def _group_bytes(plan, meta, members: tuple[int, ...], rank: int, steps: int, ou
 
 
 def _rank_bytes(plan, use_muon: list[bool], rank: int, steps: list[int] | None = None,
-                forms: list[str] | None = None, groups_apart: bool = False) -> dict:
+                forms: list[str] | None = None, groups_apart: bool = False, param_bytes: int = PARAM_BYTES) -> dict:
     dp, tp, layout = plan.dp, plan.tp, plan.layout
     out = dict.fromkeys(PHASES, 0)
     for g, buckets in enumerate(plan.buckets):
         for bucket in buckets:
             out["grad_reduce_scatter"] += (dp - 1) * bucket.shard_numel * GRAD_BYTES
-            out["param_all_gather"] += (dp - 1) * bucket.shard_numel * PARAM_BYTES
+            out["param_all_gather"] += (dp - 1) * bucket.shard_numel * param_bytes
             if not use_muon[g]:
                 continue
             if layout == "bucket":
@@ -223,10 +230,13 @@ def _rank_bytes(plan, use_muon: list[bool], rank: int, steps: list[int] | None =
     return out
 
 
-def bytes_ratio(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str = "bucket") -> float | None:
-    """Muon (under ``layout``) / AdamW bytes per step, mean over ranks (None when AdamW moves nothing, e.g. dp = 1)."""
-    adamw = step_bytes(groups, dp, tp, bucket_numel, muon=False)["total"]
-    return step_bytes(groups, dp, tp, bucket_numel, layout=layout)["total"] / adamw if adamw else None
+def bytes_ratio(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, layout: str = "bucket",
+                param_bytes: int = PARAM_BYTES) -> float | None:
+    """Muon (under ``layout``) / AdamW bytes per step, mean over ranks (None when AdamW moves nothing, e.g. dp = 1);
+    ``param_bytes=2``: both with bf16 parameters."""
+    adamw = step_bytes(groups, dp, tp, bucket_numel, muon=False, param_bytes=param_bytes)["total"]
+    muon = step_bytes(groups, dp, tp, bucket_numel, layout=layout, param_bytes=param_bytes)["total"]
+    return muon / adamw if adamw else None
 
 
 def dp_gather_bytes(groups: list[dict], dp: int, tp: int, bucket_numel: int | None, variant: str = "bucket") -> float:
