@@ -316,11 +316,16 @@ print(
     f"{mismatches} differences"
 )
 state = {r["rank"]: r["state_bytes"] for r in real["ranks"]}
+state_bf16 = {r["rank"]: r["state_bytes_bf16"] for r in real["ranks"]}
 print(
     f"rank 0 keeps {state[0]['momentum']:,} bytes of momentum and "
     f"{state[0]['master']:,} of fp32 master\n"
     f"weights: {plans[0].local_state_numel():,} elements each, "
     f"1/{DP} of the padded buffer"
+)
+print(
+    f"the same parameters held in bf16: {state_bf16[0]['momentum']:,} bytes of "
+    f"momentum and {state_bf16[0]['master']:,} of fp32 master weights"
 )
 owned = [sum(m.local_numel for m in p.metas[0]) for p in plans]
 padding = sum(b.padded_numel - b.numel for b in buckets)
@@ -336,6 +341,10 @@ keep("ch4-owned-first", f"{owned[0]:,}")
 keep("ch4-owned-last", f"{owned[-1]:,}")
 keep("ch4-padding", padding)
 keep("ch4-state-numel", f"{plans[0].local_state_numel():,}")
+# fp32 parameters are their own masters; bf16 ones keep an fp32 master of the shard
+assert state[0]["master"] == 0
+assert state_bf16[0]["master"] == 4 * plans[0].local_state_numel() == state[0]["momentum"]
+keep("ch4-master-bf16", f"{state_bf16[0]['master']:,}")
 
 # %% tags=["remove-input"] jupyter={"source_hidden": true}
 say(r"""
@@ -343,6 +352,15 @@ Every rank keeps {{ch4-state-numel}} elements per state tensor (equal shards), b
 {{ch4-owned-first}} parameter elements on DP ranks 0 and 1 and {{ch4-owned-last}} on DP
 rank 2: the {{ch4-padding}} padding elements sit at the ends of buckets, in the last DP rank's
 shards.
+
+**Master weights and dtypes.** A *master* is the fp32 copy of a parameter that the optimizer
+updates, so that steps too small to change a bf16 number still add up. The parameters of this run
+are fp32, so each rank's shard of the parameter buffer is its own master (which is why the run
+above counts no master bytes), and the momentum (fp32) is all the state a rank keeps. Given the same parameters in
+bf16 (the run builds both), each rank keeps an fp32 master of its shard beside the momentum,
+{{ch4-master-bf16}} bytes, as much again. The dtypes also set what travels
+({doc}`chapter 6 <06_communication>`): gradients are reduce-scattered in the master's dtype,
+fp32; the momentum goes to Newton-Schulz in bf16; parameters are all-gathered in their own dtype.
 """)
 
 # %% [markdown]

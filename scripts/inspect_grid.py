@@ -5,8 +5,10 @@
 
 Each rank builds the real ``DistributedMuon`` for the given shapes (the proof of concept's by
 default) and reports the ranks of its DP and TP groups as the process groups themselves list them,
-every parameter's ``dist_meta``, its buckets and the bytes of optimizer state it keeps. Rank 0
-prints a summary and one JSON line with everything, which chapters 3 and 4 draw.
+every parameter's ``dist_meta``, its buckets and the bytes of optimizer state it keeps, and the state
+it keeps for the same parameters held in bf16 (``state_bytes_bf16``: their fp32 masters are kept apart;
+an fp32 parameter is its own master). Rank 0 prints a summary and one JSON line with everything, which
+chapters 3 and 4 draw.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import dataclasses
 import json
 import sys
 
+import torch
 
 from muongrid.distributed import DistributedMuon
 from muongrid.launch import add_launch_args, check_launch_args, launch
@@ -23,13 +26,16 @@ from muongrid.lab.synthetic import add_problem_args, build_problem, check_proble
 
 def worker(grid, comm, args) -> int:
     problem = build_problem("muon", args.shapes, args.tp_dims, 1, args.seed, grid.tp)
-    opt = DistributedMuon(problem.param_groups(grid.tp, grid.tp_rank), grid, comm=comm,
-                          layout="bucket", bucket_numel=args.bucket_numel)
+    opt, opt_bf16 = (DistributedMuon([dict(g, params=[torch.nn.Parameter(p.detach().to(dtype)) for p in g["params"]])
+                                      for g in problem.param_groups(grid.tp, grid.tp_rank)],
+                                     grid, comm=comm, layout="bucket", bucket_numel=args.bucket_numel)
+                     for dtype in (torch.float32, torch.bfloat16))
     mine = dict(grid.describe(),
                 params=[dict(dataclasses.asdict(m), held_shape=list(p.shape)) for m, p in
                         zip(opt.plan.metas[0], opt.param_groups[0]["params"])],
                 buckets=[dict(dataclasses.asdict(b), cuts=list(b.cuts)) for b in opt.plan.buckets[0]],
-                global_buffer_size=opt.plan.global_buffer_size[0], state_bytes=opt.state_bytes())
+                global_buffer_size=opt.plan.global_buffer_size[0], state_bytes=opt.state_bytes(),
+                state_bytes_bf16=opt_bf16.state_bytes())
     everyone = comm.gather_objects(mine, "report")
     if grid.rank == 0:
         print(f"{'rank':>4} {'dp':>3} {'tp':>3}  {'DP group':<14}{'TP group':<16}{'owned elements':>15}{'state bytes':>13}")
