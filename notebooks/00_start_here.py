@@ -246,14 +246,22 @@ record = gpurecord.load()
 ns = record["ns_speed"]
 passed = sum(s["rc"] == 0 for s in record["steps"])
 ns5, matmul = ns["best_ns5_gflops"], ns["best_matmul_gflops"]
+pairs = ns["pair_ratios"]  # NS5's rate over the matmul's, run by run
 Markdown(gpurecord.provenance_text(record).replace("\n  ", "  \n") + "\n\n"
          f"{passed} of the record's {len(record['steps'])} commands exited 0. "
          f"Newton-Schulz on a 4096 x 4096 matrix ran at {ns5 / 1e3:.0f} TFLOP/s, "
-         f"{ns5 / matmul:.0%} of a same-size bf16 matmul.")
+         f"{ns5 / matmul:.0%} of a same-size bf16 matmul: each rate is the fastest of "
+         f"{len(pairs)} timed runs, and run by run the ratio went from "
+         f"{min(pairs):.0%} to {max(pairs):.0%} (one matmul lasts "
+         f"{ns['matmul_seconds'] * 1e3:.2f} ms). "
+         "Over 100% is inside that spread: Newton-Schulz ran at a plain matmul's rate, "
+         "not faster.")
 
 # %% [markdown]
-# {doc}`Chapter 14 <14_on_a_gpu>` shows what each of those commands printed, and what one
-# optimizer step cost there against `torch.optim.Muon`.
+# The record calls the package `dmuon`, its name at that commit: it became `muongrid` because
+# X-Square-Robot's DMuon, another project ({doc}`chapter 16 <16_related_work>`), uses that
+# package name. {doc}`Chapter 14 <14_on_a_gpu>` shows what each of those commands printed, and what
+# one optimizer step cost there against `torch.optim.Muon`.
 #
 # ## The road ahead
 #

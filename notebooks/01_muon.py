@@ -20,7 +20,7 @@
 # ```{admonition} What this chapter runs
 # One process only: a gradient of a tiny GPT, Newton-Schulz and SVD timings, and the tiny GPT
 # trained twice for 100 steps (AdamW, then MuonW). About a minute on a 2-core laptop.
-# Reading: about 30 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: nothing but PyTorch.
+# Reading: about 35 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: nothing but PyTorch.
 # ```
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}
@@ -155,7 +155,8 @@ from muongrid.lab.explorers import Figure, ns_map_explorer
 from muongrid.newton_schulz import NS_COEFFICIENTS, singular_value_map
 
 sigma = torch.linspace(0, 1, 501)
-show(Figure(ns_map_explorer()))
+NS_MAP_STEPS = 12  # the slider's last position: far enough for exercise 1's cubic
+show(Figure(ns_map_explorer(max_steps=NS_MAP_STEPS)))
 band = singular_value_map(torch.linspace(1e-3, 1, 1000))
 print(
     f"after 5 quintic steps, singular values in [0.001, 1] land in [{band.min():.3f}, "
@@ -470,8 +471,10 @@ else:
 #
 # ## Exercises
 #
-# 1. Set `c = 0` and `a = 1.5, b = -0.5` in the explorer. How many steps does the cubic need to
-#    bring a singular value of 0.01 above 0.5?
+# 1. The blue curve of {numref}`fig-ch1-nsmap` is the classical cubic, $(a, b, c) = (1.5, -0.5, 0)$.
+#    Move the slider and hover over that curve at $\sigma = 0.01$ (or, in a cell, call
+#    `singular_value_map(torch.tensor([0.01]), k, (1.5, -0.5, 0))` for growing `k`): how many steps
+#    does the cubic need to bring a singular value of 0.01 above 0.5?
 # 2. Repeat the training comparison with three seeds and learning rates `1e-3, 3e-3, 1e-2` for
 #    both optimizers. Is the difference larger than the spread across seeds?
 # 3. Give the embedding table to Muon (move it from the AdamW group of `hybrid_param_groups(net)` to
@@ -491,6 +494,7 @@ steps = next(k for k in range(1, 50)
              if float(singular_value_map(torch.tensor([0.01]), k, (1.5, -0.5, 0))) > 0.5)
 cubic = [float(singular_value_map(torch.tensor([0.01]), k, (1.5, -0.5, 0)))
          for k in (steps - 1, steps)]
+assert steps <= NS_MAP_STEPS, "the explorer's slider must reach exercise 1's answer"
 keep("ch1-ex1-steps", steps)
 keep("ch1-ex1-before", steps - 1)
 keep("ch1-ex1-low", f"{cubic[0]:.3f}")
@@ -517,8 +521,9 @@ say(r"""
 :::{admonition} Solutions
 :class: dropdown
 
-1. Iterate $p(\sigma) = 1.5\sigma - 0.5\sigma^3$ from $\sigma = 0.01$:
-   `singular_value_map(torch.tensor([0.01]), k, (1.5, -0.5, 0))` for growing `k`. The answer is
+1. Iterate $p(\sigma) = 1.5\sigma - 0.5\sigma^3$ from $\sigma = 0.01$ (the slider of
+   {numref}`fig-ch1-nsmap` does it for each `k`; so does
+   `singular_value_map(torch.tensor([0.01]), k, (1.5, -0.5, 0))`). The answer is
    **{{ch1-ex1-steps}} steps**: after {{ch1-ex1-before}} the value is {{ch1-ex1-low}}, after
    {{ch1-ex1-steps}} it is {{ch1-ex1-high}}. Near zero each step multiplies by about 1.5, so it
    takes about $\log(50)/\log(1.5) \approx 10$ steps: twice the quintic's five.

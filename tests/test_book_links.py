@@ -279,22 +279,64 @@ def test_the_furniture_check_catches_what_it_is_for():
     assert not furniture_problems(no_summary, {"summary": "a reference page"})
 
 
+# The index's twenty-minute path: per stop, the chapter and its stretches (from one heading to the next one
+# named), in the order the index lists them; the index's own figure opens the second stop.
+TWENTY_MINUTES = [("01_muon", [("Orthogonalisation", "Explore the coefficients")]),
+                  ("05_distributed_step", [("The flow", "The step from scratch"),
+                                           ("Step through it", "Is it right?")]),
+                  ("08_beyond_poc", [("Why the proof of concept", "Who owns what"),
+                                     ("The (1, 1.25] bound", "With tensor parallelism")]),
+                  ("13_what_to_pick", [("The decision", "What each layout costs")])]
+
+
+def stretch(cells, start: str, end: str) -> list:
+    """The cells of a chapter from the heading that starts with ``start`` to the next one that starts with
+    ``end`` (any level), Markdown cells cut at those lines."""
+    import copy
+
+    out, on = [], False
+    for cell in cells:
+        if cell.cell_type != "markdown":
+            out += [cell] if on else []
+            continue
+        kept = []
+        for line in cell.source.splitlines():
+            heading = re.match(r"#{2,4} (.*)", line)
+            if heading and on and heading.group(1).startswith(end):
+                on = None
+                break
+            on = on or bool(heading and heading.group(1).startswith(start))
+            kept += [line] if on else []
+        if kept:
+            out.append(copy.copy(cell))
+            out[-1].source = "\n".join(kept)
+        if on is None:
+            return out
+    raise AssertionError(f"no heading {start!r} followed by {end!r}: the index's twenty-minute path names them")
+
+
 def test_the_twenty_minute_path_fits_twenty_minutes():
-    """The index's twenty-minute path names sections that exist and together read in 20 minutes at 200
-    words a minute (4,000 words of prose; the figures are extra), about 5 minutes a stop."""
+    """The index's twenty-minute path names sections that exist, says each stop's minutes as the chapters'
+    reading times count them (``page.reading_minutes``: 200 words, 8 lines of code or one figure a minute,
+    rounded up), and adds up to at most 20 (issue 51: its stops reach chapter 5's explorer and chapter 8's
+    1.25x section)."""
+    import math
+
+    from muongrid.lab.page import reading_minutes
+
     index = (ROOT / "book" / "index.md").read_text()
-    assert "## In twenty minutes" in index
-    stops = {"01_muon": ["Orthogonalisation", "Newton-Schulz"], "05_distributed_step": ["The flow"],
-             "08_beyond_poc": ["Why the proof of concept", "Who owns what"], "13_what_to_pick": ["The decision"]}
-    for chapter, sections in stops.items():
-        lines = shown_markdown(jupytext.read(ROOT / "notebooks" / f"{chapter}.py").cells).splitlines()
-        words = 0
-        for start in sections:
-            i = next((k for k, line in enumerate(lines) if line.startswith("## " + start)), None)
-            assert i is not None, f"{chapter} has no section {start!r}, which the index's path names"
-            j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
-            words += len(re.findall(r"\w+", "\n".join(lines[i:j])))
-        assert words <= 5 * 200, f"{chapter}: the path's stop is {words} words, over 5 minutes' reading"
+    path = index[index.index("## In twenty minutes"):index.index("## Which chapters to read")]
+    said = [int(m) for m in re.findall(r"\(about (\d+) minutes?\)", path)]
+    assert len(said) == len(TWENTY_MINUTES), said
+    counted = []
+    for i, (chapter, stretches) in enumerate(TWENTY_MINUTES):
+        cells = jupytext.read(ROOT / "notebooks" / f"{chapter}.py").cells
+        for start, _ in stretches:
+            assert f'"{start}' in " ".join(path.split()), f"the index's stop {i + 1} does not name {start!r}"
+        minutes = sum(reading_minutes(stretch(cells, *s)) for s in stretches) + (i == 1)  # + the index's figure
+        counted.append(math.ceil(minutes))
+    assert said == counted, f"the index says {said} minutes for its stops; they read in {counted}"
+    assert sum(counted) <= 20, counted
 
 
 def test_each_chapter_title_carries_its_file_number():
