@@ -101,7 +101,8 @@ def evaluate(model, data, grid, args) -> float:
     with torch.no_grad():
         for k in range(EVAL_BATCHES):
             first = k * args.batch + grid.dp_rank * n
-            x, y = map(torch.stack, zip(*(val.window(i) for i in range(first, first + n))))
+            windows = [val.window(i) for i in range(first, first + n)]
+            x, y = map(torch.stack, zip(*windows))
             total += loss_on(model, x.to(grid.device), y.to(grid.device), args)
     model.train()
     dist.all_reduce(total)                          # the mean over every rank
@@ -163,9 +164,9 @@ def parse(doc: str, argv=None):
                    choices=("autocast", "bf16", "fp32"))
     p.add_argument("--compile", metavar="BACKEND", help="inductor, aot_eager, ...")
     p.add_argument("--lr", type=float, required=True,
-                   help="peak lr of both groups: your AdamW recipe's (Moonshot's matched "
-                        "update RMS, arXiv 2502.16982 sec. 2.2, lets AdamW's lr carry over); "
-                        "0.01 suits the book's tiny GPT (chapter 9)")
+                   help="peak lr of both groups: your AdamW recipe's (Moonshot's "
+                        "matched update RMS, arXiv 2502.16982 sec. 2.2, lets AdamW's "
+                        "lr carry over); 0.01 suits the book's tiny GPT (chapter 9)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up steps, then cosine")
     p.add_argument("--eval-every", type=int, default=10, help="0: no evaluation")
     p.add_argument("--save", default=None)

@@ -11,6 +11,9 @@ readable problems (empty when the page is fine):
 - ``code_problems``: a code listing whose lines scroll sideways: a code cell, an excerpt of
   ``scripts/`` included with ``{literalinclude}`` (chapters 4 and 5) or a command in the prose.
   Each holds lines of at most 88 characters (``tests/test_readability.py``), in one type size.
+  Also any highlighted code, in a cell or in an output (a listing ``page.listing`` displays), that
+  wraps a line: a statement broken in the middle reads as two. (Printed text, a stream output, wraps
+  by design: ``book/_static/book.css``.)
 - ``table_problems``: a table that scrolls sideways, or a table cell that breaks inside a word or
   a number (a word whose letters land on two lines).
 - ``widget_problems``: an ipywidgets control in the static page (without a kernel it moves and
@@ -37,6 +40,21 @@ return [...document.querySelectorAll('article div.highlight, article div.highlig
   .map(e => (e.closest('div.cell_input') ? 'code cell ' : 'listing ') + e.scrollWidth + '>'
        + e.clientWidth + ' px: '
        + e.textContent.split('\\n').reduce((a, b) => b.length > a.length ? b : a, '').slice(0, 100));
+"""
+# Highlighted code that wraps: laid out again with white-space: pre (a copy beside it), it would be shorter.
+WRAPS = """
+return [...document.querySelectorAll('article div.highlight pre')].filter(pre => {
+  if (pre.closest('.output.stream, .output.text_plain')) return false;   // printed text wraps by design
+  if (getComputedStyle(pre).whiteSpace === 'pre') return false;   // never wraps (it may scroll: CODE_CELLS)
+  const probe = pre.cloneNode(true);
+  Object.assign(probe.style, {whiteSpace: 'pre', position: 'absolute', visibility: 'hidden'});
+  pre.parentElement.appendChild(probe);
+  const wraps = pre.getBoundingClientRect().height > probe.getBoundingClientRect().height + 1;
+  probe.remove();
+  return wraps;
+}).map(pre => (pre.closest('div.cell_input') ? 'code cell' : pre.closest('div.cell_output') ? 'listing in an output'
+               : 'listing') + ' wraps a line: '
+       + pre.textContent.split('\\n').reduce((a, b) => b.length > a.length ? b : a, '').slice(0, 100));
 """
 OUTPUTS = SCROLLS + """
 return [...document.querySelectorAll('div.cell_output, div.cell_output *')]
@@ -88,7 +106,7 @@ return [...document.querySelectorAll('.widget-subarea, .jupyter-widgets, '
 
 
 def code_problems(driver) -> list[str]:
-    return driver.execute_script(CODE_CELLS)
+    return driver.execute_script(CODE_CELLS) + driver.execute_script(WRAPS)
 
 
 def output_problems(driver) -> list[str]:
@@ -109,7 +127,8 @@ def widget_problems(driver) -> list[str]:
 
 
 def layout_problems(driver) -> list[str]:
-    """Everything above, for the page the driver has loaded."""
+    """Everything above, for the page the driver has loaded. (Chromium lays out what a closed ``<details>``
+    folds, a hidden cell's code or an output behind "show", so the checks see it folded too.)"""
     return (code_problems(driver) + output_problems(driver) + table_problems(driver)
             + math_problems(driver) + widget_problems(driver))
 
@@ -167,7 +186,8 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     root = Path(argv[0])
-    pages = [root / p for p in argv[1:]] or sorted(root.glob("notebooks/*.html")) + sorted(root.glob("*.html"))
+    pages = [root / p for p in argv[1:]] or [*sorted(root.glob("notebooks/*.html")), *sorted(root.glob("book/*.html")),
+                                             *sorted(root.glob("*.html"))]
     driver = chromium()
     bad = 0
     try:
