@@ -149,8 +149,7 @@ def test_distributed_muon_one_step_is_close_to_the_oracle_on_each_device(device)
 
 # ---- what bf16 parameters send: the ledger against the closed form -----------------------------------------
 
-@pytest.mark.parametrize("dp,tp", [(3, 1), (2, 2)])
-@pytest.mark.parametrize("muon", [True, False])
+@pytest.mark.parametrize("dp,tp,muon", [(3, 1, True), (2, 2, True), (2, 2, False)])
 def test_bf16_parameters_send_fp32_gradients_and_bf16_parameters(dp, tp, muon):
     """With bf16 parameters the gradient buffer has the fp32 master's dtype, so the reduce-scatter sends 4
     bytes an element and the parameter all-gather 2: one step's ledger on every rank (simulated on the meta
