@@ -292,7 +292,7 @@ for name, make in optimizers.items():
 seconds = time.perf_counter() - started
 table(["cut", "shards", "least", "mean", "most"],
       [[cut, n, f"{min(d):.3f}", f"{sum(d) / len(d):.3f}", f"{max(d):.3f}"]
-       for (cut, n), d in diffs.items()])
+       for (cut, n), d in diffs.items()], align="lrrrr")
 for name, h in shard_runs.items():
     print(f"{name}: validation loss {h['val_loss'][-1]:.3f} after {SHARD_STEPS} steps")
 print(f"{len(momenta)} Muon matrices; the three trainings and the differences took "

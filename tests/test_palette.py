@@ -28,7 +28,7 @@ LAB = ROOT / "scripts" / "muongrid" / "lab"
 # Figures that show a quantity of the palette, by key (figure fig-<key>): the cell that draws them must use it.
 USES_PALETTE = ["ch1-training", "ch2-memory", "ch3-grid", "ch4-plan", "ch5-stages", "ch6-layouts",
                 "ch6-projection", "ch7-breakdown", "ch7-trace", "ch8-bytes", "ch8-times", "ch9-tp-plan",
-                "ch9-spectra", "ch9-study", "ch9-profile", "ch10-state", "ch15-group-steps",
+                "ch9-spectra", "ch9-study", "ch9-profile", "ch10-state", "ch11-shard-ortho", "ch15-group-steps",
                 "ch15-projection"]
 # Figures drawn by a module that takes its colours from the palette.
 BY_MODULE = {"explorers": ["ch1-nsmap", "ch1-coefficients", "ch2-explorer", "ch2-grid", "ch4-explorer",

@@ -16,8 +16,8 @@ figure shows both):
 - ``STEP``: where a training step's time goes (chapters 7 and 9, the profiles and the trace).
 - ``PHASE``: the ledger's traffic phases; what AdamW also sends is blue, what Muon adds is orange/red.
 - ``LAYOUT``: the three ZeRO-1 layouts, and chapter 15's Newton-Schulz placements beside ``owner``.
-- ``PARALLEL``: data parallel against tensor parallel (chapter 3's grid); ``SHARD_CUT``: Muon on whole
-  matrices against Newton-Schulz on row or column shards (chapter 11), in the same hues.
+- ``PARALLEL``: data parallel against tensor parallel (chapter 3's grid).
+- ``SHARD_CUT``: Muon on whole matrices against Newton-Schulz on row or column shards (chapter 11).
 - ``MEMORY``: what one rank stores (chapter 2); ``STATE``: the optimizer state (chapters 5, 10).
 - ``MATRIX`` and ``DP_SHARD``: the matrices of a plan and the DP ranks that own its shards (chapter 4).
 - ``RANK``: one colour per rank, where a figure follows data from rank to rank (collectives, groups).
@@ -62,8 +62,6 @@ LAYOUT = {
 }
 
 PARALLEL = {"dp": "#c05621", "tp": "#2b6cb0", "tp_fill": "#dbe9f6"}
-# Chapter 11: Muon on whole matrices, and Newton-Schulz on shards cut by rows (as FSDP2 over DP) or columns
-SHARD_CUT = {"whole": OPTIMIZER["muon"], "rows": PARALLEL["dp"], "columns": PARALLEL["tp"]}
 
 MEMORY = {"params": "#64b5cd", "grads": "#ccb974", "master": "#8172b3", "optimizer_state": "#937860"}
 
@@ -76,6 +74,8 @@ OPTIMIZER_TINT = {"muon": "#fbeee2", "adamw": "#e8eef7"}
 
 MATRIX = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#ccb974"]
 DP_SHARD = ["#dbe9f6", "#fde2c8", "#d9f0d3", "#f8d5d5", "#e2e2f5", "#f5e6c8", "#d8f3f3", "#eeeeee"]
+# Chapter 11: Muon on whole matrices (its orange) against Newton-Schulz on shards cut by rows or by columns
+SHARD_CUT = {"whole": OPTIMIZER["muon"], "rows": MATRIX[2], "columns": PARALLEL["tp"]}
 
 RANK = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
 
