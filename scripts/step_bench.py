@@ -21,7 +21,7 @@ Two parts, side by side in one run:
   hooks and the step move.
 * **What stays between steps** (``stepcost.persistent_bytes``): on 2x1 and 2x2 grids, rank 0's gradient buffers,
   reduce-scattered gradient shards, the bucket flow's gather slots, the owner flow's exchange buffers and banks
-  (made on the first step) and the optimizer state, per byte of its fp32 parameters, for the owner and bucket
+  (made when the optimizer is built) and the optimizer state, per byte of its fp32 parameters, for the owner and bucket
   layouts.
 * **Time** (``--time``): one step of each, median and fastest of ``--steps`` after ``--warmup``: host time (until
   ``step()`` returned) and, on a GPU, device time (CUDA events) apart, and the peak memory

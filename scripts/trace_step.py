@@ -59,7 +59,7 @@ def one_step(grid, comm, args, layout: str) -> dict:
                      slice=[m.param_slice.start, m.param_slice.stop], owner=owners.get((m.buffer_idx, m.param_idx)),
                      grad=grads[m.param_idx], param=dict(shape=list(p.shape), dtype=_dtype(p)))
                 for m, p in zip(opt.plan.metas[0], group["params"])]
-    state = {kind: dict(numel=sum(s[kind].numel() for s in opt.shards[0]), dtype=_dtype(opt.shards[0][0][kind]))
+    state = {kind: dict(numel=sum(s[kind].numel() for s in opt.store.shards[0]), dtype=_dtype(opt.store.shards[0][0][kind]))
              for kind in ("momentum", "master")}
     summary = comm.ledger.summary()
     records = [dict(phase=r.phase, op=r.op, group=r.group, dtype=r.dtype, numel=r.numel, bytes_sent=r.bytes_sent,

@@ -77,7 +77,7 @@ _BY_SUITE = {
     "unit": "choice engine_floor exchanges fast_plan group_rows guard hardware_table house layout_explorer math "
             "meta_device ns_variants optim_api oracle plan plan_at_scale plan_ep precision record_gpu rivals routes "
             "routing step_cost step_vote timemodel wholestep muonshare tp_host_work "
-            "store_buffers capturable old_checkpoint zero_cost mystmd shard_ortho",
+            "store_buffers capturable old_checkpoint zero_cost mystmd shard_ortho replay",
     # launches processes: gloo ranks, the entry points, a wheel in a fresh environment, the warm-start server
     "distributed": "agree checkpoint contract ddp distributed exactness_gap expert_parallel failures finite_modes "
                    "hf_trainer from_scratch fsdp group_layout hf_models loops measure ns_group package qk_clip "

@@ -73,7 +73,7 @@ def skips(run, grid, step):
 
 def landed(opt, params) -> bool:
     """Whether every hooked parameter's gradient is a view of its bucket's gradient buffer."""
-    storages = {s.grads.untyped_storage()._cdata for row in opt.store.slots for s in row if s.grads is not None}
+    storages = {s.grads.untyped_storage()._cdata for row in opt.store.buffers for s in row if s.grads is not None}
     return all(held(p.grad).untyped_storage()._cdata in storages for p in params if p.grad is not None)
 
 
@@ -106,7 +106,7 @@ def case(grid, comm, layout, dtensor=False, bind=True) -> dict:
         out["equal_none"].append(all(torch.equal(a, b) for a, b in zip(runs["none"][0], runs["hand"][0])))
         out["equal_zero"].append(all(torch.equal(a, b) for a, b in zip(runs["zero"][0], runs["hand0"][0])))
     params, opt = runs["none"]
-    buffers = {s.params.untyped_storage()._cdata for row in opt.store.slots for s in row if s.params is not None}
+    buffers = {s.params.untyped_storage()._cdata for row in opt.store.buffers for s in row if s.params is not None}
     out["bound"] = [held(p).untyped_storage()._cdata in buffers for p in params]   # views of the buffers
     out["params"] = [held(p).clone() for p in params]
     return out

@@ -31,9 +31,9 @@ MODULES = {   # module: (test files, functions to mutate; None = all)
     "updates": (f"{TESTS_FAST} tests/test_math.py tests/test_finite_modes.py", None),   # finite: the masked step
     "plan": ("tests/test_routes.py tests/test_plan.py tests/test_fast_plan.py tests/test_oracle.py",
              {"numel", "local_numel", "param_slice", "shard_numel", "shard_range", "segments", "shard_slice",
-              "piece_slice", "piece_numel", "tp_local_shape", "split_into_buckets", "build_plan", "_piece_runs"}),
-    "owner_flow": (TESTS_FAST, {"_piece", "route", "_build_route"}),
-    "group_flow": (TESTS_FAST, {"sends"}),   # who sends to an owner or a member (owner_flow's routes)
+              "piece_slice", "piece_numel", "tp_local_shape", "split_into_buckets", "build_plan", "piece_runs"}),
+    "owner_routes": (TESTS_FAST, {"piece_of", "route", "exchange_chunks", "exchanges", "messages"}),
+    "group_routes": (TESTS_FAST, {"sends"}),   # who sends to an owner or a member (owner_routes' routes)
 }
 SKIPPED_TARGETS = ("BitOr", "BitAnd", "BitXor", "LShift", "RShift", "Mod", "Pow")
 

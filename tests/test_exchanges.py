@@ -1,6 +1,6 @@
 """Collectives sized for a cluster (issue 42): the owner, aligned, group and FSDP flows exchange a step's pieces
 in at most K all-to-alls per direction, whatever the number of buckets and matrices (K = 1 without overlap,
-``chunks`` with "prefetch": ``owner_flow.exchange_chunks``).
+``chunks`` with "prefetch": ``owner_routes.exchange_chunks``).
 
 Every rank of the grid is simulated in this process on the ``meta`` device over torch's fake process group
 (``muongrid/lab/devicecheck.py``) and the ledger's records of one step are counted by phase. That the chunked
@@ -18,7 +18,7 @@ import torch
 
 from muongrid.comm import Phase
 from muongrid.lab.devicecheck import simulate
-from muongrid.owner_flow import PREFETCH_CHUNKS, exchange_chunks
+from muongrid.owner_routes import PREFETCH_CHUNKS, exchange_chunks
 from muongrid.plan import ParamSpec, build_plan
 
 SHAPES = [(12, 10), (7, 9), (10, 12), (9, 7), (6, 6), (12, 10), (8, 5), (5, 8), (11, 4), (4, 11)]

@@ -1,4 +1,4 @@
-"""The fast plan builder (layouts.EvenCuts, HeldRuns, the segment tree of _Loads; plan._piece_runs) gives the
+"""The fast plan builder (layouts.EvenCuts, HeldRuns, the segment tree of _Loads; plan.piece_runs) gives the
 same plan as the straightforward code it replaced, kept here as the reference: every rank's key compared
 for every matrix (O(world) per matrix), every DP rank's piece asked for, every cut stored.
 
@@ -11,13 +11,13 @@ import pytest
 
 from muongrid.layouts import HeldRuns, Matrix, assign_owners, assign_owners_and_groups, even_cuts, group_ns_flops, group_window
 from muongrid.newton_schulz import ns5_flops
-from muongrid.plan import ParamSpec, _owner_candidates, build_plan
+from muongrid.plan import ParamSpec, owner_candidates, build_plan
 
 from muongrid.lab.model_shapes import MODELS
 
 
 def reference_candidates(plan, muon):
-    """The old ``plan._owner_candidates``: every DP rank's piece, a full tuple per matrix."""
+    """The old ``plan.owner_candidates``: every DP rank's piece, a full tuple per matrix."""
     out = []
     for buffer_idx, metas in enumerate(plan.metas):
         if not muon[buffer_idx]:
@@ -80,7 +80,7 @@ def test_fast_plan_equals_the_reference(model, layers, dp, tp, bucket_numel):
                 want = even_cuts(b.numel, dp) if layout != "aligned" or not muon[b.buffer_idx] else tuple(b.cuts)
                 assert b.cuts == want and tuple(b.cuts) == want and b.shard_numel == max(
                     y - x for x, y in zip(want, want[1:]))
-        fast, ref = _owner_candidates(plan, muon), reference_candidates(plan, muon)
+        fast, ref = owner_candidates(plan, muon), reference_candidates(plan, muon)
         assert [(m.key, m.flops, tuple(m.held), m.candidates) for m in fast] == \
                [(m.key, m.flops, m.held, m.candidates) for m in ref]
         if layout != "group":

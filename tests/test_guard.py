@@ -29,7 +29,7 @@ def build(layout: str, ns_batch: bool = False):
 def test_a_step_that_follows_the_plan_passes(layout, ns_batch):
     opt = build(layout, ns_batch)
     opt.step()
-    assert opt.flow.done == {(0, i) for i in range(4)}
+    assert opt.last_step.ran == {(0, i) for i in range(4)}
 
 
 @pytest.mark.parametrize("layout", ["bucket", "owner", "group"])
@@ -37,8 +37,8 @@ def test_a_matrix_updated_without_newton_schulz_fails_the_step(layout):
     opt = build(layout)
     real = opt.flow.newton_schulz
 
-    def forgets_c(group, matrix, metas=()):   # "c" is orthogonalised but not as itself: a silent fallback
-        return real(group, matrix, [m for m in metas if m.name != "c"])
+    def forgets_c(group, matrix, metas, ran):   # "c" is orthogonalised but not as itself: a silent fallback
+        return real(group, matrix, [m for m in metas if m.name != "c"], ran)
 
     opt.flow.newton_schulz = forgets_c
     with pytest.raises(RuntimeError, match=r"planned for Newton-Schulz here but not run \['c'\]"):
@@ -50,8 +50,8 @@ def test_a_matrix_that_gets_no_update_fails_the_step(layout):
     opt = build(layout, ns_batch=True)
     real = opt.flow.run
 
-    def drops_bank(group, updates, options):
-        return ((meta, piece) for meta, piece in real(group, updates, options) if meta.name != "bank")
+    def drops_bank(group, updates, options, step):
+        return ((meta, piece) for meta, piece in real(group, updates, options, step) if meta.name != "bank")
 
     opt.flow.run = drops_bank
     with pytest.raises(RuntimeError, match=r"held here but given no update \['bank'\]"):

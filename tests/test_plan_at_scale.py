@@ -10,7 +10,7 @@ from muongrid import layouts
 from muongrid.layouts import assign_owners, assign_owners_and_groups, group_ns_flops
 from muongrid.newton_schulz import ns5_flops
 from muongrid.ns_group import group_form
-from muongrid.plan import ParamSpec, _owner_candidates, build_plan
+from muongrid.plan import ParamSpec, build_plan, owner_candidates
 
 from muongrid.lab import scale
 from muongrid.lab.model_shapes import MODELS
@@ -22,7 +22,7 @@ def report_plan(dp, tp):
     specs = [[ParamSpec(f"w{i}", s, d) for i, (s, d) in enumerate(zip(REPORT_SHAPES, REPORT_TP_DIMS))]]
     plan = build_plan(specs, dp, 0, tp, bucket_numel=2**18, layout="owner")
     shapes = {(0, m.param_idx): m.full_shape for m in plan.metas[0]}
-    return plan, _owner_candidates(plan, [True]), shapes
+    return plan, owner_candidates(plan, [True]), shapes
 
 
 def test_group_mode_splits_the_dominant_matrix_and_lowers_the_max_load():
@@ -234,7 +234,7 @@ def test_bucket_size_sets_the_collectives_per_step():
     """Each bucket costs a reduce-scatter and an all-gather; the owner layout's all-to-alls are K each way
     whatever the number of buckets (its buckets joined into K exchanges); a matrix larger than a bucket has its
     own, so bigger buckets mean fewer collectives (same bytes)."""
-    from muongrid.owner_flow import PREFETCH_CHUNKS
+    from muongrid.owner_routes import PREFETCH_CHUNKS
     small = scale.grid_report(8, 8, layers=4, model="llama3-8b", bucket_numel=2**20)
     large = scale.grid_report(8, 8, layers=4, model="llama3-8b", bucket_numel=2**28)
     for r in (small, large):

@@ -1,4 +1,4 @@
-"""The owner layouts' routes (owner_flow.OwnerFlow._build_route) against a brute-force enumeration (issue 41).
+"""The owner layouts' routes (``owner_routes.route``, plan data) against a brute-force enumeration (issue 41).
 
 For many random plans (shapes, TP split dims, DP x TP grids, bucket sizes, "owner" and "aligned"), every rank's
 route is built as the optimizer builds it, then the traffic is simulated element by element with labels
@@ -15,9 +15,8 @@ import math
 import random
 from types import SimpleNamespace
 
-import torch
 
-from muongrid.owner_flow import OwnerFlow
+from muongrid import owner_routes
 from muongrid.plan import ParamSpec, build_plan
 
 
@@ -33,11 +32,12 @@ def held(plan, meta, dp_rank):
 
 
 def flows_for(specs, dp, tp, bucket_numel, layout):
+    """Per rank, its plan and its routes (as the flow gets them: ``owner_routes.route``)."""
     world, out = dp * tp, []
     for rank in range(world):
         plan = build_plan([specs], dp, rank // tp, tp, bucket_numel, layout)
-        grid = SimpleNamespace(rank=rank, tp=tp, dp=dp, dp_rank=rank // tp, tp_rank=rank % tp, device=torch.device("cpu"))
-        out.append(OwnerFlow(plan, grid, None))
+        out.append(SimpleNamespace(plan=plan, route=lambda chunk, plan=plan, rank=rank:
+                                   owner_routes.route(plan, rank, chunk)))
     return out
 
 
@@ -62,7 +62,7 @@ def check_bucket(flows, b, dp, tp):
     sendbuf = []
     for r, route in enumerate(routes):
         buf = [None] * sum(route.send_counts)
-        for k, off in route.sends:
+        for k, off, _, _, _ in route.sends:
             a, b_ = pieces[(k, r)]
             buf[off: off + b_ - a] = [(k, block(metas[k], r), i) for i in range(a, b_)]
         assert None not in buf, r
@@ -70,13 +70,23 @@ def check_bucket(flows, b, dp, tp):
     several = 0
     for r, route in enumerate(routes):
         per_owner = {}
-        for k, _ in route.sends:
+        for k, _, _, _, q in route.sends:
+            assert q == owner[k]
             per_owner[owner[k]] = per_owner.get(owner[k], 0) + 1
         several += sum(1 for n in per_owner.values() if n > 1)
         # the expected sends, by enumeration: every matrix I hold a piece of, owned elsewhere, if I send it
         want = sorted(k for k, m in enumerate(metas) if owner[k] != r and pieces[(k, r)][1] > pieces[(k, r)][0]
                       and sends(m, r))
-        assert sorted(k for k, _ in route.sends) == want, (r, route.sends, want)
+        assert sorted(k for k, *_ in route.sends) == want, (r, route.sends, want)
+        # the same traffic said per matrix (owner_routes.messages): what each receiver gets, each way
+        said = {}
+        for phase, src, dst, name, n in owner_routes.messages(route, r):
+            assert src == r and dst != r and n > 0
+            said[(phase, dst)] = said.get((phase, dst), 0) + n
+        assert {d: n for (p, d), n in said.items() if p == "ns_to_owner"} == {
+            d: n for d, n in enumerate(route.send_counts) if n}
+        assert {d: n for (p, d), n in said.items() if p == "ns_from_owner"} == {
+            d: n for d, n in enumerate(route.back_counts) if n}
     # the all-to-all: receiver q gets, from each r in rank order, r's chunk for q
     for q, route in enumerate(routes):
         recv = []
@@ -87,7 +97,7 @@ def check_bucket(flows, b, dp, tp):
             recv += chunk
         covered = {}
         for item in route.owned:
-            k = item.k
+            k = item.j
             assert owner[k] == q
             split = metas[k].tp_split_dim != -1 and tp > 1   # the bank row: TP blocks of the local shape, or whole
             rows, cols = (metas[k].shape if split else metas[k].full_shape)[-2:]
@@ -104,17 +114,17 @@ def check_bucket(flows, b, dp, tp):
             numel = metas[k].numel
             assert covered_all(covered, k, blocks, numel), (q, k)
         assert all(v == 1 for v in covered.values())
-        assert {item.k for item in route.owned} == {k for k in range(len(metas)) if owner[k] == q}
+        assert {item.j for item in route.owned} == {k for k in range(len(metas)) if owner[k] == q}
     # back: owner q's send-back buffer, by labels
     backbuf = []
     for q, route in enumerate(routes):
         buf = [None] * sum(route.back_counts)
         for item in route.owned:
             for r, blk, a, b_, off in item.back:
-                assert (blk, a, b_) == (block(metas[item.k], r), *pieces[(item.k, r)])
-                buf[off: off + b_ - a] = [(r, item.k, blk, i) for i in range(a, b_)]
+                assert (blk, a, b_) == (block(metas[item.j], r), *pieces[(item.j, r)])
+                buf[off: off + b_ - a] = [(r, item.j, blk, i) for i in range(a, b_)]
             if item.mine is not None:
-                assert item.mine == (block(metas[item.k], q), *pieces[(item.k, q)])
+                assert item.mine == (block(metas[item.j], q), *pieces[(item.j, q)])
         assert None not in buf
         backbuf.append(buf)
     for r, route in enumerate(routes):
@@ -189,8 +199,8 @@ def test_a_chunk_route_is_its_buckets_routes_laid_end_to_end():
             offsets = [0]
             for r in alone:
                 offsets.append(offsets[-1] + len(r.metas))
-            assert sorted(k for k, _ in chunk.sends) == sorted(k + offsets[n] for n, r in enumerate(alone)
-                                                               for k, _ in r.sends)
+            assert sorted(k for k, *_ in chunk.sends) == sorted(k + offsets[n] for n, r in enumerate(alone)
+                                                                for k, *_ in r.sends)
     assert joined > 10, joined
 
 
@@ -204,7 +214,7 @@ def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
     ``shard_numel``; a matrix's local range is its part of this rank's shard (empty: anchored at the shard's
     start); ``segments`` are the maximal runs of the element -> flat position map; ``piece_slice`` is what the
     element loop finds; and the owners' ``HeldRuns`` list every DP rank's count (times its TP ranks)."""
-    from muongrid.plan import _owner_candidates, _piece_runs, split_into_buckets
+    from muongrid.plan import owner_candidates, piece_runs, split_into_buckets
     rng = random.Random(7)
     for case in range(150):
         dp, tp = rng.choice([(1, 1), (2, 1), (3, 1), (4, 1), (2, 2), (3, 2), (1, 3), (5, 1), (7, 1)])
@@ -250,12 +260,12 @@ def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
                         assert (piece.start, piece.stop) == ((a, b) if b > a else (0, 0))
                     counts = [b - a for a, b in (held(plan, meta, r) for r in range(dp))]
                     expanded = [0] * dp
-                    for first, end, n in _piece_runs(bucket, meta, even=layout != "aligned"):
+                    for first, end, n in piece_runs(bucket, meta, even=layout != "aligned"):
                         for r in range(first, end):
                             expanded[r] = n
-                    assert expanded == counts, (case, d, i, _piece_runs(bucket, meta, layout != "aligned"), counts)
+                    assert expanded == counts, (case, d, i, piece_runs(bucket, meta, layout != "aligned"), counts)
             if layout != "bucket" and d == 0:
-                for m in _owner_candidates(plan, [True]):
+                for m in owner_candidates(plan, [True]):
                     meta = plan.metas[0][m.key[1]]
                     want = [held(plan, meta, r // tp)[1] - held(plan, meta, r // tp)[0] for r in range(dp * tp)]
                     assert list(m.held) == want, (case, m.key)

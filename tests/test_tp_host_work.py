@@ -64,7 +64,7 @@ def dtensor_calls(count: int, dp: int, layout: str, bind) -> dict:
             opt.step()
         finally:
             sys.setprofile(None)
-        storages = {s.params.untyped_storage()._cdata for row in opt.store.slots for s in row
+        storages = {s.params.untyped_storage()._cdata for row in opt.store.buffers for s in row
                     if s.params is not None}
         bound = all(p.to_local().untyped_storage()._cdata in storages for p in params)
         found[grid.rank] = (calls[0], bound, len(opt.plan.buckets[0]))

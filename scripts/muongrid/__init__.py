@@ -25,16 +25,18 @@ The engine, in the order the book introduces it (the math apart from the orchest
     flows          momentum pieces -> orthogonalised pieces: FlowOptions, the bucket layout's flow
     owner_flow     the owner layouts' flow (owner, aligned, group): pieces to owners and back, K all-to-alls each way
     ns_group       one matrix's Newton-Schulz over a group of ranks (the Gram all-reduce form, or the row form)
+    owner_routes   the owner layouts' routes: each all-to-all's pieces, per matrix and rank, made with the plan (pure)
     group_routes   the group layout: which elements of each rank's pieces go to which member (pure)
     group_flow     the group layout's part of the owner flow: a grouped matrix's route and its Newton-Schulz
     ns_gram_group  the Gram form (ns_form="gram") of one matrix over a group: R all-reduced once (pure)
     ns_variants    Newton-Schulz variants: per-iteration coefficient schedules and the Gram form (pure)
-    distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses): the step
+    distributed    DistributedMuon and DistributedAdamW (torch.optim.Optimizer subclasses): the one optimizer class
+    step           one step as a value (Step: its decision, gradient pieces, matrices orthogonalised) and step counts
     options        what the optimizers are built with: layout defaults, the checks made once when one is built
-    rank_state     one rank's state: its per-parameter views, state_bytes, state_dict / load_state_dict
+    rank_state     one rank's state: binding its views, state_bytes, state_dict / load_state_dict (functions)
     contract       what every torch optimizer promises in a step (checks, skipped gradients, schedulers)
     capture        capturable=True: hyperparameters and step counts as device tensors, what a captured step refuses
-    clipping       opt.clip_grad_norm_: the DP-mean gradient's global norm, TP counted once
+    clipping       clip_grad_norm_'s arithmetic: the DP-mean gradient's global norm, TP counted once
     launch         one entry point for local gloo processes and torchrun
     devices        a rank's device (cuda:{LOCAL_RANK % visible GPUs}), device-inclusive clocks, CUDA-event spans
     finite         the gradients' NaN/Inf check: raised on every rank together, or the step skipped

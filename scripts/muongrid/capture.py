@@ -7,10 +7,11 @@ buffer that moves leaves the graph pointing at freed memory. So, as torch's own 
 * a group's ``lr``, ``weight_decay``, ``momentum`` and ``betas`` become float64 0-dim tensors on the grid's
   device (``pin_group``; float64 so the step rounds as the Python doubles do: the same bits on a CPU,
   ``tests/test_capturable.py``), written in place by schedulers and users alike (``pinned_write``, called by
-  ``contract.LinkedGroup``); step counts live on the device, AdamW's bias corrections too;
+  ``contract.LinkedGroup``); step counts live on the device (``DeviceStepCounts``), AdamW's bias corrections too;
 * no host read, host-to-device copy or host collective inside ``step()``: ``check_finite="raise"`` and CUDA-event
-  timing are refused (``refuse``), the default check is "defer", read only outside the step
-  (``opt.check_finite_now()``); every parameter needs a gradient at every step (``need_every_grad``).
+  timing are refused (``refuse``), the default check is "defer", its vote held on the device and read only
+  outside the step (``opt.check_finite_now()``: every step since the last read, replayed ones included,
+  ``finite.Record``); every parameter needs a gradient at every step (``need_every_grad``).
 
 Not yet captured on a GPU: the tests check on a CPU and on the meta device that two steps write the same
 storages, dispatch the same scalars and read nothing back. AdamW groups run ``updates.adamw_tensor_step_``, not
@@ -20,7 +21,27 @@ from __future__ import annotations
 
 import torch
 
+from .step import StepCounts
+
 PINNED = ("lr", "weight_decay", "momentum", "betas")
+
+
+class DeviceStepCounts(StepCounts):
+    """Step counts on the device (where AdamW's bias corrections are computed): every parameter counts every
+    step (each has a gradient: ``need_every_grad``), masked by the step's verdict, so nothing is taken back."""
+
+    def __init__(self, counts: list[list[float]], device=None):
+        self.groups = [torch.tensor(c, dtype=torch.float32).to(device) for c in counts]
+
+    def count(self, step) -> None:
+        for steps in self.groups:
+            steps.add_(1 if step.keep is None else step.keep.to(steps.dtype))
+
+    def uncount(self, step) -> None:
+        """A skipped step counted nothing (``count`` is masked)."""
+
+    def numbers(self, g: int) -> list:
+        return list(self.groups[g])   # 0-dim device tensors
 
 
 def pin_group(group: dict, device) -> None:

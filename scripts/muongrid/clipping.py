@@ -6,7 +6,8 @@ the DP mean. Under ZeRO-1 (``DistributedMuon``, ``DistributedAdamW``) the mean i
 ``step()`` would see one rank's own gradient. ``opt.clip_grad_norm_`` therefore runs the step's
 reduce-scatter early, computes the norm of the mean gradient over every rank's shards and scales the
 shards that ``step()`` then uses (the convention of FSDP's ``clip_grad_norm_``). FSDP2 already leaves
-``.grad`` as the mean, placed in blocks; ``FSDPMuon.clip_grad_norm_`` scales those blocks in place.
+``.grad`` as the mean, placed in blocks; ``FSDPMuon.clip_grad_norm_`` scales those blocks in place. The
+optimizers' ``clip_grad_norm_`` methods call ``clip_zero1_`` and ``clip_fsdp_``; nothing here runs in ``step()``.
 
 Counting each element once: DP shards are disjoint; a TP-split matrix's TP shards are disjoint; a
 matrix replicated over TP is held by every TP rank, so only TP rank 0 counts it. The partial sums
@@ -95,19 +96,6 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> torc
     return total
 
 
-class ClipZero1:
-    """``opt.clip_grad_norm_`` of ``DistributedMuon`` / ``DistributedAdamW`` (a mixin; not part of ``step()``)."""
-
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
-        """Clip the DP-mean gradient by its global norm (every rank's shards, TP shards and replicated
-        parameters counted once); returns the total norm, as ``torch.nn.utils.clip_grad_norm_``. Call it
-        between ``backward()`` and ``step()``: it runs the step's gradient reduce-scatter early and the
-        step uses the clipped shards; ``p.grad`` is left as it is (this rank's own gradient)."""
-        from .contract import no_autocast
-        with no_autocast(self.grid.device):
-            return clip_zero1_(self, max_norm, norm_type, error_if_nonfinite)
-
-
 def clip_zero1_(opt, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
     """``DistributedMuon`` / ``DistributedAdamW``: reduce-scatter now (the step's own, cached), norm of the
     mean over every rank's pieces, scale the pieces ``step()`` will use. Where the step reduces, those are this
@@ -129,13 +117,13 @@ def clip_together_(opts: list, max_norm: float, norm_type: float = 2.0, error_if
     if getattr(opts[0].grid, "ep", 1) != 1:
         raise ValueError("clip_together_: the first optimizer must run on the job's grid (not grid.expert(ep))")
     from .contract import prepare_together
-    prepare_together(opts)   # every optimizer votes before anything changes; "defer": one verdict for all
+    steps = prepare_together(opts)   # every optimizer votes before anything changes; "defer": one verdict for all
     rows, counted = [], []
-    for opt in opts:
+    for opt, step in zip(opts, steps):
         for g in range(len(opt.param_groups)):
             for bucket in opt.plan.buckets[g]:
-                grads = opt._grad_pieces(g, bucket)
-                rows.append((opt, (g, bucket.bucket_idx), grads))
+                grads = opt.store.grad_pieces(g, bucket, step, opt.options.trace)
+                rows.append((opt, step, (g, bucket.bucket_idx), grads))
                 for grad, i in zip(grads, bucket.param_indices):
                     meta = opt.plan.metas[g][i]
                     if grad is not None and grad.numel() and (meta.tp_split_dim != -1 or opt.grid.tp_rank == 0):
@@ -145,7 +133,7 @@ def clip_together_(opts: list, max_norm: float, norm_type: float = 2.0, error_if
     total = _finish(_all_reduce(_partial(counted, norm_type), opts[0].comm, norm_type), norm_type, dtype)
     _nonfinite(total, norm_type, error_if_nonfinite)
     coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-    for opt, key, grads in rows:
+    for opt, step, key, grads in rows:
         live = [g for g in grads if g is not None and g.numel()]
         if not live:
             continue
@@ -153,7 +141,7 @@ def clip_together_(opts: list, max_norm: float, norm_type: float = 2.0, error_if
             _scale(live, max_norm, total)
             continue
         scaled = iter(torch._foreach_mul(live, coef.to(opt.grid.device)))   # p.grad itself: scaled copies
-        opt._prepared["grads"][key] = [next(scaled) if g is not None and g.numel() else g for g in grads]
+        step.grads[key] = [next(scaled) if g is not None and g.numel() else g for g in grads]
     return total
 
 

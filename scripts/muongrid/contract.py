@@ -26,9 +26,12 @@ from .capture import PINNED, pinned_write
 from .finite import grad_norms, local_codes, raise_agreed, spread
 
 
-def lr_of(group: dict) -> float:
-    """The group's lr as a Python number (a one-element tensor lr is accepted, as torch accepts it)."""
+def lr_of(group: dict) -> float | torch.Tensor:
+    """The group's lr as a step applies it: a Python number (a one-element tensor lr is accepted, as torch accepts
+    it), or under ``capturable=True`` the group's device scalar itself (``capture.pin_group``)."""
     lr = group["lr"]
+    if getattr(group, "pinned", False):
+        return lr
     return float(lr.item()) if isinstance(lr, torch.Tensor) else float(lr)
 
 
@@ -61,9 +64,9 @@ class MomentumSync:
     @classmethod
     def of(cls, opt) -> "MomentumSync":
         """The optimizer's sync, made on first use (an unpickled optimizer has none yet)."""
-        sync = opt.__dict__.get("_momentum_sync")
+        sync = getattr(opt, "momentum_sync", None)
         if sync is None:
-            sync = opt.__dict__["_momentum_sync"] = cls(opt.param_groups)
+            sync = opt.momentum_sync = cls(opt.param_groups)
         return sync
 
     def reset(self, param_groups: list[dict]) -> None:
@@ -174,18 +177,19 @@ def _vote_alone(opt, mine: list, named: list, index: list[int], where: str, name
     return mine, (agreed == 0).all() if same else None, agreed
 
 
-def prepare_together(opts: list) -> None:
+def prepare_together(opts: list) -> list:
     """Decide one step for the optimizers of one model (a dense one and expert ones on ``grid.expert(ep)``)
     before any changes anything: under "raise" a NaN anywhere raises on every rank here; under "defer" the step
-    is kept only if every optimizer's gradients were finite. Call it after ``backward()``, before the steps."""
-    for opt in opts:
-        opt._prepare()
-    keeps = [opt._prepared.get("keep") for opt in opts]
+    is kept only if every optimizer's gradients were finite. Call it after ``backward()``, before the steps.
+    Returns each optimizer's decided step (``step.Step``)."""
+    steps = [opt.decided_step() for opt in opts]
+    keeps = [step.keep for step in steps]
     if any(k is None for k in keeps) or len(keeps) < 2:
-        return
+        return steps
     keep = torch.stack(keeps).all()
-    for opt in opts:
-        opt._prepared["keep"] = keep
+    for step in steps:
+        step.keep = keep
+    return steps
 
 
 def no_autocast(device: torch.device):

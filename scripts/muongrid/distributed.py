@@ -20,36 +20,39 @@ walks one step, chapter 8 the layouts: ``python scripts/verify.py --dp 2 --tp 2 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch.profiler import record_function
 
-from .capture import need_every_grad, pin_group
+from . import rank_state
+from .capture import DeviceStepCounts, need_every_grad, pin_group
 from .capture import refuse as refuse_capture
-from .clipping import ClipZero1
+from .clipping import clip_zero1_
 from .comm import Comm
 from .contract import MomentumSync, check_ddp, job_place, lr_of, no_autocast, refuse_grad_scaler, vote, where_of
 from .finite import Deferred, late_codes
 from .flows import OVERLAP_MODES, BucketFlow, FlowOptions  # noqa: F401 (OVERLAP_MODES: bench, verify)
 from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names, resolve_mode
-from .options import (OptionViews, check_banks, check_grad_reduce, check_layout, check_ranks_agree,
-                      default_layout, default_ns_batch, default_overlap, master_dtype, param_specs)   # default_*: bench, the lab, tests
+from .options import (check_banks, check_grad_reduce, check_layout, check_ranks_agree, default_layout,
+                      default_ns_batch, default_overlap, master_dtype, param_specs)   # default_*: bench, the lab, tests
 from .owner_flow import OwnerFlow
 from .placements import is_dtensor, local, resolve_tp_split_dims
 from .plan import build_plan, plan_key
-from .rank_state import RankState
+from .step import Step, StepCounts
 from .store import Store
 from .updates import adamw_foreach_, adjust_lr, apply_update_foreach_, lr_key
 
 FLOWS = {"bucket": BucketFlow, "owner": OwnerFlow, "aligned": OwnerFlow, "group": OwnerFlow}
 
 
-class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer):
+class ZeroOneOptimizer(torch.optim.Optimizer):
     """The engine: ZeRO-1 sharded state, Muon or AdamW per group. Use the two classes below.
 
-    Three parts live beside it, one concern each: ``RankState`` (``rank_state.py``: the per-parameter state views
-    ``views`` and step counts ``_steps``, ``state_dict``/``load_state_dict``, ``state_bytes``), ``OptionViews``
-    (``options.py``: ``layout``, ``overlap``, ``ns_batch``, ``chunks``, ``trace``) and ``ClipZero1``
-    (``clipping.py``: ``clip_grad_norm_``)."""
+    Its state is the store's (``store.py``): ``opt.state[p]`` holds this rank's views of every state kind of
+    ``p`` (the store's ``views``, the same objects) and its step count (``counts``, ``step.py``). What does not run
+    in a step has functions elsewhere, one concern each: saving and loading (``rank_state.py``), the build-time
+    checks (``options.py``), clipping's arithmetic (``clipping.py``)."""
 
     _step_supports_amp_scaling = True   # so torch.amp.GradScaler hands us its step, and we refuse it (contract.py)
 
@@ -75,16 +78,16 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
         self.grid = grid
         self.options = FlowOptions(overlap, chunks, bool(ns_batch))   # what the flow is told (flows.py)
         self.check_finite = resolve_mode(check_finite, torch.device(grid.device), capturable)
-        self._deferred = Deferred()
+        self._deferred = Deferred(hold=capturable)   # capturable: the vote is held on the device (finite.py)
         self.comm = comm or Comm(grid)
         self.comm.naive_async = overlap == "naive"
         self._planned = False
         super().__init__(params, dict(DEFAULTS, use_muon=use_muon, **hyper))
-        for g_idx, group in enumerate(self.param_groups):
-            group["names"] = param_names(group, g_idx)
+        for g, group in enumerate(self.param_groups):
+            group["names"] = param_names(group, g)
             group["tp_split_dims"] = resolve_tp_split_dims(group["names"], group["params"],
                                                            group.get("tp_split_dims"), grid)
-            check_group(group, g_idx, banks=True)
+            check_group(group, g, banks=True)
             check_banks(group)
         MomentumSync.of(self)
         self.capturable = capturable   # hyperparameters and step counts on the device (capture.py)
@@ -93,30 +96,35 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
             for group in self.param_groups:
                 pin_group(group, grid.device)
             MomentumSync.of(self).reset(self.param_groups)
-        self.master_dtypes = [master_dtype(g, i) for i, g in enumerate(self.param_groups)]
-        specs = [param_specs(g, grid.tp) for g in self.param_groups]
-        self.muon_groups = [bool(g["use_muon"]) for g in self.param_groups]
-        dtypes = [[str(p.dtype).replace("torch.", "") for p in g["params"]] for g in self.param_groups]
+        self.master_dtypes = [master_dtype(group, g) for g, group in enumerate(self.param_groups)]
+        specs = [param_specs(group, grid.tp) for group in self.param_groups]
+        self.muon_groups = [bool(group["use_muon"]) for group in self.param_groups]
+        dtypes = [[str(p.dtype).replace("torch.", "") for p in group["params"]] for group in self.param_groups]
         check_ranks_agree(self.comm, plan_key(specs, dtypes, layout, bucket_numel, self.muon_groups, hw))
         self.plan = build_plan(specs, grid.dp, grid.dp_rank, grid.tp, bucket_numel, layout, self.muon_groups, hw)
         self.hw = hw   # the hardware profile the group layout's groups were sized on (None: by FLOPs)
         if self.plan.groups:  # collective: every rank has the same plan (checked above), so the same groups
             self.comm.add_subgroups(self.plan.groups.values())
-        self.flow = self._make_flow(layout)
-        self.store = Store(self.plan, [g["params"] for g in self.param_groups], self.master_dtypes, self.muon_groups,
-                           grid, self.comm, bind=param_buffers, reduce=grad_reduce != "ddp" and grad_reduce,
-                           step_number=lambda: self.steps_taken + 1)
-        self.shards = self.store.shards
-        self._bind_state()
+        self.flow = FLOWS[layout](self.plan, self.grid, self.comm, self.muon_groups, self.options)
+        self.store = Store(self.plan, [group["params"] for group in self.param_groups], self.master_dtypes,
+                           self.muon_groups, grid, self.comm, bind=param_buffers,
+                           reduce=grad_reduce != "ddp" and grad_reduce, step_number=lambda: self.steps_taken + 1)
+        saved = [[float(self.state[p].get("step", 0)) if p in self.state else 0.0 for p in group["params"]]
+                 for group in self.param_groups]
+        self.counts = (DeviceStepCounts if capturable else StepCounts)(saved, grid.device)
+        rank_state.bind_state(self)
+        # places (in the order of all parameters) whose NaN/Inf check the step makes itself: in a job of one rank
+        # under "defer", where nothing is masked, every Muon matrix's, from its update (finite.late_codes)
+        alone = self.check_finite == "defer" and job_place(grid)[1] == 1
+        muon = [m for m, group in zip(self.muon_groups, self.param_groups) for _ in group["params"]]
+        self._checked_in_step = frozenset(i for i, m in enumerate(muon) if m and alone)
         self.qk_clip = qk_clip   # MuonClip (qk_clip.py): query and key rows rescaled after each update
         if qk_clip is not None:
             qk_clip.bind_zero1(self)
         self.steps_taken = 0
-        self._prepared = None  # this step's gradient decisions and shards, once clip_grad_norm_ or step made them
+        self._step: Step | None = None   # the step under way (step.py), from its first gradient to its last gather
+        self.last_step: Step | None = None   # the last finished one, for inspection (its gradient pieces let go)
         self._planned = True
-
-    def _make_flow(self, layout: str):
-        return FLOWS[layout](self.plan, self.grid, self.comm, self.muon_groups)
 
     # ---- the step ---------------------------------------------------------------------------------
 
@@ -125,23 +133,20 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
         loss = call_closure(closure)
         refuse_grad_scaler(self)
         try:
-            # the contract's checks (_prepare) belong to the step; no caller's autocast
+            # the contract's checks (decided_step) belong to the step; no caller's autocast
             with record_function("optimizer.step"), no_autocast(self.grid.device):
-                self._prepare()
-                self._count_steps()
+                step = self.decided_step()
+                self.counts.count(step)
                 self.steps_taken += 1
-                self.comm.ledger.begin_step(self.steps_taken)
-                self.store.refresh()         # start from the parameters' current values
-                self._update_master_shards()   # stages 1-7
-                self._launch_deferred()        # "defer": the vote, to the host
+                self.store.refresh()        # start from the parameters' current values
+                self._update_master_shards(step)    # stages 1-7
+                self._launch_deferred(step)  # "defer": the vote, to the host
                 # MuonClip: this step's logits, on the updated masters
                 if self.qk_clip is not None:
-                    self.qk_clip.apply_zero1(self)
-                self._gather_params()          # stage 8
+                    self.qk_clip.apply_zero1(self, step)
+                self._gather_params()       # stage 8
         finally:
-            self._prepared = None
-            if self.store.reducer is not None:
-                self.store.reducer.end_step()   # grad_reduce="backward": nothing left in flight (reducer.py)
+            self._end_step()
         return loss
 
     def no_sync(self):
@@ -150,121 +155,117 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
         import contextlib
         return self.store.reducer.no_sync() if self.store.reducer is not None else contextlib.nullcontext()
 
-    def _count_steps(self) -> None:
-        """Every parameter with a gradient somewhere counts a step (one op per group; a step "defer" skips takes
-        them back at the next host read). Capturable: on the device, every parameter, masked by the verdict."""
-        if self.capturable:
-            keep = self._prepared["keep"]
-            for steps in self._steps:
-                steps.add_(1 if keep is None else keep.to(steps.dtype))
-            return
-        for steps, present in zip(self._steps, self._prepared["present"]):
-            if any(present):
-                steps.add_(1 if all(present) else torch.tensor(present, dtype=steps.dtype))
+    def pending_step(self) -> Step:
+        """The step under way, begun now if none is (the last one's deferred NaN/Inf check read first, so its
+        number is right): ``clip_grad_norm_`` and ``step()`` ask for it."""
+        if self._step is None:
+            self._deferred.check_between_steps()   # "defer": the last step's verdict (not under capturable)
+            self._step = Step(self.steps_taken + 1)
+            self.comm.ledger.begin_step(self._step.number)   # clip_grad_norm_'s reduce-scatter belongs to it
+        return self._step
 
-    def _launch_deferred(self) -> None:
-        """Once the step has run: ``check_finite="defer"``'s vote, with the codes the step itself found (one rank:
-        its Muon matrices', from their updates, ``Applier.flush``), on its way to the host (``finite.Deferred``)."""
-        prepared = self._prepared
-        agreed, late = prepared["agreed"], prepared.get("late")
-        if agreed is None:
-            return
-        rank, world = job_place(self.grid)[:2]
-        if late is not None:
-            agreed = torch.maximum(agreed, late_codes(late, agreed.numel(), rank, world, agreed.device))
-        self._deferred.launch(agreed, prepared["keep"], [n for g in self.param_groups for n in g["names"]],
-                              self.steps_taken, self.grid.tp, world,
-                              self._uncount_steps(prepared["present"], self.steps_taken), hold=self.capturable)
-
-    def _checked_in_step(self) -> frozenset:
-        """Places (in the order of all parameters) whose NaN/Inf check the step makes itself: in a job of one rank
-        under "defer", where nothing is masked, every Muon matrix's, from its update (``finite.late_codes``)."""
-        if self.check_finite != "defer" or job_place(self.grid)[1] != 1:
-            return frozenset()
-        muon = [m for m, group in zip(self.muon_groups, self.param_groups) for _ in group["params"]]
-        return frozenset(i for i, m in enumerate(muon) if m)
-
-    def _uncount_steps(self, present: list, steps_taken: int):
-        """What ``_count_steps`` did for a step that turned out skipped ("defer": known at the next host read)."""
-        def undo():
-            for steps, flags in zip(self._steps, present if not self.capturable else ()):   # capturable: masked
-                steps.sub_(torch.tensor(flags, dtype=steps.dtype))
-            self.steps_taken = min(self.steps_taken, steps_taken - 1)
-        return undo
-
-    def _prepare(self) -> None:
-        """Once per step, before anything changes: sync a scheduler's momentum, check the gradients and
-        decide, the same on every rank, which parameters have a gradient somewhere (the others are skipped)."""
-        if self._prepared is not None:
-            return
-        if not self.capturable:   # capturable: read between steps, by check_finite_now() (capture.py)
-            self.check_finite_now()   # the last step's deferred NaN/Inf check (check_finite="defer")
-        self.comm.ledger.begin_step(self.steps_taken + 1)  # clip_grad_norm_'s reduce-scatter belongs to this step
+    def decided_step(self) -> Step:
+        """The step under way, decided: once per step, before anything changes, sync a scheduler's momentum,
+        check the gradients and decide, the same on every rank, which parameters have a gradient somewhere
+        (the others are skipped) and whether the step is kept (``contract.vote``)."""
+        step = self.pending_step()
+        if step.decided:
+            return step
         MomentumSync.of(self)(self.param_groups)
         if self.steps_taken == 0 and not getattr(self, "_ddp_checked", False):
-            check_ddp([p for g in self.param_groups for p in g["params"]], self.grad_reduce, self.grid.dp)
+            check_ddp([p for group in self.param_groups for p in group["params"]], self.grad_reduce, self.grid.dp)
             self._ddp_checked = True
         grads, index, where = self._check_grads()
         if self.store.reducer is not None:   # grad_reduce="backward": every rank's reduce-scatters before its ballot
             self.store.reducer.launch_rest()
-        params = [p for g in self.param_groups for p in g["params"]]
-        later = self._checked_in_step()
-        flat, keep, agreed = vote(self, params, grads, index, where, later)
+        params = [p for group in self.param_groups for p in group["params"]]
+        flat, keep, agreed = vote(self, params, grads, index, where, self._checked_in_step)
         flat = iter(flat)
-        present = [[next(flat) for _ in group["params"]] for group in self.param_groups]
-        self._prepared = dict(present=present, grads={}, keep=keep, agreed=agreed,
-                              late=[] if later and agreed is not None else None)
+        step.decide([[next(flat) for _ in group["params"]] for group in self.param_groups], keep, agreed,
+                    bool(self._checked_in_step))
+        return step
+
+    def _end_step(self) -> None:
+        if self.store.reducer is not None:
+            self.store.reducer.end_step()   # grad_reduce="backward": nothing left in flight (reducer.py)
+        step, self._step = self._step, None
+        if step is not None:
+            step.grads.clear()
+            self.last_step = step
+
+    def _launch_deferred(self, step: Step) -> None:
+        """Once the step has run: ``check_finite="defer"``'s vote, with the codes the step itself found (one rank:
+        its Muon matrices', from their updates, ``Applier.flush``), on its way to the host (``finite.Deferred``)."""
+        agreed = step.agreed
+        if agreed is None:
+            return
+        rank, world = job_place(self.grid)[:2]
+        if step.late is not None:
+            agreed = torch.maximum(agreed, late_codes(step.late, agreed.numel(), rank, world, agreed.device))
+        self._deferred.launch(agreed, step.keep, [n for group in self.param_groups for n in group["names"]],
+                              step.number, self.grid.tp, world, self._uncount(step))
+
+    def _uncount(self, step: Step):
+        """What ``step()`` counted for a step that turned out skipped ("defer": known at a later host read):
+        ``undo(k)``, ``k`` the steps skipped (several, read late, under ``capturable``)."""
+        def undo(skipped: int = 1):
+            self.counts.uncount(step)
+            self.steps_taken -= skipped
+        return undo
 
     def check_finite_now(self) -> int | None:
-        """With ``check_finite="defer"``: if the last step was skipped for a NaN/Inf gradient on some rank, say
-        so now (a ``finite.SkippedStep`` warning), take back its step counts and return its number."""
+        """With ``check_finite="defer"``: if the last step (under ``capturable``, any since the last read) was
+        skipped for a NaN/Inf gradient on some rank, say so now (a ``finite.SkippedStep`` warning), take back its
+        step counts and return its number."""
         return self._deferred.check()
 
-    def _grad_pieces(self, g: int, bucket) -> list:
-        """The bucket's gradient pieces for this step (``Store.grad_pieces``), the step's checks made first."""
-        self._prepare()
-        return self.store.grad_pieces(g, bucket, self._prepared, self.options.trace)
+    @property
+    def skipped_steps(self) -> list[int]:
+        """The steps that ``check_finite="defer"`` skipped on every rank, as reported so far."""
+        return self._deferred.skipped
 
-    def _update_master_shards(self) -> None:
+    def _update_master_shards(self, step: Step) -> None:
         """Reduce-scatter the gradients and update this rank's master shard of every bucket. A parameter
         with no gradient on any rank keeps its master and state (its Newton-Schulz input is zeros)."""
+        trace, views = self.options.trace, self.store.views
         for g, group in enumerate(self.param_groups):
-            lr = group["lr"] if self.capturable else lr_of(group)   # capturable: a device scalar
-            if group["use_muon"]:
-                # BOOK-START muon-group (chapter 5 shows the lines up to BOOK-END)
-                step, lazy = self._prepared, self.flow.lazy
-                # stages 1-2 (reduce-scatter, momentum) per bucket, as the flow asks for them
-                updates = self.store.momentum(g, group, step, lazy, self.options.trace)
-                first = sum(len(gr["params"]) for gr in self.param_groups[:g])   # the vote's place
-                apply = Applier(self._masters[g], group, lr, step, first, lazy)
-                self.flow.done.clear()
-                present = step["present"][g]
-                # stages 3-6: the layout's flow
-                for meta, piece in self.flow.run(group, updates, self.options):
-                    if present[meta.param_idx]:
-                        # stage 7, in passes of one matrix shape
-                        apply.add(meta, piece)
-                apply.flush()
-                self._guard(g, apply.seen)
-                # BOOK-END muon-group
+            lr = lr_of(group)   # capturable: the group's device scalar
+            if not group["use_muon"]:
+                self._adamw(g, group, lr, step)
                 continue
-            # AdamW, elementwise: one fused pass over every piece (capturable: the step counts stay on the device)
-            steps, todo = list(self._steps[g]) if self.capturable else self._steps[g].tolist(), []
-            for bucket in self.plan.buckets[g]:
-                views, grads = self.views[(g, bucket.bucket_idx)], self._grad_pieces(g, bucket)
-                todo += [(views, grads, k, i) for k, i in enumerate(bucket.param_indices)
-                         if grads[k] is not None and grads[k].numel()]
-            adamw_foreach_([v["master"][k] for v, _, k, _ in todo], [gr[k] for _, gr, k, _ in todo],
-                           [v["exp_avg"][k] for v, _, k, _ in todo], [v["exp_avg_sq"][k] for v, _, k, _ in todo],
-                           [steps[i] for _, _, _, i in todo], lr, group["betas"], group["eps"], group["weight_decay"],
-                           keep=self._prepared["keep"])
+            # BOOK-START muon-group (chapter 5 shows the lines up to BOOK-END)
+            # stages 1-2 (reduce-scatter, momentum) per bucket, as the flow asks for them
+            updates = self.store.momentum(g, group, step, self.flow.lazy, trace)
+            first = sum(len(gr["params"]) for gr in self.param_groups[:g])   # the vote's place
+            apply = Applier([v["master"] for v in views[g]], group, lr, step, first, self.flow.lazy)
+            present = step.present[g]
+            # stages 3-6: the layout's flow
+            for meta, piece in self.flow.run(group, updates, self.options, step):
+                if present[meta.param_idx]:
+                    # stage 7, in passes of one matrix shape
+                    apply.add(meta, piece)
+            apply.flush()
+            self._guard(g, step, apply.seen)
+            # BOOK-END muon-group
 
-    def _guard(self, g: int, updated: set) -> None:
+    def _adamw(self, g: int, group: dict, lr, step: Step) -> None:
+        """AdamW, elementwise: one fused pass over every piece of the group (capturable: counts on the device)."""
+        views, counts, todo = self.store.views[g], self.counts.numbers(g), []
+        for bucket in self.plan.buckets[g]:
+            grads = self.store.grad_pieces(g, bucket, step, self.options.trace)
+            todo += [(views[i], grad, counts[i]) for i, grad in zip(bucket.param_indices, grads)
+                     if grad is not None and grad.numel()]
+        adamw_foreach_([v["master"] for v, _, _ in todo], [grad for _, grad, _ in todo],
+                       [v["exp_avg"] for v, _, _ in todo], [v["exp_avg_sq"] for v, _, _ in todo],
+                       [n for _, _, n in todo], lr, group["betas"], group["eps"], group["weight_decay"],
+                       keep=step.keep)
+
+    def _guard(self, g: int, step: Step, updated: set) -> None:
         """After a Muon group's step: exactly the matrices the plan gives this rank ran Newton-Schulz here, and
         every matrix it holds a piece of got its update (host sets, no device read); else fail, naming them."""
         metas, name = self.plan.metas[g], lambda key: metas[key[1]].name
-        planned, ran = self.plan.ns_keys(self.grid.rank, g), self.flow.done
-        held = {m.param_idx for m in metas if m.local_numel and self._prepared["present"][g][m.param_idx]}
+        planned, ran = self.plan.ns_keys(self.grid.rank, g), {key for key in step.ran if key[0] == g}
+        held = {m.param_idx for m in metas if m.local_numel and step.present[g][m.param_idx]}
         if planned != ran or not held <= updated:
             raise RuntimeError(
                 f"group {g}, rank {self.grid.rank}: the step did not follow the plan (layout {self.layout!r}): "
@@ -309,17 +310,82 @@ class ZeroOneOptimizer(RankState, OptionViews, ClipZero1, torch.optim.Optimizer)
                 index.append(i)
         return grads, index, where
 
+    # ---- outside the step: options, clipping, state ------------------------------------------------
+
+    @property
+    def layout(self) -> str:
+        return self.plan.layout
+
+    @property
+    def overlap(self) -> str:
+        return self.options.overlap
+
+    @property
+    def ns_batch(self) -> bool:
+        return self.options.ns_batch
+
+    @property
+    def chunks(self) -> int | None:
+        return self.options.chunks
+
+    @property
+    def trace(self):
+        """None, or a callable(stage, name, tensor) called at each stage of a step (``scripts/trace_step.py``)."""
+        return self.options.trace
+
+    @trace.setter
+    def trace(self, fn) -> None:
+        self.options = dataclasses.replace(self.options, trace=fn)
+
+    def add_param_group(self, param_group: dict) -> None:
+        if self._planned:
+            raise RuntimeError("the ZeRO-1 plan is fixed when the optimizer is built: give every parameter group "
+                               "to the constructor")
+        super().add_param_group(param_group)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+        """Clip the DP-mean gradient by its global norm (every rank's shards, TP shards and replicated
+        parameters counted once); returns the total norm, as ``torch.nn.utils.clip_grad_norm_``. Call it
+        between ``backward()`` and ``step()``: it runs the step's gradient reduce-scatter early and the
+        step uses the clipped shards; ``p.grad`` is left as it is (this rank's own gradient). ``clipping.py``."""
+        with no_autocast(self.grid.device):
+            return clip_zero1_(self, max_norm, norm_type, error_if_nonfinite)
+
+    def state_bytes(self) -> dict:
+        """Bytes of optimizer state on this rank, by kind (``rank_state.state_bytes``)."""
+        return rank_state.state_bytes(self.store)
+
+    def state_dict(self) -> dict:
+        """This rank's shard, as ``torch.optim.Optimizer.state_dict`` makes it, with what it depends on."""
+        self.check_finite_now()   # never hand out a state the deferred NaN/Inf check has not cleared
+        return dict(super().state_dict(), muongrid=rank_state.signature(self))
+
+    def check_state_dict(self, state_dict: dict) -> None:
+        """Raise, naming the problem, unless ``load_state_dict(state_dict)`` would fit; changes nothing."""
+        rank_state.check_state_dict(self, state_dict)
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a state saved by the same optimizer on the same grid, layout and rank (``rank_state.load``)."""
+        rank_state.load(self, state_dict)
+        self._step = None
+
+    def __getstate__(self):   # pickling one rank's optimizer is refused, saying what to do (rank_state.py)
+        rank_state.refuse_pickle(self)
+
+    def __deepcopy__(self, memo):   # a copy shares the grid, the collectives and the options
+        return rank_state.deepcopy_sharing(self, memo, ("grid", "comm", "options"))
+
 
 class Applier:
     """Stage 7 of a Muon group: decoupled decay and the scaled update into the master pieces, one pass per scaled
     lr (per matrix shape); ``per_bucket``: a bucket at a time, for a flow that makes its results as it goes."""
 
-    def __init__(self, masters: list, group: dict, lr: float, step: dict, first: int, per_bucket: bool):
-        """``masters``: the group's master views; ``step``: the step's ``keep`` and ``late`` (``finite.py``);
-        ``first``: the group's first parameter's place among all parameters."""
-        self.masters, self.group, self.lr, self.first, self.per_bucket = masters, group, lr, first, per_bucket
-        self.keep, self.late = step["keep"], step.get("late")
-        self.bucket, self.todo, self.seen, self.made = None, {}, set(), {}
+    def __init__(self, masters: list, group: dict, lr: float, step: Step, first: int, per_bucket: bool):
+        """``masters``: the group's master views; ``step``: its ``keep`` masks the update, its ``note_late`` takes
+        the updates' norms (``finite.py``); ``first``: the group's first parameter's place among all parameters."""
+        self.masters, self.group, self.lr, self.step, self.first = masters, group, lr, step, first
+        self.per_bucket, self.bucket, self.todo, self.seen, self.made = per_bucket, None, {}, set(), {}
 
     def add(self, meta, piece: torch.Tensor) -> None:
         self.seen.add(meta.param_idx)
@@ -346,10 +412,11 @@ class Applier:
         return self.made[key]
 
     def flush(self) -> None:
+        step = self.step
         for scaled, (masters, pieces, places) in self.todo.items():   # keep: a "defer" step that may be skipped
-            if self.late is not None:   # one rank, "defer": the NaN/Inf check rides this pass, on the max-abs
-                self.late += zip(places, torch._foreach_norm(pieces, float("inf")))   # norm of the bf16 update
-            apply_update_foreach_(masters, pieces, self.lr, self.group["weight_decay"], scaled, self.keep)
+            if step.late is not None:   # one rank, "defer": the NaN/Inf check rides this pass, on the max-abs
+                step.note_late(places, torch._foreach_norm(pieces, float("inf")))   # norm of the bf16 update
+            apply_update_foreach_(masters, pieces, self.lr, self.group["weight_decay"], scaled, step.keep)
         self.todo = {}
 
 

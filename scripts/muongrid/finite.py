@@ -126,58 +126,110 @@ def _first_bad(bad: list[tuple[str, int]]) -> tuple[str, int]:
 
 
 class Deferred:
-    """``check_finite="defer"``: one step's agreed vote and verdict on their way to the host (``launch``, no
-    blocking), with an ``undo`` for what the host advanced (step counts); ``check`` reads them later."""
+    """``check_finite="defer"``: each step's agreed vote and verdict on their way to the host (``launch``, no
+    blocking), with an ``undo`` for what the host advanced (step counts); ``check`` reads them later.
 
-    def __init__(self):
-        self.pending = None
+    ``hold`` (``capturable=True``): the vote stays on the device, in a ``Record`` made at the first launch and kept.
+    A step adds to it with device ops only, so a CUDA graph that replays the step (where no Python runs, and so no
+    ``launch`` bookkeeping) still adds every replay's verdict; ``check`` reads it, outside the step, and clears it."""
+
+    def __init__(self, hold: bool = False):
+        self.hold, self.pending, self.record = hold, None, None
         self.skipped: list[int] = []   # the steps skipped so far (their numbers as they were reported)
 
-    def launch(self, agreed: torch.Tensor, keep: torch.Tensor, names: list[str], step: int, tp: int, job_world: int,
-               undo, hold: bool = False) -> None:
-        """``hold`` (``capturable=True``): copy the vote into device buffers made at the first launch and kept
-        (no host allocation, copy or event in the step); ``check`` reads them, outside the step."""
-        if hold:
-            self.held = held = self.__dict__.get("held") or {}
-            for key, t in (("agreed", agreed), ("keep", keep)):
-                if t is not None:
-                    if key not in held or held[key].shape != t.shape:
-                        held[key] = torch.empty_like(t)
-                    held[key].copy_(t)
-            agreed, keep = (held["agreed"], None), None if keep is None else (held["keep"], None)
+    def check_between_steps(self) -> int | None:
+        """``check``, where the optimizer may read the host at the start of a step (not under ``hold``)."""
+        return None if self.hold else self.check()
+
+    def launch(self, agreed: torch.Tensor, keep: torch.Tensor | None, names: list[str], step: int, tp: int,
+               job_world: int, undo) -> None:
+        self.pending = dict(names=names, step=step, tp=tp, world=job_world, undo=undo)   # what the words need
+        if self.hold:   # the values are the record's
+            self.record = self.record or Record(agreed, step, alone=keep is None)
+            self.record.add(agreed, keep)
         else:
-            agreed, keep = _to_host(agreed), None if keep is None else _to_host(keep)
-        self.pending = dict(agreed=agreed, keep=keep, names=names, step=step, tp=tp, world=job_world, undo=undo)
+            self.pending.update(agreed=_to_host(agreed), keep=None if keep is None else _to_host(keep))
 
     def check(self) -> int | None:
-        """If the launched step was skipped: take back what the host advanced, warn on every rank alike, and
+        """If a launched step was skipped: take back what the host advanced, warn on every rank alike, and
         return its step number (None if it was kept or nothing was pending)."""
+        if self.hold:
+            return self._check_record()
         if self.pending is None:
             return None
         p, self.pending = self.pending, None
         agreed = _read(p["agreed"])
         bad = [(n, p["world"] - int(c)) for n, c in zip(p["names"], agreed.tolist()) if c]
         if p["keep"] is None:   # one rank: the step was taken, not masked
-            if bad:
-                raise FloatingPointError(
-                    f"gradient of parameter {bad[0][0]!r} had NaN/Inf values on rank 0, step {p['step']}; with "
-                    "check_finite='defer' on one process that step was taken (a job of several ranks skips it on "
-                    "every rank), so parameters and optimizer state may now hold NaN/Inf: reload the last "
-                    "checkpoint, or use check_finite='raise' (one host read per step)")
+            _taken(bad, f"step {p['step']}")
             return None
         if bool(_read(p["keep"]).all()):
             return None
-        p["undo"]()
+        return self._skipped(p, bad, f"step {p['step']} was", p["step"], 1)
+
+    def _check_record(self) -> int | None:
+        if self.record is None or self.pending is None:
+            return None
+        p, (agreed, count, first, last) = self.pending, self.record.read()
+        bad = [(n, p["world"] - int(c)) for n, c in zip(p["names"], agreed.tolist()) if c]
+        if not count:
+            return None
+        which = f"step {last}" if count == 1 else f"{count} steps, {first} to {last},"
+        if self.record.alone:   # one rank: the steps were taken, not masked
+            _taken(bad, which)
+            return None
+        return self._skipped(p, bad, which + " was" if count == 1 else which + " were", last, count)
+
+    def _skipped(self, p: dict, bad: list, which: str, step: int, count: int) -> int:
+        p["undo"](count)
         if bad:
             name, first = _first_bad(bad)
             what = (f"gradient of parameter {name!r} had NaN/Inf values on rank {first} (dp {first // p['tp']}, "
                     f"tp {first % p['tp']})")
         else:
             what = "another optimizer of this model had a NaN/Inf gradient (the optimizers decided together)"
-        self.skipped.append(p["step"])
-        warnings.warn(f"step {p['step']} was skipped on every rank: {what}; parameters, optimizer state and step "
-                      "counts are as they were before it (check_finite='defer')", SkippedStep, stacklevel=3)
-        return p["step"]
+        self.skipped.append(step)
+        warnings.warn(f"{which} skipped on every rank: {what}; parameters, optimizer state and step "
+                      "counts are as they were before it (check_finite='defer')", SkippedStep, stacklevel=4)
+        return step
+
+
+def _taken(bad: list, which: str) -> None:
+    if bad:
+        raise FloatingPointError(
+            f"gradient of parameter {bad[0][0]!r} had NaN/Inf values on rank 0, {which}; with "
+            "check_finite='defer' on one process that step was taken (a job of several ranks skips it on "
+            "every rank), so parameters and optimizer state may now hold NaN/Inf: reload the last "
+            "checkpoint, or use check_finite='raise' (one host read per step)")
+
+
+class Record:
+    """``Deferred(hold=True)``'s device tensors, made once: the largest code each parameter was voted since the
+    last read (``agreed``), how many steps were skipped (``skipped``; one rank: steps with a bad vote, which it
+    takes), the step counter and the numbers of the first and last such step. ``add`` is device ops only (no
+    host copy, no read), so it runs in a replayed graph too; ``read`` is the host read, then clears it."""
+
+    def __init__(self, agreed: torch.Tensor, step: int, alone: bool):
+        device = agreed.device
+        self.agreed = torch.zeros_like(agreed)
+        self.skipped, self.first, self.last = (torch.zeros((), dtype=torch.int64, device=device) for _ in range(3))
+        self.counter = torch.full((), step - 1, dtype=torch.int64, device=device)
+        self.alone = alone   # the job decides alone (no keep: one rank takes its steps)
+
+    def add(self, agreed: torch.Tensor, keep: torch.Tensor | None) -> None:
+        bad = (agreed != 0).any() if keep is None else ~keep
+        self.counter.add_(1)
+        torch.maximum(self.agreed, agreed, out=self.agreed)
+        torch.where(bad & (self.skipped == 0), self.counter, self.first, out=self.first)
+        torch.where(bad, self.counter, self.last, out=self.last)
+        self.skipped.add_(bad)
+
+    def read(self) -> tuple[torch.Tensor, int, int, int]:
+        agreed, skipped = self.agreed.to("cpu", copy=True), int(self.skipped)
+        first, last = int(self.first), int(self.last)
+        self.agreed.zero_()
+        self.skipped.zero_()
+        return agreed, skipped, first, last
 
 
 def _to_host(t: torch.Tensor):

@@ -1,8 +1,9 @@
 """How a Muon group's momentum pieces become this rank's pieces of the orthogonalised update: one flow per layout.
 
-A flow is built from the plan, the grid and the ``Comm`` (never the optimizer); its ``run`` takes, bucket by
-bucket, this rank's momentum pieces (fp32, flat; None: skipped) and the ``FlowOptions``, and yields this rank's
-piece of each matrix's orthogonalised update. ``BucketFlow`` ("bucket", the proof of concept's) is here,
+A flow is built from the plan, the grid, the ``Comm`` and the ``FlowOptions`` (never the optimizer); its ``run``
+takes, bucket by bucket, this rank's momentum pieces (fp32, flat; None: skipped), the options and the step
+(``step.Step``: each matrix orthogonalised here is noted in ``step.ran``), and yields this rank's piece of each
+matrix's orthogonalised update. ``BucketFlow`` ("bucket", the proof of concept's) is here,
 ``OwnerFlow`` ("owner", "aligned", "group") in ``owner_flow.py``. Chapter 5 walks the bucket flow, chapter 8 the
 others: ``python -m pytest -q tests/test_distributed.py``.
 """
@@ -16,6 +17,7 @@ from torch.profiler import record_function
 
 from .comm import Pending, Phase
 from .newton_schulz import NS_FORM, ns_flops, zeropower_ns5
+from .owner_routes import PREFETCH_CHUNKS, exchanges  # noqa: F401 (PREFETCH_CHUNKS: chunks' default, named here)
 from .plan import Bucket, DistMeta
 from .sharding import bucket_matrix, copy_all, dp_shard_of, local_shard, tp_shard, tp_unshard
 
@@ -26,7 +28,6 @@ Pieces = Iterator[tuple[DistMeta, "torch.Tensor | list[tuple[int, torch.Tensor]]
 
 
 OVERLAP_MODES = ("none", "naive", "prefetch")
-PREFETCH_CHUNKS = 4   # exchanges per direction with "prefetch": enough for Newton-Schulz to hide transfers
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class FlowOptions:
     @property
     def exchanges(self) -> int:
         """K, the exchanges per direction of the owner layouts: 1 without prefetch."""
-        return 1 if self.overlap != "prefetch" else PREFETCH_CHUNKS if self.chunks is None else int(self.chunks)
+        return exchanges(self.overlap, self.chunks)
 
 
 class Flow:
@@ -59,16 +60,15 @@ class Flow:
 
     lazy = True   # makes its results bucket by bucket as they are consumed (so it is fed that way too)
 
-    def __init__(self, plan, grid, comm, muon: list[bool] | None = None):
+    def __init__(self, plan, grid, comm, muon: list[bool] | None = None, options: FlowOptions | None = None):
         self.plan, self.grid, self.comm = plan, grid, comm
         self.muon = [True] * len(plan.buckets) if muon is None else list(muon)   # which groups are Muon's
-        self.options = FlowOptions()   # this run's (``run`` sets them)
-        self.done: set = set()   # (buffer_idx, param_idx) of every matrix this rank orthogonalised this step
+        self.options = options or FlowOptions()   # as built; each ``run`` is told its own (the trace may change)
 
-    def newton_schulz(self, group: dict, matrix: torch.Tensor, metas=()) -> torch.Tensor:
+    def newton_schulz(self, group: dict, matrix: torch.Tensor, metas, ran: set) -> torch.Tensor:
         """One Newton-Schulz call: a matrix, or a batch of same-shape matrices (counted as one call); ``metas``:
-        the matrices it is (the optimizer's guard checks them against the plan after every step)."""
-        self.done.update((m.buffer_idx, m.param_idx) for m in metas)
+        the matrices it is, noted in ``ran`` (the step's: the optimizer's guard checks them against the plan)."""
+        ran.update((m.buffer_idx, m.param_idx) for m in metas)
         form = group.get("ns_form", NS_FORM)
         with record_function("muon:newton_schulz"):  # it checks the shape first (the PoC's bug #2: a flat view)
             out = zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["eps"], form=form)
@@ -101,8 +101,8 @@ class BucketFlow(Flow):
 
     POOL = 3
 
-    def __init__(self, plan, grid, comm, muon: list[bool] | None = None):
-        super().__init__(plan, grid, comm, muon)
+    def __init__(self, plan, grid, comm, muon: list[bool] | None = None, options: FlowOptions | None = None):
+        super().__init__(plan, grid, comm, muon, options)
         sizes = [b.padded_numel for g, buckets in enumerate(self.plan.buckets) if self.muon[g] for b in buckets]
         n, slots, device = max(sizes, default=0), min(self.POOL, len(sizes)), self.grid.device
         self.gathered = [torch.zeros(n, dtype=torch.bfloat16, device=device) for _ in range(slots)]
@@ -112,7 +112,7 @@ class BucketFlow(Flow):
                                         dtype=torch.bfloat16, device=device) for _ in range(slots)]
         self._turn = 0
 
-    def run(self, group: dict, updates: Updates, options: FlowOptions) -> Pieces:
+    def run(self, group: dict, updates: Updates, options: FlowOptions, step) -> Pieces:
         """With prefetch, the next bucket's DP gather travels while this one is
         orthogonalised: at most two gathered buckets are alive at once."""
         self.options = options
@@ -128,11 +128,11 @@ class BucketFlow(Flow):
                                                      wait_now=not prefetch)
             in_flight.append((bucket, gather, self.tp_gathered[slot]))
             if len(in_flight) > (1 if prefetch else 0):
-                yield from self._orthogonalise_bucket(group, *in_flight.pop(0))
+                yield from self._orthogonalise_bucket(group, step.ran, *in_flight.pop(0))
         for item in in_flight:
-            yield from self._orthogonalise_bucket(group, *item)
+            yield from self._orthogonalise_bucket(group, step.ran, *item)
 
-    def _orthogonalise_bucket(self, group: dict, bucket: Bucket, gather: Pending,
+    def _orthogonalise_bucket(self, group: dict, ran: set, bucket: Bucket, gather: Pending,
                               tp_out: torch.Tensor) -> Pieces:
         """TP gather, Newton-Schulz, TP shard and DP shard for every matrix of a
         gathered bucket. Every TP gather is started first (into ``tp_out``, one
@@ -157,7 +157,7 @@ class BucketFlow(Flow):
             if isinstance(matrix, Pending):
                 matrix = tp_unshard(matrix.wait(), meta, tp)
                 matrix = trace("tp_gathered", meta.name, matrix)
-            ortho = self.newton_schulz(group, matrix, [meta])    # stage 5: Newton-Schulz
+            ortho = self.newton_schulz(group, matrix, [meta], ran)  # stage 5: Newton-Schulz
             ortho = trace("orthogonalised", meta.name, ortho)
             # stage 6: this TP rank's slice of the result, then this DP rank's part of it
             tp_part = trace("tp_shard", meta.name, self.my_tp_part(ortho, meta))

@@ -58,6 +58,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from .finite import Deferred
+from .step import Step
 from .comm import Comm, Phase
 from .fsdp_routes import Piece, routes
 from .newton_schulz import NS_FORM, ns_flops, zeropower_ns5
@@ -234,28 +235,26 @@ class FSDPMuon(torch.optim.Optimizer):
             present = dict(zip(map(id, self._all_params()), flags))
             self.steps_taken += 1
             self.comm.ledger.begin_step(self.steps_taken)
-            self._prepared = dict(keep=keep)   # qk_clip reads it
+            step = Step(self.steps_taken)   # the ZeRO-1 optimizers' type (step.py)
+            step.decide([[present[id(p)] for p in group["params"]] for group in self.param_groups], keep, agreed)
             counted = []
-            try:
-                for group in self.param_groups:
-                    if not group["use_muon"]:
-                        for p in group["params"]:
-                            if not present[id(p)]:
-                                continue
-                            st = self.state[p]
-                            st["step"] += 1
-                            counted.append(st["step"])
-                            adamw_step_(p.to_local(), local_grad(p), st["exp_avg"].to_local(),
-                                        st["exp_avg_sq"].to_local(), int(st["step"]), lr_of(group), group["betas"],
-                                        group["eps"], group["weight_decay"], keep)
-                if self.muon_params:
-                    self._muon_step(present, keep)
-                if self.banks:
-                    self._bank_step(present, keep)
-                if self.qk_clip is not None:
-                    self.qk_clip.apply_fsdp(self)
-            finally:
-                self._prepared = None
+            for group in self.param_groups:
+                if not group["use_muon"]:
+                    for p in group["params"]:
+                        if not present[id(p)]:
+                            continue
+                        st = self.state[p]
+                        st["step"] += 1
+                        counted.append(st["step"])
+                        adamw_step_(p.to_local(), local_grad(p), st["exp_avg"].to_local(),
+                                    st["exp_avg_sq"].to_local(), int(st["step"]), lr_of(group), group["betas"],
+                                    group["eps"], group["weight_decay"], keep)
+            if self.muon_params:
+                self._muon_step(present, keep)
+            if self.banks:
+                self._bank_step(present, keep)
+            if self.qk_clip is not None:
+                self.qk_clip.apply_fsdp(self, step)
             if agreed is not None:   # "defer": reported at the next host read (where a skip's counts are taken back)
                 self._deferred.launch(agreed, keep, [n for g in self.param_groups for n in g["names"]],
                                       self.steps_taken, self.grid.tp, job_place(self.grid)[1],
@@ -263,7 +262,7 @@ class FSDPMuon(torch.optim.Optimizer):
         return loss
 
     def _uncount(self, counted: list, step: int):
-        def undo():
+        def undo(skipped: int = 1):
             for t in counted:
                 t -= 1
             self.steps_taken = min(self.steps_taken, step - 1)

@@ -13,7 +13,7 @@ order, and where do they sit in the block?
 Either way the elements travel in the piece's own (row-major) order, and the same indices bring the
 orthogonalised block back, so every rank gets exactly its piece again. ``count_in_band`` is the closed
 form (used for the all-to-all sizes and by ``lab/costmodel.py``); ``band_indices`` and ``block_positions``
-build the index tensors the flow uses (``group_flow.group_route``), and a test checks they agree.
+build the index tensors the flow uses (``group_route``, this rank's ``GroupRoute``), and a test checks they agree.
 
     >>> long_bounds((10, 7), 3)
     (0, (0, 4, 7, 10))
@@ -21,6 +21,8 @@ build the index tensors the flow uses (``group_flow.group_route``), and a test c
     2
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -92,3 +94,46 @@ def block_positions(a: int, b: int, full_shape: tuple[int, int], local_shape: tu
     if dim == 0:
         return (row - lo) * full_shape[1] + col
     return row * (hi - lo) + (col - lo)
+
+
+@dataclass
+class GroupRoute:
+    """One grouped matrix's routing, the same arithmetic on every rank (index tensors only for this rank)."""
+
+    members: tuple[int, ...]
+    dim: int                        # the long side
+    bounds: tuple[int, ...]         # block i is [bounds[i], bounds[i + 1]) of the long side
+    counts: list[list[int]]         # counts[r][i]: elements of rank r's piece in block i
+    src: list[torch.Tensor]         # src[i]: positions in my piece of my elements in block i
+    pos: dict                       # if I am a member: rank r -> where r's elements sit in my flat block
+
+    def block_shape(self, meta, i: int) -> tuple[int, int]:
+        width = self.bounds[i + 1] - self.bounds[i]
+        return (width, meta.full_shape[1]) if self.dim == 0 else (meta.full_shape[0], width)
+
+
+def sends(meta, r: int, q: int, tp: int) -> bool:
+    """Whether rank ``r`` sends its piece of ``meta`` to rank ``q``, its owner or a member of its group: a matrix
+    replicated over TP is sent by one TP rank only, ``q``'s."""
+    return meta.tp_split_dim != -1 or r % tp == q % tp
+
+
+def group_route(plan, rank: int, meta) -> GroupRoute:
+    """``meta``'s route on world rank ``rank``, its index tensors on the CPU (the flow moves them to its device)."""
+    members, tp, me = plan.group_of(meta), plan.tp, rank
+    dim, bounds = long_bounds(meta.full_shape, len(members))
+
+    def band(r: int, i: int) -> tuple[int, int]:
+        return local_band(meta.full_shape, meta.shape, meta.tp_split_dim, r % tp, bounds[i], bounds[i + 1])
+
+    pieces = [plan.piece_slice(meta, r // tp) for r in range(plan.world)]
+    counts = [[count_in_band(pieces[r].start, pieces[r].stop, meta.shape, dim, *band(r, i))
+               for i in range(len(members))] for r in range(plan.world)]
+    src = [band_indices(pieces[me].start, pieces[me].stop, meta.shape, dim, *band(me, i))
+           for i in range(len(members))]
+    pos = {}
+    if me in members:
+        i = members.index(me)
+        pos = {r: block_positions(pieces[r].start, pieces[r].stop, meta.full_shape, meta.shape, meta.tp_split_dim,
+                                  r % tp, bounds[i], bounds[i + 1]) for r in range(plan.world)}
+    return GroupRoute(members, dim, bounds, counts, src, pos)

@@ -1,14 +1,12 @@
 """What a ZeRO-1 optimizer is built with: layout defaults and the checks made once, when it is built (not the step).
 
-``ZeroOneOptimizer`` (``distributed.py``) calls these from its constructor and takes ``OptionViews`` (its
-options read as attributes: ``opt.layout``, ``opt.overlap``, ``opt.ns_batch``, ``opt.chunks``, ``opt.trace``).
-Nothing here runs inside ``step()``. Chapter 8 says what the layouts and the overlap modes are for.
+``ZeroOneOptimizer`` (``distributed.py``) calls these from its constructor; nothing here runs inside ``step()``.
+Chapter 8 says what the layouts and the overlap modes are for.
 
     python -m pytest -q tests/test_optim_api.py tests/test_agree.py
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 
 import torch
@@ -117,38 +115,3 @@ def check_ranks_agree(comm, key: dict) -> None:
     if problem:
         raise ValueError(f"the ranks disagree about the parameters they optimize: {problem}. Every rank "
                          "must build the same model (TP-local shapes aside) and the same parameter groups")
-
-
-class OptionViews:
-    """The optimizer's plan and flow options as attributes (a mixin before ``torch.optim.Optimizer``)."""
-
-    @property
-    def layout(self) -> str:
-        return self.plan.layout
-
-    @property
-    def overlap(self) -> str:
-        return self.options.overlap
-
-    @property
-    def ns_batch(self) -> bool:
-        return self.options.ns_batch
-
-    @property
-    def chunks(self) -> int | None:
-        return self.options.chunks
-
-    @property
-    def trace(self):
-        """None, or a callable(stage, name, tensor) called at each stage of a step (``scripts/trace_step.py``)."""
-        return self.options.trace
-
-    @trace.setter
-    def trace(self, fn) -> None:
-        self.options = dataclasses.replace(self.options, trace=fn)
-
-    def add_param_group(self, param_group: dict) -> None:
-        if self._planned:
-            raise RuntimeError("the ZeRO-1 plan is fixed when the optimizer is built: give every parameter group "
-                               "to the constructor")
-        super().add_param_group(param_group)

@@ -272,13 +272,13 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
     plan = Plan(dp, dp_rank, tp, all_buckets, all_metas, sizes, layout)
     if layout == "group":
         # split_b: the group layout runs zeropower_sharded with B's rows divided too (group_flow.group_newton_schulz)
-        matrices = _owner_candidates(plan, muon)
+        matrices = owner_candidates(plan, muon)
         shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
         owners, groups, _ = assign_owners_and_groups(matrices, dp * tp, shapes, split_b=True, tp=tp, hw=hw)
         plan.owners.update(owners)
         plan.groups.update(groups)
     elif layout != "bucket":
-        plan.owners.update(assign_owners(_owner_candidates(plan, muon), dp * tp))
+        plan.owners.update(assign_owners(owner_candidates(plan, muon), dp * tp))
     return plan
 
 
@@ -292,7 +292,7 @@ def layout_hw(layout: str, hw: dict | None) -> dict | None:
     return check_hw(hw)
 
 
-def _owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
+def owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
     """Every Muon matrix with its NS cost, what each rank holds of it (``HeldRuns``, from the bucket's cuts
     without asking every DP rank), and who may own it."""
     out, tp, world = [], plan.tp, plan.world
@@ -301,7 +301,7 @@ def _owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
         if not muon[buffer_idx]:
             continue
         for meta in metas:
-            runs = _piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned")
+            runs = piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned")
             held = HeldRuns(world, [(a * tp, b * tp, n) for a, b, n in runs])
             ranks = every
             if plan.layout == "aligned":  # only the TP ranks of the one DP rank that holds the matrix
@@ -311,7 +311,7 @@ def _owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
     return out
 
 
-def _piece_runs(bucket: Bucket, meta: DistMeta, even: bool) -> list[tuple[int, int, int]]:
+def piece_runs(bucket: Bucket, meta: DistMeta, even: bool) -> list[tuple[int, int, int]]:
     """``Plan.piece_numel`` of ``meta`` for every DP rank, as runs (first DP rank, end DP rank, elements) of
     the ranks holding some. With even cuts every shard strictly inside the matrix's range is whole, so those
     are one run: a matrix over 1,024 DP ranks costs three entries, not 1,024."""

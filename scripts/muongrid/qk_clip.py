@@ -64,10 +64,10 @@ def factors(maxima: torch.Tensor, threshold: float) -> torch.Tensor:
     return gamma.sqrt()
 
 
-def kept(opt, factor: torch.Tensor) -> torch.Tensor:
-    """The factors, or 1 for a step that ``check_finite="defer"`` skips (``finite.py``: no host read)."""
-    keep = (getattr(opt, "_prepared", None) or {}).get("keep")
-    return factor if keep is None else torch.where(keep, factor, 1.0)
+def kept(step, factor: torch.Tensor) -> torch.Tensor:
+    """The factors, or 1 for a step (``step.Step``) that ``check_finite="defer"`` skips (``finite.py``: no host
+    read)."""
+    return factor if step.keep is None else torch.where(step.keep, factor, 1.0)
 
 
 def clip_rows_(weight: torch.Tensor, layer: QKLayer, factor: torch.Tensor, which: str) -> None:
@@ -165,12 +165,12 @@ class QKClip:
                 index = self._row_index(name, rows, first, opt.grid.device)
                 self.pieces.append((p, index, meta.local_range[0] - meta.global_range[0], cols))
 
-    def apply_zero1(self, opt) -> None:
+    def apply_zero1(self, opt, step) -> None:
         """After the update, before the all-gather: scale the master pieces of the query and key rows."""
         maxima = self.reduce(opt.comm)
         if self.threshold is None:
             return
-        factor = kept(opt, torch.cat([factors(maxima, self.threshold), torch.ones(1, device=opt.grid.device)]))
+        factor = kept(step, torch.cat([factors(maxima, self.threshold), torch.ones(1, device=opt.grid.device)]))
         for p, index, start, cols in self.pieces:
             _scale_flat_rows_(opt.state[p]["master"], factor[index], start, cols)
 
@@ -185,12 +185,12 @@ class QKClip:
                     rows = local(p.data).shape[0]
                     self.blocks.append((p, self._row_index(name, rows, _fsdp_first_row(p), opt.grid.device)))
 
-    def apply_fsdp(self, opt) -> None:
+    def apply_fsdp(self, opt, step) -> None:
         """After the update: scale this rank's row block of each query and key parameter (FSDP2's Shard(0))."""
         maxima = self.reduce(opt.comm)
         if self.threshold is None:
             return
-        factor = kept(opt, torch.cat([factors(maxima, self.threshold), torch.ones(1, device=opt.grid.device)]))
+        factor = kept(step, torch.cat([factors(maxima, self.threshold), torch.ones(1, device=opt.grid.device)]))
         for p, index in self.blocks:
             block = local(p.data)
             block.mul_(factor[index].view(-1, *[1] * (block.dim() - 1)))

@@ -1,6 +1,6 @@
 """One rank's state of the ZeRO-1 optimizers: its per-parameter views, what it costs, saving and loading it.
 
-``ZeroOneOptimizer`` (``distributed.py``) takes these methods from ``RankState``; none runs inside ``step()``.
+``ZeroOneOptimizer`` (``distributed.py``) calls these functions from thin methods; none runs inside ``step()``.
 A saved state is one rank's shard of one plan; loading it elsewhere is refused with what to do
 (``check_signature``), and resharding to another grid or layout goes through ``muongrid.checkpoint``. An
 optimizer that holds process groups refuses pickling with that fix (``refuse_pickle``) and deep-copies sharing
@@ -15,119 +15,90 @@ import torch
 from .contract import MomentumSync
 
 
-class RankState:
-    """``state_dict`` / ``load_state_dict`` for an optimizer with ``grid``, ``plan``, ``layout`` and per-parameter
-    state views (a mixin before ``torch.optim.Optimizer``)."""
+def bind_state(opt) -> None:
+    """``opt.state[p]`` is the store's dict of views of ``p``'s part of every shard tensor (``Store.views``: the same
+    object, so the step and a user read one thing), with its step count (a view of ``opt.counts``, ``step.py``)."""
+    for g, group in enumerate(opt.param_groups):
+        for i, p in enumerate(group["params"]):
+            views = opt.store.views[g][i]
+            views["step"] = opt.counts.view(g, i)
+            opt.state[p] = views
 
-    def __getstate__(self):   # pickling one rank's optimizer is refused, saying what to do (below)
-        refuse_pickle(self)
 
-    def __deepcopy__(self, memo):   # a copy shares the grid, the collectives and the options
-        return deepcopy_sharing(self, memo, ("grid", "comm", "options"))
+def state_bytes(store) -> dict:
+    """Bytes of optimizer state on this rank, by kind. ``master`` counts only master shards kept apart from the
+    parameters (bf16 parameters' fp32 masters, unbound buckets): an fp32 parameter bound to its bucket's buffer is
+    its own master and costs nothing more (``store.py``)."""
+    out: dict = {}
+    for row in store.shards:
+        for shard in row:
+            for kind, t in shard.items():
+                if kind != "master":
+                    out[kind] = out.get(kind, 0) + t.numel() * t.element_size()
+    out["master"] = sum(b.master.numel() * b.master.element_size() for row in store.buffers for b in row
+                        if not b.master_is_param)
+    return out
 
-    def _bind_state(self) -> None:
-        """``self.state[p]`` holds the store's views of this rank's part of every shard tensor (``Store.views``,
-        also ``self.views``: per bucket, for the step's passes), plus a step count (a view of one host tensor per
-        group, so a step counts every parameter with one op)."""
-        self.views = self.store.views
-        self._steps = []
-        for g, group in enumerate(self.param_groups):
-            steps = torch.tensor([float(self.state[p].get("step", 0)) if p in self.state else 0.0
-                                  for p in group["params"]], dtype=torch.float32)
-            if self.capturable:   # counted on the device, where AdamW's bias corrections are computed
-                steps = steps.to(self.grid.device)
-            self._steps.append(steps)
-            for bucket in self.plan.buckets[g]:
-                views = self.views[(g, bucket.bucket_idx)]
-                for k, i in enumerate(bucket.param_indices):
-                    self.state[group["params"][i]] = dict({kind: pieces[k] for kind, pieces in views.items()},
-                                                          step=steps[i])
-        self._masters = [[self.state[p]["master"] for p in group["params"]] for group in self.param_groups]
 
-    def state_bytes(self) -> dict:
-        """Bytes of optimizer state on this rank, by kind. ``master`` counts only master shards kept apart
-        from the parameters (bf16 parameters' fp32 masters, unbound buckets): an fp32 parameter bound to its
-        bucket's buffer is its own master and costs nothing more (``store.py``)."""
-        out: dict = {}
-        for buckets in self.shards:
-            for shard in buckets:
-                for k, t in shard.items():
-                    if k != "master":
-                        out[k] = out.get(k, 0) + t.numel() * t.element_size()
-        out["master"] = sum(s.master.numel() * s.master.element_size() for row in self.store.slots for s in row
-                            if not s.master_is_param)
-        return out
+def signature(opt) -> dict:
+    """What a saved state depends on: resharding to another grid or layout is not done here."""
+    return dict(dp=opt.grid.dp, tp=opt.grid.tp, dp_rank=opt.grid.dp_rank, tp_rank=opt.grid.tp_rank,
+                layout=opt.layout, global_buffer_size=list(opt.plan.global_buffer_size))
 
-    @property
-    def skipped_steps(self) -> list[int]:
-        """The steps that ``check_finite="defer"`` skipped on every rank, as reported so far."""
-        return self._deferred.skipped
 
-    def state_dict(self) -> dict:
-        self.check_finite_now()   # never hand out a state the deferred NaN/Inf check has not cleared
-        sd = super().state_dict()
-        sd["muongrid"] = self._signature()
-        return sd
+def check_state_dict(opt, state_dict: dict) -> None:
+    """Raise, naming the problem, unless ``opt.load_state_dict(state_dict)`` would fit (this rank's own shard of
+    the same grid, layout and parameters); changes nothing."""
+    pointer = next((k for k in POINTERS if k in state_dict), None)
+    check_signature(state_dict.get("muongrid"), signature(opt), pointer)
+    groups = state_dict["param_groups"]
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in opt.param_groups]:
+        raise ValueError("the saved parameter groups differ from this optimizer's in number or size")
+    ids = [i for g in groups for i in g["params"]]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in zip(ids, params):
+        theirs, ours = state_dict["state"].get(i, {}), opt.state[p]
+        if set(theirs) != set(ours) or any(torch.as_tensor(theirs[k]).shape != ours[k].shape for k in ours):
+            raise ValueError(f"saved state of parameter {i} has {sorted(theirs)} with other shapes than "
+                             f"this optimizer's {sorted(ours)}")
 
-    def check_state_dict(self, state_dict: dict) -> None:
-        """Raise, naming the problem, unless ``load_state_dict(state_dict)`` would fit (this rank's own shard of
-        the same grid, layout and parameters); changes nothing."""
-        pointer = next((k for k in POINTERS if k in state_dict), None)
-        check_signature(state_dict.get("muongrid"), self._signature(), pointer)
-        groups = state_dict["param_groups"]
-        if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
-            raise ValueError("the saved parameter groups differ from this optimizer's in number or size")
-        ids = [i for g in groups for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        for i, p in zip(ids, params):
-            theirs, ours = state_dict["state"].get(i, {}), self.state[p]
-            if set(theirs) != set(ours) or any(torch.as_tensor(theirs[k]).shape != ours[k].shape for k in ours):
-                raise ValueError(f"saved state of parameter {i} has {sorted(theirs)} with other shapes than "
-                                 f"this optimizer's {sorted(ours)}")
 
-    def _signature(self) -> dict:
-        """What a saved state depends on: resharding to another grid or layout is not done here."""
-        return dict(dp=self.grid.dp, tp=self.grid.tp, dp_rank=self.grid.dp_rank, tp_rank=self.grid.tp_rank,
-                    layout=self.layout, global_buffer_size=list(self.plan.global_buffer_size))
-
-    @torch.no_grad()
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Load a state saved by the same optimizer on the same grid, layout and rank. Everything is
-        checked before anything changes; a mismatch is an error naming it. In a job of several ranks this is
-        collective (call it on every rank, each with its own shard): a rank whose state does not fit makes every
-        rank raise (``agree``), so none walks on into a collective the others never join. Hooks registered with
-        ``register_load_state_dict_pre_hook`` and ``_post_hook`` run as in torch."""
-        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
-            result = pre_hook(self, state_dict)
-            if result is not None:
-                state_dict = result
-        problem = None
-        try:
-            self.check_state_dict(state_dict)
-        except (ValueError, KeyError, TypeError) as e:
-            problem = e
-        if job_world(self.grid) == 1 and problem is not None:
-            raise problem
-        # every rank raises together, nothing changed (over the whole job where experts span several grids)
-        one_grid = getattr(self.grid, "ep", 1) == 1
-        agree(problem and str(problem), "load_state_dict", getattr(self, "comm", None) if one_grid else None)
-        groups = state_dict["param_groups"]
-        ids = [i for g in groups for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        for i, p in zip(ids, params):
-            for k, t in self.state[p].items():
-                t.copy_(torch.as_tensor(state_dict["state"][i][k]))  # a Python-number step too
-        for ours, theirs in zip(self.param_groups, groups):
-            if not self.capturable:
-                ours.update({k: v for k, v in theirs.items() if k != "params"})
-                continue
-            for k, v in theirs.items():   # the hyperparameter tensors are written in place (capture.py)
-                if k != "params":
-                    ours[k] = v
-        after_load(self)
-        self._prepared = None
-        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
-            post_hook(self)
+def load(opt, state_dict: dict) -> None:
+    """``opt.load_state_dict``: a state saved by the same optimizer on the same grid, layout and rank. Everything is
+    checked before anything changes; a mismatch is an error naming it. In a job of several ranks this is
+    collective (call it on every rank, each with its own shard): a rank whose state does not fit makes every
+    rank raise (``agree``), so none walks on into a collective the others never join. Hooks registered with
+    ``register_load_state_dict_pre_hook`` and ``_post_hook`` run as in torch."""
+    for pre_hook in opt._optimizer_load_state_dict_pre_hooks.values():
+        result = pre_hook(opt, state_dict)
+        if result is not None:
+            state_dict = result
+    problem = None
+    try:
+        check_state_dict(opt, state_dict)
+    except (ValueError, KeyError, TypeError) as e:
+        problem = e
+    if job_world(opt.grid) == 1 and problem is not None:
+        raise problem
+    # every rank raises together, nothing changed (over the whole job where experts span several grids)
+    one_grid = getattr(opt.grid, "ep", 1) == 1
+    agree(problem and str(problem), "load_state_dict", opt.comm if one_grid else None)
+    groups = state_dict["param_groups"]
+    ids = [i for g in groups for i in g["params"]]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in zip(ids, params):
+        for k, t in opt.state[p].items():
+            t.copy_(torch.as_tensor(state_dict["state"][i][k]))  # a Python-number step too
+    for ours, theirs in zip(opt.param_groups, groups):
+        if not opt.capturable:
+            ours.update({k: v for k, v in theirs.items() if k != "params"})
+            continue
+        for k, v in theirs.items():   # the hyperparameter tensors are written in place (capture.py)
+            if k != "params":
+                ours[k] = v
+    after_load(opt)
+    for post_hook in opt._optimizer_load_state_dict_post_hooks.values():
+        post_hook(opt)
 
 
 class CheckpointError(ValueError):

@@ -73,14 +73,14 @@ class Reducer:
         whole = {key for key, bucket in self.buckets.items() if len(expect[key]) == len(bucket.param_indices)}
         self.order = launch_order(store.plan.buckets, store.muon, whole)
         self.chain = sum(1 for key in self.order if key in whole)   # the buckets backward can launch
-        self.nbytes = {key: self._slot(key).grads.numel() * self._slot(key).grads.element_size()
+        self.nbytes = {key: self._buffers(key).grads.numel() * self._buffers(key).grads.element_size()
                        for key in self.order}
         self.syncing = True
         self.pending: dict = {}
         self._new_step()
 
-    def _slot(self, key):
-        return self.store.slots[key[0]][key[1]]
+    def _buffers(self, key):
+        return self.store.buffers[key[0]][key[1]]
 
     def _new_step(self) -> None:
         self.issued = {"landing": 0, "backward_end": 0, "step": 0}   # bytes launched this step, by where
@@ -152,9 +152,9 @@ class Reducer:
         g, bucket = key[0], self.buckets[key]
         if fill:
             self.store.fill(g, bucket)
-        slot, comm = self._slot(key), self.store.comm
+        buffers, comm = self._buffers(key), self.store.comm
         comm.ledger.begin_step(self.step_number())   # the step these reductions belong to
-        self.pending[key] = comm.reduce_scatter_into_async(slot.grad_shard, slot.grads, "dp",
+        self.pending[key] = comm.reduce_scatter_into_async(buffers.grad_shard, buffers.grads, "dp",
                                                            Phase.GRAD_REDUCE_SCATTER)
         self.issued[where] += self.nbytes[key]
         self.next += 1

@@ -1,6 +1,6 @@
 """The store: the tensors a ZeRO-1 step works on, bucket by bucket, built once from the plan and kept.
 
-For every bucket (a ``Slot``): the parameters' flat buffer, the gradient buffer backward lands in, this rank's
+For every bucket (its ``BucketBuffers``): the parameters' flat buffer, the gradient buffer backward lands in, this rank's
 master shard and its optimizer state (``shards``). It is built from data (the plan, each group's parameters,
 master dtypes, the grid and the ``Comm``), never the optimizer. A *buffer* here is such a flat tensor made once
 and kept (the glossary's "store"), as in Megatron-LM's parameter-and-gradient buffers. Chapters 4 and 5.
@@ -38,13 +38,13 @@ MUON_STATE, ADAMW_STATE = ("master", "momentum"), ("master", "exp_avg", "exp_avg
 
 
 @dataclass
-class Slot:
+class BucketBuffers:
     """One bucket's tensors on this rank."""
 
     master: torch.Tensor                      # this rank's master shard (flat, shard_numel elements)
     params: torch.Tensor | None = None        # the bound parameters' flat buffer (padded_numel), or None
     ptrs: list = field(default_factory=list)  # each bound parameter's data_ptr, to notice p.data = new
-    grads: torch.Tensor | None = None         # the flat gradient buffer (several DP ranks), made with the slot
+    grads: torch.Tensor | None = None         # the flat gradient buffer (several DP ranks), made with the rest
     grad_shard: torch.Tensor | None = None    # this rank's reduce-scattered gradient shard (several DP ranks)
 
     @property
@@ -92,7 +92,7 @@ def _run(bucket, meta) -> int:
 
 
 class Store:
-    """Every bucket's ``Slot`` and state, and what a step asks of them (see the module docstring). ``params``: each
+    """Every bucket's ``BucketBuffers`` and state, and what a step asks of them (see the module docstring). ``params``: each
     group's parameter list (the optimizer's own lists); ``muon``: whether each group is Muon's."""
 
     def __init__(self, plan, params: list[list], master_dtypes: list, muon: list[bool], grid, comm,
@@ -104,24 +104,28 @@ class Store:
         self.reduces = bool(reduce) and grid.dp > 1   # False: one DP rank, or DDP averaged p.grad (grad_reduce="ddp")
         self.reducer = None   # reduce="backward": the launches from backward (reducer.py)
         shared = _shared_storages([p for group in params for p in group])
-        self.slots = []
+        self.buffers = []   # per group, per bucket: its BucketBuffers
         for g, group in enumerate(params):
             row = []
             for bucket in self.plan.buckets[g]:
                 mine = [group[i] for i in bucket.param_indices]
                 ok = (bool(bind) and bindable(mine, dtensors=bind == "all")
                       and not any(_storage(held(p)) in shared for p in mine))
-                row.append(self._bind(g, bucket) if ok else Slot(self._packed_shard(g, bucket).clone()))
-            self.slots.append(row)
+                row.append(self._bind(g, bucket) if ok else BucketBuffers(self._packed_shard(g, bucket).clone()))
+            self.buffers.append(row)
         # this rank's state per bucket: the master shard (the parameters themselves where they can be) and
         # Muon's or AdamW's state laid out alike
-        self.shards = [[{k: slot.master if k == "master" else torch.zeros_like(slot.master)
-                         for k in (MUON_STATE if muon[g] else ADAMW_STATE)} for slot in row]
-                       for g, row in enumerate(self.slots)]
-        # per bucket and kind, this rank's piece of each of its parameters: the views the optimizer's state[p] holds
-        self.views = {(g, b.bucket_idx): {k: [local_shard(t, plan, plan.metas[g][i]) for i in b.param_indices]
-                                          for k, t in self.shards[g][b.bucket_idx].items()}
-                      for g, buckets in enumerate(plan.buckets) for b in buckets}
+        self.shards = [[{k: buffers.master if k == "master" else torch.zeros_like(buffers.master)
+                         for k in (MUON_STATE if muon[g] else ADAMW_STATE)} for buffers in row]
+                       for g, row in enumerate(self.buffers)]
+        # per group and parameter, this rank's piece of every state kind (a view of its bucket's shard): the dict
+        # the optimizer's state[p] is
+        self.views = [[{} for _ in metas] for metas in plan.metas]
+        for g, buckets in enumerate(plan.buckets):
+            for b in buckets:
+                for i in b.param_indices:
+                    self.views[g][i] = {k: local_shard(t, plan, plan.metas[g][i])
+                                        for k, t in self.shards[g][b.bucket_idx].items()}
         self.hooks = []   # the gradient hooks' handles, removed when these buffers go
         if self.reduces:
             self._land_gradients(backward=reduce == "backward", step_number=step_number)
@@ -129,14 +133,15 @@ class Store:
 
     # ---- building --------------------------------------------------------------------------------
 
-    def _bind(self, g: int, bucket) -> Slot:
+    def _bind(self, g: int, bucket) -> BucketBuffers:
         params, metas = self.params[g], self.plan.metas[g]
         first = held(params[bucket.param_indices[0]])
         flat = torch.zeros(bucket.padded_numel, dtype=first.dtype, device=first.device)
         for i in bucket.param_indices:
             _place(params[i], flat, _run(bucket, metas[i]))
         own = flat[self.grid.dp_rank * bucket.shard_numel: (self.grid.dp_rank + 1) * bucket.shard_numel]
-        return Slot(own.to(self.master_dtypes[g]), flat, [held(params[i]).data_ptr() for i in bucket.param_indices])
+        return BucketBuffers(own.to(self.master_dtypes[g]), flat,
+                             [held(params[i]).data_ptr() for i in bucket.param_indices])
 
     def _packed_shard(self, g: int, bucket) -> torch.Tensor:
         """This rank's shard of the bucket's current parameter values, packed (unbound buckets)."""
@@ -151,14 +156,14 @@ class Store:
         """Take up whatever was written to the parameters since the last step (see the module docstring)."""
         for g, group in enumerate(self.params):
             for bucket in self.plan.buckets[g]:
-                slot = self.slots[g][bucket.bucket_idx]
-                if slot.params is None:
+                buffers = self.buffers[g][bucket.bucket_idx]
+                if buffers.params is None:
                     current = self._packed_shard(g, bucket)
-                elif self._rebind_moved(g, bucket, slot) or not slot.master_is_param:
-                    current = self._own(bucket, slot)
+                elif self._rebind_moved(g, bucket, buffers) or not buffers.master_is_param:
+                    current = self._own(bucket, buffers)
                 else:
                     continue   # the master is the parameter: nothing to take up
-                master, dtype = slot.master, group[bucket.param_indices[0]].dtype
+                master, dtype = buffers.master, group[bucket.param_indices[0]].dtype
                 if dtype == master.dtype:
                     if current.data_ptr() != master.data_ptr():
                         master.copy_(current)
@@ -166,23 +171,23 @@ class Store:
                 rounded = master.to(dtype)
                 master.copy_(torch.where(current != rounded, current.to(master.dtype), master))
 
-    def _own(self, bucket, slot: Slot) -> torch.Tensor:
+    def _own(self, bucket, buffers: BucketBuffers) -> torch.Tensor:
         n = bucket.shard_numel
-        return slot.params[self.grid.dp_rank * n: (self.grid.dp_rank + 1) * n]
+        return buffers.params[self.grid.dp_rank * n: (self.grid.dp_rank + 1) * n]
 
-    def _rebind_moved(self, g: int, bucket, slot: Slot) -> bool:
+    def _rebind_moved(self, g: int, bucket, buffers: BucketBuffers) -> bool:
         """A parameter given new storage (``p.data = new``): copy its values in, make it a view again."""
         params, metas, moved = self.params[g], self.plan.metas[g], False
         for k, i in enumerate(bucket.param_indices):
             p = held(params[i])
-            if p.data_ptr() == slot.ptrs[k]:
+            if p.data_ptr() == buffers.ptrs[k]:
                 continue
-            if p.dtype != slot.params.dtype or p.device != slot.params.device or p.shape != torch.Size(metas[i].shape):
+            if p.dtype != buffers.params.dtype or p.device != buffers.params.device or p.shape != torch.Size(metas[i].shape):
                 raise ValueError(f"parameter {metas[i].name!r} became {str(p.dtype)[6:]} {tuple(p.shape)} on {p.device} "
-                                 f"after the optimizer was built (it was {str(slot.params.dtype)[6:]} "
-                                 f"{tuple(metas[i].shape)} on {slot.params.device}); build the optimizer after "
+                                 f"after the optimizer was built (it was {str(buffers.params.dtype)[6:]} "
+                                 f"{tuple(metas[i].shape)} on {buffers.params.device}); build the optimizer after "
                                  "moving or casting the model")
-            slot.ptrs[k] = _place(params[i], slot.params, _run(bucket, metas[i])).data_ptr()
+            buffers.ptrs[k] = _place(params[i], buffers.params, _run(bucket, metas[i])).data_ptr()
             moved = True
         return moved
 
@@ -197,16 +202,16 @@ class Store:
         for g, params in enumerate(self.params):
             metas, dtype = self.plan.metas[g], self.master_dtypes[g]
             for bucket in self.plan.buckets[g]:
-                slot = self.slots[g][bucket.bucket_idx]
-                slot.grads = torch.zeros(bucket.padded_numel, dtype=dtype, device=self.grid.device)
-                slot.grad_shard = torch.zeros(bucket.shard_numel, dtype=dtype, device=self.grid.device)
+                buffers = self.buffers[g][bucket.bucket_idx]
+                buffers.grads = torch.zeros(bucket.padded_numel, dtype=dtype, device=self.grid.device)
+                buffers.grad_shard = torch.zeros(bucket.shard_numel, dtype=dtype, device=self.grid.device)
                 hooked[(g, bucket.bucket_idx)] = mine = []
                 for i in bucket.param_indices:
                     p = params[i]
                     if not p.requires_grad or (p.dtype != dtype and not backward):
                         continue   # copied in at the step (reduce_scatter)
                     at, shape = _run(bucket, metas[i]), held(p).shape
-                    view = slot.grads[at: at + metas[i].numel].view(shape)
+                    view = buffers.grads[at: at + metas[i].numel].view(shape)
                     landings.append(_Landing(view, (g, bucket.bucket_idx, i) if backward else None))
                     self.hooks.append(p.register_post_accumulate_grad_hook(landings[-1]))
                     mine.append(i)
@@ -215,19 +220,31 @@ class Store:
             for landing in landings:
                 landing.reducer = weakref.ref(self.reducer)   # weak: the hooks must not keep the store alive
 
-    def grad_pieces(self, g: int, bucket, step: dict, trace=None) -> list:
+    def grad_pieces(self, g: int, bucket, step, trace=None) -> list:
         """This rank's DP-mean gradient of each parameter of the bucket, flat, in master dtype (None: no rank has
-        one), made once per step and kept in ``step["grads"]`` (``step``: ``present`` per group, ``keep``). Where
-        the step reduces, a Muon group's shard is its momentum where ``keep`` (a "defer" verdict) is False."""
-        key = (g, bucket.bucket_idx)
-        if key not in step["grads"]:
-            step["grads"][key] = self._grad_pieces(g, bucket, step["present"][g], step["keep"] if self.muon[g] else None)
-            if trace is not None and self.reduces:
+        one), made once per step and kept in ``step.grads`` (``step``: a decided ``step.Step``). Where the step
+        reduces, a Muon group's shard is its momentum where ``step.keep`` (a "defer" verdict) is False; otherwise
+        ``p.grad`` is the mean already (one rank, or DDP's) and a piece is a view of it."""
+        key, present = (g, bucket.bucket_idx), step.present[g]
+        if key in step.grads:
+            return step.grads[key]
+        params, metas, dtype = self.params[g], self.plan.metas[g], self.master_dtypes[g]
+        if not self.reduces:
+            pieces = [None if not present[i] else torch.zeros(metas[i].local_numel, dtype=dtype, device=self.grid.device)
+                      if params[i].grad is None else local(params[i].grad).reshape(-1)[metas[i].param_slice].to(dtype)
+                      for i in bucket.param_indices]
+        else:
+            shard = self.reduce_scatter(g, bucket)
+            if self.muon[g] and step.keep is not None:
+                torch.where(step.keep, shard, self.shards[g][bucket.bucket_idx]["momentum"], out=shard)
+            pieces = [local_shard(shard, self.plan, metas[i]) if present[i] else None for i in bucket.param_indices]
+            if trace is not None:
                 trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}",
-                      torch.cat([x for x in step["grads"][key] if x is not None] or [torch.zeros(0)]))
-        return step["grads"][key]
+                      torch.cat([x for x in pieces if x is not None] or [torch.zeros(0)]))
+        step.grads[key] = pieces
+        return pieces
 
-    def momentum(self, g: int, group: dict, step: dict, lazy: bool, trace=None):
+    def momentum(self, g: int, group: dict, step, lazy: bool, trace=None):
         """(bucket, this rank's gradient pieces through Muon's momentum) per bucket of Muon group ``g`` (None: a
         skipped parameter, its momentum left as it is): one pass over the group, or for a ``lazy`` flow (the
         bucket layout's) one bucket at a time, as it asks."""
@@ -235,26 +252,16 @@ class Store:
             rows = [list(self.grad_pieces(g, b, step, trace)) for b in buckets]   # new lists: the cache keeps the gradients
             todo = [(n, k) for n, row in enumerate(rows) for k, grad in enumerate(row)
                     if grad is not None and grad.numel()]
-            out = muon_momentum_foreach_([self.views[(g, buckets[n].bucket_idx)]["momentum"][k] for n, k in todo],
+            views = self.views[g]
+            out = muon_momentum_foreach_([views[buckets[n].param_indices[k]]["momentum"] for n, k in todo],
                                          [rows[n][k] for n, k in todo], group["momentum"], group["nesterov"],
-                                         None if self.reduces else step["keep"])
+                                         None if self.reduces else step.keep)
             for (n, k), piece in zip(todo, out):
                 rows[n][k] = piece
             return list(zip(buckets, rows))
         # a generator either way, run by the flow as it iterates: the pieces go from here to the flow directly
         passes = [[b] for b in self.plan.buckets[g]] if lazy else [self.plan.buckets[g]]
         return (pair for buckets in passes for pair in momentum(buckets))
-
-    def _grad_pieces(self, g: int, bucket, present: list[bool], keep=None) -> list:
-        params, metas, dtype = self.params[g], self.plan.metas[g], self.master_dtypes[g]
-        if not self.reduces:   # p.grad is the mean already (one rank, or DDP's): my piece of it, a view
-            return [None if not present[i] else torch.zeros(metas[i].local_numel, dtype=dtype, device=self.grid.device)
-                    if params[i].grad is None else local(params[i].grad).reshape(-1)[metas[i].param_slice].to(dtype)
-                    for i in bucket.param_indices]
-        shard = self.reduce_scatter(g, bucket)
-        if keep is not None:
-            torch.where(keep, shard, self.shards[g][bucket.bucket_idx]["momentum"], out=shard)
-        return [local_shard(shard, self.plan, metas[i]) if present[i] else None for i in bucket.param_indices]
 
     def reduce_scatter(self, g: int, bucket) -> torch.Tensor:
         """Copy the bucket's gradients into its flat buffer (those not already there),
@@ -263,16 +270,16 @@ class Store:
         if self.reducer is not None:
             return self.reducer.take(g, bucket)
         self.fill(g, bucket)
-        shard = self.slots[g][bucket.bucket_idx].grad_shard
-        self.comm.reduce_scatter_into(shard, self.slots[g][bucket.bucket_idx].grads, "dp", Phase.GRAD_REDUCE_SCATTER)
+        buffers = self.buffers[g][bucket.bucket_idx]
+        shard = self.comm.reduce_scatter_into(buffers.grad_shard, buffers.grads, "dp", Phase.GRAD_REDUCE_SCATTER)
         return shard.div_(self.grid.dp)
 
     def fill(self, g: int, bucket) -> None:
         """Copy the bucket's gradients into its flat buffer where backward did not put them; zeros for a parameter
         with no gradient here."""
-        slot = self.slots[g][bucket.bucket_idx]
+        buffers = self.buffers[g][bucket.bucket_idx]
         params, metas, dtype = self.params[g], self.plan.metas[g], self.master_dtypes[g]
-        flat, dsts, srcs, zeros = slot.grads, [], [], []
+        flat, dsts, srcs, zeros = buffers.grads, [], [], []
         for i in bucket.param_indices:
             p, at = params[i], _run(bucket, metas[i])
             view = flat[at: at + metas[i].numel]
@@ -295,17 +302,18 @@ class Store:
     def gather(self, g: int, bucket, params=None) -> None:
         """Every rank's master shard into every rank's parameters. ``params`` (the
         group's, by default) is where an unbound bucket unpacks to."""
-        slot, comm = self.slots[g][bucket.bucket_idx], self.comm
+        buffers, comm = self.buffers[g][bucket.bucket_idx], self.comm
         params = self.params[g] if params is None else params
-        if slot.params is None:
+        if buffers.params is None:
             dtype = params[bucket.param_indices[0]].dtype
-            full = comm.all_gather(slot.master.to(dtype), "dp", Phase.PARAM_ALL_GATHER)
+            full = comm.all_gather(buffers.master.to(dtype), "dp", Phase.PARAM_ALL_GATHER)
             targets = _only(params, bucket, lambda p: local(p.data))
             unpack_bucket(full, bucket, self.plan.metas[g], targets)
             return
-        if not slot.master_is_param:
-            self._own(bucket, slot).copy_(slot.master)
-        comm.all_gather_into(slot.params, self.grid.dp_rank, "dp", Phase.PARAM_ALL_GATHER)
+        if not buffers.master_is_param:
+            self._own(bucket, buffers).copy_(buffers.master)
+        comm.all_gather_into(buffers.params, self.grid.dp_rank, "dp",
+                             Phase.PARAM_ALL_GATHER)
 
 
 class _Landing:

@@ -16,7 +16,7 @@ whichever finishes it first counting the group's collectives, ``layouts.assign_t
   rings to the next rank in the ring), as the busiest rank's;
 * collectives per step: reduce-scatter + all-gather per bucket, K all-to-alls each way per Muon group (to
   the owners or members and back: its buckets joined into K = min(``PREFETCH_CHUNKS``, buckets) exchanges,
-  as the flows issue them with "prefetch", ``owner_flow.exchange_chunks``), and per group membership
+  as the flows issue them with "prefetch", ``owner_routes.exchange_chunks``), and per group membership
   1 + ns_steps all-reduces and ns_steps all-gathers;
 * projected milliseconds on the busiest rank (``ns_seconds_per_rank``: NS FLOPs at a stated throughput plus
   each group's collectives by alpha-beta on the link it spans; ``step_seconds_per_rank``: the whole step,
@@ -47,8 +47,8 @@ from .costmodel import collective_seconds, group_bytes, links_for_grid
 from .timemodel import piece_exchange
 from muongrid.layouts import assign_owners_and_groups, group_ns_flops, group_seconds
 from muongrid.newton_schulz import NS_STEPS, ns5_flops
-from muongrid.owner_flow import PREFETCH_CHUNKS
-from muongrid.plan import _owner_candidates, _piece_runs, build_plan
+from muongrid.owner_routes import PREFETCH_CHUNKS
+from muongrid.plan import build_plan, owner_candidates, piece_runs
 
 from .model_shapes import MODELS
 
@@ -95,7 +95,7 @@ def ns_seconds_per_rank(owners: dict, groups: dict, shapes: dict, world: int, pr
 def bytes_per_rank(plan, muon: list[bool], steps: int = NS_STEPS) -> list[dict]:
     """Bytes each world rank sends per step, by phase, under ``plan``'s layout ("owner" or "group"): the closed
     form of ``lab/costmodel._rank_bytes``, for every rank in one pass. An owned matrix's DP pieces come as
-    runs (``plan._piece_runs``), added to the ranks of a run at once (difference arrays), so Kimi K2's
+    runs (``plan.piece_runs``), added to the ranks of a run at once (difference arrays), so Kimi K2's
     70,000 matrices on 1,024 ranks cost 70,000 steps, not 70 million; a grouped one likewise, per member
     (``_group_bytes_into``). ``tests/test_plan_at_scale.py`` checks it equals
     ``costmodel.step_bytes(..., rank=r)`` on every rank of small models."""
@@ -114,7 +114,7 @@ def bytes_per_rank(plan, muon: list[bool], steps: int = NS_STEPS) -> list[dict]:
                 _group_bytes_into(plan, meta, members, steps, out, every_tp)
                 continue
             owner = plan.owner_of(meta)
-            runs = _piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned")
+            runs = piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned")
             diff = every_tp if meta.tp_split_dim != -1 else one_tp[owner % tp]
             mine = 0
             for lo, hi, n in runs:
@@ -156,7 +156,7 @@ def _group_bytes_into(plan, meta, members: tuple[int, ...], steps: int, out: lis
         return count_in_band(piece.start, piece.stop, meta.shape, dim, *band)
 
     if everyone:
-        for lo, hi, n in _piece_runs(plan.bucket_of(meta), meta, even=True):
+        for lo, hi, n in piece_runs(plan.bucket_of(meta), meta, even=True):
             every_tp[lo] += n
             every_tp[hi] -= n
     for i, q in enumerate(members):
@@ -272,7 +272,7 @@ def group_assignment(plan, muon: list[bool], rule: str, prof: dict):
     layout with the profile (``build_plan(layout="group", hw=prof)``, ``layouts.assign_timed``); "flops", the
     optimizer's group layout without one (groups of ceil(FLOPs / fair), contiguous TP-local windows);
     "scattered", this script's first rule (the same sizes, the least-loaded ranks anywhere)."""
-    matrices = _owner_candidates(plan, muon)
+    matrices = owner_candidates(plan, muon)
     shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
     tp = {"scattered": None, "flops": plan.tp, "timed": plan.tp}[rule]
     hw = prof if rule == "timed" else None

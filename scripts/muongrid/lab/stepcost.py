@@ -33,7 +33,6 @@ Used by ``scripts/step_bench.py`` and ``tests/test_step_cost.py``.
 """
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass, field
 
@@ -273,7 +272,7 @@ def measure_landing(model: str, dp: int, tp: int = 1, set_to_none: bool = True, 
         for step in (1, 2):
             opt.zero_grad(set_to_none=set_to_none)
             total = loss()
-            watch = {s.grads.untyped_storage()._cdata for row in opt.store.slots for s in row
+            watch = {s.grads.untyped_storage()._cdata for row in opt.store.buffers for s in row
                      if s.grads is not None}
             with StepCost(watch) as backward:
                 total.backward()
@@ -295,7 +294,7 @@ def persistent_bytes(model: str, dp: int, tp: int = 1, layout: str = "bucket", l
     """What rank 0 keeps between steps beside its parameters, in bytes per byte of its (TP-local, fp32)
     parameters, by kind: the gradient buffers, the reduce-scattered gradient shards, the bucket flow's gather
     slots (``flows.BucketFlow``), the owner flows' exchange buffers (both all-to-alls' send and receive buffers,
-    grouped matrices' blocks and pieces, and the bf16 banks of every matrix rank 0 owns, made on the first step:
+    grouped matrices' blocks and pieces, and the bf16 banks of every matrix rank 0 owns, made when it is built:
     ``owner_flow.py``) and the optimizer state (momentum; AdamW's moments). Counted on ``meta``."""
     from ..distributed import DistributedMuon
     from .devicecheck import simulate
@@ -312,17 +311,12 @@ def persistent_bytes(model: str, dp: int, tp: int = 1, layout: str = "bucket", l
         named = named_params(model, grid.device, layers, tp=grid.tp)
         opt = DistributedMuon(hybrid_tp_groups(model, named, grid.tp), grid, comm=comm, layout=layout,
                               ns_batch=layout != "bucket")
-        slots = [s for row in opt.store.slots for s in row]
-        state = [t for row in opt.shards for shard in row for k, t in shard.items() if k != "master"]
-        flow, exchange = opt.flow, 0
-        if hasattr(flow, "route"):   # the routes a step builds, and its banks: every owned matrix whole, in bf16
-            from ..owner_flow import exchange_chunks
-            routes = [flow.route(chunk) for g, buckets in enumerate(opt.plan.buckets) if opt.muon_groups[g]
-                      for chunk, _ in exchange_chunks([(b, ()) for b in buckets], opt.overlap, opt.chunks)]
-            exchange = nbytes([t for r in routes for t in r.buffers.values()] + [m.block for r in routes for m in r.members])
-            exchange += sum(2 * math.prod(o.meta.full_shape) * (2 if o.key[3] == 1 else 1) for r in routes for o in r.owned)
-        kinds = dict(gradient_buffers=nbytes(s.grads for s in slots),
-                     gradient_shards=nbytes(s.grad_shard for s in slots),
+        buffers = [b for row in opt.store.buffers for b in row]
+        state = [t for row in opt.store.shards for shard in row for k, t in shard.items() if k != "master"]
+        flow = opt.flow   # the owner layouts' routes' buffers and banks: every owned matrix whole, in bf16
+        exchange = nbytes(flow.kept_tensors()) if hasattr(flow, "kept_tensors") else 0
+        kinds = dict(gradient_buffers=nbytes(b.grads for b in buffers),
+                     gradient_shards=nbytes(b.grad_shard for b in buffers),
                      gather_slots=nbytes(getattr(flow, "gathered", []) + getattr(flow, "tp_gathered", [])),
                      exchange_buffers=exchange,
                      optimizer_state=nbytes(state), separate_masters=opt.state_bytes()["master"])

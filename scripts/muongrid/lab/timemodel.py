@@ -6,7 +6,7 @@ a plan into time, per step, on a stated piece of hardware (a *profile*):
 * every collective the engine runs, priced with ``costmodel.collective_seconds`` (ring all-gathers
   and reduce-scatters over DP per bucket, the bucket layout's DP and TP gathers for Newton-Schulz)
   or, for the owner layouts' all-to-alls (to the owners and back, one per chunk of a Muon group's buckets
-  each way, as the flows issue them: ``owner_flow.exchange_chunks``), by
+  each way, as the flows issue them: ``owner_routes.exchange_chunks``), by
   ``all_to_all_seconds``: each rank pays one ``alpha`` per peer it exchanges with and the larger of
   what it sends and receives over ``beta``, links inside a node and between nodes working at once;
   a phase lasts as long as its busiest rank (an owner receives every piece of its matrices: the
@@ -53,7 +53,7 @@ from .. import hardware
 from ..group_routes import count_in_band, local_band, long_bounds
 from ..layouts import group_ns_flops, group_seconds
 from ..newton_schulz import NS_STEPS, ns5_flops
-from ..owner_flow import PREFETCH_CHUNKS, exchange_chunks
+from ..owner_routes import PREFETCH_CHUNKS, exchange_chunks
 from . import costmodel
 
 # Chapter 13 compares the first four (``layout_seconds``' default, the layout explorer); "group" (chapter 15)
@@ -259,7 +259,7 @@ def step_seconds(groups: list[dict], dp: int, tp: int, bucket_numel: int | None,
     """Modelled seconds of one optimizer step, by phase, on the slowest rank, for ``groups`` (``costmodel``
     form) on a ``dp x tp`` grid under ``layout`` (one of ``TIME_LAYOUTS``; "adamw": Distributed AdamW).
     The owner layouts' all-to-alls are priced as the flows issue them with "prefetch" (their default): a Muon
-    group's buckets joined into ``chunks`` exchanges per direction (``owner_flow.exchange_chunks``).
+    group's buckets joined into ``chunks`` exchanges per direction (``owner_routes.exchange_chunks``).
     Also: the busiest rank's Newton-Schulz FLOPs, ``comm`` (all collectives) and ``total`` (comm + NS)."""
     if layout not in TIME_LAYOUTS:
         raise ValueError(f"layout must be one of {TIME_LAYOUTS}, got {layout!r}")
