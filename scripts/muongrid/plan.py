@@ -296,7 +296,7 @@ def owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
     """Every Muon matrix with its NS cost, what each rank holds of it (``HeldRuns``, from the bucket's cuts
     without asking every DP rank), and who may own it."""
     out, tp, world = [], plan.tp, plan.world
-    every = tuple(range(world))
+    every, flops_of = tuple(range(world)), {}   # flops per full shape: a model repeats a few shapes many times
     for buffer_idx, metas in enumerate(plan.metas):
         if not muon[buffer_idx]:
             continue
@@ -306,7 +306,10 @@ def owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
             ranks = every
             if plan.layout == "aligned":  # only the TP ranks of the one DP rank that holds the matrix
                 ranks = tuple(r for a, b, n in runs if n == meta.numel for r in range(a * tp, b * tp))
-            flops = math.prod(meta.full_shape[:-2]) * ns5_flops(*meta.full_shape[-2:])   # a bank: each matrix
+            shape = tuple(meta.full_shape)
+            if shape not in flops_of:   # a bank: each of its matrices
+                flops_of[shape] = math.prod(shape[:-2]) * ns5_flops(*shape[-2:])
+            flops = flops_of[shape]
             out.append(Matrix((buffer_idx, meta.param_idx), flops, held, ranks, len(meta.full_shape) == 2))
     return out
 

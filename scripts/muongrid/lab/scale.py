@@ -198,7 +198,11 @@ def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_
     neighbours = lambda r: range(r - r % node, min(world, r - r % node + node))  # noqa: E731
     for g, metas in enumerate(plan.metas):
         for meta in metas if muon[g] else ():
-            for q in plan.group_of(meta) or (plan.owner_of(meta),):
+            members = plan.group_of(meta)
+            if members is None:   # one owner: its node's ranks that hold a piece, from the piece's runs
+                _owner_near(plan, meta, plan.owner_of(meta), node, near)
+                continue
+            for q in members:
                 for r in neighbours(q):
                     if r != q:
                         sent, returned = piece_exchange(plan, meta, r, q)
@@ -215,6 +219,18 @@ def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_
             if members[(i + 1) % len(members)] // node != q // node:
                 out[q] += group_bytes(rows, cols, len(members), steps)
     return out
+
+
+def _owner_near(plan, meta, q: int, node: int, near: list[int]) -> None:
+    """``piece_exchange(plan, meta, r, q)`` added into ``near`` for every rank ``r`` on owner ``q``'s node, each DP
+    rank's piece read from ``plan.piece_runs`` (a few runs per matrix) instead of asked rank by rank."""
+    tp, first = plan.tp, q - q % node
+    last = min(plan.world, first + node)
+    for lo, hi, n in piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned"):
+        for r in range(max(first, lo * tp), min(last, hi * tp)):
+            if r != q:
+                near[r] += n * NS_BYTES if meta.tp_split_dim != -1 or r % tp == q % tp else 0
+                near[q] += n * NS_BYTES
 
 
 def exchanges_per_direction(plan, muon: list[bool], chunks: int = PREFETCH_CHUNKS) -> int:
@@ -267,12 +283,13 @@ def step_seconds_per_rank(plan, bytes_: list[dict], ns_s: list[float], prof: dic
 GROUP_RULES = ("scattered", "flops", "timed")
 
 
-def group_assignment(plan, muon: list[bool], rule: str, prof: dict):
+def group_assignment(plan, muon: list[bool], rule: str, prof: dict, matrices: list | None = None):
     """(owners, groups) of a group mode for ``plan``'s matrices under one rule: "timed", the optimizer's group
     layout with the profile (``build_plan(layout="group", hw=prof)``, ``layouts.assign_timed``); "flops", the
     optimizer's group layout without one (groups of ceil(FLOPs / fair), contiguous TP-local windows);
-    "scattered", this script's first rule (the same sizes, the least-loaded ranks anywhere)."""
-    matrices = owner_candidates(plan, muon)
+    "scattered", this script's first rule (the same sizes, the least-loaded ranks anywhere). ``matrices``:
+    ``plan.owner_candidates(plan, muon)`` if already made (the assignment does not change them)."""
+    matrices = owner_candidates(plan, muon) if matrices is None else matrices
     shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
     tp = {"scattered": None, "flops": plan.tp, "timed": plan.tp}[rule]
     hw = prof if rule == "timed" else None
@@ -327,8 +344,9 @@ def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama
                        groups_across_nodes=sum(span_link(m, prof) != prof["intra"] for m in plan.groups.values()),
                        group_bytes_gram_max=max(b["ns_group_gram"] for b in bytes_))
     owner_plan = out.pop("owner_plan")
+    matrices = owner_candidates(owner_plan, muon) if rules else None   # made once for every rule
     for rule in rules:
-        owners, groups, shapes = group_assignment(owner_plan, muon, rule, prof)
+        owners, groups, shapes = group_assignment(owner_plan, muon, rule, prof, matrices)
         flops, ns_s = ns_seconds_per_rank(owners, groups, shapes, world, prof)
         out[f"{rule}_ns_ms"] = max(ns_s) * 1e3
         out[f"{rule}_ns_max_over_mean"] = max(flops) / mean(flops)
