@@ -89,8 +89,11 @@ elif (importlib.util.find_spec("muongrid") is None
 # An **owner** layout keeps the same ZeRO-1 shards (so the gradient reduce-scatter and the parameter
 # all-gather are exactly AdamW's) and gives every matrix one owner among the $d \times t$ ranks. Only
 # that matrix's pieces travel to the owner, in bf16; the owner joins them, runs Newton-Schulz
-# **once**, and sends each piece of the result back: one uneven `all_to_all_single` per bucket each way
-# ([`scripts/muongrid/flows.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/flows.py)).
+# **once**, and sends each piece of the result back: one uneven `all_to_all_single` each way per chunk of
+# buckets (one chunk, or up to four with `overlap="prefetch"`), whose pieces the optimizer works out when it is
+# built ([`scripts/muongrid/owner_routes.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/owner_routes.py);
+# the flow that moves them:
+# [`owner_flow.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/muongrid/owner_flow.py)).
 # A third layout, **aligned**, cuts the ZeRO-1 shards on matrix boundaries, as Megatron's layer-wise
 # optimizer does: a matrix lies on one DP rank, its owner is one of that rank's TP peers, and nothing
 # crosses DP for Newton-Schulz; the uneven shards travel padded to the largest.

@@ -406,10 +406,14 @@ def test_checkpoint_folder_is_complete_or_refused(grid, tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False))
     fully_shard(model, mesh=grid.mesh["dp"])
     opt = FSDPMuon([dict(params=list(model.parameters()))], grid)
-    save(model, opt, tmp_path / "ck", step=7)             # fsdp.save: the older entry point, checkpoint.save's
+    with pytest.warns(FutureWarning, match=r"muongrid.fsdp.save\(model, opt, ...\) is deprecated .* call "
+                                           r"muongrid.checkpoint.save\(opt, path"):
+        save(model, opt, tmp_path / "ck", step=7)         # fsdp.save: the older entry point, checkpoint.save's
     checkpoint.save(opt, tmp_path / "ck", step=8)         # over an older one: replaced whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
-    assert load(model, opt, tmp_path / "ck") == 8
+    with pytest.warns(FutureWarning, match=r"muongrid.fsdp.load\(model, opt, ...\) is deprecated .* "
+                                           r"muongrid.checkpoint.load"):
+        assert load(model, opt, tmp_path / "ck") == 8
     (tmp_path / "half").mkdir()                            # what a save killed before its rename leaves
     with pytest.raises(CheckpointError, match="has no muongrid.json: it is not a muongrid checkpoint, or its save did "
                                               "not finish"):

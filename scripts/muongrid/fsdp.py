@@ -389,16 +389,25 @@ class FSDPMuon(torch.optim.Optimizer):
 # ---- checkpoints: muongrid.checkpoint's, for callers of these two -----------------------------------------
 
 def save(model, opt, path, step: int, scheduler=None) -> None:
-    """``muongrid.checkpoint.save(opt, path, step=step, scheduler=scheduler)``, which takes an FSDPMuon as it
-    takes a DistributedMuon (``checkpoint_fsdp.py``); ``model`` is not needed (the optimizer holds its
-    parameters) and is kept for the callers of this older entry point. Unlike FSDP2's ``get_state_dict``,
-    which this used before, it saves nothing the optimizer does not hold (persistent buffers, parameters
-    outside every group)."""
+    """Deprecated (0.5.0; a ``FutureWarning``): ``muongrid.checkpoint.save(opt, path, step=step,
+    scheduler=scheduler)``, which takes an FSDPMuon as it takes a DistributedMuon (``checkpoint_fsdp.py``) and
+    which this calls; ``model`` is not needed (the optimizer holds its parameters). It saves nothing the optimizer
+    does not hold (persistent buffers, parameters outside every group)."""
     from . import checkpoint
+    _deprecated("save", "muongrid.checkpoint.save(opt, path, step=step, scheduler=scheduler)")
     checkpoint.save(opt, path, step=step, scheduler=scheduler)
 
 
 def load(model, opt, path, scheduler=None) -> int:
-    """``muongrid.checkpoint.load(opt, path, scheduler=scheduler)``: on any grid; returns the saved step."""
+    """Deprecated (0.5.0): ``muongrid.checkpoint.load(opt, path, scheduler=scheduler)``, on any grid; returns the
+    saved step."""
     from . import checkpoint
+    _deprecated("load", "muongrid.checkpoint.load(opt, path, scheduler=scheduler)")
     return checkpoint.load(opt, path, scheduler=scheduler)
+
+
+def _deprecated(name: str, instead: str) -> None:
+    import warnings
+    warnings.warn(f"muongrid.fsdp.{name}(model, opt, ...) is deprecated and will be removed: call {instead}, which "
+                  "takes an FSDPMuon as it takes a DistributedMuon (the model is not needed)", FutureWarning,
+                  stacklevel=3)
