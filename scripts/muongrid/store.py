@@ -265,13 +265,15 @@ class Store:
 
     def reduce_scatter(self, g: int, bucket) -> torch.Tensor:
         """Copy the bucket's gradients into its flat buffer (those not already there),
-        reduce-scatter over DP, divide by dp: this rank's DP-mean gradient shard (``grad_reduce="backward"``:
-        the reduce-scatter launched from backward, waited for)."""
+        reduce-scatter over DP, divide by dp: this rank's DP-mean gradient shard
+        (``grad_reduce="backward"``: the reduce-scatter launched from backward,
+        waited for)."""
         if self.reducer is not None:
             return self.reducer.take(g, bucket)
         self.fill(g, bucket)
         buffers = self.buffers[g][bucket.bucket_idx]
-        shard = self.comm.reduce_scatter_into(buffers.grad_shard, buffers.grads, "dp", Phase.GRAD_REDUCE_SCATTER)
+        shard = self.comm.reduce_scatter_into(buffers.grad_shard, buffers.grads, "dp",
+                                              Phase.GRAD_REDUCE_SCATTER)
         return shard.div_(self.grid.dp)
 
     def fill(self, g: int, bucket) -> None:
