@@ -13,8 +13,9 @@ model:
 
 * the whole iteration (its slowest rank), median of the runs' medians with their min-max, and its ratio to ZeRO's
   run by run; then the parts: forward, backward, backward without DDP's reduction (under ``no_sync()``), the
-  gradient reduction and how much of it is exposed after backward, the exchange, Newton-Schulz, the rest of the
-  step (momentum, the update, copies: "update") and the parameter gather (``lab/iteration_report.py``);
+  gradient reduction and how much of it is exposed after backward, the exchange, Newton-Schulz, our ballot (with
+  its wait for the slowest rank's backward), the rest of the step (momentum, the update, copies: "update") and the
+  parameter gather (``lab/iteration_report.py``);
 * per rank and iteration: bytes sent and collectives (every one torch dispatched, DDP's and ZeRO's included,
   counted at the dispatcher: ``lab/c10d_count.py``), Newton-Schulz calls and FLOPs, beside the closed form
   (``lab/costmodel.py``) at the measured dp, and the closed form at dp 8, 64 and 1,024.
@@ -52,7 +53,7 @@ from muongrid.lab.verdicts import spread_text
 
 PART_COLUMNS = (("forward", "fwd"), ("backward", "bwd"), ("backward_no_reduction", "bwd-red"),
                 ("reduction", "reduce"), ("exposed", "exposed"), ("exchange", "exch"), ("newton_schulz", "NS"),
-                ("update", "update"), ("param_gather", "gather"))
+                ("ballot", "ballot"), ("update", "update"), ("param_gather", "gather"))
 
 
 def label(spec: dict, dp: int) -> str:

@@ -53,6 +53,9 @@ def test_who_moves_what_where(record):
         # the gate of issue 54: ours moves fewer bytes per rank than DDP + ZeRO, under every layout here
         for name in ("owner", "aligned", "group"):
             assert max(options[name]["bytes_per_rank"]) < min(zero["bytes_per_rank"])
+        # the ballot is ours alone (the DDP mode decides without one), timed as its own part
+        for name, row in options.items():
+            assert (row["parts"]["ballot"] > 0) == (name in OURS), (name, row["parts"])
 
 
 def test_newton_schulz_work_per_rank(record):
@@ -75,3 +78,41 @@ def test_bad_arguments_are_refused_before_anything_starts():
     assert "--warmup >= 2" in refused(main, "--warmup", "1")
     assert "unknown" in refused(main, "--variants", "torch,adam")
     assert "KIND:HIDDENxLAYERS" in refused(main, "--models", "llama-256")
+
+
+def test_the_ballot_is_its_own_part_not_update():
+    """Our step's first collective, the ballot (phase "contract"), waits there for the slowest rank's backward: its
+    seconds are the part "ballot", taken out of "update" with the ledger's phases (here a stub optimizer records
+    them, so the arithmetic is checked exactly, with no launch and no clock asserted)."""
+    import torch
+    from muongrid.comm import Ledger, Record
+    from muongrid.lab.iteration import Clock, Variant, iterate
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(2))
+
+        def forward(self, input_ids, labels, use_cache):
+            return type("Out", (), dict(loss=(self.w * input_ids).sum()))
+
+    class Ours(torch.optim.SGD):
+        grad_reduce = "step"
+
+        def __init__(self, params):
+            super().__init__(params, lr=0.1)
+            self.comm = type("Comm", (), dict(ledger=Ledger()))()
+
+        def step(self):
+            ledger = self.comm.ledger
+            ledger.begin_step(ledger.step + 1)
+            for phase, seconds in (("contract", 0.25), ("grad_reduce_scatter", 0.125), ("ns_to_owner", 0.0625),
+                                   ("param_all_gather", 0.03125)):
+                ledger.records.append(Record(ledger.step, phase, "all_reduce", "world", 2, "int32", 1, 8, 8, seconds))
+
+    model = Model()
+    ours = Ours(model.parameters())
+    v = Variant("owner", model, model, [ours], Clock(torch.device("cpu")), ours=ours)
+    out = iterate(v, torch.ones(2))
+    assert out["ballot"] == 0.25 and out["reduction"] == 0.125 and out["exchange"] == 0.0625
+    assert out["update"] == pytest.approx(out["step"] - 0.25 - 0.125 - 0.0625 - 0.03125, abs=1e-12)

@@ -17,7 +17,8 @@ same batches (rank r takes its rows of each global batch) and runs them interlea
 Each iteration is timed in parts (forward, backward, step), and the step inside (``Clock``): Newton-Schulz
 (torch's kernel wrapped where torch.optim.Muon looks it up; our flows' ``newton_schulz`` on the optimizer's own
 flow), ZeRO's parameter broadcast (its ``_sync_params``), and our ledger's seconds per phase (gradient
-reduce-scatter, the exchange, the parameter all-gather). DDP reduces under backward, so two probes after each run
+reduce-scatter, the exchange, the parameter all-gather, and the presence and NaN/Inf ballot, phase "contract":
+the first collective of our step, where a rank waits for the slowest one's backward). DDP reduces under backward, so two probes after each run
 say what that costs: the same backward under ``no_sync()`` (no reduction; the difference is what DDP adds to
 backward: the reduction it leaves exposed, and its copies into and out of its buckets) and DDP's buckets
 all-reduced alone (the whole reduction); ``backward`` gets the first probe too (its optimizer's ``no_sync()``),
@@ -42,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..comm import Comm
 from ..devices import Span
 from ..distributed import DistributedMuon
+from ..ledger import seconds as ledger_seconds
 from ..newton_schulz import native_bf16_matmul, ns5_flops, zeropower_ns5
 from ..optim import hybrid_param_groups
 from .c10d_count import C10dCounter
@@ -221,11 +223,20 @@ def iterate(v: Variant, x: torch.Tensor, counter: C10dCounter | None = None) -> 
         phases = {k: p["seconds"] for k, p in s["phases"].items()}
         out.update(reduction=phases.get("grad_reduce_scatter", 0.0), param_gather=phases.get("param_all_gather", 0.0),
                    exchange=sum(phases.get(k, 0.0) for k in EXCHANGE), ns_calls=s["ns_calls"], ns_flops=s["ns_flops"],
-                   ledger_bytes=s["bytes_sent"], ledger_calls=sum(p["calls"] for p in s["phases"].values()))
-    # the rest of the step: momentum, the update, copies, the ballot (a reduction from backward is not in it)
-    inside = ("exchange", "newton_schulz", "param_gather") + (() if v.reduces_in_backward else ("reduction",))
+                   ledger_bytes=s["bytes_sent"], ledger_calls=sum(p["calls"] for p in s["phases"].values()),
+                   ballot=ballot_seconds(ledger, s["step"]))
+    # the rest of the step: momentum, the update, copies, the NaN/Inf norms (a reduction from backward is not in it)
+    inside = ("exchange", "newton_schulz", "param_gather", "ballot") + (() if v.reduces_in_backward else ("reduction",))
     out["update"] = out["step"] - sum(out.get(k, 0.0) for k in inside)
     return out
+
+
+def ballot_seconds(ledger, step: int) -> float:
+    """Seconds this rank spent in step ``step``'s ballot (phase "contract", ``contract.vote``), which a ledger summary
+    leaves out. Our step's first collective, it waits there for the slowest rank to finish backward: on a shared
+    machine that skew, hundreds of ms at times, is the ranks' and not the step's work (DDP absorbs it inside backward,
+    in its all-reduce), so it is a part of its own, not "update"."""
+    return sum(ledger_seconds(r) for r in ledger.records if r.step == step and r.phase == "contract")
 
 
 def probe_no_sync(v: Variant, x: torch.Tensor) -> float:

@@ -13,8 +13,12 @@ part is, per option:
     exchange    ours: pieces to Newton-Schulz and back (gathers or all-to-alls); torch's: none
     NS          Newton-Schulz (the group layout's collectives for a grouped matrix inside it)
     gather      ours: the parameter all-gather; ZeRO: its broadcasts (_sync_params); DDP + torch.optim.Muon: none
+    ballot      ours: the presence and NaN/Inf ballot's all-reduce (phase "contract"), the first collective of the
+                step, with its wait for the slowest rank to finish backward (the ranks' skew, which DDP's options
+                absorb inside backward, in its all-reduce; under ``backward``, also the reduce-scatters queued
+                before it); the others: none
     update      the rest of step(), iteration by iteration: step - reduction (ours, in step()) - exchange - NS - gather
-                (momentum, the update, copies, the ballot)
+                - ballot (momentum, the update, copies, the NaN/Inf norms)
 
 Counts (the gate). Bytes one rank sends per iteration, priced as the ledger prices them (``c10d_count``), and
 collectives, from the counted iteration; Newton-Schulz calls and FLOPs per rank. Each option's bytes are set
@@ -30,7 +34,7 @@ from .choice import ns_flops_per_rank
 from .iteration import OURS, OURS_KWARGS
 from .verdicts import fastest_text, ratio_text, spread, spread_text
 
-PARTS = ("forward", "backward", "step", "reduction", "exchange", "newton_schulz", "param_gather", "update")
+PARTS = ("forward", "backward", "step", "reduction", "exchange", "newton_schulz", "param_gather", "ballot", "update")
 SCALE_DPS = (8, 64, 1024)
 EXACT = ("bucket", "owner", "aligned", "backward")   # one process's result bit for bit on 2 ranks (not "group": its
 #                                          Newton-Schulz of a shared matrix adds in another order)
