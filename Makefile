@@ -24,10 +24,15 @@ help:
 	@echo "make setup   only create .venv from requirements.txt and install muongrid into it (editable)"
 	@echo "make clean   remove the build and the virtual environment"
 
+# --no-compile: byte-compiling every installed module (torch's and Jupyter's, 17,000 files) cost 80 s of CPU here;
+# Python compiles the modules a run imports the first time it imports them. So it must be let write them: with
+# PYTHONDONTWRITEBYTECODE set (some shells and containers set it) every process would compile torch again
+# (`import torch`: 6.8 s of CPU from source, 2.5 s from bytecode, measured here), and the suite starts hundreds.
+unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-compile -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
