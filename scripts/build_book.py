@@ -4,6 +4,7 @@
     python scripts/build_book.py --force      # execute every chapter again
     python scripts/build_book.py --only 05_distributed_step   # execute one chapter (no render)
     python scripts/build_book.py --no-edition # render the pages, skip the notebook edition
+    python scripts/build_book.py --only A,B --claims DIR   # several such runs share the chapters (the tests)
 
 Each chapter runs once in a guarded nbclient (``booktools.nbexec``: no silent stalls; a stalled
 cell is named and its chapter executed again), its executed copy is kept in ``_build/executed/``,
@@ -36,11 +37,15 @@ def main(argv=None) -> int:
     p.add_argument("--force", action="store_true", help="execute every chapter, even unchanged ones")
     p.add_argument("--only", help="execute only these chapters (comma-separated stems) and skip the render")
     p.add_argument("--toc", help="a _toc.yml to build instead of the repository's")
+    p.add_argument("--claims", metavar="DIR", help="with --only: share the chapters with other runs given the same "
+                   "DIR (the tests start two): each executes, in order, those no other run has claimed yet")
     p.add_argument("--no-edition", action="store_true",
                    help="skip the notebook edition (a book of some chapters: its pages link to ones it leaves out, "
                         "which the edition refuses, since each of its links must reach a built page)")
     args = p.parse_args(argv)
 
+    if args.claims and not args.only:
+        p.error("--claims shares the chapters of --only among runs; give --only too")
     toc = Path(args.toc).read_text() if args.toc else None
     stems = bookbuild.toc_chapters(toc)
     if args.only:
@@ -57,6 +62,8 @@ def main(argv=None) -> int:
     to_run = args.force or not all(bookbuild.is_fresh(s) for s in stems)
     with warmstart.shared(sys.executable, str(ROOT / "scripts")) if to_run else contextlib.nullcontext():
         for stem in stems:
+            if args.claims and not claim(Path(args.claims), stem):
+                continue
             print(f"[build_book] {stem} ...", flush=True)
             path, report = bookbuild.executed(stem, force=args.force)
             reports.append(report or Report(stem + " (reused)"))
@@ -102,6 +109,15 @@ def main(argv=None) -> int:
     print(f"\nThe book is in {html.relative_to(ROOT)}/index.html; its notebook edition "
           f"({len(written)} chapters) in {edition.EDITION.relative_to(ROOT)}/notebooks")
     return 0
+
+
+def claim(folder: Path, stem: str) -> bool:
+    """Whether this run takes chapter ``stem``: the first of the runs sharing ``folder`` to ask does."""
+    try:
+        os.close(os.open(folder / f"{stem}.claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Shared helpers: where the repository is, and how to run its scripts the way a user would."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -12,6 +14,10 @@ import pytest
 # Before anything imports torch (OpenMP reads it when it loads): this process and every one the tests
 # start. booktools.nbexec.quiet_openmp says why; importing it here would import torch first.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Inductor (tests/test_loops.py's compile) builds its kernels in one process, not in a pool of one per core that
+# each import torch: two cores are already busy with the other worker and the chapters, and the pool cost CPU
+# (that test with a cold cache, one run each on a shared machine: 59.6 s of CPU with the pool, 52.5 without).
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -54,7 +60,6 @@ def refused(main, *argv) -> str:
     """What a script's ``main(argv)`` prints as it refuses its arguments (argparse's exit code 2), run in this
     process: a check that fails before anything launches is the same code without an interpreter of its own
     (starting one and importing torch costs seconds of the suite's time per call)."""
-    import contextlib
     import io
 
     err = io.StringIO()
@@ -119,8 +124,16 @@ def executed_notebook(name: str) -> Path:
     """Chapter ``name`` executed as ``make book`` executes it, at most once per test session. A copy
     that ``make book`` (or an earlier session) left in ``_build/executed/`` is reused only if its
     inputs (the chapter, scripts/, book/data/, requirements.txt) are byte for byte unchanged."""
+    import fcntl
+
     _wait_for_chapter(name)
-    return bookbuild.executed(name)[0]  # a chapter the background run failed on runs here, and fails here
+    if bookbuild.is_fresh(name):
+        return bookbuild.executed(name)[0]
+    # A chapter the background run failed on runs here, and fails here; one worker at a time executes it.
+    bookbuild.EXECUTED.mkdir(parents=True, exist_ok=True)
+    with open(bookbuild.EXECUTED / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return bookbuild.executed(name)[0]
 
 
 # ---- the chapters execute in the background while the other tests run ----------------------------
@@ -132,68 +145,214 @@ def executed_notebook(name: str) -> Path:
 # it), then those that read the whole book. The chapters are every stale one if a selected test uses
 # `built_book`, else those named in the selected tests' ids. MUONGRID_TEST_CHAPTERS=inline executes them
 # in the test process instead, when the first test needs one (the old order).
+#
+# Under pytest-xdist (`make test`: two workers) the run is the controller's, started once for the session:
+# each worker collects and orders the same tests and writes the chapters it wants into the session's folder
+# (`_session_folder`, handed to the workers in `workerinput`); the controller starts the run when the first
+# worker has collected, before any test runs, notes its end in that folder (`_Background`), and stops it if
+# the session ends early. A worker's test waits until its chapter is fresh or that end is noted.
 
 _background: dict = {}
+_XDIST_KEY = "muongrid_chapters"
 
 
 def _reads_chapters(item) -> bool:
     """Whether a test reads executed chapters: it uses `built_book` or calls `executed_notebook`."""
-    import inspect
-
     if "built_book" in getattr(item, "fixturenames", ()):
         return True
     function = getattr(item, "function", None)
-    return function is not None and "executed_notebook(" in inspect.getsource(function)
+    return function is not None and "executed_notebook" in _names(function.__code__)
+
+
+@functools.lru_cache(maxsize=None)
+def _names(code) -> frozenset[str]:
+    """The global names a function's code (its nested functions' included) refers to: what it may call. Read
+    from the code object, not its source (``inspect.getsource`` per test was a third of collecting the suite)."""
+    return frozenset(code.co_names).union(*(_names(c) for c in code.co_consts if hasattr(c, "co_names")))
+
+
+# ``python scripts/build_book.py`` that dies with the process that started it, however that ends (a crash, a
+# KeyboardInterrupt in an xdist worker's collection): its kernels then stop themselves (ipykernel watches its
+# parent) and its warm-start server dies with it.
+_BUILD_BOOK = ("import runpy, sys; sys.path[0] = sys.argv[1]; from booktools.warmstart import _die_with_parent; "
+               "_die_with_parent(); sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+# Two runs share the chapters (``build_book.py --claims``): a chapter's kernel waits much of its time for the
+# ranks it launched, so while one chapter waits the other runs, and the chapters end sooner for the tests that
+# read the whole book (they wait for the last). MUONGRID_CHAPTER_RUNS=1 executes them in one run.
+_RUNS = int(os.environ.get("MUONGRID_CHAPTER_RUNS", "2"))
+
+
+class _Background:
+    """The background chapter run: ``_RUNS`` processes of ``build_book.py --only <stems> --claims <folder>``,
+    each in a process group of its own, their output in ``_build/test-chapters.log`` (-2.log, ...); ``ended``
+    (a file) is written with the largest exit status when every one has ended."""
+
+    def __init__(self, stems: list[str], ended: Path | None = None):
+        import tempfile
+        import threading
+
+        BUILD.mkdir(parents=True, exist_ok=True)
+        self.claims = Path(tempfile.mkdtemp(prefix="muongrid-claims-"))
+        self.logs = [BUILD / f"test-chapters{'' if n == 0 else f'-{n + 1}'}.log" for n in range(max(1, _RUNS))]
+        self.procs = [subprocess.Popen(
+            [sys.executable, "-c", _BUILD_BOOK, str(SCRIPTS), str(SCRIPTS / "build_book.py"), "--only",
+             ",".join(stems), "--claims", str(self.claims)],
+            cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True) for log in self.logs]
+        self.log = self.logs[0]
+
+        def note_end():
+            code = max(proc.wait() for proc in self.procs)
+            self.code = code
+            import shutil
+
+            shutil.rmtree(self.claims, ignore_errors=True)
+            if ended is not None:
+                with contextlib.suppress(OSError):  # the session's folder is gone (the session has ended)
+                    ended.write_text(str(code))
+        self.code = None
+        threading.Thread(target=note_end, daemon=True).start()
+
+    def poll(self) -> int | None:
+        """None while a run goes on, else the largest exit status."""
+        if any(proc.poll() is None for proc in self.procs):
+            return None
+        return max(proc.returncode for proc in self.procs)
+
+    def stop(self) -> None:
+        """End the runs and their kernels and scripts if they still run (the session ended early: -x, ^C)."""
+        import signal
+
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _session_folder(config) -> Path | None:
+    """The folder this session's processes share about the background run, when pytest-xdist runs it."""
+    if hasattr(config, "workerinput"):
+        return Path(config.workerinput[_XDIST_KEY]) if _XDIST_KEY in config.workerinput else None
+    return _background.get("folder")
+
+
+def pytest_configure(config):
+    if getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput"):
+        import tempfile
+
+        _background["folder"] = Path(tempfile.mkdtemp(prefix="muongrid-chapters-"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(xdist controller) Each worker learns where the session's background run is noted."""
+    node.workerinput[_XDIST_KEY] = str(_background["folder"])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """(xdist controller) The first worker to have collected says which chapters to run: start them now."""
+    folder = _background.get("folder")
+    wanted = folder / f"wanted-{node.gateway.id}.json" if folder else None
+    if "run" in _background or wanted is None or not wanted.exists():
+        return
+    import json
+
+    stems = json.loads(wanted.read_text())
+    if stems:
+        _background["run"] = _Background(stems, ended=folder / "ended")
+        (folder / "started").write_text(" ".join(stems))
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected what will not run
 def pytest_collection_modifyitems(session, config, items):
     readers = [i for i in items if _reads_chapters(i)]
     whole = [i for i in readers if "built_book" in getattr(i, "fixturenames", ())]
-    # Those that read single chapters first: each waits only for its own, while later ones execute.
-    items[:] = [i for i in items if not _reads_chapters(i)] + [i for i in readers if i not in whole] + whole
+    chapters = bookbuild.toc_chapters()
+
+    last = {i.path for i in whole}   # the files that read the built book
+    reading = {i.path for i in readers}
+
+    def order(item) -> tuple:
+        """Under ``make test``'s ``--dist loadfile`` a file's tests run on one worker, in one process (so its
+        module fixtures and cached launches are made once, and its fixed paths under _build/ have one writer),
+        and the files are handed out in the order of their first test: the files that read no chapter first,
+        then those that read single chapters, then those that read the built book (made once for the session,
+        ``built_book``: they run on both workers). In a file, the tests that read chapters come last, in the
+        order the chapters execute (each waits only for its own)."""
+        in_file = (1, min((n for n, s in enumerate(chapters) if s in item.nodeid), default=len(chapters))) \
+            if _reads_chapters(item) else (0,)
+        return (2 if item.path in last else 1 if item.path in reading else 0, in_file)
+
+    items.sort(key=order)
     everything = bool(whole)
-    wanted = [s for s in bookbuild.toc_chapters() if everything or any(s in i.nodeid for i in readers)]
-    stale = [s for s in wanted if not bookbuild.is_fresh(s)]
-    if stale and not config.option.collectonly and os.environ.get("MUONGRID_TEST_CHAPTERS", "background") == "background":
-        log = BUILD / "test-chapters.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        _background["log"] = log
-        _background["proc"] = subprocess.Popen(
-            [sys.executable, str(SCRIPTS / "build_book.py"), "--only", ",".join(stale)], cwd=ROOT,
-            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    wanted = [s for s in chapters if everything or any(s in i.nodeid for i in readers)]
+    background = os.environ.get("MUONGRID_TEST_CHAPTERS", "background") == "background"
+    stale = [s for s in wanted if not bookbuild.is_fresh(s)] if background else []
+    if config.option.collectonly:
+        return
+    folder = _session_folder(config)
+    if hasattr(config, "workerinput"):  # the controller starts the run (pytest_xdist_node_collection_finished)
+        if folder is not None:
+            import json
+
+            (folder / f"wanted-{config.workerinput['workerid']}.json").write_text(json.dumps(stale))
+    elif stale:
+        _background["run"] = _Background(stale)
+
+
+def _background_running(config) -> bool:
+    """Whether this session's background chapter run has been started and has not ended."""
+    run = _background.get("run")
+    if run is not None:
+        return run.poll() is None
+    folder = _session_folder(config)
+    return folder is not None and (folder / "started").exists() and not (folder / "ended").exists()
 
 
 def _wait_for_chapter(name: str) -> None:
     """Until chapter ``name`` is executed and fingerprinted (``bookbuild`` writes the fingerprint after the
     notebook), or the background run has ended: a test that reads an early chapter need not wait for the
-    last one."""
+    last one. A run that failed is reported once; its failing chapter then executes in the test's process."""
     import time
 
-    proc = _background.get("proc")
-    while proc is not None and proc.poll() is None and not bookbuild.is_fresh(name):
+    config = _background["config"]
+    while _background_running(config) and not bookbuild.is_fresh(name):
         time.sleep(1.0)
-    if proc is not None and proc.poll() is not None:
-        _wait_for_background_chapters()
+    if not bookbuild.is_fresh(name) and not _background.get("reported"):
+        run, folder = _background.get("run"), _session_folder(config)
+        code = run.poll() if run is not None else None
+        if code is None and folder is not None and (folder / "ended").exists():
+            code = int((folder / "ended").read_text())
+        if code:
+            _background["reported"] = True
+            print(f"[conftest] the background chapter run failed; its logs: {BUILD}/test-chapters*.log",
+                  file=sys.stderr)
 
 
-def _wait_for_background_chapters() -> None:
-    proc = _background.pop("proc", None)
-    if proc is not None and proc.wait() != 0:  # the failing chapter executes again in this process
-        print(f"[conftest] the background chapter run failed; its log: {_background['log']}", file=sys.stderr)
+def pytest_sessionstart(session):
+    _background["config"] = session.config
 
 
 def pytest_sessionfinish(session, exitstatus):
     if _WARM is not None:
         _WARM.close()
-    proc = _background.pop("proc", None)
-    if proc is not None and proc.poll() is None:  # the session ended early (-x, ^C): stop it and its kernels
-        import signal
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    run = _background.pop("run", None)
+    if run is not None:  # still running only if the session ended early (-x, ^C): stop it and its kernels
+        run.stop()
+
+
+def pytest_unconfigure(config):
+    folder = _background.pop("folder", None)
+    if folder is not None:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def stage_book(dest: Path, toc: str | None = None) -> Path:
@@ -204,27 +363,53 @@ def stage_book(dest: Path, toc: str | None = None) -> Path:
     return bookbuild.stage(dest, stems, toc=toc)
 
 
+def _made_once(request, name: str, make) -> Path:
+    """``make(folder)`` run once for the session: under xdist by the first worker to ask, in the session's
+    folder, while any other worker that asks waits for it (a lock) and then reads what it made; ``make``'s
+    failure is each asker's. Without xdist, in the session's temporary folder."""
+    import fcntl
+
+    shared = _session_folder(request.config)
+    if shared is None:
+        folder = request.getfixturevalue("tmp_path_factory").mktemp(name)
+        make(folder)
+        return folder
+    folder = shared / name
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / f"{name}.made").exists():
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)   # a worker's earlier try that failed
+            folder.mkdir()
+            make(folder)
+            (shared / f"{name}.made").write_text("")
+    return folder
+
+
 @pytest.fixture(scope="session")
-def built_book(tmp_path_factory) -> Path:
-    """The whole book, built from the executed chapters; returns its html folder."""
-    import shutil
+def built_book(request) -> Path:
+    """The whole book, built from the executed chapters, once for the session; returns its html folder."""
+    def make(folder: Path) -> None:
+        import shutil
 
-    src = stage_book(tmp_path_factory.mktemp("book"))
-    proc = bookbuild.render(src, offline="require")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    html = src / "_build" / "html"
-    shutil.rmtree(BUILD / "html-tested", ignore_errors=True)
-    shutil.copytree(html, BUILD / "html-tested")  # kept as an artifact beside the screenshots
-    return html
+        src = stage_book(folder)
+        proc = bookbuild.render(src, offline="require")
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        shutil.rmtree(BUILD / "html-tested", ignore_errors=True)
+        shutil.copytree(src / "_build" / "html", BUILD / "html-tested")  # an artifact beside the screenshots
+
+    return _made_once(request, "book", make) / "_build" / "html"
 
 
 @pytest.fixture(scope="session")
-def book_edition(built_book, tmp_path_factory) -> Path:
+def book_edition(built_book, request) -> Path:
     """The notebook edition, written as ``make book`` writes it: from the executed chapters, its links checked
     against the built book, its notebooks made the pages' downloads. Returns its folder (``notebooks/`` inside)."""
     from booktools import edition
 
-    out = tmp_path_factory.mktemp("colab")
-    edition.Edition(built_book).write(bookbuild.toc_chapters(), bookbuild.EXECUTED, out)
-    edition.install(built_book, out)
-    return out
+    def make(out: Path) -> None:
+        edition.Edition(built_book).write(bookbuild.toc_chapters(), bookbuild.EXECUTED, out)
+        edition.install(built_book, out)
+
+    return _made_once(request, "colab", make)

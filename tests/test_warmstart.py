@@ -58,9 +58,9 @@ def both(warm, tmp_path, how, env=None):
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     proc = warm.start([str(probe), how], str(ROOT), env, stderr_apart=True)
     assert proc is not None
-    out, err = proc.communicate(60)
+    out, err = proc.communicate(180)   # generous: the suite runs on two workers beside the chapters
     fresh = subprocess.run([sys.executable, str(probe), how], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=60)
+                           timeout=180)
     return subprocess.CompletedProcess(how, proc.returncode, out, err), fresh
 
 
