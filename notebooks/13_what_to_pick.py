@@ -24,7 +24,7 @@
 # K2 on 256 GPUs (its plans of 70,000 matrices are most of the time); and one short run on 3
 # processes that counts what DDP, `ZeroRedundancyOptimizer` and this package each move.
 # About forty seconds.
-# Reading: about 20 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
+# Reading: about 25 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 8 <08_beyond_poc>`.
 # ```
 #
 # This page sets the earlier chapters' layouts side by side: which to pick, and what each costs
@@ -117,8 +117,8 @@ from muongrid.lab.iteration_report import LABELS
 from muongrid.lab.notebook import last_json, run, table
 
 counted = last_json(run("iteration_bench.py --dp 3 --models llama:128x2,gpt2:128x2 "
-                        "--seq 64 --runs 1 --iters 2 --probes 1 --variants zero,ddp,owner,group",
-                        log="collapsed"))
+                        "--seq 64 --runs 1 --iters 2 --probes 1 "
+                        "--variants zero,ddp,owner,group", log="collapsed"))
 DPS = ("3", "8", "64", "1024")
 for result in counted["results"]:
     rows = []
