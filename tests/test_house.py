@@ -125,10 +125,11 @@ def test_no_package_module_executes_a_file_by_path():
 # adds it, saying so, never silently. 856 (issue 54): grad_reduce="backward" asks of a "step" step whether a
 # reducer is there (before the ballot, at the end) and the reduce-scatter is Comm's started form, waited at once.
 # 849 (issue 53): the step a typed value (step.py), counted in one object; one class, no mixins. 850: chapter 5
-# quotes Store.reduce_scatter, whose reduce-scatter call now wraps at 88 columns (test_readability).
+# quotes Store.reduce_scatter, whose reduce-scatter call now wraps at 88 columns (test_readability). 853:
+# finite.max_abs, the NaN/Inf check's max-abs norms by aminmax on the CPU (torch's inf-norm was 6x slower there).
 STEP_PATH = ("distributed.py", "step.py", "flows.py", "owner_flow.py", "group_flow.py", "store.py", "comm.py",
              "updates.py", "sharding.py", "finite.py", "contract.py", "capture.py")
-STEP_LINES_BUDGET = 850
+STEP_LINES_BUDGET = 853
 # What else a step runs: the math (Newton-Schulz, alone or shared by a group), the plan it follows, and the
 # checks of the optimizer contract it shares with the one-process optimizers.
 STEP_ALSO_RUNS = {"newton_schulz.py", "ns_variants.py", "ns_group.py", "ns_gram_group.py", "plan.py", "layouts.py",

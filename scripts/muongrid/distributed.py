@@ -31,7 +31,7 @@ from .capture import refuse as refuse_capture
 from .clipping import clip_zero1_
 from .comm import Comm
 from .contract import MomentumSync, check_ddp, job_place, lr_of, no_autocast, refuse_grad_scaler, vote, where_of
-from .finite import Deferred, late_codes
+from .finite import Deferred, late_codes, max_abs
 from .flows import OVERLAP_MODES, BucketFlow, FlowOptions  # noqa: F401 (OVERLAP_MODES: bench, verify)
 from .optim import DEFAULTS, call_closure, check_group, check_hyper, param_names, resolve_mode
 from .options import (check_banks, check_grad_reduce, check_layout, check_ranks_agree, default_layout,
@@ -415,7 +415,7 @@ class Applier:
         step = self.step
         for scaled, (masters, pieces, places) in self.todo.items():   # keep: a "defer" step that may be skipped
             if step.late is not None:   # one rank, "defer": the NaN/Inf check rides this pass, on the max-abs
-                step.note_late(places, torch._foreach_norm(pieces, float("inf")))   # norm of the bf16 update
+                step.note_late(places, max_abs(pieces))   # norm of the bf16 update
             apply_update_foreach_(masters, pieces, self.lr, self.group["weight_decay"], scaled, step.keep)
         self.todo = {}
 

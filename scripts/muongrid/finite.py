@@ -1,6 +1,6 @@
 """The NaN/Inf check of a step's gradients, decided by every rank together (``book/api.md``: ``check_finite``).
 
-Each rank finds its own non-finite gradients with one ``torch._foreach_norm`` (max-abs: NaN or Inf exactly when
+Each rank finds its own non-finite gradients with their max-abs norms (``max_abs``: NaN or Inf exactly when
 the gradient holds one, and it never overflows). What the ranks then do must be the same, or a rank that skips a
 step leaves its peers waiting in a collective, so the verdict is voted: for every parameter a code (``world - job
 rank`` where the gradient is not finite, else 0) goes into the step's ballot, and a MAX all-reduce gives every rank
@@ -28,12 +28,22 @@ class SkippedStep(RuntimeWarning):
     """A ``check_finite="defer"`` step found a NaN/Inf gradient on some rank and was skipped by every rank."""
 
 
+def max_abs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each (non-empty) tensor's largest |value|, NaN or Inf exactly when the tensor has one. No sync.
+    One fused ``_foreach_norm`` on an accelerator; on the CPU each tensor's ``aminmax`` instead: there torch's
+    inf-norm is several times slower (39 Llama-sized gradients, 3.1M values, one thread: 14.6 ms against 2.5 ms,
+    torch 2.13), and it ran inside every step."""
+    if tensors and tensors[0].device.type == "cpu":
+        return [torch.maximum(hi, -lo) for lo, hi in map(torch.aminmax, tensors)]
+    return list(torch._foreach_norm(tensors, float("inf")))
+
+
 def grad_norms(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor | None:
     """Every tensor's max-abs norm, stacked on the device (None when there is none; 0 for an empty one). No sync."""
     if not named:
         return None
     full = [t for _, t in named if t.numel()]
-    norms = iter(torch._foreach_norm(full, float("inf")) if full else [])
+    norms = iter(max_abs(full) if full else [])
     zero = torch.zeros((), dtype=named[0][1].dtype, device=named[0][1].device)
     return torch.stack([next(norms) if t.numel() else zero for _, t in named]).float()
 
