@@ -231,7 +231,7 @@ def layouts_diagram(plans_by_layout: dict, name: str = "w3"):
         ax.axis("off")
     handles = [Rectangle((0, 0), 1, 1, fc=palette.STATE["momentum"], alpha=0.85),
                Rectangle((0, 0), 1, 1, fc=palette.STATE["orthogonalised"], alpha=0.85)]
-    fig.legend(handles, ["momentum (Newton-Schulz input)", "orthogonalised update"], loc="lower center",
+    fig.legend(handles, ["Nesterov update (Newton-Schulz input)", "orthogonalised update"], loc="lower center",
                ncol=2, frameon=False, fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
