@@ -25,7 +25,8 @@ and the collectives are the same for all three:
 
 At scale (70,000 matrices, 1,024 ranks) the plan is built without any per-rank loop per matrix: even
 cuts are computed when asked (``EvenCuts``), what each rank holds of a matrix is a few runs
-(``HeldRuns``), and the least-loaded rank of a range comes from a segment tree (``_Loads``).
+(``HeldRuns``), and the least-loaded ranks are filed by load (``_Loads``), so an owner is chosen among them
+only.
 
 Owners are chosen the same way on every rank (nothing random, nothing measured): the matrices
 in order of decreasing Newton-Schulz FLOPs, each to the candidate rank with the least work so far
@@ -42,7 +43,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 LAYOUTS = ("bucket", "owner", "aligned", "group")
 
@@ -165,9 +166,9 @@ class HeldRuns:
         return tuple(self) == tuple(other)
 
 
-@dataclass(frozen=True)
-class Matrix:
-    """One Muon matrix as owner assignment sees it."""
+class Matrix(NamedTuple):
+    """One Muon matrix as owner assignment sees it (a named tuple: a plan at scale makes 70,000 of them per
+    assignment, and a named tuple is made in under half the time of a frozen dataclass)."""
 
     key: tuple[int, int]          # (buffer_idx, param_idx)
     flops: int                    # Newton-Schulz FLOPs of the whole matrix
@@ -177,59 +178,57 @@ class Matrix:
 
 
 class _Loads:
-    """Work per rank, with a min segment tree over (load, rank): the lowest-numbered least-loaded rank of any
-    contiguous range of ranks in log(world) steps, so choosing an owner among 1,024 ranks does not compare
-    1,024 keys. ``load`` is the plain list (read it, change it only through ``add``)."""
+    """Work per rank, with the ranks filed by their load: ``least()`` gives the least load and, in order, every
+    rank that has it. The owner rule only ever compares those ranks (``_pick_owner``), so a choice among 1,024
+    ranks is a heap lookup and a bisection per run of held pieces, not a search. Loads only grow, and a model
+    repeats a few FLOP counts many times (Kimi K2's 69,000 expert matrices share one), so ranks pile up on few
+    loads. ``load`` is the plain list (read it, change it only through ``add``)."""
 
     def __init__(self, world: int):
-        self.load, self.size = [0] * world, 1 << max(0, world - 1).bit_length()
-        inf = (float("inf"), world)
-        self.tree = [inf] * (2 * self.size)
-        for r in range(world):
-            self.tree[self.size + r] = (0, r)
-        for i in range(self.size - 1, 0, -1):
-            self.tree[i] = min(self.tree[2 * i], self.tree[2 * i + 1])
+        self.load = [0] * world
+        self._ranks = {0: list(range(world))}   # load -> the ranks with exactly that load, ascending
+        self._heap = [0]                         # the loads of ``_ranks``, and some no longer there (skipped)
 
     def add(self, rank: int, amount) -> None:
-        self.load[rank] += amount
-        i, tree = self.size + rank, self.tree
-        tree[i] = (self.load[rank], rank)
-        i >>= 1
-        while i:
-            tree[i] = min(tree[2 * i], tree[2 * i + 1])
-            i >>= 1
+        old = self.load[rank]
+        new = self.load[rank] = old + amount
+        if new == old:
+            return
+        ranks = self._ranks[old]
+        if len(ranks) == 1:
+            del self._ranks[old]
+        else:
+            del ranks[bisect.bisect_left(ranks, rank)]
+        ranks = self._ranks.get(new)
+        if ranks is None:
+            self._ranks[new] = [rank]
+            heapq.heappush(self._heap, new)
+        else:
+            bisect.insort(ranks, rank)
 
-    def first(self, lo: int = 0, hi: int | None = None) -> tuple:
-        """(load, rank) of the lowest-numbered least-loaded rank in [lo, hi)."""
-        if lo == 0 and hi is None:
-            return self.tree[1]
-        best, lo, hi, tree = self.tree[0], lo + self.size, (len(self.load) if hi is None else hi) + self.size, self.tree
-        while lo < hi:
-            if lo & 1:
-                best = min(best, tree[lo])
-                lo += 1
-            if hi & 1:
-                hi -= 1
-                best = min(best, tree[hi])
-            lo >>= 1
-            hi >>= 1
-        return best
+    def least(self) -> tuple:
+        """(the least load, the ranks that have it in ascending order: do not change the list)."""
+        heap = self._heap
+        while heap[0] not in self._ranks:   # a load every rank has left
+            heapq.heappop(heap)
+        return heap[0], self._ranks[heap[0]]
 
 
 def _pick_owner(m: Matrix, world: int, loads: _Loads) -> int:
-    """``min(m.candidates, key=(load, -held, rank))``, the owner rule. With every rank a candidate, the answer
-    is, within its run of equal ``held`` (``HeldRuns``), that run's lowest-numbered least-loaded rank; or, if
-    it holds nothing, the lowest-numbered least-loaded rank of all: so only those are compared."""
-    load = loads.load
+    """``min(m.candidates, key=(load, -held, rank))``, the owner rule. With every rank a candidate, the owner has
+    the least load, so only ``loads.least()``'s ranks compete: per run of equal ``held`` (``HeldRuns``) its
+    lowest-numbered such rank, else (holding nothing) the lowest-numbered of all."""
     if len(m.candidates) < world:
+        load = loads.load
         return min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
     held = HeldRuns.of(m.held)
-    x, r = loads.first()
-    best = (x, -held[r], r)
+    _, ranks = loads.least()
+    best = (-held[ranks[0]], ranks[0])
     for lo, hi, n in held.runs:
-        x, r = loads.first(lo, hi)
-        best = min(best, (x, -n, r))
-    return best[2]
+        i = bisect.bisect_left(ranks, lo)
+        if i < len(ranks) and ranks[i] < hi and (-n, ranks[i]) < best:
+            best = (-n, ranks[i])
+    return best[1]
 
 
 def assign_owners(matrices: list[Matrix], world: int) -> dict[tuple[int, int], int]:

@@ -59,7 +59,7 @@ def bucket_limit(bucket_numel: int | str | None, dp: int, aligned: bool = False)
     return bucket_numel * dp if aligned and bucket_numel is not None else bucket_numel
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ParamSpec:
     """A parameter as the plan needs it: a name, its full (un-TP-split) shape and its TP split dim."""
 
@@ -68,7 +68,7 @@ class ParamSpec:
     tp_split_dim: int = -1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DistMeta:
     name: str
     buffer_idx: int
@@ -94,7 +94,7 @@ class DistMeta:
         return slice(self.local_range[0] - self.global_range[0], self.local_range[1] - self.global_range[0])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Bucket:
     buffer_idx: int
     bucket_idx: int
@@ -297,12 +297,14 @@ def owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
     without asking every DP rank), and who may own it."""
     out, tp, world = [], plan.tp, plan.world
     every, flops_of = tuple(range(world)), {}   # flops per full shape: a model repeats a few shapes many times
+    even = plan.layout != "aligned"
     for buffer_idx, metas in enumerate(plan.metas):
         if not muon[buffer_idx]:
             continue
+        buckets = plan.buckets[buffer_idx]
         for meta in metas:
-            runs = piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned")
-            held = HeldRuns(world, [(a * tp, b * tp, n) for a, b, n in runs])
+            runs = piece_runs(buckets[meta.bucket_idx], meta, even)
+            held = HeldRuns(world, [(a * tp, b * tp, n) for a, b, n in runs] if tp > 1 else runs)
             ranks = every
             if plan.layout == "aligned":  # only the TP ranks of the one DP rank that holds the matrix
                 ranks = tuple(r for a, b, n in runs if n == meta.numel for r in range(a * tp, b * tp))
@@ -319,14 +321,23 @@ def piece_runs(bucket: Bucket, meta: DistMeta, even: bool) -> list[tuple[int, in
     the ranks holding some. With even cuts every shard strictly inside the matrix's range is whole, so those
     are one run: a matrix over 1,024 DP ranks costs three entries, not 1,024."""
     lo, hi, cuts = meta.global_range[0] - bucket.start, meta.global_range[1] - bucket.start, bucket.cuts
-    if isinstance(cuts, EvenCuts) and lo < hi:   # cut d at min(d * shard, numel): no search needed
-        shard, numel = cuts.shard, cuts.numel
+    if isinstance(cuts, EvenCuts) and lo < hi:
+        # cut d at d * shard, and hi <= the bucket's numel: the first shard holds from lo, the last up to hi, and
+        # every one between is whole; plain arithmetic, as this runs for each of 70,000 matrices several times
+        shard = cuts.shard
         first, last = lo // shard, (hi - 1) // shard
-        count = lambda d: min(hi, (d + 1) * shard, numel) - max(lo, d * shard)  # noqa: E731
-    else:
-        first = max(0, bisect.bisect_right(cuts, lo) - 1)
-        last = max(first, bisect.bisect_left(cuts, hi) - 1)
-        count = lambda d: min(hi, cuts[d + 1]) - max(lo, cuts[d])  # noqa: E731
+        if first == last:
+            return [(first, first + 1, hi - lo)]
+        if last - first == 1:
+            whole = []
+        elif even:
+            whole = [(first + 1, last, shard)]
+        else:
+            whole = [(d, d + 1, shard) for d in range(first + 1, last)]
+        return [(first, first + 1, (first + 1) * shard - lo), *whole, (last, last + 1, hi - last * shard)]
+    first = max(0, bisect.bisect_right(cuts, lo) - 1)
+    last = max(first, bisect.bisect_left(cuts, hi) - 1)
+    count = lambda d: min(hi, cuts[d + 1]) - max(lo, cuts[d])  # noqa: E731
     if even and last - first > 1:
         return [(first, first + 1, count(first)), (first + 1, last, bucket.shard_numel), (last, last + 1, count(last))]
     return [(d, d + 1, count(d)) for d in range(first, min(last, bucket.dp - 1) + 1) if count(d) > 0]
