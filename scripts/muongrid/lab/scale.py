@@ -81,8 +81,12 @@ def ns_seconds_per_rank(owners: dict, groups: dict, shapes: dict, world: int, pr
     rate = prof["flops"] * prof["efficiency"]
     flops = [0] * world
     extra = [0.0] * world
+    of_shape = {}   # a model repeats a few shapes many times (Kimi K2: 69,000 matrices, 3 shapes of one cost)
     for key, rank in owners.items():
-        flops[rank] += ns5_flops(*shapes[key])
+        shape = shapes[key]
+        if shape not in of_shape:
+            of_shape[shape] = ns5_flops(*shape)
+        flops[rank] += of_shape[shape]
     for key, members in groups.items():
         rows, cols = shapes[key]
         t = group_seconds(rows, cols, len(members), steps, span_link(members, prof))
@@ -195,12 +199,13 @@ def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_
     against the pairs counted one by one."""
     dp, tp, world, node = plan.dp, plan.tp, plan.world, ranks_per_node
     near = [0] * world   # all-to-all bytes a rank sends to its own node
+    near_runs = [0] * (world + 1)   # ... added to runs of ranks at once (a difference array)
     neighbours = lambda r: range(r - r % node, min(world, r - r % node + node))  # noqa: E731
     for g, metas in enumerate(plan.metas):
         for meta in metas if muon[g] else ():
             members = plan.group_of(meta)
             if members is None:   # one owner: its node's ranks that hold a piece, from the piece's runs
-                _owner_near(plan, meta, plan.owner_of(meta), node, near)
+                _owner_near(plan, meta, plan.owner_of(meta), node, near, near_runs)
                 continue
             for q in members:
                 for r in neighbours(q):
@@ -208,6 +213,10 @@ def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_
                         sent, returned = piece_exchange(plan, meta, r, q)
                         near[r] += sent
                         near[q] += returned
+    run = 0
+    for r in range(world):
+        run += near_runs[r]
+        near[r] += run
     out = [b["ns_to_owner"] + b["ns_from_owner"] - n for b, n in zip(bytes_, near)]
     for r in range(world):
         successor = ((r // tp + 1) % dp) * tp + r % tp
@@ -221,16 +230,29 @@ def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_
     return out
 
 
-def _owner_near(plan, meta, q: int, node: int, near: list[int]) -> None:
-    """``piece_exchange(plan, meta, r, q)`` added into ``near`` for every rank ``r`` on owner ``q``'s node, each DP
-    rank's piece read from ``plan.piece_runs`` (a few runs per matrix) instead of asked rank by rank."""
+def _owner_near(plan, meta, q: int, node: int, near: list[int], near_runs: list[int]) -> None:
+    """``piece_exchange(plan, meta, r, q)`` added for every rank ``r`` on owner ``q``'s node, each DP rank's piece
+    read from ``plan.piece_runs`` (a few runs per matrix) instead of asked rank by rank. A matrix split over TP
+    is sent by every rank of a run, so the run is added at once into ``near_runs`` (a difference array over
+    ranks, summed by the caller); a TP-replicated one only by the owner's TP rank, counted one by one."""
     tp, first = plan.tp, q - q % node
     last = min(plan.world, first + node)
+    split = meta.tp_split_dim != -1
     for lo, hi, n in piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned"):
-        for r in range(max(first, lo * tp), min(last, hi * tp)):
-            if r != q:
-                near[r] += n * NS_BYTES if meta.tp_split_dim != -1 or r % tp == q % tp else 0
-                near[q] += n * NS_BYTES
+        a, b = max(first, lo * tp), min(last, hi * tp)
+        if a >= b:
+            continue
+        others = b - a - (a <= q < b)   # the ranks r != q of [a, b): each sends n and gets n back from q
+        near[q] += others * n * NS_BYTES
+        if split:
+            near_runs[a] += n * NS_BYTES
+            near_runs[b] -= n * NS_BYTES
+            if a <= q < b:
+                near[q] -= n * NS_BYTES
+        else:
+            for r in range(a + (q - a) % tp, b, tp):   # the ranks of [a, b) on q's TP rank
+                if r != q:
+                    near[r] += n * NS_BYTES
 
 
 def exchanges_per_direction(plan, muon: list[bool], chunks: int = PREFETCH_CHUNKS) -> int:
@@ -288,9 +310,16 @@ def group_assignment(plan, muon: list[bool], rule: str, prof: dict, matrices: li
     layout with the profile (``build_plan(layout="group", hw=prof)``, ``layouts.assign_timed``); "flops", the
     optimizer's group layout without one (groups of ceil(FLOPs / fair), contiguous TP-local windows);
     "scattered", this script's first rule (the same sizes, the least-loaded ranks anywhere). ``matrices``:
-    ``plan.owner_candidates(plan, muon)`` if already made (the assignment does not change them)."""
+    ``plan.owner_candidates(plan, muon)`` if already made (the assignment does not change them).
+
+    Given an owner plan, "flops" and "scattered" with no matrix above the fair share (all FLOPs / world) form no
+    group, and the rest of their rule is ``assign_owners``': the plan's own owners, returned as they are (Kimi
+    K2 on 1,024 ranks: 70,000 matrices, none above it, not assigned twice more)."""
     matrices = owner_candidates(plan, muon) if matrices is None else matrices
     shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
+    fair = sum(m.flops for m in matrices) / plan.world   # as assign_owners_and_groups reckons it
+    if rule != "timed" and plan.layout == "owner" and all(m.flops <= fair for m in matrices):
+        return dict(plan.owners), {}, shapes
     tp = {"scattered": None, "flops": plan.tp, "timed": plan.tp}[rule]
     hw = prof if rule == "timed" else None
     owners, groups, _ = assign_owners_and_groups(matrices, plan.world, shapes, split_b=True, tp=tp, hw=hw)
