@@ -1,4 +1,4 @@
-"""The fast plan builder (layouts.EvenCuts, HeldRuns, the segment tree of _Loads; plan.piece_runs) gives the
+"""The fast plan builder (layouts.EvenCuts, HeldRuns, _Loads' ranks filed by load; plan.piece_runs) gives the
 same plan as the straightforward code it replaced, kept here as the reference: every rank's key compared
 for every matrix (O(world) per matrix), every DP rank's piece asked for, every cut stored.
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from muongrid.layouts import HeldRuns, Matrix, assign_owners, assign_owners_and_groups, even_cuts, group_ns_flops, group_window
+from muongrid.layouts import HeldRuns, Matrix, _Loads, _pick_owner, assign_owners, assign_owners_and_groups, even_cuts, group_ns_flops, group_window
 from muongrid.newton_schulz import ns5_flops
 from muongrid.plan import ParamSpec, owner_candidates, build_plan
 
@@ -95,3 +95,26 @@ def test_held_runs_index_like_the_tuple():
     runs = HeldRuns.of(held)
     assert runs.runs == [(2, 5, 5), (5, 6, 2), (7, 8, 7)] and tuple(runs) == held and runs == held
     assert [runs[r] for r in range(8)] == list(held) and len(runs) == 8
+    assert HeldRuns(8, [(1, 2, 5), (2, 3, 0), (3, 4, 7)], tp=2).runs == [(2, 4, 5), (6, 8, 7)]   # DP runs, TP 2
+
+
+def test_the_least_loaded_ranks_pick_the_owner_the_plain_rule_picks():
+    """_pick_owner compares only the ranks of the least load (_Loads files them by load): over 2,000 picks each
+    equals the rule's plain min over every rank, (load, -held, rank), with loads that tie (integer FLOPs of a
+    few sizes, as a MoE's equal experts give) and that do not (float seconds, as assign_timed's), runs of held
+    pieces anywhere (the least-loaded rank inside one, or not), and loads also added off the owner (a group's
+    members)."""
+    import random
+    rng, world = random.Random(0), 37
+    for amounts in ([3, 5, 8], [0.1, 0.3, 0.7000000001]):
+        loads = _Loads(world)
+        for _ in range(1000):
+            cuts = sorted(rng.sample(range(world + 1), 2 * rng.randint(0, 3)))
+            runs = [(lo, hi, rng.randint(1, 3)) for lo, hi in zip(cuts[::2], cuts[1::2])]
+            m = Matrix((0, 0), 1, HeldRuns(world, runs), tuple(range(world)))
+            want = min(range(world), key=lambda r: (loads.load[r], -m.held[r], r))
+            assert _pick_owner(m, world, loads) == want
+            assert loads.least() == (min(loads.load), [r for r in range(world) if loads.load[r] == min(loads.load)])
+            loads.add(want, rng.choice(amounts))
+            if rng.random() < 0.3:
+                loads.add(rng.randrange(world), rng.choice(amounts))

@@ -141,6 +141,26 @@ def at_least_as_good(r):
         assert 2 * r["group_ns_ms"] < min(r["owner_ns_ms"], r["scattered_ns_ms"], r["flops_ns_ms"])
 
 
+def test_rules_without_a_matrix_above_the_fair_share_are_the_owner_plan():
+    """group_assignment returns an owner plan's own owners for "flops" and "scattered" when no matrix has more
+    NS FLOPs than the fair share (all of them / world): those rules then form no group and are assign_owners'
+    rule. Checked against the assignment run in full on Kimi K2 cut to 2 layers (one MoE layer) on 4x2; the
+    report's shapes, where one matrix holds 99% of the FLOPs, take the full path and get a group."""
+    prof = scale.profile()
+    specs, muon = MODELS["kimi-k2"][0](2)
+    plan = build_plan(specs, 4, 0, 2, layout="owner", muon=muon)
+    matrices = owner_candidates(plan, muon)
+    shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
+    assert not scale.fair_share_exceeded(plan, muon)
+    for rule, tp in (("flops", 2), ("scattered", None)):
+        owners, groups, _ = assign_owners_and_groups(matrices, 8, shapes, split_b=True, tp=tp)
+        assert scale.group_assignment(plan, muon, rule, prof) == (owners, groups, shapes) == (plan.owners, {}, shapes)
+    plan, matrices, shapes = report_plan(2, 2)
+    assert scale.fair_share_exceeded(plan, [True])
+    owners, groups, _ = assign_owners_and_groups(matrices, 4, shapes, split_b=True, tp=2)
+    assert scale.group_assignment(plan, [True], "flops", prof) == (owners, groups, shapes) and groups
+
+
 def test_group_sizing_counts_its_talk():
     """assign_timed: with links so slow that a group's Gram all-reduces cost more than the Newton-Schulz they
     save, no group is formed (owners only, as the owner layout); with free links, the dominant matrix gets a

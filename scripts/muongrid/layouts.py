@@ -131,13 +131,14 @@ class HeldRuns:
     """What each of ``world`` ranks holds of one matrix, as runs ``(first rank, end rank, elements)`` of equal
     non-zero counts (every other rank holds nothing): at scale a matrix in a bucket of its own is spread over
     every DP rank in equal shards, one run, and one in a shared bucket over a few. Indexes like the full
-    tuple (``held[r]``)."""
+    tuple (``held[r]``). ``tp``: the runs are given over DP ranks, each ``tp`` consecutive world ranks (what a
+    DP rank holds, each of its TP ranks holds)."""
 
     __slots__ = ("world", "runs", "_starts")
 
-    def __init__(self, world: int, runs: list[tuple[int, int, int]]):
-        self.world, self.runs = world, [run for run in runs if run[2] and run[0] < run[1]]
-        self._starts = [lo for lo, _, _ in self.runs]
+    def __init__(self, world: int, runs: list[tuple[int, int, int]], tp: int = 1):
+        self.world, self.runs = world, [(lo * tp, hi * tp, n) for lo, hi, n in runs if n and lo < hi]
+        self._starts = None   # made when first indexed: the owner rule reads only the runs
 
     @classmethod
     def of(cls, held) -> "HeldRuns":
@@ -153,6 +154,8 @@ class HeldRuns:
         return cls(len(held), [tuple(x) for x in runs])
 
     def __getitem__(self, rank: int) -> int:
+        if self._starts is None:
+            self._starts = [lo for lo, _, _ in self.runs]
         i = bisect.bisect_right(self._starts, rank) - 1
         return self.runs[i][2] if i >= 0 and rank < self.runs[i][1] else 0
 
@@ -223,7 +226,7 @@ def _pick_owner(m: Matrix, world: int, loads: _Loads) -> int:
         return min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
     held = HeldRuns.of(m.held)
     _, ranks = loads.least()
-    best = (-held[ranks[0]], ranks[0])
+    best = (0, ranks[0])   # or better, where a run holds some (ranks[0] itself may be in one)
     for lo, hi, n in held.runs:
         i = bisect.bisect_left(ranks, lo)
         if i < len(ranks) and ranks[i] < hi and (-n, ranks[i]) < best:

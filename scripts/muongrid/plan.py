@@ -304,16 +304,22 @@ def owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
         buckets = plan.buckets[buffer_idx]
         for meta in metas:
             runs = piece_runs(buckets[meta.bucket_idx], meta, even)
-            held = HeldRuns(world, [(a * tp, b * tp, n) for a, b, n in runs] if tp > 1 else runs)
+            held = HeldRuns(world, runs, tp)
             ranks = every
             if plan.layout == "aligned":  # only the TP ranks of the one DP rank that holds the matrix
                 ranks = tuple(r for a, b, n in runs if n == meta.numel for r in range(a * tp, b * tp))
             shape = tuple(meta.full_shape)
-            if shape not in flops_of:   # a bank: each of its matrices
-                flops_of[shape] = math.prod(shape[:-2]) * ns5_flops(*shape[-2:])
+            if shape not in flops_of:
+                flops_of[shape] = ns_flops(shape)
             flops = flops_of[shape]
             out.append(Matrix((buffer_idx, meta.param_idx), flops, held, ranks, len(meta.full_shape) == 2))
     return out
+
+
+def ns_flops(full_shape: tuple[int, ...]) -> int:
+    """Newton-Schulz FLOPs of one Muon parameter: a matrix's ``ns5_flops``; a bank's (3-D: a MoE layer's experts
+    in one tensor), each of its matrices'."""
+    return math.prod(full_shape[:-2]) * ns5_flops(*full_shape[-2:])
 
 
 def piece_runs(bucket: Bucket, meta: DistMeta, even: bool) -> list[tuple[int, int, int]]:

@@ -38,6 +38,8 @@ docstring says what is and is not modelled.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import re
 import time
 
@@ -48,7 +50,7 @@ from .timemodel import piece_exchange
 from muongrid.layouts import assign_owners_and_groups, group_ns_flops, group_seconds
 from muongrid.newton_schulz import NS_STEPS, ns5_flops
 from muongrid.owner_routes import PREFETCH_CHUNKS
-from muongrid.plan import build_plan, owner_candidates, piece_runs
+from muongrid.plan import build_plan, ns_flops, owner_candidates, piece_runs
 
 from .model_shapes import MODELS
 
@@ -96,38 +98,56 @@ def ns_seconds_per_rank(owners: dict, groups: dict, shapes: dict, world: int, pr
     return flops, [f / rate + x for f, x in zip(flops, extra)]
 
 
-def bytes_per_rank(plan, muon: list[bool], steps: int = NS_STEPS) -> list[dict]:
+def muon_matrices(plan, muon: list[bool]):
+    """Every Muon matrix of ``plan`` (an "owner" or "group" plan) as (meta, owner, members, runs): its owner and
+    ``piece_runs`` (what each DP rank holds, as runs), or the ``members`` of its group (owner and runs None).
+    One pass with the plan's lookups made once per parameter group: the per-rank prices below walk Kimi K2's
+    70,000 matrices this way, several times per grid."""
+    even, owners, groups = plan.layout != "aligned", plan.owners, plan.groups
+    for g, metas in enumerate(plan.metas):
+        if not muon[g]:
+            continue
+        buckets = plan.buckets[g]
+        for meta in metas:
+            key = (g, meta.param_idx)
+            members = groups.get(key)
+            if members is None:
+                yield meta, owners[key], None, piece_runs(buckets[meta.bucket_idx], meta, even)
+            else:
+                yield meta, None, members, None
+
+
+def bytes_per_rank(plan, muon: list[bool], steps: int = NS_STEPS, placed: list | None = None) -> list[dict]:
     """Bytes each world rank sends per step, by phase, under ``plan``'s layout ("owner" or "group"): the closed
     form of ``lab/costmodel._rank_bytes``, for every rank in one pass. An owned matrix's DP pieces come as
     runs (``plan.piece_runs``), added to the ranks of a run at once (difference arrays), so Kimi K2's
     70,000 matrices on 1,024 ranks cost 70,000 steps, not 70 million; a grouped one likewise, per member
     (``_group_bytes_into``). ``tests/test_plan_at_scale.py`` checks it equals
-    ``costmodel.step_bytes(..., rank=r)`` on every rank of small models."""
+    ``costmodel.step_bytes(..., rank=r)`` on every rank of small models. ``placed``: ``list(muon_matrices(plan,
+    muon))`` if already made."""
     dp, tp, world = plan.dp, plan.tp, plan.world
     out = [dict(grad_reduce_scatter=0, ns_to_owner=0, ns_group_gram=0, ns_from_owner=0, param_all_gather=0)
            for _ in range(world)]
     per_bucket = sum((dp - 1) * b.shard_numel for buf in plan.buckets for b in buf)
     every_tp = [0] * (dp + 1)                       # difference arrays over DP ranks: pieces sent by all TP ranks
     one_tp = [[0] * (dp + 1) for _ in range(tp)]    # ... by TP rank t only (a TP-replicated matrix)
-    for g, metas in enumerate(plan.metas):
-        if not muon[g]:
+    kept, returned = [0] * world, [0] * world      # elements an owner keeps (its own piece) and sends back
+    for meta, owner, members, runs in muon_matrices(plan, muon) if placed is None else placed:
+        if members is not None:
+            _group_bytes_into(plan, meta, members, steps, out, every_tp)
             continue
-        for meta in metas:
-            members = plan.group_of(meta)
-            if members is not None:
-                _group_bytes_into(plan, meta, members, steps, out, every_tp)
-                continue
-            owner = plan.owner_of(meta)
-            runs = piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned")
-            diff = every_tp if meta.tp_split_dim != -1 else one_tp[owner % tp]
-            mine = 0
-            for lo, hi, n in runs:
-                diff[lo] += n
-                diff[hi] -= n
-                if lo <= owner // tp < hi:
-                    mine = n
-            out[owner]["ns_to_owner"] -= mine * NS_BYTES          # the owner's own piece stays
-            out[owner]["ns_from_owner"] += (tp * meta.numel - mine) * NS_BYTES
+        diff = every_tp if meta.tp_split_dim != -1 else one_tp[owner % tp]
+        mine, d = 0, owner // tp
+        for lo, hi, n in runs:
+            diff[lo] += n
+            diff[hi] -= n
+            if lo <= d < hi:
+                mine = n
+        kept[owner] += mine
+        returned[owner] += tp * meta.numel - mine
+    for o, k, r in zip(out, kept, returned):
+        o["ns_to_owner"] -= k * NS_BYTES          # the owner's own piece stays
+        o["ns_from_owner"] += r * NS_BYTES
     run_all, run_one = 0, [0] * tp
     for d in range(dp):
         run_all += every_tp[d]
@@ -184,7 +204,7 @@ def owner_bytes_per_rank(plan, muon: list[bool]) -> list[dict]:
 
 
 def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_per_node: int,
-                              steps: int = NS_STEPS) -> list[int]:
+                              steps: int = NS_STEPS, placed: list | None = None) -> list[int]:
     """Bytes each rank sends per step to a rank on another node (``ranks_per_node`` consecutive ranks per
     node), from ``bytes_`` (``bytes_per_rank`` of the same plan) under this model of the collectives:
 
@@ -196,23 +216,21 @@ def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_
 
     So a rank's all-to-all bytes minus those to its own node: only the ranks of an owner's or member's node
     are visited per matrix (O(ranks_per_node), not O(world)). ``tests/test_plan_at_scale.py`` checks it
-    against the pairs counted one by one."""
+    against the pairs counted one by one. ``placed``: as ``bytes_per_rank`` takes it."""
     dp, tp, world, node = plan.dp, plan.tp, plan.world, ranks_per_node
     near = [0] * world   # all-to-all bytes a rank sends to its own node
     near_runs = [0] * (world + 1)   # ... added to runs of ranks at once (a difference array)
     neighbours = lambda r: range(r - r % node, min(world, r - r % node + node))  # noqa: E731
-    for g, metas in enumerate(plan.metas):
-        for meta in metas if muon[g] else ():
-            members = plan.group_of(meta)
-            if members is None:   # one owner: its node's ranks that hold a piece, from the piece's runs
-                _owner_near(plan, meta, plan.owner_of(meta), node, near, near_runs)
-                continue
-            for q in members:
-                for r in neighbours(q):
-                    if r != q:
-                        sent, returned = piece_exchange(plan, meta, r, q)
-                        near[r] += sent
-                        near[q] += returned
+    for meta, owner, members, runs in muon_matrices(plan, muon) if placed is None else placed:
+        if members is None:   # one owner: its node's ranks that hold a piece, from the piece's runs
+            _owner_near(runs, meta.tp_split_dim != -1, owner, tp, node, world, near, near_runs)
+            continue
+        for q in members:
+            for r in neighbours(q):
+                if r != q:
+                    sent, returned = piece_exchange(plan, meta, r, q)
+                    near[r] += sent
+                    near[q] += returned
     run = 0
     for r in range(world):
         run += near_runs[r]
@@ -230,18 +248,19 @@ def cross_node_bytes_per_rank(plan, muon: list[bool], bytes_: list[dict], ranks_
     return out
 
 
-def _owner_near(plan, meta, q: int, node: int, near: list[int], near_runs: list[int]) -> None:
+def _owner_near(runs, split: bool, q: int, tp: int, node: int, world: int, near: list[int],
+                near_runs: list[int]) -> None:
     """``piece_exchange(plan, meta, r, q)`` added for every rank ``r`` on owner ``q``'s node, each DP rank's piece
-    read from ``plan.piece_runs`` (a few runs per matrix) instead of asked rank by rank. A matrix split over TP
-    is sent by every rank of a run, so the run is added at once into ``near_runs`` (a difference array over
-    ranks, summed by the caller); a TP-replicated one only by the owner's TP rank, counted one by one."""
-    tp, first = plan.tp, q - q % node
-    last = min(plan.world, first + node)
-    split = meta.tp_split_dim != -1
-    for lo, hi, n in piece_runs(plan.bucket_of(meta), meta, even=plan.layout != "aligned"):
-        a, b = max(first, lo * tp), min(last, hi * tp)
-        if a >= b:
+    read from the matrix's ``runs`` (``plan.piece_runs``, a few per matrix) instead of asked rank by rank. A
+    matrix ``split`` over TP is sent by every rank of a run, so the run is added at once into ``near_runs`` (a
+    difference array over ranks, summed by the caller); a TP-replicated one only by the owner's TP rank,
+    counted one by one."""
+    first = q - q % node
+    last = min(world, first + node)
+    for lo, hi, n in runs:
+        if hi * tp <= first or lo * tp >= last:   # off q's node, as most runs are
             continue
+        a, b = max(first, lo * tp), min(last, hi * tp)
         others = b - a - (a <= q < b)   # the ranks r != q of [a, b): each sends n and gets n back from q
         near[q] += others * n * NS_BYTES
         if split:
@@ -312,20 +331,47 @@ def group_assignment(plan, muon: list[bool], rule: str, prof: dict, matrices: li
     "scattered", this script's first rule (the same sizes, the least-loaded ranks anywhere). ``matrices``:
     ``plan.owner_candidates(plan, muon)`` if already made (the assignment does not change them).
 
-    Given an owner plan, "flops" and "scattered" with no matrix above the fair share (all FLOPs / world) form no
-    group, and the rest of their rule is ``assign_owners``': the plan's own owners, returned as they are (Kimi
-    K2 on 1,024 ranks: 70,000 matrices, none above it, not assigned twice more)."""
-    matrices = owner_candidates(plan, muon) if matrices is None else matrices
-    shapes = {m.key: plan.metas[m.key[0]][m.key[1]].full_shape for m in matrices}
-    fair = sum(m.flops for m in matrices) / plan.world   # as assign_owners_and_groups reckons it
-    if rule != "timed" and plan.layout == "owner" and all(m.flops <= fair for m in matrices):
+    Given an owner plan with no matrix above the fair share (``fair_share_exceeded``), "flops" and "scattered"
+    form no group, and the rest of their rule is ``assign_owners``': the plan's own owners, returned as they are
+    (Kimi K2 on 1,024 ranks: 70,000 matrices, none above it, not assigned twice more)."""
+    shapes = {(g, meta.param_idx): meta.full_shape for g, metas in enumerate(plan.metas) if muon[g] for meta in metas}
+    if rule != "timed" and plan.layout == "owner" and not fair_share_exceeded(plan, muon):
         return dict(plan.owners), {}, shapes
+    matrices = owner_candidates(plan, muon) if matrices is None else matrices
     tp = {"scattered": None, "flops": plan.tp, "timed": plan.tp}[rule]
     hw = prof if rule == "timed" else None
     owners, groups, _ = assign_owners_and_groups(matrices, plan.world, shapes, split_b=True, tp=tp, hw=hw)
     return owners, groups, shapes
 
 
+def fair_share_exceeded(plan, muon: list[bool]) -> bool:
+    """Whether a Muon matrix of ``plan`` has more Newton-Schulz FLOPs than the fair share (all of them / world,
+    as ``layouts.assign_owners_and_groups`` reckons it): only such a matrix can get a group by FLOPs."""
+    flops, of_shape = [], {}   # per full shape: a model repeats a few shapes many times
+    for g, metas in enumerate(plan.metas):
+        for meta in metas if muon[g] else ():
+            if meta.full_shape not in of_shape:
+                of_shape[meta.full_shape] = ns_flops(meta.full_shape)
+            flops.append(of_shape[meta.full_shape])
+    return bool(flops) and max(flops) > sum(flops) / plan.world
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off inside, as it was after. A plan at scale is a million small objects
+    that hold no reference cycles, so a collection frees nothing, but its full passes rescan every live object
+    as the plans grow: pricing Kimi K2 on 128x8 and 1024x1, 19 full passes cost 2.7 s of 13.7 (CPU, shared
+    machine)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@collector_paused()
 def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama3-70b", hw: dict = H100,
                 bucket_numel: int | str = "auto", rules: tuple[str, ...] = ("scattered", "flops")) -> dict:
     """One model on one grid: the owner plan and the optimizer's group plan (``build_plan(layout="group",
@@ -346,9 +392,10 @@ def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama
         out[f"{layout}_build_s"] = time.perf_counter() - t0
         shapes = {(m.buffer_idx, m.param_idx): m.full_shape for m in plan.metas[0]}
         flops, ns_s = ns_seconds_per_rank(plan.owners, plan.groups, shapes, world, prof)
-        bytes_ = bytes_per_rank(plan, muon)
+        placed = list(muon_matrices(plan, muon))   # walked once for bytes and cross-node bytes
+        bytes_ = bytes_per_rank(plan, muon, placed=placed)
         totals = [b["total"] for b in bytes_]
-        cross = cross_node_bytes_per_rank(plan, muon, bytes_, prof["ranks_per_node"])
+        cross = cross_node_bytes_per_rank(plan, muon, bytes_, prof["ranks_per_node"], placed=placed)
         step_s = step_seconds_per_rank(plan, bytes_, ns_s, prof, muon)
         owned, owned_shapes = [0] * world, [set() for _ in range(world)]
         for key, rank in plan.owners.items():
@@ -373,7 +420,8 @@ def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama
                        groups_across_nodes=sum(span_link(m, prof) != prof["intra"] for m in plan.groups.values()),
                        group_bytes_gram_max=max(b["ns_group_gram"] for b in bytes_))
     owner_plan = out.pop("owner_plan")
-    matrices = owner_candidates(owner_plan, muon) if rules else None   # made once for every rule
+    # made once for every rule, and only if a rule can form a group (else group_assignment needs none)
+    matrices = owner_candidates(owner_plan, muon) if rules and fair_share_exceeded(owner_plan, muon) else None
     for rule in rules:
         owners, groups, shapes = group_assignment(owner_plan, muon, rule, prof, matrices)
         flops, ns_s = ns_seconds_per_rank(owners, groups, shapes, world, prof)
@@ -410,6 +458,7 @@ def priced(plan, muon: list[bool], prof: dict) -> dict:
                 step_s=step_seconds_per_rank(plan, bytes_, ns_s, prof, muon))
 
 
+@collector_paused()
 def ep_report(model: str, dp: int, tp: int, ep: int, bucket_numel: int | str = "auto",
               layers: int | None = None) -> dict:
     """One MoE on one grid with ``ep`` expert slices, against pure ZeRO-1 x TP (see the module docstring)."""
