@@ -95,7 +95,7 @@ def test_held_runs_index_like_the_tuple():
     runs = HeldRuns.of(held)
     assert runs.runs == [(2, 5, 5), (5, 6, 2), (7, 8, 7)] and tuple(runs) == held and runs == held
     assert [runs[r] for r in range(8)] == list(held) and len(runs) == 8
-    assert HeldRuns(8, [(1, 2, 5), (2, 3, 0), (3, 4, 7)], tp=2).runs == [(2, 4, 5), (6, 8, 7)]   # DP runs, TP 2
+    assert tuple(HeldRuns(8, [(1, 2, 5), (3, 4, 7)], tp=2)) == (0, 0, 5, 5, 0, 0, 7, 7)   # over DP ranks of TP 2
 
 
 def test_the_least_loaded_ranks_pick_the_owner_the_plain_rule_picks():

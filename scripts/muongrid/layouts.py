@@ -128,16 +128,17 @@ def aligned_cuts(sizes: list[int], dp: int) -> tuple[int, ...]:
 
 
 class HeldRuns:
-    """What each of ``world`` ranks holds of one matrix, as runs ``(first rank, end rank, elements)`` of equal
-    non-zero counts (every other rank holds nothing): at scale a matrix in a bucket of its own is spread over
-    every DP rank in equal shards, one run, and one in a shared bucket over a few. Indexes like the full
-    tuple (``held[r]``). ``tp``: the runs are given over DP ranks, each ``tp`` consecutive world ranks (what a
-    DP rank holds, each of its TP ranks holds)."""
+    """What each of ``world`` ranks holds of one matrix, as runs ``(first, end, elements)`` of equal non-zero
+    counts, in order, over blocks of ``tp`` consecutive ranks (a DP rank's TP ranks, each holding what the DP
+    rank holds; ``tp=1``: over ranks); every other rank holds nothing. At scale a matrix in a bucket of its own
+    is spread over every DP rank in equal shards, one run, and one in a shared bucket over a few. Indexes like
+    the full tuple (``held[r]``). The runs are kept as given (``plan.piece_runs`` makes them so), as a plan at
+    scale makes 70,000 of these per assignment."""
 
-    __slots__ = ("world", "runs", "_starts")
+    __slots__ = ("world", "runs", "tp", "_starts")
 
     def __init__(self, world: int, runs: list[tuple[int, int, int]], tp: int = 1):
-        self.world, self.runs = world, [(lo * tp, hi * tp, n) for lo, hi, n in runs if n and lo < hi]
+        self.world, self.runs, self.tp = world, runs, tp
         self._starts = None   # made when first indexed: the owner rule reads only the runs
 
     @classmethod
@@ -151,13 +152,14 @@ class HeldRuns:
                 runs[-1][1] += 1
             else:
                 runs.append([r, r + 1, n])
-        return cls(len(held), [tuple(x) for x in runs])
+        return cls(len(held), [tuple(x) for x in runs if x[2]])
 
     def __getitem__(self, rank: int) -> int:
         if self._starts is None:
             self._starts = [lo for lo, _, _ in self.runs]
-        i = bisect.bisect_right(self._starts, rank) - 1
-        return self.runs[i][2] if i >= 0 and rank < self.runs[i][1] else 0
+        block = rank // self.tp
+        i = bisect.bisect_right(self._starts, block) - 1
+        return self.runs[i][2] if i >= 0 and block < self.runs[i][1] else 0
 
     def __len__(self) -> int:
         return self.world
@@ -224,14 +226,15 @@ def _pick_owner(m: Matrix, world: int, loads: _Loads) -> int:
     if len(m.candidates) < world:
         load = loads.load
         return min(m.candidates, key=lambda r: (load[r], -m.held[r], r))
-    held = HeldRuns.of(m.held)
     _, ranks = loads.least()
-    best = (0, ranks[0])   # or better, where a run holds some (ranks[0] itself may be in one)
-    for lo, hi, n in held.runs:
-        i = bisect.bisect_left(ranks, lo)
-        if i < len(ranks) and ranks[i] < hi and (-n, ranks[i]) < best:
-            best = (-n, ranks[i])
-    return best[1]
+    held = HeldRuns.of(m.held)
+    owner, most = ranks[0], 0   # holding nothing; a run that holds some wins if one of its ranks is least loaded
+    for lo, hi, n in held.runs:   # in order: on equal pieces the earlier run has the lower rank
+        if n > most:
+            i = bisect.bisect_left(ranks, lo * held.tp)
+            if i < len(ranks) and ranks[i] < hi * held.tp:
+                owner, most = ranks[i], n
+    return owner
 
 
 def assign_owners(matrices: list[Matrix], world: int) -> dict[tuple[int, int], int]:
@@ -355,8 +358,8 @@ def assign_timed(matrices: list[Matrix], world: int, shapes: dict, hw: dict, ste
         rows, cols = shapes[m.key][-2:]
         owner = _pick_owner(m, world, busy)
         best = (busy.load[owner] + m.flops / rate, (owner,), m.flops / rate)
-        most = min(world, max(rows, cols), -(-m.flops // max(1, int(fair))))
-        if m.flops > fair and most > 1 and m.groupable:
+        most = min(world, max(rows, cols), -(-m.flops // max(1, int(fair)))) if m.flops > fair and m.groupable else 1
+        if most > 1:
             load = busy.load
             key = lambda r: (load[r], r)   # noqa: E731
             anywhere = sorted(range(world), key=key)
