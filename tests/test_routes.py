@@ -213,7 +213,8 @@ def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
     unless one parameter alone exceeds it, and filled greedily; each shard is [cuts[r], cuts[r+1]) and pads to
     ``shard_numel``; a matrix's local range is its part of this rank's shard (empty: anchored at the shard's
     start); ``segments`` are the maximal runs of the element -> flat position map; ``piece_slice`` is what the
-    element loop finds; and the owners' ``HeldRuns`` list every DP rank's count (times its TP ranks)."""
+    element loop finds; ``piece_runs`` gives every DP rank's count as runs in order, none empty, at most three
+    under even cuts; and the owners' ``HeldRuns`` list every DP rank's count (times its TP ranks)."""
     from muongrid.plan import owner_candidates, piece_runs, split_into_buckets
     rng = random.Random(7)
     for case in range(150):
@@ -259,8 +260,11 @@ def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
                         piece = plan.piece_slice(meta, r)
                         assert (piece.start, piece.stop) == ((a, b) if b > a else (0, 0))
                     counts = [b - a for a, b in (held(plan, meta, r) for r in range(dp))]
-                    expanded = [0] * dp
-                    for first, end, n in piece_runs(bucket, meta, even=layout != "aligned"):
+                    expanded, runs = [0] * dp, piece_runs(bucket, meta, even=layout != "aligned")
+                    assert all(first < end <= after and n > 0 for (first, end, n), (after, _, _)
+                               in zip(runs, runs[1:] + [(dp, dp, 0)])), runs   # in order, none empty (HeldRuns)
+                    assert layout == "aligned" or len(runs) <= 3, runs   # even cuts: the whole shards one run
+                    for first, end, n in runs:
                         for r in range(first, end):
                             expanded[r] = n
                     assert expanded == counts, (case, d, i, piece_runs(bucket, meta, layout != "aligned"), counts)

@@ -324,8 +324,9 @@ def ns_flops(full_shape: tuple[int, ...]) -> int:
 
 def piece_runs(bucket: Bucket, meta: DistMeta, even: bool) -> list[tuple[int, int, int]]:
     """``Plan.piece_numel`` of ``meta`` for every DP rank, as runs (first DP rank, end DP rank, elements) of
-    the ranks holding some. With even cuts every shard strictly inside the matrix's range is whole, so those
-    are one run: a matrix over 1,024 DP ranks costs three entries, not 1,024."""
+    the ranks holding some, in order, none empty. With even cuts every shard strictly inside the matrix's range
+    is whole, so those are one run (``even``; the aligned layout's callers ask for one run per DP rank): a matrix
+    over 1,024 DP ranks costs three entries, not 1,024."""
     lo, hi, cuts = meta.global_range[0] - bucket.start, meta.global_range[1] - bucket.start, bucket.cuts
     if isinstance(cuts, EvenCuts) and lo < hi:
         # cut d at d * shard, and hi <= the bucket's numel: the first shard holds from lo, the last up to hi, and
@@ -341,11 +342,10 @@ def piece_runs(bucket: Bucket, meta: DistMeta, even: bool) -> list[tuple[int, in
         else:
             whole = [(d, d + 1, shard) for d in range(first + 1, last)]
         return [(first, first + 1, (first + 1) * shard - lo), *whole, (last, last + 1, hi - last * shard)]
+    # uneven cuts (the aligned layout's, which never split a matrix) or an empty matrix: search the cuts
     first = max(0, bisect.bisect_right(cuts, lo) - 1)
     last = max(first, bisect.bisect_left(cuts, hi) - 1)
     count = lambda d: min(hi, cuts[d + 1]) - max(lo, cuts[d])  # noqa: E731
-    if even and last - first > 1:
-        return [(first, first + 1, count(first)), (first + 1, last, bucket.shard_numel), (last, last + 1, count(last))]
     return [(d, d + 1, count(d)) for d in range(first, min(last, bucket.dp - 1) + 1) if count(d) > 0]
 
 
