@@ -67,7 +67,7 @@ elif (importlib.util.find_spec("muongrid") is None
 # **Learning goals.** After this chapter you can
 #
 # - lay out a parameter group as a virtual buffer with buckets and padding;
-# - read a `dist_meta`: `buffer_idx`, `bucket_idx`, `shape`, `global_range`, `local_range`,
+# - read a `dist_meta`: `group_idx`, `bucket_idx`, `shape`, `global_range`, `local_range`,
 #   `tp_split_dim`;
 # - find the matrices that straddle a shard boundary, and say why they are the reason
 #   Distributed Muon must gather;
@@ -229,7 +229,7 @@ all of it.
 # One column per matrix (the fields as rows, so that the table fits the page).
 metas = plans[1].metas[0]
 fields = {
-    "buffer_idx": [m.buffer_idx for m in metas],
+    "group_idx": [m.group_idx for m in metas],
     "bucket_idx": [m.bucket_idx for m in metas],
     "shape": ["x".join(map(str, m.shape)) for m in metas],
     "full_shape": ["x".join(map(str, m.full_shape)) for m in metas],
@@ -241,7 +241,8 @@ table(["field", *(m.name for m in metas)], [[k, *v] for k, v in fields.items()],
       align="l" + "r" * len(metas))
 
 # %% [markdown]
-# - `buffer_idx`: which parameter group's buffer (one group here, so 0).
+# - `group_idx`: which parameter group's buffer (one group here, so 0; the community tutorial calls it
+#   `buffer_idx`, and muongrid 0.4 did too).
 # - `bucket_idx`: which bucket of that buffer.
 # - `shape`: the **TP-local** shape, what this rank holds in the buffer. `full_shape` (our
 #   addition) is the matrix after the TP gather, what Newton-Schulz and the lr adjustment see.
@@ -411,7 +412,7 @@ keep("ch4-ex2-count", len(none_on_3))
 # %% [markdown]
 # ## Summary
 #
-# - A parameter group is a virtual flat buffer (`buffer_idx`) of TP-local parameters, cut into
+# - A parameter group is a virtual flat buffer (`group_idx`) of TP-local parameters, cut into
 #   buckets (`bucket_idx`) on parameter boundaries, each padded to a multiple of `dp`.
 # - DP rank `r` owns shard `r` of every bucket; `local_range` is its part of a parameter.
 # - *Straddling* matrices cross a shard boundary, so no rank holds their whole momentum; the

@@ -55,8 +55,8 @@ def one_step(grid, comm, args, layout: str) -> dict:
     ns = opt.plan.ns_keys(grid.rank, 0)
     owners = opt.plan.owners   # empty under "bucket"
     matrices = [dict(name=m.name, full_shape=list(m.full_shape), shape=list(m.shape), tp_split_dim=m.tp_split_dim,
-                     bucket=m.bucket_idx, piece=m.local_numel, orthogonalises=(m.buffer_idx, m.param_idx) in ns,
-                     slice=[m.param_slice.start, m.param_slice.stop], owner=owners.get((m.buffer_idx, m.param_idx)),
+                     bucket=m.bucket_idx, piece=m.local_numel, orthogonalises=(m.group_idx, m.param_idx) in ns,
+                     slice=[m.param_slice.start, m.param_slice.stop], owner=owners.get((m.group_idx, m.param_idx)),
                      grad=grads[m.param_idx], param=dict(shape=list(p.shape), dtype=_dtype(p)))
                 for m, p in zip(opt.plan.metas[0], group["params"])]
     state = {kind: dict(numel=sum(s[kind].numel() for s in opt.store.shards[0]), dtype=_dtype(opt.store.shards[0][0][kind]))

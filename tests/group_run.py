@@ -139,7 +139,7 @@ def check_options(grid, label: str) -> dict:
             update = want.double() - tp_shard(first[n], d, grid.tp, grid.tp_rank, n).double()
             params[n] = dict(grouped=n in grouped, max_abs=float(diff.abs().max()), sq_diff=float(diff.pow(2).sum()),
                              sq_update=float(update.pow(2).sum()))
-    mine = [m for buf in plan.metas for m in buf if plan.owners.get((m.buffer_idx, m.param_idx)) == grid.rank]
+    mine = [m for buf in plan.metas for m in buf if plan.owners.get((m.group_idx, m.param_idx)) == grid.rank]
     summary = ledger.summary()
     return dict(params=params, ns_calls=summary["ns_calls"], distinct_shapes_owned=len({m.full_shape for m in mine}),
                 matrices_owned=len(mine),

@@ -56,11 +56,11 @@ def batched(grid, comm, options: dict) -> dict:
         equal &= all(torch.equal(p.detach(), tp_shard(ref_params[n].detach(), d, grid.tp, grid.tp_rank, n))
                      for g in opt.param_groups for n, d, p in zip(g["names"], g["tp_split_dims"], g["params"]))
     plan = opt.plan
-    shapes_owned = {(m.buffer_idx, m.full_shape) for buf in plan.metas for m in buf
-                    if plan.owners[(m.buffer_idx, m.param_idx)] == grid.rank}
+    shapes_owned = {(m.group_idx, m.full_shape) for buf in plan.metas for m in buf
+                    if plan.owners[(m.group_idx, m.param_idx)] == grid.rank}
     return dict(equal=bool(equal), ns_calls=comm.ledger.summary()["ns_calls"], distinct_shapes_owned=len(shapes_owned),
                 matrices_owned=sum(1 for buf in plan.metas for m in buf
-                                   if plan.owners[(m.buffer_idx, m.param_idx)] == grid.rank))
+                                   if plan.owners[(m.group_idx, m.param_idx)] == grid.rank))
 
 
 def group(grid, comm) -> dict:

@@ -19,8 +19,8 @@ from muongrid.lab.model_shapes import MODELS
 def reference_candidates(plan, muon):
     """The old ``plan.owner_candidates``: every DP rank's piece, a full tuple per matrix."""
     out = []
-    for buffer_idx, metas in enumerate(plan.metas):
-        if not muon[buffer_idx]:
+    for group_idx, metas in enumerate(plan.metas):
+        if not muon[group_idx]:
             continue
         for meta in metas:
             per_dp = [plan.piece_numel(meta, d) for d in range(plan.dp)]
@@ -28,7 +28,7 @@ def reference_candidates(plan, muon):
             ranks = range(plan.world)
             if plan.layout == "aligned":
                 ranks = [r for r in ranks if per_dp[r // plan.tp] == meta.numel]
-            out.append(Matrix((buffer_idx, meta.param_idx), ns5_flops(*meta.full_shape), held, tuple(ranks)))
+            out.append(Matrix((group_idx, meta.param_idx), ns5_flops(*meta.full_shape), held, tuple(ranks)))
     return out
 
 
@@ -77,7 +77,7 @@ def test_fast_plan_equals_the_reference(model, layers, dp, tp, bucket_numel):
         plan = build_plan(specs, dp, dp - 1, tp, bucket_numel=bucket_numel, layout=layout, muon=muon)
         for buf in plan.buckets:
             for b in buf:
-                want = even_cuts(b.numel, dp) if layout != "aligned" or not muon[b.buffer_idx] else tuple(b.cuts)
+                want = even_cuts(b.numel, dp) if layout != "aligned" or not muon[b.group_idx] else tuple(b.cuts)
                 assert b.cuts == want and tuple(b.cuts) == want and b.shard_numel == max(
                     y - x for x, y in zip(want, want[1:]))
         fast, ref = owner_candidates(plan, muon), reference_candidates(plan, muon)

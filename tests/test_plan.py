@@ -70,6 +70,15 @@ def test_default_shapes_straddle_shard_boundaries_and_need_padding():
     assert bucket.padded_numel == 715281                   # 715280 does not divide by 3
 
 
+def test_a_group_index_has_one_name_and_0_4s_name_still_reads_it():
+    """``group_idx`` (issue 53); ``buffer_idx``, the proof of concept's and muongrid 0.4's name, reads the same."""
+    specs = [[ParamSpec("a", (6, 4), -1)], [ParamSpec("b", (5, 3), -1), ParamSpec("c", (4, 4), -1)]]
+    plan = build_plan(specs, 2, 1, 1, 8)
+    for g, (metas, buckets) in enumerate(zip(plan.metas, plan.buckets)):
+        assert [m.group_idx for m in metas] == [m.buffer_idx for m in metas] == [g] * len(metas)
+        assert [b.group_idx for b in buckets] == [b.buffer_idx for b in buckets] == [g] * len(buckets)
+
+
 def test_buckets_break_on_parameter_boundaries():
     assert split_into_buckets([10, 10, 10], 25) == [[0, 1], [2]]
     assert split_into_buckets([30, 5, 5], 25) == [[0], [1, 2]]   # too big for a bucket: alone

@@ -22,7 +22,7 @@ from muongrid.plan import ParamSpec, build_plan
 
 def held(plan, meta, dp_rank):
     """Elements [a, b) of the TP-local flat matrix that DP rank ``dp_rank`` holds, by enumeration."""
-    bucket = plan.buckets[meta.buffer_idx][meta.bucket_idx]
+    bucket = plan.buckets[meta.group_idx][meta.bucket_idx]
     lo, hi = bucket.start + bucket.cuts[dp_rank], bucket.start + bucket.cuts[dp_rank + 1]
     mine = [i for i in range(meta.global_range[0], meta.global_range[1]) if lo <= i < hi]
     if not mine:

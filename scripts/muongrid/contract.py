@@ -120,7 +120,7 @@ def vote(opt, params: list, named: list, index: list[int], where: str, later: fr
     and expert slice for "I have a gradient", then with a check one ``1 + finite.local_codes`` per parameter. The
     host reads it only where it must: a rank missing a gradient (presence), and "raise" (its one host sync).
     ``later``: places whose NaN/Inf check the step makes itself (one rank under "defer": ``_vote_alone``)."""
-    job_rank, job_world, slot, ep = job_place(opt.grid)
+    job_rank, job_world, expert_slice, ep = job_place(opt.grid)
     names, n, mode = [name for g in opt.param_groups for name in g["names"]], len(params), opt.check_finite
     mine = [p.grad is not None for p in params]
     if job_world == 1 or not params or getattr(opt, "grad_reduce", "step") == "ddp":
@@ -129,7 +129,7 @@ def vote(opt, params: list, named: list, index: list[int], where: str, later: fr
     import torch.distributed as dist
     device, here = opt.grid.device, all(mine)
     ballot = torch.zeros(ep * n + (n if mode else 0), dtype=torch.int32, device=device)
-    own = ballot[slot * n: (slot + 1) * n]
+    own = ballot[expert_slice * n: (expert_slice + 1) * n]
     if here:
         own.fill_(1)   # no copy from the host: every gradient is here
     else:
@@ -143,7 +143,7 @@ def vote(opt, params: list, named: list, index: list[int], where: str, later: fr
             ballot[ep * n:].copy_(spread(codes, index, n, device)).add_(1)
     opt.comm.all_reduce(ballot, "job" if ep > 1 else "world", "contract", op=dist.ReduceOp.MAX)
     read = ballot.tolist() if mode == "raise" or not here else None   # the one host read, where one is needed
-    present = mine if here else [bool(x) for x in read[slot * n: (slot + 1) * n]]
+    present = mine if here else [bool(x) for x in read[expert_slice * n: (expert_slice + 1) * n]]
     if mode == "raise":
         raise_agreed([c - 1 for c in read[ep * n:]], names, named, where, job_rank, job_world, opt.grid.tp,
                      opt.steps_taken + 1)

@@ -68,7 +68,7 @@ class Flow:
     def newton_schulz(self, group: dict, matrix: torch.Tensor, metas, ran: set) -> torch.Tensor:
         """One Newton-Schulz call: a matrix, or a batch of same-shape matrices (counted as one call); ``metas``:
         the matrices it is, noted in ``ran`` (the step's: the optimizer's guard checks them against the plan)."""
-        ran.update((m.buffer_idx, m.param_idx) for m in metas)
+        ran.update((m.group_idx, m.param_idx) for m in metas)
         form = group.get("ns_form", NS_FORM)
         with record_function("muon:newton_schulz"):  # it checks the shape first (the PoC's bug #2: a flat view)
             out = zeropower_ns5(matrix, group["ns_steps"], group["ns_coefficients"], group["eps"], form=form)
@@ -84,11 +84,11 @@ class Flow:
     def flat_shard(self, bucket: Bucket, pieces: list, out: torch.Tensor) -> torch.Tensor:
         """The pieces laid out as this rank's flat shard of the bucket in ``out`` (kept between steps; zeros where
         a matrix is skipped and in the padding): one copy, the cast to ``out``'s dtype included."""
-        metas, flat = self.plan.metas[bucket.buffer_idx], out.zero_()
+        metas, flat = self.plan.metas[bucket.group_idx], out.zero_()
         pairs = [(local_shard(flat, self.plan, metas[i]), piece) for i, piece in zip(bucket.param_indices, pieces)
                  if piece is not None and piece.numel()]
         copy_all([d for d, _ in pairs], [s for _, s in pairs])
-        return self.trace("momentum_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}", flat)
+        return self.trace("momentum_shard", f"bucket {bucket.group_idx}.{bucket.bucket_idx}", flat)
 
 
 class BucketFlow(Flow):
@@ -139,9 +139,9 @@ class BucketFlow(Flow):
         region per matrix), so with prefetch later matrices travel while earlier
         ones are computed."""
         trace, tp = self.trace, self.grid.tp
-        name = f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}"
+        name = f"bucket {bucket.group_idx}.{bucket.bucket_idx}"
         bucket_update = trace("dp_gathered", name, gather.wait())
-        metas = self.plan.metas[bucket.buffer_idx]
+        metas = self.plan.metas[bucket.group_idx]
         matrices, at = [], 0
         for i in bucket.param_indices:
             meta = metas[i]

@@ -175,7 +175,7 @@ class Matrix(NamedTuple):
     """One Muon matrix as owner assignment sees it (a named tuple: a plan at scale makes 70,000 of them per
     assignment, and a named tuple is made in under half the time of a frozen dataclass)."""
 
-    key: tuple[int, int]          # (buffer_idx, param_idx)
+    key: tuple[int, int]          # (group_idx, param_idx)
     flops: int                    # Newton-Schulz FLOPs of the whole matrix
     held: tuple[int, ...]         # elements of it each world rank holds (a tuple, or ``HeldRuns``)
     candidates: tuple[int, ...]   # world ranks allowed to own it (all ``world`` of them: any rank)

@@ -110,7 +110,7 @@ class OwnerFlow(Flow):
         self.options, updates = options, list(updates)
         pieces, at, sent = [p for _, ps in updates for p in ps], 0, []
         wait_now = self.options.overlap != "prefetch"
-        for ex in self.exchanges[updates[0][0].buffer_idx] if updates else ():
+        for ex in self.exchanges[updates[0][0].group_idx] if updates else ():
             mine, at = pieces[at: at + len(ex.route.metas)], at + len(ex.route.metas)
             sent.append((ex, mine, self._send(ex, mine, wait_now)))
         if self.options.ns_batch:   # every chunk's matrices in one bank per shape
@@ -199,7 +199,7 @@ class OwnerFlow(Flow):
             else:
                 flat.index_copy_(0, where, piece[item.route.src[item.route.members.index(self.grid.rank)]].to(BF16))
         self.trace("group_ns_input", meta.name, block)
-        ran.add((meta.buffer_idx, meta.param_idx))
+        ran.add((meta.group_idx, meta.param_idx))
         with record_function("muon:newton_schulz"):
             out = group_newton_schulz(self.comm, group, meta, block, item.route, self.grid.rank)
         return self.trace("group_orthogonalised", meta.name, out)
@@ -261,7 +261,7 @@ class OwnerFlow(Flow):
 
 def name_of(chunk: tuple) -> str:
     """A chunk's name in traces: "bucket 0.3" or "buckets 0.0-0.2"."""
-    first, last = (f"{b.buffer_idx}.{b.bucket_idx}" for b in (chunk[0], chunk[-1]))
+    first, last = (f"{b.group_idx}.{b.bucket_idx}" for b in (chunk[0], chunk[-1]))
     return f"bucket {first}" if len(chunk) == 1 else f"buckets {first}-{last}"
 
 

@@ -110,7 +110,7 @@ def route(plan, me: int, chunk) -> OwnerRoute:
     """World rank ``me``'s route of a chunk (a tuple of consecutive buckets of one group, or one bucket)."""
     chunk = chunk if isinstance(chunk, tuple) else (chunk,)
     world, tp = plan.world, plan.tp
-    metas = [plan.metas[bucket.buffer_idx][i] for bucket in chunk for i in bucket.param_indices]
+    metas = [plan.metas[bucket.group_idx][i] for bucket in chunk for i in bucket.param_indices]
     grouped = {j: group_route(plan, me, m) for j, m in enumerate(metas) if plan.group_of(m) is not None}
     owner = [None if j in grouped else plan.owner_of(m) for j, m in enumerate(metas)]
     send_counts, recv_counts, back_counts, back_recv_counts = ([0] * world for _ in range(4))

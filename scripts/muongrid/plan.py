@@ -2,7 +2,7 @@
 
 Pure geometry, no tensors and no processes, so the book can draw the plan of any grid.
 
-Per parameter group (``buffer_idx``) the TP-local parameters are laid end to end, in order,
+Per parameter group (``group_idx``) the TP-local parameters are laid end to end, in order,
 in one *virtual* flat buffer (nothing is allocated for it). The buffer is cut into buckets
 (``bucket_idx``) on parameter boundaries: a bucket is the unit of one collective. Each bucket
 is cut into ``dp`` shards at ``cuts`` (equal shards, cut anywhere, except under the "aligned"
@@ -71,7 +71,7 @@ class ParamSpec:
 @dataclass(frozen=True, slots=True)
 class DistMeta:
     name: str
-    buffer_idx: int
+    group_idx: int
     bucket_idx: int
     shape: tuple[int, ...]
     full_shape: tuple[int, ...]
@@ -79,6 +79,12 @@ class DistMeta:
     local_range: tuple[int, int]
     tp_split_dim: int
     param_idx: int = 0
+
+    @property
+    def buffer_idx(self) -> int:
+        """The community tutorial's name for ``group_idx`` (a group is one virtual flat buffer), kept for code
+        written against muongrid 0.4."""
+        return self.group_idx
 
     @property
     def numel(self) -> int:
@@ -96,7 +102,7 @@ class DistMeta:
 
 @dataclass(frozen=True, slots=True)
 class Bucket:
-    buffer_idx: int
+    group_idx: int
     bucket_idx: int
     start: int                      # offset of the bucket in its buffer
     numel: int                      # parameter elements (before padding)
@@ -104,6 +110,11 @@ class Bucket:
     param_indices: tuple[int, ...]  # which parameters of the group it holds
     dp: int
     cuts: tuple[int, ...] = ()      # dp + 1 offsets in the bucket: shard r is [cuts[r], cuts[r + 1])
+
+    @property
+    def buffer_idx(self) -> int:
+        """``group_idx``'s name before 0.5 (see ``DistMeta.buffer_idx``)."""
+        return self.group_idx
 
     @property
     def shard_numel(self) -> int:
@@ -139,15 +150,15 @@ class Plan:
     metas: list[list[DistMeta]]          # per buffer, one per parameter, in group order
     global_buffer_size: list[int] = field(default_factory=list)  # per buffer, padded
     layout: str = "bucket"
-    owners: dict = field(default_factory=dict)  # (buffer_idx, param_idx) -> world rank; owner/aligned/group
-    groups: dict = field(default_factory=dict)  # (buffer_idx, param_idx) -> member world ranks; group only
+    owners: dict = field(default_factory=dict)  # (group_idx, param_idx) -> world rank; owner/aligned/group
+    groups: dict = field(default_factory=dict)  # (group_idx, param_idx) -> member world ranks; group only
 
     @property
     def world(self) -> int:
         return self.dp * self.tp
 
     def bucket_of(self, meta: DistMeta) -> Bucket:
-        return self.buckets[meta.buffer_idx][meta.bucket_idx]
+        return self.buckets[meta.group_idx][meta.bucket_idx]
 
     def shard_slice(self, meta: DistMeta) -> slice:
         """Where ``meta.local_range`` sits inside this rank's shard of its bucket."""
@@ -165,17 +176,17 @@ class Plan:
         return piece.stop - piece.start
 
     def owner_of(self, meta: DistMeta) -> int:
-        return self.owners[(meta.buffer_idx, meta.param_idx)]
+        return self.owners[(meta.group_idx, meta.param_idx)]
 
     def group_of(self, meta: DistMeta) -> tuple[int, ...] | None:
         """The ranks that orthogonalise ``meta`` together (``layout="group"``), or None if it has one owner."""
-        return self.groups.get((meta.buffer_idx, meta.param_idx))
+        return self.groups.get((meta.group_idx, meta.param_idx))
 
-    def ns_keys(self, rank: int, buffer_idx: int) -> set:
-        """(buffer_idx, param_idx) of every matrix of buffer ``buffer_idx`` (a Muon group) that world rank ``rank``
+    def ns_keys(self, rank: int, group_idx: int) -> set:
+        """(group_idx, param_idx) of every matrix of buffer ``group_idx`` (a Muon group) that world rank ``rank``
         orthogonalises, or takes part in orthogonalising, in a step: all of them under "bucket"; its own (and
         its groups') under the owner layouts."""
-        keys = [(buffer_idx, meta.param_idx) for meta in self.metas[buffer_idx]]
+        keys = [(group_idx, meta.param_idx) for meta in self.metas[group_idx]]
         if self.layout == "bucket":
             return set(keys)
         return {k for k in keys if self.owners.get(k) == rank or rank in self.groups.get(k, ())}
@@ -234,12 +245,12 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
         raise ValueError(f"dp_rank {dp_rank} outside 0..{dp - 1}")
     muon = [True] * len(groups) if muon is None else list(muon)
     all_buckets, all_metas, sizes = [], [], []
-    for buffer_idx, specs in enumerate(groups):
+    for group_idx, specs in enumerate(groups):
         shapes = [tp_local_shape(s.name, s.full_shape, s.tp_split_dim, tp) for s in specs]
         numels = [math.prod(sh) for sh in shapes]
         buckets, metas = [], [None] * len(specs)
         offset = 0
-        aligned = layout == "aligned" and muon[buffer_idx]
+        aligned = layout == "aligned" and muon[group_idx]
         limit = bucket_limit(bucket_numel, dp, aligned)
         for bucket_idx, members in enumerate(split_into_buckets(numels, limit)):
             sizes_in = [numels[i] for i in members]
@@ -250,7 +261,7 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
             else:   # equal shards of ceil(numel / dp), the first the largest; offsets computed when asked
                 cuts = EvenCuts(numel, dp)
                 shard = cuts.shard
-            bucket = Bucket(buffer_idx, bucket_idx, offset, numel, shard * dp, tuple(members), dp, cuts)
+            bucket = Bucket(group_idx, bucket_idx, offset, numel, shard * dp, tuple(members), dp, cuts)
             # BOOK-START dist-meta (chapter 4 shows the lines up to BOOK-END)
             shard_lo, shard_hi = bucket.shard_range(dp_rank)
             start = offset
@@ -259,7 +270,7 @@ def build_plan(groups: list[list[ParamSpec]], dp: int, dp_rank: int, tp: int = 1
                 lo, hi = max(start, shard_lo), min(end, shard_hi)
                 # an empty local range is anchored in our shard
                 local = (lo, hi) if lo < hi else (shard_lo, shard_lo)
-                metas[i] = DistMeta(specs[i].name, buffer_idx, bucket_idx, shapes[i],
+                metas[i] = DistMeta(specs[i].name, group_idx, bucket_idx, shapes[i],
                                     tuple(specs[i].full_shape), (start, end), local,
                                     specs[i].tp_split_dim, i)
                 start = end
@@ -298,10 +309,10 @@ def owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
     out, tp, world = [], plan.tp, plan.world
     every, flops_of = tuple(range(world)), {}   # flops per full shape: a model repeats a few shapes many times
     even = plan.layout != "aligned"
-    for buffer_idx, metas in enumerate(plan.metas):
-        if not muon[buffer_idx]:
+    for group_idx, metas in enumerate(plan.metas):
+        if not muon[group_idx]:
             continue
-        buckets = plan.buckets[buffer_idx]
+        buckets = plan.buckets[group_idx]
         for meta in metas:
             runs = piece_runs(buckets[meta.bucket_idx], meta, even)
             held = HeldRuns(world, runs, tp)
@@ -312,7 +323,7 @@ def owner_candidates(plan: Plan, muon: list[bool]) -> list[Matrix]:
             if shape not in flops_of:
                 flops_of[shape] = ns_flops(shape)
             flops = flops_of[shape]
-            out.append(Matrix((buffer_idx, meta.param_idx), flops, held, ranks, len(meta.full_shape) == 2))
+            out.append(Matrix((group_idx, meta.param_idx), flops, held, ranks, len(meta.full_shape) == 2))
     return out
 
 

@@ -117,7 +117,7 @@ class QKClip:
         return maxima
 
     def _row_index(self, name: str, rows: int, first_row: int, device) -> torch.Tensor:
-        """Per row of rows ``first_row``..+``rows`` of parameter ``name``: the slot of its head's factor in the
+        """Per row of rows ``first_row``..+``rows`` of parameter ``name``: the index of its head's factor in the
         packed maxima, or ``total`` (a constant 1). Made once, when the optimizer binds the clip."""
         index = torch.full((rows,), self.total, dtype=torch.long)
         for i, layer in enumerate(self.layers):
@@ -148,7 +148,7 @@ class QKClip:
 
     def bind_zero1(self, opt) -> None:
         """``DistributedMuon`` / ``DistributedAdamW``, when built: where each of this rank's master pieces of the
-        query and key parameters starts, and its rows' factor slots (on the device, made now: no copy in a step)."""
+        query and key parameters starts, and its rows' factor indices (on the device, made now: no copy in a step)."""
         named = {n: meta.full_shape[0] for g, group in enumerate(opt.param_groups)
                  for n, meta in zip(group["names"], opt.plan.metas[g])}
         self._check_names(named)
@@ -175,7 +175,8 @@ class QKClip:
             _scale_flat_rows_(opt.state[p]["master"], factor[index], start, cols)
 
     def bind_fsdp(self, opt) -> None:
-        """``FSDPMuon``, when built: each query and key parameter's row block on this rank and its factor slots."""
+        """``FSDPMuon``, when built: each query and key parameter's row block on this rank and its rows' factor
+        indices."""
         named = {n: p.shape[0] for group in opt.param_groups for n, p in zip(group["names"], group["params"])}
         self._check_names(named)
         self.blocks = []

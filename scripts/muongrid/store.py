@@ -239,7 +239,7 @@ class Store:
                 torch.where(step.keep, shard, self.shards[g][bucket.bucket_idx]["momentum"], out=shard)
             pieces = [local_shard(shard, self.plan, metas[i]) if present[i] else None for i in bucket.param_indices]
             if trace is not None:
-                trace("grad_shard", f"bucket {bucket.buffer_idx}.{bucket.bucket_idx}",
+                trace("grad_shard", f"bucket {bucket.group_idx}.{bucket.bucket_idx}",
                       torch.cat([x for x in pieces if x is not None] or [torch.zeros(0)]))
         step.grads[key] = pieces
         return pieces

@@ -390,7 +390,7 @@ def grid_report(dp: int, tp: int, layers: int | None = None, model: str = "llama
         plan = build_plan(specs, dp, 0, tp, bucket_numel=bucket_numel, layout=layout, muon=muon,
                           hw=prof if layout == "group" else None)
         out[f"{layout}_build_s"] = time.perf_counter() - t0
-        shapes = {(m.buffer_idx, m.param_idx): m.full_shape for m in plan.metas[0]}
+        shapes = {(m.group_idx, m.param_idx): m.full_shape for m in plan.metas[0]}
         flops, ns_s = ns_seconds_per_rank(plan.owners, plan.groups, shapes, world, prof)
         placed = list(muon_matrices(plan, muon))   # walked once for bytes and cross-node bytes
         bytes_ = bytes_per_rank(plan, muon, placed=placed)
@@ -451,7 +451,7 @@ def split_experts(specs: list, muon: list[bool], ep: int) -> tuple[list, list]:
 
 def priced(plan, muon: list[bool], prof: dict) -> dict:
     """Per rank of ``plan``: bytes, collectives, NS seconds and the serial step seconds (owner layout)."""
-    shapes = {(m.buffer_idx, m.param_idx): m.full_shape for m in plan.metas[0]}
+    shapes = {(m.group_idx, m.param_idx): m.full_shape for m in plan.metas[0]}
     flops, ns_s = ns_seconds_per_rank(plan.owners, plan.groups, shapes, plan.world, prof)
     bytes_ = owner_bytes_per_rank(plan, muon)
     return dict(bytes=[b["total"] for b in bytes_], collectives=collectives_per_rank(plan, muon), flops=flops,
