@@ -214,7 +214,8 @@ def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
     ``shard_numel``; a matrix's local range is its part of this rank's shard (empty: anchored at the shard's
     start); ``segments`` are the maximal runs of the element -> flat position map; ``piece_slice`` is what the
     element loop finds; ``piece_runs`` gives every DP rank's count as runs in order, none empty, at most three
-    under even cuts; and the owners' ``HeldRuns`` list every DP rank's count (times its TP ranks)."""
+    under even cuts (one per rank when asked: ``even=False``); only the owner layouts give owners; and the
+    owners' ``HeldRuns`` list every DP rank's count (times its TP ranks)."""
     from muongrid.plan import owner_candidates, piece_runs, split_into_buckets
     rng = random.Random(7)
     for case in range(150):
@@ -268,6 +269,9 @@ def test_plan_geometry_agrees_with_an_enumeration_over_random_plans():
                         for r in range(first, end):
                             expanded[r] = n
                     assert expanded == counts, (case, d, i, piece_runs(bucket, meta, layout != "aligned"), counts)
+                    ranks = piece_runs(bucket, meta, even=False)   # one run per DP rank, on any cuts
+                    assert [(r, r + 1, counts[r]) for r in range(dp) if counts[r]] == ranks, (case, d, i, ranks)
+            assert (layout == "bucket") == (not plan.owners), (case, layout)   # only the owner layouts have owners
             if layout != "bucket" and d == 0:
                 for m in owner_candidates(plan, [True]):
                     meta = plan.metas[0][m.key[1]]
