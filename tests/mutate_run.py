@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TESTS_FAST = "tests/test_oracle.py tests/test_precision.py tests/test_routes.py"   # fastest killers first (-x)
 MODULES = {   # module: (test files, functions to mutate; None = all)
-    "updates": (f"{TESTS_FAST} tests/test_math.py tests/test_finite_modes.py", None),   # finite: the masked step
+    "updates": (f"{TESTS_FAST} tests/test_math.py tests/test_finite_modes.py tests/test_capturable.py "
+                "tests/test_replay.py", None),   # finite: the masked step; capturable, replay: the device twins
     "plan": ("tests/test_routes.py tests/test_plan.py tests/test_fast_plan.py tests/test_oracle.py",
              {"numel", "local_numel", "param_slice", "shard_numel", "shard_range", "segments", "shard_slice",
               "piece_slice", "piece_numel", "tp_local_shape", "split_into_buckets", "build_plan", "piece_runs"}),

@@ -12,7 +12,7 @@ from muongrid.grid import Grid
 from muongrid.newton_schulz import native_bf16_matmul, ns5_flops, singular_value_map, zeropower_ns5
 from muongrid.optim import AdamW, Muon, MuonW, hybrid_param_groups, routes_to_muon
 from muongrid.lab.synthetic import build_problem
-from muongrid.updates import adjust_lr, muon_momentum_
+from muongrid.updates import adjust_lr, apply_update_, apply_update_foreach_, lr_key, muon_momentum_
 
 
 def test_ns5_rejects_non_matrix():
@@ -66,6 +66,36 @@ def test_adjust_lr():
     assert adjust_lr(0.1, (256, 1024), "none") == 0.1
     with pytest.raises(ValueError, match="unknown lr adjustment"):
         adjust_lr(0.1, (2, 2), "bogus")
+
+
+@pytest.mark.parametrize("mode", ["match_rms_adamw", "original", "none"])
+def test_shapes_with_equal_lr_keys_get_equal_scaled_lrs_and_no_others(mode):
+    """The engine groups matrices by ``lr_key`` and scales each group's lr once: the key must split shapes exactly
+    where ``adjust_lr`` does (make mutate found ``original``'s ratio unguarded)."""
+    shapes = [(a, b) for a in (64, 96, 128, 256, 384, 1024) for b in (64, 96, 128, 256, 384, 1024)]
+    for s in shapes:
+        for t in shapes:
+            same_key = lr_key(s, mode) == lr_key(t, mode)
+            assert same_key == (adjust_lr(0.1, s, mode) == adjust_lr(0.1, t, mode)), (mode, s, t)
+
+
+@pytest.mark.parametrize("apply", ["one", "foreach"])
+def test_a_kept_update_decays_and_steps_and_a_skipped_one_changes_no_bit(apply):
+    """The masked update (``keep``, a 0-dim bool from the finite check) must equal the plain update when kept and
+    leave the parameter exactly as it was when skipped, with weight decay on (make mutate found the decay factor
+    of the masked path unguarded)."""
+    torch.manual_seed(0)
+    lr, wd, scaled = 0.02, 0.1, 0.05
+    param, update = torch.randn(8, 6), torch.randn(8, 6)
+    plain = param.clone()
+    plain.mul_(1 - lr * wd).add_(update, alpha=-scaled)
+    for keep, want in ((torch.tensor(True), plain), (torch.tensor(False), param)):
+        got = param.clone()
+        if apply == "one":
+            apply_update_(got, update, lr, wd, scaled, keep)
+        else:
+            apply_update_foreach_([got], [update], lr, wd, scaled, keep)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_momentum_forms_differ_only_by_a_scale_that_ns_removes():
