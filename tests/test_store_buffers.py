@@ -122,3 +122,27 @@ def test_the_owner_layouts_keep_their_banks_and_exchange_buffers(layout, dp, tp,
             assert by_comm == [], (rank, n, by_comm)
             assert slots == found[(rank, "built")] and len(slots) >= 4, (rank, n, slots, found[(rank, "built")])
     assert (layout == "group") == (GROUPED[0] > 0)   # the group layout did make a group
+
+
+def test_gloo_reduce_scatter_sums_in_rank_order_into_a_kept_receive_buffer():
+    """On gloo ``Comm`` runs a reduce-scatter as an all-to-all and adds the arrived rows itself (``comm.py``): in
+    rank order, as a one-process sum of the ranks' gradients adds them (three fp32 rows whose sum depends on the
+    order), into a receive buffer kept per gradient buffer, so a steady-state step allocates none; any other
+    caller's buffer is its own."""
+    from muongrid.comm import Comm, Phase, _sum_arrived
+    from muongrid.grid import Grid
+
+    gen = torch.Generator().manual_seed(0)
+    big, small = torch.randn(1000, generator=gen) * 1e7, torch.randn(1000, generator=gen)
+    rows = [big, -big, small]   # in rank order the bigs cancel exactly; the other way round they round small away
+    shard = torch.empty(1000)
+    _sum_arrived(torch.cat(rows), shard, 3)
+    assert torch.equal(shard, rows[0] + rows[1] + rows[2])
+    assert not torch.equal(shard, rows[2] + rows[1] + rows[0])   # the order matters for these values: it is pinned
+    comm = Comm(Grid.single())
+    grads, other = torch.zeros(12), torch.zeros(12)
+    first = comm._arrival(grads, Phase.GRAD_REDUCE_SCATTER)
+    assert comm._arrival(grads, Phase.GRAD_REDUCE_SCATTER) is first
+    assert comm._arrival(other, Phase.GRAD_REDUCE_SCATTER) is not first
+    assert comm._arrival(grads, "measure") is not first
+    comm.close()

@@ -10,10 +10,17 @@
   summary asks), so a GPU step records no events by default. While a profiler records, a call runs in a
   range ``comm:<phase>`` (its wait in ``comm_wait:<phase>``, ``lab/traces.py``).
 * A group of one rank moves nothing and records zero bytes: its collectives hand back their input.
+* **A reduce-scatter on gloo** is an all-to-all and a local sum in rank order (``_sum_arrived``): gloo has no
+  reduce-scatter of its own and runs one as an all-reduce of the whole input, twice the ring's bytes
+  (``python scripts/measure_links.py --dp 2`` times both on this machine: its "gloo's own" column). Each rank sends
+  and receives the elements a ring reduce-scatter does, so the ledger's bytes are unchanged, and a sum of the ranks'
+  rows in rank order is what a one-process sum of the gradients does. The receive buffer is the size of the
+  input: one per gradient buffer, kept (``_arrival``; on gloo the step's gradients take twice their memory).
+  NCCL's reduce-scatter is used as it is.
 
 The step's decisions ride one device all-reduce (``contract.vote``), never a host collective. Chapters 2 and 6
-count the ring bytes (and what gloo really moves), chapter 10 shows the watchdog. To see every collective run:
-``python scripts/collectives.py --dp 4`` prints what each rank had, got and counted.
+count the ring bytes (chapter 6 times gloo's own reduce-scatter beside this one), chapter 10 shows the watchdog.
+To see every collective run: ``python scripts/collectives.py --dp 4`` prints what each rank had, got and counted.
 """
 from __future__ import annotations
 
@@ -34,6 +41,25 @@ from .ledger import CommOutsideStep, LedgerReports
 # torch 2.13 renamed these (``*_single``); Colab may run an older torch with only the old names.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _is_gloo(pg) -> bool:
+    """Whether ``pg`` (None: the default group) runs CPU tensors on gloo ("gloo", or "cpu:gloo,cuda:nccl")."""
+    try:
+        return "gloo" in str(dist.get_backend(pg))
+    except (RuntimeError, ValueError):   # a fake or custom group without a backend name
+        return False
+
+
+def _sum_arrived(arrived: torch.Tensor, shard: torch.Tensor, size: int) -> torch.Tensor:
+    """The reduce-scatter's sum, from what an all-to-all brought: ``arrived`` holds ``size`` rows of
+    ``shard.numel()`` values, one per rank of the group in rank order; ``shard`` becomes their sum, added in
+    that order, in ``shard``'s dtype, as a sum of ``size`` tensors would be."""
+    rows = arrived.view(size, -1)
+    torch.add(rows[0], rows[1], out=shard)
+    for q in range(2, size):
+        shard.add_(rows[q])
+    return shard
 
 
 class Phase:
@@ -163,6 +189,7 @@ class Comm(CommOutsideStep):
         self._inflight: tuple[float, str] | None = None
         self.naive_async = False
         self.subgroups: dict[str, tuple] = {}   # subgroup_name(ranks) -> (process group, ranks)
+        self._arrivals: dict[tuple, torch.Tensor] = {}   # gloo: each gradient buffer's all-to-all receive buffer
         self._stop = threading.Event()
         self._thread = None
         if timeout_s and grid.dp * grid.tp > 1:
@@ -244,9 +271,30 @@ class Comm(CommOutsideStep):
         rec = self._record("reduce_scatter", group, size, shard.numel(), shard.dtype, phase)
         if size == 1:
             return Pending(shard.copy_(full))
+        if full.device.type == "cpu" and _is_gloo(pg):   # gloo: an all-to-all, then the sum here (docstring)
+            arrived = self._arrival(full, phase)   # row q: rank q's values for this rank's shard
+            work = self._collective(rec, lambda a: dist.all_to_all_single(arrived, full, group=pg, async_op=a),
+                                    wait=wait_now)
+
+            def arrive_and_sum():
+                if work is not None:
+                    work.wait()
+                _sum_arrived(arrived, shard, size)
+            return Pending(shard, lambda: self._run(rec, arrive_and_sum, name="comm_wait"))
         work = self._collective(rec, lambda a: _reduce_scatter_flat(shard, full, op=dist.ReduceOp.SUM, group=pg,
                                                                     async_op=a), wait=wait_now)
         return Pending(shard, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
+
+    def _arrival(self, full: torch.Tensor, phase: str) -> torch.Tensor:
+        """Where a gloo reduce-scatter's all-to-all of ``full`` lands: for the step's gradient buffers (phase
+        grad_reduce_scatter: the store's, the same tensors every step) one buffer each, made at its first call and
+        kept, so a steady-state step allocates none; for any other caller a new one."""
+        if phase != Phase.GRAD_REDUCE_SCATTER:
+            return torch.empty_like(full)
+        key = (full.data_ptr(), full.numel(), full.dtype)
+        if key not in self._arrivals:
+            self._arrivals[key] = torch.empty_like(full)
+        return self._arrivals[key]
 
     def all_gather_into(self, full: torch.Tensor, rank_in_group: int, group: str, phase: str) -> torch.Tensor:
         """All-gather in place: every rank's shard already sits in ``full`` (flat) at its own offset, and after
