@@ -224,6 +224,7 @@ def iterate(v: Variant, x: torch.Tensor, counter: C10dCounter | None = None) -> 
         out.update(reduction=phases.get("grad_reduce_scatter", 0.0), param_gather=phases.get("param_all_gather", 0.0),
                    exchange=sum(phases.get(k, 0.0) for k in EXCHANGE), ns_calls=s["ns_calls"], ns_flops=s["ns_flops"],
                    ledger_bytes=s["bytes_sent"], ledger_calls=sum(p["calls"] for p in s["phases"].values()),
+                   reduction_bytes=s["phases"].get("grad_reduce_scatter", {}).get("bytes_sent", 0),
                    ballot=ballot_seconds(ledger, s["step"]))
     # the rest of the step: momentum, the update, copies, the NaN/Inf norms (a reduction from backward is not in it)
     inside = ("exchange", "newton_schulz", "param_gather", "ballot") + (() if v.reduces_in_backward else ("reduction",))
