@@ -79,11 +79,11 @@ def test_shapes_with_equal_lr_keys_get_equal_scaled_lrs_and_no_others(mode):
             assert same_key == (adjust_lr(0.1, s, mode) == adjust_lr(0.1, t, mode)), (mode, s, t)
 
 
-@pytest.mark.parametrize("apply", ["one", "foreach"])
+@pytest.mark.parametrize("apply", ["one", "foreach", "device"])
 def test_a_kept_update_decays_and_steps_and_a_skipped_one_changes_no_bit(apply):
     """The masked update (``keep``, a 0-dim bool from the finite check) must equal the plain update when kept and
     leave the parameter exactly as it was when skipped, with weight decay on (make mutate found the decay factor
-    of the masked path unguarded)."""
+    of the masked path unguarded); "device": the hyperparameters as float64 0-dim tensors (``capturable=True``)."""
     torch.manual_seed(0)
     lr, wd, scaled = 0.02, 0.1, 0.05
     param, update = torch.randn(8, 6), torch.randn(8, 6)
@@ -93,8 +93,11 @@ def test_a_kept_update_decays_and_steps_and_a_skipped_one_changes_no_bit(apply):
         got = param.clone()
         if apply == "one":
             apply_update_(got, update, lr, wd, scaled, keep)
-        else:
+        elif apply == "foreach":
             apply_update_foreach_([got], [update], lr, wd, scaled, keep)
+        else:
+            as64 = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+            apply_update_foreach_([got], [update], as64(lr), as64(wd), as64(scaled), keep)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
