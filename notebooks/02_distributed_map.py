@@ -247,8 +247,9 @@ for op, rec in demo["ledger"].items():
 
 # %% [markdown]
 # A caveat for later: gloo, the CPU backend, has no native reduce-scatter and runs an all-reduce
-# of the whole input instead. The ledger counts what the ring moves (what NCCL does on GPUs), not
-# what gloo does; chapter 6 comes back to it.
+# of the whole input instead, twice the ring's bytes. So on gloo this book's `Comm` sends an
+# all-to-all (each rank gets every other rank's values for its shard, the ring's bytes) and adds the
+# rows itself; the ledger counts what the ring moves (what NCCL does on GPUs). Chapter 6 times both.
 #
 # ## A memory calculator
 #

@@ -319,9 +319,11 @@ print(
 # 2. **Waiting is inside the time.** A rank that reaches a collective first waits for the others.
 #    Here every rank orthogonalises every matrix, four processes on two cores, so Muon's
 #    collective time includes waiting for peers still computing.
-# 3. **The backend.** Gloo runs a reduce-scatter as an all-reduce
-#    ({doc}`chapter 2 <02_distributed_map>`), so it moves more than the ledger's ring counts. This
-#    machine's latency and bandwidth, measured:
+# 3. **The backend.** Gloo has no reduce-scatter of its own: it runs one as an all-reduce of the
+#    whole input ({doc}`chapter 2 <02_distributed_map>`), twice the ring's bytes. So on gloo `Comm`
+#    sends an all-to-all, which moves the ring's bytes, and adds the arrived rows itself. This
+#    machine's latency and bandwidth, measured, with both reduce-scatters beside an all-gather of
+#    the same shard:
 
 # %%
 links = last_json(run("measure_links.py --dp 4", log="collapsed"))
@@ -333,13 +335,20 @@ print(
         else "not resolved"
     )
 )
+big = links["samples"][-1]
+print(
+    f"largest shard ({big['shard_bytes']:,} bytes): reduce-scatter / all-gather "
+    f"{links['rs_over_ag_largest']:.2f} as Comm runs it, "
+    f"{links['gloo_rs_over_ag_largest']:.2f} as gloo's own (one run of "
+    "medians: a busy machine moves both)"
+)
 ALPHA, BETA = links["alpha_s"], links["beta_bytes_per_s"] or float(
     "inf"
 )  # None: bandwidth not resolved
 
 # %% [markdown]
 # The model $t = (n-1)(\alpha + \text{shard bytes}/\beta)$ with these constants predicts the
-# benchmark's communication time (its reduce-scatters priced as gloo's all-reduces):
+# benchmark's communication time (its reduce-scatters priced as the ring's, as `Comm` runs them):
 
 # %%
 from muongrid.lab.costmodel import step_seconds
@@ -352,7 +361,6 @@ for name in ("muon", "adamw"):
         bench["bucket_numel"],
         {"dp": (ALPHA, BETA), "tp": (ALPHA, BETA)},
         muon=name == "muon",
-        gloo_reduce_scatter=True,
     )["total"]
     print(
         f"{name:<6} predicted {predicted * 1e3:7.1f} ms   measured "

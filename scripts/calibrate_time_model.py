@@ -10,7 +10,8 @@ Runs two existing measurements as they are, one after the other, and keeps their
   alpha-beta model (the profile's per-hop latency ``alpha`` and bandwidth ``beta``).
 
 The profile it writes says what the model assumes on top: every rank on one machine (one link kind),
-gloo's reduce-scatter run as an all-reduce, and the machine's cores shared by all ranks (so a rank's
+a reduce-scatter priced as the ring's (``Comm`` runs an all-to-all on gloo, not gloo's all-reduce), and the
+machine's cores shared by all ranks (so a rank's
 matmul rate is the measured one divided by the ranks that compute at once). The measurement is small
 and taken once; the file records the load average beside it, because a busy machine measures slower.
 """
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
         raise SystemExit("measure_links.py could not resolve the bandwidth: rerun on a quieter machine")
     link = [links["alpha_s"], links["beta_bytes_per_s"]]
     profile = dict(name="this machine (CPU, gloo)", flops=ns["matmul_gflops"] * 1e9, efficiency=min(ns["ratio"], 1.0),
-                   ranks_per_node=None, intra=link, inter=link, reduce_scatter_as_all_reduce=True,
+                   ranks_per_node=None, intra=link, inter=link, reduce_scatter_as_all_reduce=False,
                    shared_cores=True, matmul_dtype=ns["matmul_dtype"], native_bf16=ns["native_bf16"],
                    link_ranks=links["ranks"])
     record = dict(provenance(sys.argv), load_average_before=load_before, load_average_after=os.getloadavg(),

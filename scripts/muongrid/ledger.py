@@ -17,8 +17,8 @@ import pickle
 import torch
 import torch.distributed as dist
 
-RING_NOTE = ("bytes are per rank as a ring algorithm moves them; gloo runs reduce-scatter as an "
-             "all-reduce of the whole input, which really moves about twice that")
+RING_NOTE = ("bytes are per rank as a ring algorithm moves them (on gloo a reduce-scatter is an all-to-all "
+             "and a local sum, which moves the same; gloo's own would all-reduce, twice that)")
 
 
 def seconds(rec) -> float:

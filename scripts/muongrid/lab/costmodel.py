@@ -52,7 +52,8 @@ options sit beside ours (``scripts/iteration_bench.py`` counts them; chapter 13 
 
 Time: a ring collective over ``n`` ranks takes ``(n - 1) * (alpha + shard_bytes / beta)``
 (``alpha`` the per-hop latency, ``beta`` the bandwidth); an all-reduce twice that. Gloo runs a
-reduce-scatter as an all-reduce of the whole input, so ``gloo_reduce_scatter=True`` prices it so.
+reduce-scatter as an all-reduce of the whole input; ``Comm`` runs an all-to-all there instead (the ring's
+bytes, (n - 1) messages of a shard), which the ring form prices. ``gloo_reduce_scatter=True`` prices gloo's own.
 """
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ moments, the update) is left out on both sides.
 A profile is a dict: the five keys a plan sizes groups with (``muongrid.hardware``: ``flops``, matmul FLOP/s
 of one rank, and ``efficiency``, Newton-Schulz's share of it; ``ranks_per_node``, ranks on the fast link,
 ``None``: all on one machine; ``intra`` and ``inter``, (alpha s, beta bytes/s) per link), and
-``reduce_scatter_as_all_reduce`` (gloo runs one so) and
+``reduce_scatter_as_all_reduce`` (a backend whose reduce-scatter is an all-reduce of the whole input: gloo's
+own, which ``Comm`` no longer runs, so False in both profiles) and
 ``shared_cores`` (the ``flops`` is the whole machine's, shared by the ranks computing at once), and
 optionally ``max_ranks`` (the largest grid the profile is meant for; callers skip larger ones).
 Two are provided: ``h100()`` (``muongrid.hardware.H100``, from the book's one hardware table,
