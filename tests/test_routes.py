@@ -15,6 +15,7 @@ import math
 import random
 from types import SimpleNamespace
 
+import pytest
 
 from muongrid import owner_routes
 from muongrid.plan import ParamSpec, build_plan
@@ -312,3 +313,22 @@ def test_owner_routes_on_a_grid_past_260_ranks():
     assert max(flows[0].plan.owners.values()) > 256
     for b in range(len(flows[0].plan.buckets[0])):
         check_bucket(flows, b, 130, 2)
+
+
+@pytest.mark.parametrize("overlap", ["none", "naive", "prefetch"])
+def test_exchange_chunks_lay_every_bucket_end_to_end_in_k_chunks(overlap):
+    """K exchanges per direction (1 without "prefetch", ``chunks`` or ``PREFETCH_CHUNKS`` with it) and every
+    bucket in exactly one chunk, in order, the chunks' sizes as even as the count allows (make mutate found
+    ``exchanges`` and the chunking's divisor unguarded by the fast tests; tests/test_exchanges.py counts the
+    exchanges a simulated step issues)."""
+    for chunks in (None, 1, 2, 3, 5):
+        k = owner_routes.exchanges(overlap, chunks)
+        assert k == (1 if overlap != "prefetch" else owner_routes.PREFETCH_CHUNKS if chunks is None else chunks)
+        for n in range(0, 8):
+            updates = [(f"b{i}", [i, 10 + i]) for i in range(n)]
+            got = owner_routes.exchange_chunks(updates, overlap, chunks)
+            assert len(got) == min(k, n)
+            assert [b for buckets, _ in got for b in buckets] == [b for b, _ in updates]
+            assert [p for _, pieces in got for p in pieces] == [p for _, ps in updates for p in ps]
+            sizes = [len(buckets) for buckets, _ in got]
+            assert not sizes or max(sizes) - min(sizes) <= 1
