@@ -235,3 +235,6 @@ def test_measure_links_fits_the_model():
     r = last_json(proc.stdout)
     assert r["alpha_s"] >= 0 and (r["beta_bytes_per_s"] is None or r["beta_bytes_per_s"] > 0)
     assert len(r["samples"]) == 4 and all(s["all_gather_s"] > 0 and s["reduce_scatter_s"] > 0 for s in r["samples"])
+    # gloo: its own reduce-scatter (an all-reduce inside) timed beside Comm's all-to-all one
+    assert r["backend"] == "gloo" and all(s["gloo_reduce_scatter_s"] > 0 for s in r["samples"])
+    assert r["gloo_rs_over_ag_largest"] > 0
