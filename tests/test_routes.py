@@ -332,3 +332,38 @@ def test_exchange_chunks_lay_every_bucket_end_to_end_in_k_chunks(overlap):
             assert [p for _, pieces in got for p in pieces] == [p for _, ps in updates for p in ps]
             sizes = [len(buckets) for buckets, _ in got]
             assert not sizes or max(sizes) - min(sizes) <= 1
+
+
+def test_every_rank_routes_agree_with_each_other_and_their_messages_under_every_owner_layout():
+    """Over random plans with one matrix above the fair share (so "group" forms a group), each rank's route must
+    agree with its peers' (what I send to q is what q receives from me, both ways), with its own ``messages``, and
+    with itself: a grouped matrix comes back into ``group_back``, never ``back_recv``, and my parts read a receive
+    offset for exactly the elements others send me (make mutate found the group layout's bookkeeping, ``messages``'
+    members and the own-piece test of ``route`` unguarded by the fast tests)."""
+    rng = random.Random(53)
+    grouped_seen = 0
+    for case in range(60):
+        dp, tp = rng.choice([(2, 1), (3, 1), (4, 1), (2, 2), (3, 2)])
+        specs = [ParamSpec("big", (8 * rng.randint(6, 9), 8 * rng.randint(5, 7)), -1)] + random_specs(rng, tp)
+        layout, bucket_numel = rng.choice(["owner", "aligned", "group"]), rng.choice([None, 30, 100])
+        flows = flows_for(specs, dp, tp, bucket_numel, layout)
+        world = dp * tp
+        for bucket in flows[0].plan.buckets[0]:
+            routes = [f.route(bucket) for f in flows]
+            for me, r in enumerate(routes):
+                for q in range(world):
+                    assert r.send_counts[q] == routes[q].recv_counts[me], (case, me, q)
+                    assert r.back_counts[q] == routes[q].back_recv_counts[me], (case, me, q)
+                said = owner_routes.messages(r, me)
+                for phase, counts in (("ns_to_owner", r.send_counts), ("ns_from_owner", r.back_counts)):
+                    assert [sum(n for p, _, to, _, n in said if p == phase and to == q) for q in range(world)] == \
+                        counts, (case, me, phase)
+                assert not set(r.grouped) & set(r.back_recv), case
+                holds = {j for j, g in r.grouped.items()
+                         if any(g.counts[me][i] for i, q in enumerate(g.members) if q != me)}
+                assert set(r.group_back) == holds, (case, me)
+                grouped_seen += len(r.grouped)
+                received = sum(b - a for item in r.owned for _, a, b, at in item.parts if at is not None) + \
+                    sum(n for item in r.members for at, n, _ in item.parts if at is not None)
+                assert received == sum(r.recv_counts), (case, me)
+    assert grouped_seen > 0
