@@ -20,7 +20,7 @@
 # ```{admonition} What this chapter runs
 # [`scripts/bench.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/bench.py) on a 2 x 2 grid (both optimizers, 5 steps each), [`scripts/measure_links.py`](https://github.com/muongrid-book/distributed-muon/blob/main/scripts/measure_links.py) on 4
 # processes, and the closed-form cost model. About 30 seconds on a 2-core laptop.
-# Reading: about 35 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 5 <05_distributed_step>`.
+# Reading: about 40 minutes at 200 words, 8 lines of code or one figure a minute, plus running it. Read first: {doc}`chapter 5 <05_distributed_step>`.
 # ```
 
 # %% tags=["hide-cell"] jupyter={"source_hidden": true}
