@@ -23,18 +23,15 @@ import sys
 import torch
 import torch.distributed as dist
 
+from muongrid.comm import is_gloo, reduce_scatter_flat
 from muongrid.lab.costmodel import collective_seconds, fit_alpha_beta
 from muongrid.launch import add_launch_args, check_launch_args, launch
 from muongrid.lab.profiling import slowest_rank_seconds
 
 
-# torch 2.13 renamed it (``reduce_scatter_single``); an older torch has only the old name
-_native_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
 def worker(grid, comm, args) -> int:
     n, dev = grid.dp, grid.device
-    gloo = dev.type == "cpu" and "gloo" in str(dist.get_backend(grid.dp_group))
+    gloo = dev.type == "cpu" and is_gloo(grid.dp_group)
     rows = []
     for shard_bytes in [256 * 4**k for k in range(args.points)]:
         shard = torch.ones(shard_bytes // 4, device=dev)
@@ -43,7 +40,7 @@ def worker(grid, comm, args) -> int:
                "reduce_scatter": lambda f=full: comm.reduce_scatter_sum(f, "dp", "measure")}
         if gloo:
             out = torch.empty_like(shard)
-            ops["gloo_reduce_scatter"] = lambda f=full, o=out: _native_reduce_scatter(o, f, group=grid.dp_group)
+            ops["gloo_reduce_scatter"] = lambda f=full, o=out: reduce_scatter_flat(o, f, group=grid.dp_group)
         times = {op: [] for op in ops}
         for rep in range(args.reps + 1):
             for op, fn in ops.items():

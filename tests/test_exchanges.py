@@ -1,6 +1,6 @@
 """Collectives sized for a cluster (issue 42): the owner, aligned, group and FSDP flows exchange a step's pieces
 in at most K all-to-alls per direction, whatever the number of buckets and matrices (K = 1 without overlap,
-``chunks`` with "prefetch": ``owner_routes.exchange_chunks``).
+``chunks`` with "prefetch": ``owner_routes.exchange_chunks``, itself tested in ``tests/test_routes.py``).
 
 Every rank of the grid is simulated in this process on the ``meta`` device over torch's fake process group
 (``muongrid/lab/devicecheck.py``) and the ledger's records of one step are counted by phase. That the chunked
@@ -18,7 +18,7 @@ import torch
 
 from muongrid.comm import Phase
 from muongrid.lab.devicecheck import simulate
-from muongrid.owner_routes import PREFETCH_CHUNKS, exchange_chunks
+from muongrid.owner_routes import PREFETCH_CHUNKS
 from muongrid.plan import ParamSpec, build_plan
 
 SHAPES = [(12, 10), (7, 9), (10, 12), (9, 7), (6, 6), (12, 10), (8, 5), (5, 8), (11, 4), (4, 11)]
@@ -84,16 +84,6 @@ def test_chunks_sets_k_with_prefetch():
     assert {rank: dict(c) for rank, c in counts.items()} == {r: {p: 2 for p in EXCHANGES} for r in range(2)}
     with pytest.raises(ValueError, match="chunks"):
         exchanges(1, 1, "owner", None, "prefetch", False, chunks=0)
-
-
-def test_exchange_chunks_keeps_bucket_order_and_splits_evenly():
-    updates = [(f"b{i}", [f"p{i}a", f"p{i}b"]) for i in range(10)]
-    chunks = exchange_chunks(updates, "prefetch", 4)
-    assert [len(c) for c, _ in chunks] == [3, 3, 2, 2]
-    assert [b for c, _ in chunks for b in c] == [b for b, _ in updates]
-    assert [p for _, ps in chunks for p in ps] == [p for _, ps in updates for p in ps]
-    assert exchange_chunks(updates, "none", 4) == [(tuple(b for b, _ in updates), [p for _, ps in updates for p in ps])]
-    assert len(exchange_chunks(updates[:2], "prefetch", 4)) == 2
 
 
 def test_fsdp_exchanges_once_per_direction():

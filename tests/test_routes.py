@@ -330,8 +330,10 @@ def test_exchange_chunks_lay_every_bucket_end_to_end_in_k_chunks(overlap):
             assert len(got) == min(k, n)
             assert [b for buckets, _ in got for b in buckets] == [b for b, _ in updates]
             assert [p for _, pieces in got for p in pieces] == [p for _, ps in updates for p in ps]
-            sizes = [len(buckets) for buckets, _ in got]
-            assert not sizes or max(sizes) - min(sizes) <= 1
+            sizes = [len(buckets) for buckets, _ in got]   # the larger chunks first, by one at most
+            assert sizes == sorted(sizes, reverse=True) and (not sizes or sizes[0] - sizes[-1] <= 1)
+    ten = owner_routes.exchange_chunks([(f"b{i}", [f"p{i}a", f"p{i}b"]) for i in range(10)], "prefetch", 4)
+    assert [len(buckets) for buckets, _ in ten] == [3, 3, 2, 2]
 
 
 def test_every_rank_routes_agree_with_each_other_and_their_messages_under_every_owner_layout():

@@ -39,11 +39,11 @@ from .devices import Span
 from .ledger import CommOutsideStep, LedgerReports
 
 # torch 2.13 renamed these (``*_single``); Colab may run an older torch with only the old names.
-_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _is_gloo(pg) -> bool:
+def is_gloo(pg) -> bool:
     """Whether ``pg`` (None: the default group) runs CPU tensors on gloo ("gloo", or "cpu:gloo,cuda:nccl")."""
     try:
         return "gloo" in str(dist.get_backend(pg))
@@ -235,7 +235,7 @@ class Comm(CommOutsideStep):
             return Pending(shard)
         if out is None:
             out = torch.empty(size * shard.numel(), dtype=shard.dtype, device=shard.device)
-        work = self._collective(rec, lambda a: _all_gather_flat(out, shard, group=pg, async_op=a), wait=wait_now)
+        work = self._collective(rec, lambda a: all_gather_flat(out, shard, group=pg, async_op=a), wait=wait_now)
         return Pending(out, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
 
     def all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: str,
@@ -271,7 +271,7 @@ class Comm(CommOutsideStep):
         rec = self._record("reduce_scatter", group, size, shard.numel(), shard.dtype, phase)
         if size == 1:
             return Pending(shard.copy_(full))
-        if full.device.type == "cpu" and _is_gloo(pg):   # gloo: an all-to-all, then the sum here (docstring)
+        if full.device.type == "cpu" and is_gloo(pg):   # gloo: an all-to-all, then the sum here (docstring)
             arrived = self._arrival(full, phase)   # row q: rank q's values for this rank's shard
             work = self._collective(rec, lambda a: dist.all_to_all_single(arrived, full, group=pg, async_op=a),
                                     wait=wait_now)
@@ -281,7 +281,7 @@ class Comm(CommOutsideStep):
                     work.wait()
                 _sum_arrived(arrived, shard, size)
             return Pending(shard, lambda: self._run(rec, arrive_and_sum, name="comm_wait"))
-        work = self._collective(rec, lambda a: _reduce_scatter_flat(shard, full, op=dist.ReduceOp.SUM, group=pg,
+        work = self._collective(rec, lambda a: reduce_scatter_flat(shard, full, op=dist.ReduceOp.SUM, group=pg,
                                                                     async_op=a), wait=wait_now)
         return Pending(shard, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
 
@@ -310,7 +310,7 @@ class Comm(CommOutsideStep):
         rec = self._record("all_gather", group, size, n, full.dtype, phase)
         if size == 1:
             return Pending(full)
-        work = self._collective(rec, lambda a: _all_gather_flat(full, shard, group=pg, async_op=a), wait=wait_now)
+        work = self._collective(rec, lambda a: all_gather_flat(full, shard, group=pg, async_op=a), wait=wait_now)
         return Pending(full, None if work is None else lambda: self._run(rec, work.wait, name="comm_wait"))
 
     def all_reduce(self, tensor: torch.Tensor, group: str, phase: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
